@@ -1,0 +1,19 @@
+"""`stb`: the command line. Thin: parses options, calls the modules that do the work,
+prints with rich. Each sub-application maps to one package."""
+
+from __future__ import annotations
+
+import typer
+
+from bridge.lab.cli import lab_app
+
+app = typer.Typer(
+    help="Slurm–Triton bridge: one GPU fleet for training and inference.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(lab_app, name="lab")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,119 @@
+"""`stb lab ...`: bring the one-host lab cluster up, down, show it, and run the demo."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from bridge.lab import lab as lab_mod
+from bridge.lab.spec import LabSpec, LabSpecError
+from bridge.paths import default_lab_dir
+
+lab_app = typer.Typer(help="The one-host lab cluster: real Slurm, real Triton.",
+                      no_args_is_help=True)
+console = Console()
+
+DirOpt = Annotated[Path | None, typer.Option("--dir", help="Lab directory [default: .lab "
+                                               "in the checkout, or $STB_LAB_DIR].")]
+
+
+def _say(msg: str) -> None:
+    console.print(f"[dim]lab:[/dim] {msg}")
+
+
+def _spec(lab_dir: Path | None) -> LabSpec:
+    lab_dir = (lab_dir or default_lab_dir()).resolve()
+    spec = LabSpec.load(lab_dir)
+    return spec if spec is not None else LabSpec(lab_dir=lab_dir)
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    console.print(f"[red]error:[/red] {exc}")
+    return typer.Exit(code=1)
+
+
+@lab_app.command()
+def up(
+    lab_dir: DirOpt = None,
+    train: Annotated[int, typer.Option(help="Nodes in the training pool.")] = 2,
+    elastic: Annotated[int, typer.Option(help="Nodes in the elastic pool.")] = 1,
+    infer: Annotated[int, typer.Option(help="Nodes reserved for inference.")] = 1,
+    gpus: Annotated[int, typer.Option(help="Fake GPUs per node.")] = 4,
+    gpu_type: Annotated[str, typer.Option(help="GPU type in gres.")] = "h100",
+    no_install: Annotated[bool, typer.Option(help="Do not apt-get missing packages.")] = False,
+) -> None:
+    """Install what is missing and start the lab cluster (idempotent)."""
+    try:
+        spec = LabSpec(lab_dir=(lab_dir or default_lab_dir()).resolve(), train_nodes=train,
+                       elastic_nodes=elastic, infer_nodes=infer, gpus_per_node=gpus,
+                       gpu_type=gpu_type)
+        start = time.monotonic()
+        lab_mod.up(spec, say=_say, install=not no_install)
+    except (LabSpecError, RuntimeError) as exc:
+        raise _fail(exc) from exc
+    console.print(f"[green]lab up[/green] in {time.monotonic() - start:.1f}s: "
+                  f"{spec.node_count} nodes, {spec.gpus_per_node}x{spec.gpu_type} each")
+    _print_status(spec)
+
+
+@lab_app.command()
+def down(lab_dir: DirOpt = None) -> None:
+    """Cancel the lab's jobs and stop every process the lab started."""
+    try:
+        lab_mod.down(_spec(lab_dir), say=_say)
+    except RuntimeError as exc:
+        raise _fail(exc) from exc
+    console.print("[green]lab down[/green]")
+
+
+@lab_app.command()
+def status(lab_dir: DirOpt = None) -> None:
+    """Say which lab daemons run, where their logs are, and the Slurm view."""
+    spec = _spec(lab_dir)
+    if not (spec.lab_dir / "lab.json").exists():
+        console.print(f"no lab at {spec.lab_dir}; `stb lab up` makes one")
+        raise typer.Exit(code=1)
+    _print_status(spec)
+    if not all(d.pid for d in lab_mod.status(spec)):
+        raise typer.Exit(code=3)
+
+
+def _print_status(spec: LabSpec) -> None:
+    table = Table(title=f"lab at {spec.lab_dir}")
+    for col in ("daemon", "state", "pid", "log"):
+        table.add_column(col)
+    for d in lab_mod.status(spec):
+        table.add_row(d.name, "[green]running[/green]" if d.pid else "[red]stopped[/red]",
+                      str(d.pid or "-"), str(d.log))
+    console.print(table)
+    nodes = Table(title="nodes")
+    for col in ("node", "address", "slurmd port", "pool", "gres"):
+        nodes.add_column(col)
+    for n in spec.nodes:
+        nodes.add_row(n.name, n.addr, str(n.port), n.pool,
+                      f"gpu:{spec.gpu_type}:{spec.gpus_per_node}")
+    console.print(nodes)
+    console.print(f"Slurm clients: export SLURM_CONF={spec.slurm_conf}")
+
+
+@lab_app.command()
+def demo(
+    lab_dir: DirOpt = None,
+    requests: Annotated[int, typer.Option(help="Requests per model.")] = 200,
+    concurrency: Annotated[int, typer.Option(help="Requests in flight at once.")] = 8,
+    keep: Annotated[bool, typer.Option(help="Leave the Triton job running.")] = False,
+) -> None:
+    """Bring the lab up, start Triton on the inference partition, send requests, report."""
+    from bridge.lab import demo as demo_mod
+
+    try:
+        spec = _spec(lab_dir)
+        lab_mod.up(spec, say=_say)
+        demo_mod.run(spec, console, requests=requests, concurrency=concurrency, keep=keep)
+    except RuntimeError as exc:
+        raise _fail(exc) from exc

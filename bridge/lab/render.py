@@ -1,0 +1,103 @@
+"""Renders the lab's Slurm configuration from `deploy/lab/templates/*.in`.
+
+Pure: takes a `LabSpec` and database settings, returns file contents. `bridge.lab.lab`
+writes them. Templates use `string.Template` placeholders (`$name`); a placeholder
+without a value is an error, never an empty setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from string import Template
+
+from bridge.hostlist import compress
+from bridge.lab.spec import LabSpec
+from bridge.paths import templates_dir
+
+
+@dataclass(frozen=True)
+class DbSettings:
+    """Where slurmdbd keeps its tables (MariaDB over TCP)."""
+
+    host: str = "127.0.0.1"
+    port: int = 3306
+    user: str = "root"
+    password: str = ""
+
+
+#: Slurm fills lower weights first: Triton lands on reserved inference nodes before it
+#: takes an elastic node.
+_WEIGHT = {"infer": 1, "elastic": 10, "train": 20}
+
+
+def _template(name: str) -> Template:
+    return Template((templates_dir() / name).read_text())
+
+
+def _common(spec: LabSpec) -> dict[str, str]:
+    return {
+        "lab": str(spec.lab_dir),
+        "cluster": spec.cluster,
+        "ctld_host": spec.ctld_host,
+        "ctld_port": str(spec.ctld_port),
+        "dbd_port": str(spec.dbd_port),
+        "munge_socket": str(spec.munge_socket),
+        "slurm_user": "root",
+        "gpu_type": spec.gpu_type,
+    }
+
+
+def gpu_device(spec: LabSpec, node: str, index: int) -> str:
+    return str(spec.dev_dir / f"{node}-gpu{index}")
+
+
+def slurm_conf(spec: LabSpec) -> str:
+    nodes = [
+        f"NodeName={n.name} NodeAddr={n.addr} NodeHostname={spec.ctld_host} Port={n.port} "
+        f"CPUs={spec.cpus_per_node} RealMemory={spec.memory_mb} "
+        f"Gres=gpu:{spec.gpu_type}:{spec.gpus_per_node} Feature=pool_{n.pool} "
+        f"Weight={_WEIGHT[n.pool]} State=UNKNOWN"
+        for n in spec.nodes
+    ]
+    infer_accounts = "bridge"
+    parts = []
+    if spec.train_nodes:
+        parts.append(
+            f"PartitionName=train Nodes={compress(n.name for n in spec.partition_nodes('train'))} "
+            "PriorityTier=1 PreemptMode=OFF MaxTime=INFINITE State=UP"
+        )
+    if spec.elastic_nodes:
+        parts.append(
+            f"PartitionName=elastic Nodes={compress(n.name for n in spec.partition_nodes('elastic'))} "
+            f"Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime={spec.grace_time_s} "
+            "MaxTime=INFINITE State=UP"
+        )
+    parts.append(
+        f"PartitionName=infer Nodes={compress(n.name for n in spec.partition_nodes('infer'))} "
+        f"PriorityTier=10 PreemptMode=OFF AllowAccounts={infer_accounts} "
+        "MaxTime=INFINITE State=UP"
+    )
+    values = _common(spec) | {"node_lines": "\n".join(nodes), "partition_lines": "\n".join(parts)}
+    return _template("slurm.conf.in").substitute(values)
+
+
+def gres_conf(spec: LabSpec) -> str:
+    lines = [
+        f"NodeName={n.name} Name=gpu Type={spec.gpu_type} "
+        f"File={spec.dev_dir}/{n.name}-gpu[0-{spec.gpus_per_node - 1}]"
+        if spec.gpus_per_node > 1
+        else f"NodeName={n.name} Name=gpu Type={spec.gpu_type} File={gpu_device(spec, n.name, 0)}"
+        for n in spec.nodes
+    ]
+    return _template("gres.conf.in").substitute(gres_lines="\n".join(lines))
+
+
+def slurmdbd_conf(spec: LabSpec, db: DbSettings) -> str:
+    values = _common(spec) | {
+        "db_host": db.host,
+        "db_port": str(db.port),
+        "db_user": db.user,
+        "db_pass_line": f"StoragePass={db.password}" if db.password else "",
+        "db_name": spec.db_name,
+    }
+    return _template("slurmdbd.conf.in").substitute(values)

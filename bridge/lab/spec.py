@@ -1,0 +1,170 @@
+"""The lab cluster's shape: nodes, pools, GPUs, ports and the files under the lab dir.
+
+A `LabSpec` is pure data, validated on construction; `bridge.lab.render` turns it into
+Slurm's configuration files and `bridge.lab.lab` brings it up. It is saved as
+`lab.json` in the lab directory so `status` and `down` know what `up` made.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+POOLS = ("train", "elastic", "infer")
+_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
+
+class LabSpecError(ValueError):
+    """A lab setting is invalid; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class LabNode:
+    name: str
+    addr: str
+    port: int
+    pool: str
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    """What `stb lab up` builds. Defaults give the four-node lab of the design."""
+
+    lab_dir: Path
+    #: nodes in the training pool (partition `train`, drain-only lending)
+    train_nodes: int = 2
+    #: nodes in the elastic pool (partition `elastic`, requeueable jobs)
+    elastic_nodes: int = 1
+    #: nodes reserved for inference (partition `infer` only); hold the minimum replicas
+    infer_nodes: int = 1
+    #: fake GPUs per node (character devices); 4 is enough to show partial allocation
+    gpus_per_node: int = 4
+    #: GPU type named in gres, used by accounting rates
+    gpu_type: str = "h100"
+    #: CPUs and memory (MiB) each node declares; slurmd is told to trust them
+    cpus_per_node: int = 8
+    memory_mb: int = 8192
+    cluster: str = "stblab"
+    #: Slurm ports: slurmctld, slurmdbd, and the first slurmd (node i uses base + i)
+    ctld_port: int = 6817
+    dbd_port: int = 6819
+    slurmd_port_base: int = 6830
+    #: seconds an elastic job gets between SIGTERM and requeue when preempted
+    grace_time_s: int = 5
+    #: team accounts registered in slurmdbd (plus `bridge`, which owns Triton jobs)
+    accounts: tuple[str, ...] = ("team-vision", "team-nlp", "team-research")
+    #: MariaDB database name for slurmdbd; unique so it never meets another's tables
+    db_name: str = "stb_lab_acct"
+    ctld_host: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+
+    def __post_init__(self) -> None:
+        for name in ("train_nodes", "elastic_nodes", "infer_nodes"):
+            if getattr(self, name) < 0:
+                raise LabSpecError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.infer_nodes < 1:
+            raise LabSpecError("infer_nodes must be >= 1: Triton's reserved node")
+        if not 1 <= self.node_count <= 250:
+            raise LabSpecError(f"the lab holds 1 to 250 nodes, got {self.node_count}")
+        if not 1 <= self.gpus_per_node <= 16:
+            raise LabSpecError(f"gpus_per_node must be 1..16, got {self.gpus_per_node}")
+        for name in ("gpu_type", "cluster", "db_name"):
+            if not _NAME.match(getattr(self, name)):
+                raise LabSpecError(
+                    f"{name} must be lower-case letters, digits, '-' or '_', "
+                    f"got {getattr(self, name)!r}"
+                )
+        for acct in self.accounts:
+            if not _NAME.match(acct):
+                raise LabSpecError(f"account name {acct!r} is not a valid Slurm account")
+        if self.grace_time_s < 0:
+            raise LabSpecError(f"grace_time_s must be >= 0, got {self.grace_time_s}")
+
+    @property
+    def node_count(self) -> int:
+        return self.train_nodes + self.elastic_nodes + self.infer_nodes
+
+    @property
+    def nodes(self) -> list[LabNode]:
+        """Nodes n1..nN: training first, then elastic, then reserved inference."""
+        pools = (
+            ["train"] * self.train_nodes
+            + ["elastic"] * self.elastic_nodes
+            + ["infer"] * self.infer_nodes
+        )
+        return [
+            LabNode(f"n{i}", f"127.0.1.{i}", self.slurmd_port_base + i, pool)
+            for i, pool in enumerate(pools, start=1)
+        ]
+
+    def pool_nodes(self, pool: str) -> list[LabNode]:
+        return [n for n in self.nodes if n.pool == pool]
+
+    def partition_nodes(self, partition: str) -> list[LabNode]:
+        """`infer` spans the reserved nodes and the elastic nodes it may preempt."""
+        if partition == "infer":
+            return self.pool_nodes("infer") + self.pool_nodes("elastic")
+        return self.pool_nodes(partition)
+
+    # Files under the lab directory: the one place each path is named.
+    @property
+    def etc(self) -> Path:
+        return self.lab_dir / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.lab_dir / "run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.lab_dir / "log"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.run_dir / "munge.socket"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.etc / "munge.key"
+
+    @property
+    def dev_dir(self) -> Path:
+        return self.lab_dir / "dev"
+
+    @property
+    def triton_dir(self) -> Path:
+        return self.lab_dir / "triton"
+
+    @property
+    def triton_key_file(self) -> Path:
+        return self.triton_dir / "api.key"
+
+    @property
+    def mysql_dir(self) -> Path:
+        return self.lab_dir / "mysql"
+
+    def env(self) -> dict[str, str]:
+        """Environment a Slurm client needs to talk to this lab."""
+        return {"SLURM_CONF": str(self.slurm_conf), "STB_LAB_DIR": str(self.lab_dir)}
+
+    def save(self) -> None:
+        data = asdict(self)
+        data["lab_dir"] = str(self.lab_dir)
+        data["accounts"] = list(self.accounts)
+        (self.lab_dir / "lab.json").write_text(json.dumps(data, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, lab_dir: Path) -> LabSpec | None:
+        path = lab_dir / "lab.json"
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        data["lab_dir"] = Path(data["lab_dir"])
+        data["accounts"] = tuple(data["accounts"])
+        return cls(**data)

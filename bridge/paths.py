@@ -1,0 +1,43 @@
+"""Where the project's own files are: the one place that knows the checkout layout.
+
+Called by the lab and the CLI to find templates (`deploy/`), the model repository
+(`triton_repo/`) and the default lab directory. `STB_HOME` overrides the checkout root
+for an installed (non-editable) package.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class ProjectLayoutError(RuntimeError):
+    """The project's files (deploy/, triton_repo/) cannot be found."""
+
+
+def project_root() -> Path:
+    """The checkout root: `$STB_HOME`, else the folder above the `bridge` package."""
+    root = Path(os.environ.get("STB_HOME") or Path(__file__).resolve().parent.parent)
+    if not (root / "deploy" / "lab" / "templates").is_dir():
+        raise ProjectLayoutError(
+            f"no deploy/lab/templates under {root}; set STB_HOME to the project checkout"
+        )
+    return root
+
+
+def templates_dir() -> Path:
+    return project_root() / "deploy" / "lab" / "templates"
+
+
+def triton_sbatch() -> Path:
+    return project_root() / "deploy" / "slurm" / "triton-server.sbatch"
+
+
+def model_repository() -> Path:
+    return project_root() / "triton_repo"
+
+
+def default_lab_dir() -> Path:
+    """`$STB_LAB_DIR`, else `.lab` in the checkout (ignored by git)."""
+    env = os.environ.get("STB_LAB_DIR")
+    return Path(env).resolve() if env else project_root() / ".lab"

@@ -1,0 +1,58 @@
+"""Small helpers the lab tests share: run Slurm commands, wait for job states."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from bridge.lab.slurmctl import slurm
+from bridge.lab.spec import LabSpec
+
+
+def sbatch(spec: LabSpec, *args: str) -> str:
+    out = slurm(spec, "sbatch", "--parsable", f"--output={spec.log_dir}/test-%j.out", *args)
+    return out.strip().split(";")[0]
+
+
+def squeue_state(spec: LabSpec, job_id: str) -> tuple[str, str]:
+    """(state, reason) from squeue; ("", "") when the job left the queue."""
+    out = slurm(spec, "squeue", "-h", "-j", job_id, "-o", "%T|%r", check=False).strip()
+    if not out:
+        return "", ""
+    state, _, reason = out.partition("|")
+    return state, reason
+
+
+def wait_state(spec: LabSpec, job_id: str, states: set[str], timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    state = ""
+    while time.monotonic() < deadline:
+        state, _ = squeue_state(spec, job_id)
+        if state in states:
+            return state
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} never reached {states} in {timeout_s}s (last {state!r})")
+
+
+def sacct_records(spec: LabSpec, job_id: str, *, duplicates: bool = False) -> list[dict[str, Any]]:
+    argv = ["sacct", "-j", job_id, "--json"] + (["--duplicates"] if duplicates else [])
+    return list(json.loads(slurm(spec, *argv))["jobs"])
+
+
+def wait_sacct_final(spec: LabSpec, job_id: str, timeout_s: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        recs = sacct_records(spec, job_id)
+        if recs and recs[-1]["state"]["current"] not in ("RUNNING", "PENDING"):
+            return recs[-1]
+        time.sleep(0.5)
+    raise AssertionError(f"sacct has no final record of job {job_id} after {timeout_s}s")
+
+
+def gpu_count(record: dict[str, Any]) -> int:
+    """gres/gpu from a sacct record's allocated TRES (untyped entry only, not summed)."""
+    for tres in record["tres"]["allocated"]:
+        if tres["type"] == "gres" and tres["name"] == "gpu":
+            return int(tres["count"])
+    return 0

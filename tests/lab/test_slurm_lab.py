@@ -1,0 +1,68 @@
+"""The lab's Slurm: partitions, GPU gres, accounting of a training job (real Slurm)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.hostlist import expand
+from bridge.lab.slurmctl import slurm
+from bridge.lab.spec import LabSpec
+
+from .helpers import gpu_count, sbatch, wait_sacct_final
+
+pytestmark = pytest.mark.lab
+
+
+def test_partitions_have_the_designed_nodes_and_tiers(lab: LabSpec) -> None:
+    out = slurm(lab, "scontrol", "show", "partition", "-o")
+    parts = {}
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        parts[fields["PartitionName"]] = fields
+    assert set(parts) == {"train", "elastic", "infer"}
+    names = {p: set(expand(parts[p]["Nodes"])) for p in parts}
+    assert names["train"] == {n.name for n in lab.pool_nodes("train")}
+    assert names["elastic"] == {n.name for n in lab.pool_nodes("elastic")}
+    assert names["infer"] == {n.name for n in lab.pool_nodes("infer") + lab.pool_nodes("elastic")}
+    assert int(parts["infer"]["PriorityTier"]) > int(parts["elastic"]["PriorityTier"])
+    assert parts["elastic"]["PreemptMode"] == "REQUEUE"
+    assert parts["train"]["PreemptMode"] == "OFF"
+    assert int(parts["elastic"]["GraceTime"]) == lab.grace_time_s
+    assert parts["infer"]["AllowAccounts"] == "bridge"
+    config = slurm(lab, "scontrol", "show", "config")
+    assert "preempt/partition_prio" in config
+
+
+def test_every_node_has_its_address_and_gpu_gres(lab: LabSpec) -> None:
+    out = slurm(lab, "scontrol", "show", "node", "-o")
+    nodes = {}
+    for line in out.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        nodes[fields["NodeName"]] = fields
+    assert set(nodes) == {n.name for n in lab.nodes}
+    for node in lab.nodes:
+        f = nodes[node.name]
+        assert f["NodeAddr"] == node.addr
+        assert f["Gres"] == f"gpu:{lab.gpu_type}:{lab.gpus_per_node}"
+        assert f"gres/gpu={lab.gpus_per_node}" in f["CfgTRES"]
+        assert not f["State"].startswith(("DOWN", "UNKNOWN"))
+
+
+def test_training_job_is_booked_with_its_gpus_and_elapsed_time(lab: LabSpec) -> None:
+    job = sbatch(lab, "--partition=train", "--gres=gpu:2", "--account=team-vision",
+                 "--wrap", "sleep 3")
+    rec = wait_sacct_final(lab, job, timeout_s=60)
+    assert rec["state"]["current"] == "COMPLETED"
+    assert rec["partition"] == "train"
+    assert rec["account"] == "team-vision"
+    assert gpu_count(rec) == 2
+    assert 3 <= rec["time"]["elapsed"] <= 30
+    typed = [t for t in rec["tres"]["allocated"] if t["name"] == f"gpu:{lab.gpu_type}"]
+    assert typed and typed[0]["count"] == 2
+
+
+def test_inference_partition_is_reserved_for_the_bridge_account(lab: LabSpec) -> None:
+    from bridge.lab.slurmctl import SlurmCommandError
+
+    with pytest.raises(SlurmCommandError, match="(?i)account|partition"):
+        sbatch(lab, "--partition=infer", "--account=team-nlp", "--wrap", "true")
