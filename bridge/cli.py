@@ -8,7 +8,7 @@ import typer
 from bridge.lab.cli import lab_app
 
 app = typer.Typer(
-    help="Slurm–Triton bridge: one GPU fleet for training and inference.",
+    help="Slurm-Triton bridge: one GPU fleet for training and inference.",
     no_args_is_help=True,
     add_completion=False,
 )

@@ -19,7 +19,9 @@ class HostlistError(ValueError):
 
 def _split_top(expr: str) -> list[str]:
     """Split on commas that are not inside brackets."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in expr:
         if ch == "[":
             depth += 1
@@ -101,11 +103,11 @@ def compress(names: Iterable[str]) -> str:
         if int(digits) not in groups[key]:
             groups[key].append(int(digits))
     out = []
-    for key in order:
-        if isinstance(key, str):
-            out.append(key)
+    for entry in order:
+        if isinstance(entry, str):
+            out.append(entry)
             continue
-        prefix, width = key
+        prefix, width = key = entry
         nums = sorted(groups[key])
         if len(nums) == 1:
             out.append(f"{prefix}{str(nums[0]).zfill(width)}")

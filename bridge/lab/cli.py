@@ -14,12 +14,15 @@ from bridge.lab import lab as lab_mod
 from bridge.lab.spec import LabSpec, LabSpecError
 from bridge.paths import default_lab_dir
 
-lab_app = typer.Typer(help="The one-host lab cluster: real Slurm, real Triton.",
-                      no_args_is_help=True)
+lab_app = typer.Typer(
+    help="The one-host lab cluster: real Slurm, real Triton.", no_args_is_help=True
+)
 console = Console()
 
-DirOpt = Annotated[Path | None, typer.Option("--dir", help="Lab directory [default: .lab "
-                                               "in the checkout, or $STB_LAB_DIR].")]
+DirOpt = Annotated[
+    Path | None,
+    typer.Option("--dir", help="Lab directory [default: .lab in the checkout, or $STB_LAB_DIR]."),
+]
 
 
 def _say(msg: str) -> None:
@@ -49,15 +52,22 @@ def up(
 ) -> None:
     """Install what is missing and start the lab cluster (idempotent)."""
     try:
-        spec = LabSpec(lab_dir=(lab_dir or default_lab_dir()).resolve(), train_nodes=train,
-                       elastic_nodes=elastic, infer_nodes=infer, gpus_per_node=gpus,
-                       gpu_type=gpu_type)
+        spec = LabSpec(
+            lab_dir=(lab_dir or default_lab_dir()).resolve(),
+            train_nodes=train,
+            elastic_nodes=elastic,
+            infer_nodes=infer,
+            gpus_per_node=gpus,
+            gpu_type=gpu_type,
+        )
         start = time.monotonic()
         lab_mod.up(spec, say=_say, install=not no_install)
     except (LabSpecError, RuntimeError) as exc:
         raise _fail(exc) from exc
-    console.print(f"[green]lab up[/green] in {time.monotonic() - start:.1f}s: "
-                  f"{spec.node_count} nodes, {spec.gpus_per_node}x{spec.gpu_type} each")
+    console.print(
+        f"[green]lab up[/green] in {time.monotonic() - start:.1f}s: "
+        f"{spec.node_count} nodes, {spec.gpus_per_node}x{spec.gpu_type} each"
+    )
     _print_status(spec)
 
 
@@ -88,15 +98,20 @@ def _print_status(spec: LabSpec) -> None:
     for col in ("daemon", "state", "pid", "log"):
         table.add_column(col)
     for d in lab_mod.status(spec):
-        table.add_row(d.name, "[green]running[/green]" if d.pid else "[red]stopped[/red]",
-                      str(d.pid or "-"), str(d.log))
+        table.add_row(
+            d.name,
+            "[green]running[/green]" if d.pid else "[red]stopped[/red]",
+            str(d.pid or "-"),
+            str(d.log),
+        )
     console.print(table)
     nodes = Table(title="nodes")
     for col in ("node", "address", "slurmd port", "pool", "gres"):
         nodes.add_column(col)
     for n in spec.nodes:
-        nodes.add_row(n.name, n.addr, str(n.port), n.pool,
-                      f"gpu:{spec.gpu_type}:{spec.gpus_per_node}")
+        nodes.add_row(
+            n.name, n.addr, str(n.port), n.pool, f"gpu:{spec.gpu_type}:{spec.gpus_per_node}"
+        )
     console.print(nodes)
     console.print(f"Slurm clients: export SLURM_CONF={spec.slurm_conf}")
 

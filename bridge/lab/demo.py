@@ -50,7 +50,7 @@ def send(url: str, model: str, requests: int, concurrency: int) -> ModelRun:
         start = time.perf_counter()
         try:
             client.infer(model, [inp])
-        except Exception:  # noqa: BLE001 - counted as an error, shown in the report
+        except Exception:  # any failure is counted as an error and shown
             return None
         finally:
             client.close()
@@ -92,15 +92,16 @@ def _sacct(spec: LabSpec, job_id: str, timeout_s: float = 20) -> dict[str, objec
     return None
 
 
-def run(spec: LabSpec, console: Console, *, requests: int, concurrency: int,
-        keep: bool) -> None:
+def run(spec: LabSpec, console: Console, *, requests: int, concurrency: int, keep: bool) -> None:
     reserved = spec.pool_nodes("infer")[0].name
     t0 = time.monotonic()
     job_id = triton.submit(spec, node=reserved)
     console.print(f"submitted Triton as Slurm job {job_id} on partition infer, node {reserved}")
     job = triton.wait_ready(spec, job_id)
-    console.print(f"Triton ready at {job.http_url} in {time.monotonic() - t0:.1f}s "
-                  "(sbatch to /v2/health/ready)")
+    console.print(
+        f"Triton ready at {job.http_url} in {time.monotonic() - t0:.1f}s "
+        "(sbatch to /v2/health/ready)"
+    )
 
     table = Table(title=f"{requests} requests per model, {concurrency} in flight")
     for col in ("model", "ok", "errors", "req/s", "p50 ms", "p99 ms", "Triton p99 ms"):
@@ -108,9 +109,15 @@ def run(spec: LabSpec, console: Console, *, requests: int, concurrency: int,
     for model in MODELS:
         r = send(job.http_url, model, requests, concurrency)
         tp99 = triton_p99_ms(job.metrics_url, model)
-        table.add_row(model, str(len(r.latencies_ms)), str(r.errors),
-                      f"{len(r.latencies_ms) / r.seconds:.0f}", f"{r.quantile(0.5):.1f}",
-                      f"{r.quantile(0.99):.1f}", f"{tp99:.1f}" if tp99 is not None else "-")
+        table.add_row(
+            model,
+            str(len(r.latencies_ms)),
+            str(r.errors),
+            f"{len(r.latencies_ms) / r.seconds:.0f}",
+            f"{r.quantile(0.5):.1f}",
+            f"{r.quantile(0.99):.1f}",
+            f"{tp99:.1f}" if tp99 is not None else "-",
+        )
     console.print(table)
     console.print(slurm(spec, "squeue", "-o", "%.6i %.8P %.12j %.8a %.8T %.6M %N %b").rstrip())
     if keep:

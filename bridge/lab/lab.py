@@ -8,6 +8,7 @@ sweeps any process that still carries the lab's marker (slurmstepd, tritonserver
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -40,8 +41,14 @@ def _table(spec: LabSpec) -> procs.ProcTable:
     return procs.ProcTable(spec.run_dir, spec.log_dir, str(spec.lab_dir))
 
 
-def _wait(what: str, ok: Callable[[], bool], timeout_s: float, log: Path,
-          table: procs.ProcTable | None = None, name: str = "") -> None:
+def _wait(
+    what: str,
+    ok: Callable[[], bool],
+    timeout_s: float,
+    log: Path,
+    table: procs.ProcTable | None = None,
+    name: str = "",
+) -> None:
     """Poll ok() until true; fail early, quoting the logs, if the daemon died."""
     deadline = time.monotonic() + timeout_s
     died = False
@@ -55,8 +62,9 @@ def _wait(what: str, ok: Callable[[], bool], timeout_s: float, log: Path,
     tails = []
     for path in (log, log.with_name(f"{name}.out")):
         if name and path.exists():
-            tails.append(f"--- {path}\n" + "\n".join(
-                path.read_text(errors="replace").splitlines()[-15:]))
+            tails.append(
+                f"--- {path}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:])
+            )
     reason = "exited" if died else f"did not come up within {timeout_s:.0f}s"
     raise LabError(f"{what} {reason}; see {log}:\n" + "\n".join(tails))
 
@@ -105,8 +113,9 @@ def _bin(name: str) -> str:
     return found
 
 
-def _start(table: procs.ProcTable, name: str, argv: list[str], env: dict[str, str],
-           say: Say) -> bool:
+def _start(
+    table: procs.ProcTable, name: str, argv: list[str], env: dict[str, str], say: Say
+) -> bool:
     if table.get(name):
         return False
     proc = table.start(name, argv, env)
@@ -123,16 +132,34 @@ def _ensure_associations(spec: LabSpec, say: Say) -> None:
     have = set(slurm(spec, "sacctmgr", "-n", "-P", "list", "account", "format=account").split())
     for acct in ("bridge", *spec.accounts):
         if acct not in have:
-            slurm(spec, "sacctmgr", "-i", "add", "account", acct, f"cluster={spec.cluster}",
-                  f"description=lab account {acct}", "organization=stblab")
+            slurm(
+                spec,
+                "sacctmgr",
+                "-i",
+                "add",
+                "account",
+                acct,
+                f"cluster={spec.cluster}",
+                f"description=lab account {acct}",
+                "organization=stblab",
+            )
             say(f"registered account {acct}")
-    users = set(slurm(spec, "sacctmgr", "-n", "-P", "list", "assoc", "format=account,user")
-                .split())
+    users = set(slurm(spec, "sacctmgr", "-n", "-P", "list", "assoc", "format=account,user").split())
     wanted = ["bridge", *spec.accounts]
     if any(f"{acct}|root" not in users for acct in wanted):
         default = spec.accounts[0] if spec.accounts else "bridge"
-        out = slurm(spec, "sacctmgr", "-i", "add", "user", "root", "account=" + ",".join(wanted),
-                    f"defaultaccount={default}", f"cluster={spec.cluster}", check=False)
+        out = slurm(
+            spec,
+            "sacctmgr",
+            "-i",
+            "add",
+            "user",
+            "root",
+            "account=" + ",".join(wanted),
+            f"defaultaccount={default}",
+            f"cluster={spec.cluster}",
+            check=False,
+        )
         if "Nothing new added" not in out and "Associations" not in out:
             raise LabError(f"could not add user root to the lab accounts: {out.strip()}")
 
@@ -156,10 +183,17 @@ def up(spec: LabSpec, say: Say = print, install: bool = True) -> None:
     system.require_root()
     if install:
         system.ensure_packages(say)
-    for d in (spec.etc, spec.run_dir, spec.log_dir, spec.lab_dir / "spool" / "ctld",
-              spec.triton_dir):
+    for d in (
+        spec.etc,
+        spec.run_dir,
+        spec.log_dir,
+        spec.lab_dir / "spool" / "ctld",
+        spec.triton_dir,
+    ):
         d.mkdir(parents=True, exist_ok=True)
     old = LabSpec.load(spec.lab_dir)
+    if old is not None:
+        spec = dataclasses.replace(spec, db_name=old.db_name)  # the lab keeps its database
     table = _table(spec)
     running = bool(table.all())
     if old is not None and old != spec and running:
@@ -176,34 +210,65 @@ def up(spec: LabSpec, say: Say = print, install: bool = True) -> None:
             raise LabError(f"no MariaDB answers at {db.host}:{db.port}")
         argv = system.mariadb_server_argv(spec, db.port)
         _start(table, "mariadb", argv, {}, say)
-        _wait("MariaDB", lambda: system.mysql_answers(db.host, db.port), 60,
-              spec.log_dir / "mariadb.log", table, "mariadb")
+        _wait(
+            "MariaDB",
+            lambda: system.mysql_answers(db.host, db.port),
+            60,
+            spec.log_dir / "mariadb.log",
+            table,
+            "mariadb",
+        )
     _write_configs(spec, db, running)
 
     env = spec.env()
-    _start(table, "munged", [
-        _bin("munged"), "--foreground", "--force", f"--key-file={spec.munge_key}",
-        f"--socket={spec.munge_socket}", f"--pid-file={spec.run_dir / 'munged.pid'}",
-        f"--log-file={spec.log_dir / 'munged.log'}",
-        f"--seed-file={spec.run_dir / 'munged.seed'}",
-    ], env, say)
+    _start(
+        table,
+        "munged",
+        [
+            _bin("munged"),
+            "--foreground",
+            "--force",
+            f"--key-file={spec.munge_key}",
+            f"--socket={spec.munge_socket}",
+            f"--pid-file={spec.run_dir / 'munged.pid'}",
+            f"--log-file={spec.log_dir / 'munged.log'}",
+            f"--seed-file={spec.run_dir / 'munged.seed'}",
+        ],
+        env,
+        say,
+    )
     _wait("munged", spec.munge_socket.exists, 20, spec.log_dir / "munged.log", table, "munged")
 
     _start(table, "slurmdbd", [_bin("slurmdbd"), "-D"], env, say)
-    _wait("slurmdbd", lambda: system.port_open("127.0.0.1", spec.dbd_port), 60,
-          spec.log_dir / "slurmdbd.log", table, "slurmdbd")
+    _wait(
+        "slurmdbd",
+        lambda: system.port_open("127.0.0.1", spec.dbd_port),
+        60,
+        spec.log_dir / "slurmdbd.log",
+        table,
+        "slurmdbd",
+    )
     _ensure_associations(spec, say)
 
     conf = str(spec.slurm_conf)
     _start(table, "slurmctld", [_bin("slurmctld"), "-D", "-f", conf], env, say)
-    _wait("slurmctld", lambda: "is UP" in slurm(spec, "scontrol", "ping", check=False,
-                                                 timeout_s=5), 60,
-          spec.log_dir / "slurmctld.log", table, "slurmctld")
+    _wait(
+        "slurmctld",
+        lambda: "is UP" in slurm(spec, "scontrol", "ping", check=False, timeout_s=5),
+        60,
+        spec.log_dir / "slurmctld.log",
+        table,
+        "slurmctld",
+    )
     for node in spec.nodes:
-        _start(table, _slurmd_name(node.name),
-               [_bin("slurmd"), "-D", "-N", node.name, "-f", conf], env, say)
-    _wait("the slurmd of every node", lambda: _nodes_up(spec), 60,
-          spec.log_dir / "slurmctld.log")
+        _start(
+            table,
+            _slurmd_name(node.name),
+            [_bin("slurmd"), "-D", "-N", node.name, "-f", conf],
+            env,
+            say,
+        )
+    _wait("the slurmd of every node", lambda: _nodes_up(spec), 60, spec.log_dir / "slurmctld.log")
     from bridge.lab import triton
 
     triton.prepare(spec)
@@ -251,7 +316,9 @@ def status(spec: LabSpec) -> list[DaemonStatus]:
     table = _table(spec)
     names = [*DAEMONS, *(_slurmd_name(n.name) for n in spec.nodes)]
     logs = {
-        "mariadb": "mariadb.log", "munged": "munged.log", "slurmdbd": "slurmdbd.log",
+        "mariadb": "mariadb.log",
+        "munged": "munged.log",
+        "slurmdbd": "slurmdbd.log",
         "slurmctld": "slurmctld.log",
     }
     out = []

@@ -60,23 +60,17 @@ def slurm_conf(spec: LabSpec) -> str:
         for n in spec.nodes
     ]
     infer_accounts = "bridge"
-    parts = []
-    if spec.train_nodes:
-        parts.append(
-            f"PartitionName=train Nodes={compress(n.name for n in spec.partition_nodes('train'))} "
-            "PriorityTier=1 PreemptMode=OFF MaxTime=INFINITE State=UP"
-        )
-    if spec.elastic_nodes:
-        parts.append(
-            f"PartitionName=elastic Nodes={compress(n.name for n in spec.partition_nodes('elastic'))} "
-            f"Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime={spec.grace_time_s} "
-            "MaxTime=INFINITE State=UP"
-        )
-    parts.append(
-        f"PartitionName=infer Nodes={compress(n.name for n in spec.partition_nodes('infer'))} "
-        f"PriorityTier=10 PreemptMode=OFF AllowAccounts={infer_accounts} "
-        "MaxTime=INFINITE State=UP"
-    )
+    settings = {
+        "train": "PriorityTier=1 PreemptMode=OFF",
+        "elastic": f"Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime={spec.grace_time_s}",
+        "infer": f"PriorityTier=10 PreemptMode=OFF AllowAccounts={infer_accounts}",
+    }
+    parts = [
+        f"PartitionName={name} Nodes={compress(n.name for n in spec.partition_nodes(name))} "
+        f"{extra} MaxTime=INFINITE State=UP"
+        for name, extra in settings.items()
+        if spec.partition_nodes(name)
+    ]
     values = _common(spec) | {"node_lines": "\n".join(nodes), "partition_lines": "\n".join(parts)}
     return _template("slurm.conf.in").substitute(values)
 

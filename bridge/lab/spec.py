@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,8 +57,9 @@ class LabSpec:
     grace_time_s: int = 5
     #: team accounts registered in slurmdbd (plus `bridge`, which owns Triton jobs)
     accounts: tuple[str, ...] = ("team-vision", "team-nlp", "team-research")
-    #: MariaDB database name for slurmdbd; unique so it never meets another's tables
-    db_name: str = "stb_lab_acct"
+    #: MariaDB database for slurmdbd; a fresh name per new lab directory, so a new lab
+    #: never sees job ids of an old one (Slurm restarts numbering with its state)
+    db_name: str = field(default_factory=lambda: f"stb_lab_{secrets.token_hex(4)}")
     ctld_host: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
 
     def __post_init__(self) -> None:
@@ -79,6 +81,11 @@ class LabSpec:
         for acct in self.accounts:
             if not _NAME.match(acct):
                 raise LabSpecError(f"account name {acct!r} is not a valid Slurm account")
+        if len(str(self.lab_dir / "run" / "munge.socket")) > 100:
+            raise LabSpecError(
+                f"lab_dir {self.lab_dir} is too long for a Unix socket path; "
+                "choose a shorter one (--dir or STB_LAB_DIR)"
+            )
         if self.grace_time_s < 0:
             raise LabSpecError(f"grace_time_s must be >= 0, got {self.grace_time_s}")
 

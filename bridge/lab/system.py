@@ -44,9 +44,10 @@ def require_root() -> None:
 
 
 def _which(binary: str) -> bool:
-    return bool(shutil.which(binary) or any(
-        Path(d, binary).exists() for d in ("/usr/sbin", "/sbin", "/usr/bin")
-    ))
+    return bool(
+        shutil.which(binary)
+        or any(Path(d, binary).exists() for d in ("/usr/sbin", "/sbin", "/usr/bin"))
+    )
 
 
 def apt_install(packages: list[str], say: Say) -> None:
@@ -56,8 +57,10 @@ def apt_install(packages: list[str], say: Say) -> None:
         raise LabSystemError(f"missing packages {packages} and no apt-get to install them")
     say(f"installing Debian packages: {' '.join(packages)}")
     env = os.environ | {"DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-qq"],
-                 ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages]):
+    for argv in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+    ):
         done = subprocess.run(argv, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise LabSystemError(f"{' '.join(argv)} failed:\n{done.stderr[-2000:]}")
@@ -68,11 +71,18 @@ def ensure_packages(say: Say) -> None:
     that Triton's Python-backend stub links against."""
     missing = sorted({pkg for binary, pkg in PACKAGES.items() if not _which(binary)})
     import sys
+
     ver = f"{sys.version_info.major}.{sys.version_info.minor}"
     libpython = f"libpython{ver}.so.1.0"
-    if not any(Path(d, libpython).exists()
-               for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
-                         "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")):
+    if not any(
+        Path(d, libpython).exists()
+        for d in (
+            "/lib/x86_64-linux-gnu",
+            "/usr/lib/x86_64-linux-gnu",
+            "/lib/aarch64-linux-gnu",
+            "/usr/lib/aarch64-linux-gnu",
+        )
+    ):
         missing.append(f"libpython{ver}")
     apt_install(missing, say)
 
@@ -136,16 +146,27 @@ def mariadb_server_argv(spec: LabSpec, port: int) -> list[str]:
         datadir.mkdir(parents=True, exist_ok=True)
         init = shutil.which("mariadb-install-db") or "/usr/bin/mariadb-install-db"
         done = subprocess.run(
-            [init, "--no-defaults", f"--datadir={datadir}", "--user=root",
-             "--auth-root-authentication-method=normal", "--skip-test-db"],
-            capture_output=True, text=True,
+            [
+                init,
+                "--no-defaults",
+                f"--datadir={datadir}",
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ],
+            capture_output=True,
+            text=True,
         )
         if done.returncode != 0:
             raise LabSystemError(f"mariadb-install-db failed:\n{done.stderr[-2000:]}")
     mariadbd = shutil.which("mariadbd") or "/usr/sbin/mariadbd"
     return [
-        mariadbd, "--no-defaults", f"--datadir={datadir}", "--user=root",
-        "--bind-address=127.0.0.1", f"--port={port}",
+        mariadbd,
+        "--no-defaults",
+        f"--datadir={datadir}",
+        "--user=root",
+        "--bind-address=127.0.0.1",
+        f"--port={port}",
         f"--socket={spec.mysql_dir / 'mysqld.sock'}",
         f"--pid-file={spec.mysql_dir / 'mysqld.pid'}",
         f"--log-error={spec.log_dir / 'mariadb.log'}",

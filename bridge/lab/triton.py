@@ -91,8 +91,15 @@ class TritonJob:
         return f"http://{self.addr}:{TRITON_METRICS_PORT}/metrics"
 
 
-def submit(spec: LabSpec, *, node: str | None = None, models: str = "*", gpus: int = 1,
-           exclusive: bool = False, name: str = "stb-triton") -> str:
+def submit(
+    spec: LabSpec,
+    *,
+    node: str | None = None,
+    models: str = "*",
+    gpus: int = 1,
+    exclusive: bool = False,
+    name: str = "stb-triton",
+) -> str:
     """sbatch the Triton job on the infer partition; returns the job id."""
     exports = {
         "STB_TRITON_HOME": str(triton_home()),
@@ -104,12 +111,17 @@ def submit(spec: LabSpec, *, node: str | None = None, models: str = "*", gpus: i
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
     }
     argv = [
-        "sbatch", "--parsable", f"--job-name={name}", "--partition=infer", "--account=bridge",
+        "sbatch",
+        "--parsable",
+        f"--job-name={name}",
+        "--partition=infer",
+        "--account=bridge",
         f"--output={spec.log_dir / 'triton-%j.log'}",
         "--export=ALL," + ",".join(f"{k}={v}" for k, v in exports.items()),
     ]
-    argv += ["--exclusive", f"--gres=gpu:{spec.gpus_per_node}"] if exclusive else [
-        f"--gres=gpu:{gpus}"]
+    argv += (
+        ["--exclusive", f"--gres=gpu:{spec.gpus_per_node}"] if exclusive else [f"--gres=gpu:{gpus}"]
+    )
     if node:
         argv.append(f"--nodelist={node}")
     argv.append(str(triton_sbatch()))

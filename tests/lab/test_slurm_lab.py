@@ -49,8 +49,9 @@ def test_every_node_has_its_address_and_gpu_gres(lab: LabSpec) -> None:
 
 
 def test_training_job_is_booked_with_its_gpus_and_elapsed_time(lab: LabSpec) -> None:
-    job = sbatch(lab, "--partition=train", "--gres=gpu:2", "--account=team-vision",
-                 "--wrap", "sleep 3")
+    job = sbatch(
+        lab, "--partition=train", "--gres=gpu:2", "--account=team-vision", "--wrap", "sleep 3"
+    )
     rec = wait_sacct_final(lab, job, timeout_s=60)
     assert rec["state"]["current"] == "COMPLETED"
     assert rec["partition"] == "train"
@@ -64,5 +65,5 @@ def test_training_job_is_booked_with_its_gpus_and_elapsed_time(lab: LabSpec) -> 
 def test_inference_partition_is_reserved_for_the_bridge_account(lab: LabSpec) -> None:
     from bridge.lab.slurmctl import SlurmCommandError
 
-    with pytest.raises(SlurmCommandError, match="(?i)account|partition"):
+    with pytest.raises(SlurmCommandError, match=r"(?i)account|partition"):
         sbatch(lab, "--partition=infer", "--account=team-nlp", "--wrap", "true")

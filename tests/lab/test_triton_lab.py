@@ -36,8 +36,11 @@ def test_triton_runs_on_the_reserved_node_bound_to_its_address(
 ) -> None:
     assert served.node == lab.pool_nodes("infer")[0].name
     assert served.addr == lab.pool_nodes("infer")[0].addr
-    fields = dict(f.split("=", 1) for f in slurm(lab, "scontrol", "show", "job", "-o",
-                                                 served.job_id).split() if "=" in f)
+    fields = dict(
+        f.split("=", 1)
+        for f in slurm(lab, "scontrol", "show", "job", "-o", served.job_id).split()
+        if "=" in f
+    )
     assert fields["Partition"] == "infer"
     assert fields["Account"] == "bridge"
     assert fields["Comment"] == "stb:triton"
@@ -119,8 +122,16 @@ def test_triton_on_an_elastic_node_requeues_the_elastic_job_which_runs_again(
     lab: LabSpec,
 ) -> None:
     elastic = lab.pool_nodes("elastic")[0].name
-    victim = sbatch(lab, "--partition=elastic", "--account=team-nlp", "--exclusive",
-                    f"--gres=gpu:{lab.gpus_per_node}", "--requeue", "--wrap", "sleep 600")
+    victim = sbatch(
+        lab,
+        "--partition=elastic",
+        "--account=team-nlp",
+        "--exclusive",
+        f"--gres=gpu:{lab.gpus_per_node}",
+        "--requeue",
+        "--wrap",
+        "sleep 600",
+    )
     wait_state(lab, victim, {"RUNNING"}, timeout_s=60)
     t0 = time.monotonic()
     job_id = triton.submit(lab, node=elastic, exclusive=True, name="stb-triton-lent")
@@ -130,8 +141,11 @@ def test_triton_on_an_elastic_node_requeues_the_elastic_job_which_runs_again(
         assert job.node == elastic
         state, _ = squeue_state(lab, victim)
         assert state == "PENDING"
-        fields = dict(f.split("=", 1) for f in slurm(lab, "scontrol", "show", "job", "-o",
-                                                     victim).split() if "=" in f)
+        fields = dict(
+            f.split("=", 1)
+            for f in slurm(lab, "scontrol", "show", "job", "-o", victim).split()
+            if "=" in f
+        )
         assert fields["Restarts"] == "1"
     finally:
         slurm(lab, "scancel", job_id)

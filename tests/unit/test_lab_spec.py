@@ -1,0 +1,88 @@
+"""The lab's shape and its rendered Slurm configuration (pure: no daemons)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge.hostlist import expand
+from bridge.lab import render
+from bridge.lab.spec import LabSpec, LabSpecError
+
+
+def _conf_lines(text: str, key: str) -> list[dict[str, str]]:
+    return [
+        dict(f.split("=", 1) for f in line.split())
+        for line in text.splitlines()
+        if line.startswith(key + "=")
+    ]
+
+
+def test_default_lab_has_two_train_one_elastic_one_reserved(tmp_path: Path) -> None:
+    spec = LabSpec(lab_dir=tmp_path)
+    assert [(n.name, n.pool, n.addr) for n in spec.nodes] == [
+        ("n1", "train", "127.0.1.1"),
+        ("n2", "train", "127.0.1.2"),
+        ("n3", "elastic", "127.0.1.3"),
+        ("n4", "infer", "127.0.1.4"),
+    ]
+    assert len({n.port for n in spec.nodes}) == 4
+
+
+def test_slurm_conf_partitions_and_preemption(tmp_path: Path) -> None:
+    spec = LabSpec(lab_dir=tmp_path, train_nodes=3, elastic_nodes=2, infer_nodes=2)
+    conf = render.slurm_conf(spec)
+    parts = {p["PartitionName"]: p for p in _conf_lines(conf, "PartitionName")}
+    assert expand(parts["train"]["Nodes"]) == ["n1", "n2", "n3"]
+    assert expand(parts["elastic"]["Nodes"]) == ["n4", "n5"]
+    assert sorted(expand(parts["infer"]["Nodes"])) == ["n4", "n5", "n6", "n7"]
+    assert parts["elastic"]["PreemptMode"] == "REQUEUE"
+    assert int(parts["infer"]["PriorityTier"]) > int(parts["elastic"]["PriorityTier"])
+    assert parts["train"]["PreemptMode"] == "OFF"
+    assert "PreemptType=preempt/partition_prio" in conf
+    assert "$" not in conf  # every placeholder was filled
+    nodes = _conf_lines(conf, "NodeName")
+    assert [n["NodeAddr"] for n in nodes] == [f"127.0.1.{i}" for i in range(1, 8)]
+    assert all(n["Gres"] == "gpu:h100:4" for n in nodes)
+    # Triton fills reserved inference nodes before elastic ones.
+    weight = {n["NodeName"]: int(n["Weight"]) for n in nodes}
+    assert weight["n6"] < weight["n4"]
+
+
+def test_gres_conf_points_at_the_lab_devices(tmp_path: Path) -> None:
+    spec = LabSpec(lab_dir=tmp_path, gpus_per_node=2)
+    gres = render.gres_conf(spec)
+    assert "AutoDetect=off" in gres
+    assert f"NodeName=n1 Name=gpu Type=h100 File={tmp_path}/dev/n1-gpu[0-1]" in gres
+
+
+def test_slurmdbd_conf_omits_an_empty_password(tmp_path: Path) -> None:
+    spec = LabSpec(lab_dir=tmp_path)
+    text = render.slurmdbd_conf(spec, render.DbSettings())
+    assert "StoragePass" not in text
+    assert f"StorageLoc={spec.db_name}" in text
+    with_pass = render.slurmdbd_conf(spec, render.DbSettings(password="s3cret"))
+    assert "StoragePass=s3cret" in with_pass
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"infer_nodes": 0}, "infer_nodes"),
+        ({"train_nodes": -1}, "train_nodes"),
+        ({"gpus_per_node": 0}, "gpus_per_node"),
+        ({"gpu_type": "H100 SXM"}, "gpu_type"),
+        ({"accounts": ("ok", "bad name")}, "account"),
+    ],
+)
+def test_bad_settings_name_the_field(tmp_path: Path, kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(LabSpecError, match=field):
+        LabSpec(lab_dir=tmp_path, **kwargs)  # type: ignore[arg-type]
+
+
+def test_spec_round_trips_through_lab_json(tmp_path: Path) -> None:
+    spec = LabSpec(lab_dir=tmp_path, train_nodes=1, gpus_per_node=8, gpu_type="a100")
+    spec.save()
+    assert LabSpec.load(tmp_path) == spec
+    assert LabSpec.load(tmp_path / "missing") is None
