@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bridge.lab import lab as lab_mod
+from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec, LabSpecError
 from bridge.paths import default_lab_dir
 
@@ -113,6 +114,11 @@ def _print_status(spec: LabSpec) -> None:
             n.name, n.addr, str(n.port), n.pool, f"gpu:{spec.gpu_type}:{spec.gpus_per_node}"
         )
     console.print(nodes)
+    if any(d.name == "slurmctld" and d.pid for d in lab_mod.status(spec)):
+        console.print(slurm(spec, "sinfo", "-N", "-o", "%N %9P %6t %G", check=False).rstrip())
+        console.print(
+            slurm(spec, "squeue", "-o", "%.6i %.8P %.14j %.12a %.8T %N", check=False).rstrip()
+        )
     console.print(f"Slurm clients: export SLURM_CONF={spec.slurm_conf}")
 
 

@@ -67,3 +67,28 @@ def test_inference_partition_is_reserved_for_the_bridge_account(lab: LabSpec) ->
 
     with pytest.raises(SlurmCommandError, match=r"(?i)account|partition"):
         sbatch(lab, "--partition=infer", "--account=team-nlp", "--wrap", "true")
+
+
+def test_up_again_is_harmless_and_status_names_daemons_and_logs(lab: LabSpec) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bridge.lab import lab as lab_mod
+
+    before = {d.name: d.pid for d in lab_mod.status(lab)}
+    lab_mod.up(lab, say=print, install=False)
+    assert {d.name: d.pid for d in lab_mod.status(lab)} == before
+    stb = Path(sys.executable).with_name("stb")
+    done = subprocess.run(
+        [str(stb), "lab", "status", "--dir", str(lab.lab_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name, pid in before.items():
+        assert name in done.stdout and str(pid) in done.stdout
+    assert str(lab.log_dir / "slurmctld.log") in done.stdout
+    assert f"SLURM_CONF={lab.slurm_conf}" in done.stdout
