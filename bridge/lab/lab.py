@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge.lab import procs, render, system
+from bridge.lab import procs, render, system, triton
 from bridge.lab.slurmctl import SlurmCommandError, slurm
 from bridge.lab.spec import LabSpec
 
@@ -269,8 +269,6 @@ def up(spec: LabSpec, say: Say = print, install: bool = True) -> None:
             say,
         )
     _wait("the slurmd of every node", lambda: _nodes_up(spec), 60, spec.log_dir / "slurmctld.log")
-    from bridge.lab import triton
-
     triton.prepare(spec)
 
 

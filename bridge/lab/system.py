@@ -11,6 +11,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +26,6 @@ PACKAGES = {
     "munged": "munge",
     "nginx": "nginx-light",
 }
-#: The tritonserver python-backend stub links Debian's libpython of the same version.
 GPU_MAJOR = 195  # the NVIDIA character-device major number, for realism only
 
 Say = Callable[[str], None]

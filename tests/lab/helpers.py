@@ -56,3 +56,14 @@ def gpu_count(record: dict[str, Any]) -> int:
         if tres["type"] == "gres" and tres["name"] == "gpu":
             return int(tres["count"])
     return 0
+
+
+def scontrol_show(spec: LabSpec, kind: str, *names: str) -> dict[str, dict[str, str]]:
+    """`scontrol show <kind> -o` as {name: {field: value}}, keyed by the first field."""
+    out = slurm(spec, "scontrol", "show", kind, "-o", *names)
+    records = {}
+    for line in out.splitlines():
+        fields = [f.split("=", 1) for f in line.split() if "=" in f]
+        if fields:
+            records[fields[0][1]] = dict(fields)
+    return records

@@ -8,17 +8,13 @@ from bridge.hostlist import expand
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 
-from .helpers import gpu_count, sbatch, wait_sacct_final
+from .helpers import gpu_count, sbatch, scontrol_show, wait_sacct_final
 
 pytestmark = pytest.mark.lab
 
 
 def test_partitions_have_the_designed_nodes_and_tiers(lab: LabSpec) -> None:
-    out = slurm(lab, "scontrol", "show", "partition", "-o")
-    parts = {}
-    for line in out.splitlines():
-        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        parts[fields["PartitionName"]] = fields
+    parts = scontrol_show(lab, "partition")
     assert set(parts) == {"train", "elastic", "infer"}
     names = {p: set(expand(parts[p]["Nodes"])) for p in parts}
     assert names["train"] == {n.name for n in lab.pool_nodes("train")}
@@ -34,11 +30,7 @@ def test_partitions_have_the_designed_nodes_and_tiers(lab: LabSpec) -> None:
 
 
 def test_every_node_has_its_address_and_gpu_gres(lab: LabSpec) -> None:
-    out = slurm(lab, "scontrol", "show", "node", "-o")
-    nodes = {}
-    for line in out.splitlines():
-        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        nodes[fields["NodeName"]] = fields
+    nodes = scontrol_show(lab, "node")
     assert set(nodes) == {n.name for n in lab.nodes}
     for node in lab.nodes:
         f = nodes[node.name]

@@ -16,7 +16,15 @@ from bridge.lab import triton
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 
-from .helpers import gpu_count, sacct_records, sbatch, squeue_state, wait_sacct_final, wait_state
+from .helpers import (
+    gpu_count,
+    sacct_records,
+    sbatch,
+    scontrol_show,
+    squeue_state,
+    wait_sacct_final,
+    wait_state,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -36,11 +44,7 @@ def test_triton_runs_on_the_reserved_node_bound_to_its_address(
 ) -> None:
     assert served.node == lab.pool_nodes("infer")[0].name
     assert served.addr == lab.pool_nodes("infer")[0].addr
-    fields = dict(
-        f.split("=", 1)
-        for f in slurm(lab, "scontrol", "show", "job", "-o", served.job_id).split()
-        if "=" in f
-    )
+    fields = scontrol_show(lab, "job", served.job_id)[served.job_id]
     assert fields["Partition"] == "infer"
     assert fields["Account"] == "bridge"
     assert fields["Comment"] == "stb:triton"
@@ -141,11 +145,7 @@ def test_triton_on_an_elastic_node_requeues_the_elastic_job_which_runs_again(
         assert job.node == elastic
         state, _ = squeue_state(lab, victim)
         assert state == "PENDING"
-        fields = dict(
-            f.split("=", 1)
-            for f in slurm(lab, "scontrol", "show", "job", "-o", victim).split()
-            if "=" in f
-        )
+        fields = scontrol_show(lab, "job", victim)[victim]
         assert fields["Restarts"] == "1"
     finally:
         slurm(lab, "scancel", job_id)
