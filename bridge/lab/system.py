@@ -70,8 +70,6 @@ def ensure_packages(say: Say) -> None:
     """Install the Slurm, munge and nginx packages that are missing, and the libpython
     that Triton's Python-backend stub links against."""
     missing = sorted({pkg for binary, pkg in PACKAGES.items() if not _which(binary)})
-    import sys
-
     ver = f"{sys.version_info.major}.{sys.version_info.minor}"
     libpython = f"libpython{ver}.so.1.0"
     if not any(

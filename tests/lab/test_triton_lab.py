@@ -50,6 +50,7 @@ def test_triton_runs_on_the_reserved_node_bound_to_its_address(
     assert fields["Comment"] == "stb:triton"
     client = httpclient.InferenceServerClient(served.http_url)
     assert client.is_server_ready()
+    client.close()
     # Bound to the node's own address only: another loopback address gets no answer.
     with pytest.raises(Exception):  # noqa: B017 - any connection error
         httpclient.InferenceServerClient("127.0.1.250:8000", connection_timeout=1).is_server_live()
@@ -71,6 +72,8 @@ def test_both_example_models_answer_over_http_and_grpc(served: triton.TritonJob)
     took_ms = (time.perf_counter() - start) * 1000
     assert total[0] == pytest.approx(float(data.sum()))
     assert took_ms >= 20  # busy holds the instance for service_time_ms = 20
+    http.close()
+    grpc.close()
 
 
 def test_model_repository_api_needs_the_key(lab: LabSpec, served: triton.TritonJob) -> None:
@@ -93,6 +96,7 @@ def test_model_repository_api_needs_the_key(lab: LabSpec, served: triton.TritonJ
     # A wrong key is refused too.
     with pytest.raises(InferenceServerException, match="restricted"):
         client.load_model("echo", headers={triton.API_KEY_HEADER: "wrong"})
+    client.close()
 
 
 def test_scancel_stops_triton_gracefully_and_sacct_books_its_gpu(
