@@ -1,0 +1,229 @@
+"""The Slurm backend on Slurm's command-line tools (22.05 and later).
+
+Runs `scontrol`, `squeue`, `sbatch`, `scancel`, `sacct` as argument lists (no shell),
+with a timeout, `TZ=UTC` so every time Slurm prints is UTC, and classifies failures:
+the controller or database not answering is `ControllerUnreachable`; any other non-zero
+exit is `CommandRejected` quoting Slurm's message. Called by the daemon and the ledger
+through `SlurmProtocol`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+
+from bridge.hostlist import compress
+from bridge.slurm import parse
+from bridge.slurm.errors import CommandRejected, ControllerUnreachable, UnparseableOutput
+from bridge.slurm.model import (
+    BRIDGE_TAG,
+    AccountingRecord,
+    Job,
+    JobSpec,
+    Node,
+    Partition,
+    Reservation,
+)
+
+#: Phrases with which Slurm's clients say the controller or slurmdbd did not answer.
+_UNREACHABLE = (
+    "unable to contact slurm controller",
+    "connection refused",
+    "socket timed out",
+    "zero bytes were transmitted",
+    "problem talking to the database",
+    "connection timed out",
+    "communication connection failure",
+)
+#: Phrases that mean "already done" for idempotent writes.
+_ALREADY = (
+    "job/step already completing or completed",
+    "invalid job id specified",
+    "reservation request has invalid name",
+    "reservation is in use",
+    "already",
+)
+
+
+class SlurmCLI:
+    """`SlurmProtocol` on the command line. `env` is added to each command's environment
+    (e.g. SLURM_CONF); `timeout_s` bounds each command."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, timeout_s: float = 30.0) -> None:
+        self._env = dict(os.environ) | dict(env or {}) | {"TZ": "UTC"}
+        self._timeout_s = timeout_s
+
+    def _run(self, *argv: str) -> str:
+        command = " ".join(argv[:3])
+        try:
+            done = subprocess.run(
+                list(argv),
+                env=self._env,
+                capture_output=True,
+                text=True,
+                timeout=self._timeout_s,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ControllerUnreachable(f"{command}: no answer in {self._timeout_s}s") from exc
+        except FileNotFoundError as exc:
+            raise CommandRejected(command, f"{argv[0]} is not installed") from exc
+        if done.returncode != 0:
+            message = done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}"
+            if any(p in message.lower() for p in _UNREACHABLE):
+                raise ControllerUnreachable(f"{command}: {message}")
+            raise CommandRejected(command, message)
+        return done.stdout
+
+    def _run_idempotent(self, *argv: str) -> None:
+        try:
+            self._run(*argv)
+        except CommandRejected as exc:
+            if not any(p in exc.slurm_message.lower() for p in _ALREADY):
+                raise
+
+    # --- reads -----------------------------------------------------------------------
+
+    def version(self) -> str:
+        out = self._run("sinfo", "--version").split()
+        if len(out) != 2:
+            raise UnparseableOutput("sinfo --version", " ".join(out))
+        return out[1]
+
+    def nodes(self) -> list[Node]:
+        return parse.parse_nodes(self._run("scontrol", "show", "node", "-o"))
+
+    def partitions(self) -> list[Partition]:
+        return parse.parse_partitions(self._run("scontrol", "show", "partition", "-o"))
+
+    def jobs(
+        self,
+        *,
+        tag: str | None = None,
+        node: str | None = None,
+        partition: str | None = None,
+        states: Iterable[str] | None = None,
+    ) -> list[Job]:
+        jobs = parse.parse_squeue_json(self._run("squeue", "--all", "--json"))
+        wanted = {s.upper() for s in states} if states is not None else None
+        return [
+            j
+            for j in jobs
+            if (tag is None or tag in j.tags)
+            and (node is None or node in j.nodes)
+            and (partition is None or j.partition == partition)
+            and (wanted is None or j.state in wanted)
+        ]
+
+    def reservations(self) -> list[Reservation]:
+        return parse.parse_reservations(self._run("scontrol", "show", "reservation", "-o"))
+
+    def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
+        if since.tzinfo is None or until.tzinfo is None:
+            raise ValueError("accounting() needs timezone-aware datetimes")
+        if until <= since:
+            raise ValueError(f"accounting window is empty: {since} .. {until}")
+        fmt = "%Y-%m-%dT%H:%M:%S"
+        out = self._run(
+            "sacct",
+            "--json",
+            "--allusers",
+            "--duplicates",
+            "--allocations",
+            "-S",
+            since.astimezone(UTC).strftime(fmt),
+            "-E",
+            until.astimezone(UTC).strftime(fmt),
+        )
+        return parse.parse_sacct_json(out)
+
+    # --- writes ----------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> str:
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--partition={spec.partition}",
+            f"--account={spec.account}",
+        ]
+        if spec.name:
+            argv.append(f"--job-name={spec.name}")
+        if spec.comment:
+            argv.append(f"--comment={spec.comment}")
+        if spec.nodelist:
+            argv.append(f"--nodelist={compress(spec.nodelist)}")
+        if spec.gpus_per_node is not None:
+            argv.append(f"--gres=gpu:{spec.gpus_per_node}")
+        if spec.exclusive:
+            argv.append("--exclusive")
+        if spec.requeue is not None:
+            argv.append("--requeue" if spec.requeue else "--no-requeue")
+        if spec.reservation:
+            argv.append(f"--reservation={spec.reservation}")
+        if spec.output:
+            argv.append(f"--output={spec.output}")
+        if spec.time_limit_min is not None:
+            argv.append(f"--time={spec.time_limit_min}")
+        argv.append("--export=" + ",".join(["ALL", *(f"{k}={v}" for k, v in spec.env.items())]))
+        argv += ["--wrap", spec.wrap] if spec.wrap is not None else [str(spec.script)]
+        out = self._run(*argv).strip()
+        job_id = out.split(";")[0]
+        if not job_id.isdigit():
+            raise UnparseableOutput("sbatch --parsable", out)
+        return job_id
+
+    def cancel(self, job_id: str, *, signal: str | None = None) -> None:
+        parse.parse_job_id(job_id)  # refuse anything that is not a job id
+        argv = (
+            ["scancel", job_id]
+            if signal is None
+            else ["scancel", "--full", f"--signal={signal}", job_id]
+        )
+        self._run_idempotent(*argv)
+
+    def requeue(self, job_id: str) -> None:
+        parse.parse_job_id(job_id)
+        self._run("scontrol", "requeue", job_id)
+
+    def drain(self, node: str, reason: str) -> None:
+        reason = reason if reason.startswith(BRIDGE_TAG) else f"{BRIDGE_TAG} {reason}"
+        self._run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+    def resume(self, node: str) -> None:
+        try:
+            self._run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+        except CommandRejected as exc:
+            # Resuming a node that is not drained or down is a no-op, not a failure.
+            if "invalid node state specified" not in exc.slurm_message.lower():
+                raise
+
+    def create_reservation(
+        self,
+        name: str,
+        nodes: Iterable[str],
+        *,
+        duration_s: int,
+        users: Iterable[str],
+        flags: Iterable[str] = ("MAINT", "IGNORE_JOBS"),
+    ) -> None:
+        node_list = list(nodes)
+        if not node_list:
+            raise ValueError("a reservation needs at least one node")
+        minutes = max(1, -(-duration_s // 60))
+        self._run(
+            "scontrol",
+            "create",
+            "reservation",
+            f"ReservationName={name}",
+            f"Nodes={compress(node_list)}",
+            "StartTime=now",
+            f"Duration={minutes}",
+            f"Users={','.join(users)}",
+            f"Flags={','.join(flags)}",
+        )
+
+    def delete_reservation(self, name: str) -> None:
+        if not any(r.name == name for r in self.reservations()):
+            return
+        self._run("scontrol", "delete", f"ReservationName={name}")

@@ -1,0 +1,144 @@
+"""Immutable records of what Slurm says: nodes, partitions, jobs, reservations and
+accounting runs. Shared by every backend; times are timezone-aware UTC."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+#: Prefix of every drain reason and reservation name the bridge sets, so the reconciler
+#: can tell its own fences from an administrator's.
+BRIDGE_TAG = "stb:"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    addr: str
+    partitions: tuple[str, ...]
+    #: base state in lower case: idle, mixed, allocated, down, unknown, ...
+    state: str
+    #: flags in upper case: DRAIN, COMPLETING, RESERVED, NOT_RESPONDING, ...
+    flags: frozenset[str]
+    reason: str
+    gpu_type: str | None
+    gpus: int
+    gpus_alloc: int
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.flags
+
+    @property
+    def fenced_by_bridge(self) -> bool:
+        return self.drained and self.reason.startswith(BRIDGE_TAG)
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    nodes: tuple[str, ...]
+    priority_tier: int
+    preempt_mode: str
+    allow_accounts: tuple[str, ...] | None  # None: all accounts
+    grace_time_s: int
+    state: str
+    default: bool
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str  # "123", "123_4" for an array task, "123_[2-4%2]" for a pending array
+    name: str
+    partition: str
+    account: str
+    user: str
+    state: str  # PENDING, RUNNING, COMPLETING, ...
+    reason: str
+    nodes: tuple[str, ...]
+    comment: str
+    gpus: int
+    restarts: int
+    submit_time: datetime | None
+    start_time: datetime | None
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return tuple(t for t in self.comment.split(",") if t.startswith("stb:"))
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What `submit` sends to sbatch. Either `script` (a file) or `wrap` (a command)."""
+
+    partition: str
+    account: str
+    script: str | None = None
+    wrap: str | None = None
+    name: str | None = None
+    comment: str | None = None
+    nodelist: tuple[str, ...] = ()
+    gpus_per_node: int | None = None
+    exclusive: bool = False
+    requeue: bool | None = None
+    reservation: str | None = None
+    output: str | None = None
+    time_limit_min: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.script is None) == (self.wrap is None):
+            raise ValueError("JobSpec needs exactly one of script= or wrap=")
+        for key in self.env:
+            if not key or "=" in key or "," in key:
+                raise ValueError(f"JobSpec env name {key!r} is not a valid variable name")
+        for key, value in self.env.items():
+            if "," in value:
+                raise ValueError(f"JobSpec env {key} holds a ',' which sbatch cannot export")
+
+
+@dataclass(frozen=True)
+class Reservation:
+    name: str
+    nodes: tuple[str, ...]
+    start: datetime | None
+    end: datetime | None
+    flags: frozenset[str]
+    users: tuple[str, ...]
+    state: str
+
+
+@dataclass(frozen=True)
+class AccountingRecord:
+    """One run of one job allocation as slurmdbd booked it (a requeued job has one
+    record per run)."""
+
+    cluster: str
+    job_id: str
+    array_job_id: int | None
+    array_task_id: int | None
+    name: str
+    partition: str
+    account: str
+    user: str
+    qos: str
+    state: str
+    submit: datetime | None
+    start: datetime | None
+    end: datetime | None  # None while running
+    elapsed_s: int
+    nodes: tuple[str, ...]
+    gpus: int  # gres/gpu allocated, typed and untyped counted once
+    gpu_type: str | None
+    comment: str
+    restarts: int
+
+    @property
+    def key(self) -> str:
+        """Unique per run: cluster, job id and start time."""
+        start = int(self.start.timestamp()) if self.start else 0
+        return f"{self.cluster}:{self.job_id}:{start}"
+
+    @property
+    def gpu_seconds(self) -> int:
+        return self.gpus * self.elapsed_s

@@ -1,0 +1,400 @@
+"""Pure parsers of Slurm's output, tested on recorded real output.
+
+- `scontrol show <node|partition|reservation> -o`: one `Key=Value` record per line; a
+  stable format across releases. Values may hold spaces (`Reason=`, `OS=`): a field ends
+  where the next `Key=` begins.
+- `squeue --json` and `sacct --json`: the OpenAPI shapes of Slurm 22.05 (v0.0.38) and
+  later (v0.0.39+, where numbers become `{"set", "infinite", "number"}` and states become
+  lists). Accessors below accept both.
+
+Anything unexpected raises `UnparseableOutput` quoting the raw text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from bridge.hostlist import HostlistError, expand
+from bridge.slurm.errors import UnparseableOutput
+from bridge.slurm.model import AccountingRecord, Job, Node, Partition, Reservation
+
+_FIELD_START = re.compile(r"\s+(?=[A-Za-z][A-Za-z0-9_/:.]*=)")
+_NULLS = {"", "(null)", "N/A", "n/a", "None"}
+
+
+# --- scalar accessors tolerant of OpenAPI versions -----------------------------------
+
+
+def num(value: Any) -> int | None:
+    """An integer from `5`, `{"set": true, "number": 5}`; None when unset or infinite."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return int(value)
+    raise ValueError(f"not a number: {value!r}")
+
+
+def timestamp(value: Any) -> datetime | None:
+    """UTC datetime from epoch seconds (either shape); None for 0 or unset."""
+    n = num(value)
+    return datetime.fromtimestamp(n, tz=UTC) if n else None
+
+
+def states(value: Any) -> list[str]:
+    """`"RUNNING"`, `["RUNNING", "COMPLETING"]` or `{"current": ...}` -> upper-case list."""
+    if isinstance(value, dict):
+        value = value.get("current")
+    if isinstance(value, str):
+        return [s for s in value.upper().replace("+", " ").split() if s]
+    if isinstance(value, list):
+        return [str(s).upper() for s in value]
+    raise ValueError(f"not a state: {value!r}")
+
+
+# --- gres and TRES --------------------------------------------------------------------
+
+
+def parse_gres(gres: str) -> tuple[str | None, int]:
+    """GPU (type, count) from a gres string: `gpu:h100:4`, `gpu:4`, `gpu:h100:2(IDX:0-1)`,
+    several comma-separated entries (GPU counts summed, first type kept)."""
+    gpu_type: str | None = None
+    count = 0
+    for entry in _split_gres(gres):
+        entry = entry.split("(", 1)[0]
+        parts = entry.split(":")
+        if parts[0] not in ("gpu", "gres/gpu"):
+            continue
+        if len(parts) == 1:
+            count += 1
+        elif len(parts) == 2:
+            count += int(parts[1]) if parts[1].isdigit() else 1
+            if not parts[1].isdigit():
+                gpu_type = gpu_type or parts[1]
+        else:
+            gpu_type = gpu_type or parts[1]
+            count += int(parts[2]) if parts[2].isdigit() else 0
+    return gpu_type, count
+
+
+def _split_gres(gres: str) -> list[str]:
+    """Split on commas outside parentheses (`gpu:h100:2(IDX:0,2)`)."""
+    out, depth, cur = [], 0, ""
+    for ch in gres:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return [e.strip() for e in out if e.strip() and e.strip() not in _NULLS]
+
+
+def gpus_from_tres(tres: str) -> tuple[str | None, int]:
+    """GPU (type, count) from a TRES string (`cpu=1,gres/gpu=2,gres/gpu:h100=2`).
+
+    Slurm lists the untyped total *and* each typed count; the untyped total is the
+    count (typed ones are summed only when no untyped entry exists), so a GPU is never
+    counted twice."""
+    untyped: int | None = None
+    typed: dict[str, int] = {}
+    for item in tres.split(","):
+        key, _, value = item.strip().partition("=")
+        if not value.isdigit():
+            continue
+        if key == "gres/gpu":
+            untyped = int(value)
+        elif key.startswith("gres/gpu:"):
+            typed[key.split(":", 1)[1]] = int(value)
+    gpu_type = next(iter(typed), None)
+    return gpu_type, untyped if untyped is not None else sum(typed.values())
+
+
+def gpus_from_tres_list(items: list[dict[str, Any]]) -> tuple[str | None, int]:
+    """The same rule for sacct JSON's `tres.allocated` list."""
+    as_text = ",".join(
+        f"{t.get('type')}/{t.get('name')}={num(t.get('count')) or 0}"
+        for t in items
+        if t.get("type") == "gres" and t.get("name")
+    )
+    return gpus_from_tres(as_text)
+
+
+# --- job ids --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobIdParts:
+    job_id: int
+    #: array task ids, expanded; None when not an array expression
+    tasks: tuple[int, ...] | None = None
+    #: the `%N` limit of a pending array
+    max_running: int | None = None
+    #: heterogeneous job component (`123+1`)
+    het_offset: int | None = None
+
+
+_JOB_ID = re.compile(
+    r"^(?P<id>\d+)(?:_(?:(?P<task>\d+)|\[(?P<range>[0-9,\-]+)(?:%(?P<max>\d+))?\]))?"
+    r"(?:\+(?P<het>\d+))?$"
+)
+
+
+def parse_job_id(text: str) -> JobIdParts:
+    """`123`, `123_4`, `20956421_[2-4%25]`, `123_[1,3-5]`, `123+1`."""
+    m = _JOB_ID.match(text.strip())
+    if not m:
+        raise UnparseableOutput("a Slurm job id", text)
+    tasks: tuple[int, ...] | None = None
+    if m["task"] is not None:
+        tasks = (int(m["task"]),)
+    elif m["range"] is not None:
+        try:
+            tasks = tuple(int(t) for t in expand(f"t[{m['range']}]") for t in [t[1:]])
+        except HostlistError as exc:
+            raise UnparseableOutput("a Slurm job id", text) from exc
+    return JobIdParts(
+        int(m["id"]),
+        tasks,
+        int(m["max"]) if m["max"] else None,
+        int(m["het"]) if m["het"] else None,
+    )
+
+
+def format_job_id(
+    job_id: int,
+    array_job_id: int | None,
+    task_id: int | None,
+    task_string: str = "",
+    max_running: int | None = None,
+) -> str:
+    if array_job_id and task_id is not None:
+        return f"{array_job_id}_{task_id}"
+    if array_job_id and task_string:
+        spec = (
+            task_string
+            if "%" in task_string or not max_running
+            else (f"{task_string}%{max_running}")
+        )
+        return f"{array_job_id}_[{spec}]"
+    return str(job_id)
+
+
+# --- scontrol show -o ----------------------------------------------------------------
+
+
+def scontrol_records(text: str) -> list[dict[str, str]]:
+    """`scontrol show X -o` -> one dict per line. "No ... in the system" -> []."""
+    records = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or (line.startswith("No ") and line.endswith("in the system")):
+            continue
+        fields = _FIELD_START.split(line)
+        record = {}
+        for f in fields:
+            key, sep, value = f.partition("=")
+            if not sep:
+                raise UnparseableOutput("scontrol output", line)
+            record[key] = value.strip()
+        records.append(record)
+    return records
+
+
+def _nodes_of(expr: str, raw: str) -> tuple[str, ...]:
+    if expr in _NULLS:
+        return ()
+    try:
+        return tuple(expand(expr))
+    except HostlistError as exc:
+        raise UnparseableOutput("a node list", raw) from exc
+
+
+def _scontrol_time(value: str) -> datetime | None:
+    """scontrol prints local time; the backends run it with TZ=UTC."""
+    if value in _NULLS or value in ("Unknown", "None"):
+        return None
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+def parse_nodes(text: str) -> list[Node]:
+    nodes = []
+    for r in scontrol_records(text):
+        try:
+            state_parts = r["State"].split("+")
+            gpu_type, gpus = parse_gres(r.get("Gres", ""))
+            alloc_type, alloc = gpus_from_tres(r.get("AllocTRES", ""))
+            nodes.append(
+                Node(
+                    name=r["NodeName"],
+                    addr=r.get("NodeAddr", r["NodeName"]),
+                    partitions=tuple(p for p in r.get("Partitions", "").split(",") if p),
+                    state=state_parts[0].rstrip("*").lower(),
+                    flags=frozenset(s.upper() for s in state_parts[1:]),
+                    reason=_strip_reason(r.get("Reason", "")),
+                    gpu_type=gpu_type or alloc_type,
+                    gpus=gpus,
+                    gpus_alloc=alloc,
+                )
+            )
+        except (KeyError, ValueError) as exc:
+            raise UnparseableOutput("scontrol show node", str(r)) from exc
+    return nodes
+
+
+def _strip_reason(reason: str) -> str:
+    """`stb: x [root@2026-11-29T14:20:35]` -> `stb: x` (Slurm appends who and when)."""
+    reason = reason.strip()
+    if reason in _NULLS:
+        return ""
+    return re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", reason)
+
+
+def parse_partitions(text: str) -> list[Partition]:
+    parts = []
+    for r in scontrol_records(text):
+        try:
+            allow = r.get("AllowAccounts", "ALL")
+            parts.append(
+                Partition(
+                    name=r["PartitionName"],
+                    nodes=_nodes_of(r.get("Nodes", ""), str(r)),
+                    priority_tier=int(r.get("PriorityTier", "1")),
+                    preempt_mode=r.get("PreemptMode", "OFF"),
+                    allow_accounts=None if allow == "ALL" else tuple(allow.split(",")),
+                    grace_time_s=int(r.get("GraceTime", "0")),
+                    state=r.get("State", "UP"),
+                    default=r.get("Default", "NO") == "YES",
+                )
+            )
+        except (KeyError, ValueError) as exc:
+            raise UnparseableOutput("scontrol show partition", str(r)) from exc
+    return parts
+
+
+def parse_reservations(text: str) -> list[Reservation]:
+    out = []
+    for r in scontrol_records(text):
+        try:
+            out.append(
+                Reservation(
+                    name=r["ReservationName"],
+                    nodes=_nodes_of(r.get("Nodes", ""), str(r)),
+                    start=_scontrol_time(r.get("StartTime", "")),
+                    end=_scontrol_time(r.get("EndTime", "")),
+                    flags=frozenset(f for f in r.get("Flags", "").split(",") if f),
+                    users=tuple(u for u in r.get("Users", "").split(",") if u not in _NULLS),
+                    state=r.get("State", ""),
+                )
+            )
+        except (KeyError, ValueError) as exc:
+            raise UnparseableOutput("scontrol show reservation", str(r)) from exc
+    return out
+
+
+# --- JSON ----------------------------------------------------------------------------
+
+
+def _load_json(text: str, what: str, key: str) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(text)
+        items = data[key]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise UnparseableOutput(what, text) from exc
+    if not isinstance(items, list):
+        raise UnparseableOutput(what, text)
+    return items
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def parse_squeue_json(text: str) -> list[Job]:
+    jobs = []
+    for j in _load_json(text, "squeue --json", "jobs"):
+        try:
+            st = states(j["job_state"])
+            _, gpus = gpus_from_tres(_text(j.get("tres_alloc_str")))
+            if not gpus:
+                gpus = parse_gres(_text(j.get("tres_per_node")).replace("gres:", ""))[1]
+            job_id = format_job_id(
+                int(j["job_id"]),
+                num(j.get("array_job_id")),
+                num(j.get("array_task_id")),
+                _text(j.get("array_task_string")),
+                num(j.get("array_max_tasks")),
+            )
+            nodes = _text(j.get("nodes"))
+            jobs.append(
+                Job(
+                    job_id=job_id,
+                    name=_text(j.get("name")),
+                    partition=_text(j.get("partition")),
+                    account=_text(j.get("account")),
+                    user=_text(j.get("user_name")),
+                    state=st[0] if st else "UNKNOWN",
+                    reason=""
+                    if _text(j.get("state_reason")) in _NULLS
+                    else _text(j["state_reason"]),
+                    nodes=_nodes_of(nodes, nodes),
+                    comment=_text(j.get("comment")),
+                    gpus=gpus,
+                    restarts=num(j.get("restart_cnt")) or 0,
+                    submit_time=timestamp(j.get("submit_time")),
+                    # For a pending job squeue gives an expected start; that is not a start.
+                    start_time=None if st[:1] == ["PENDING"] else timestamp(j.get("start_time")),
+                )
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise UnparseableOutput("a job in squeue --json", json.dumps(j)[:2000]) from exc
+    return jobs
+
+
+def parse_sacct_json(text: str) -> list[AccountingRecord]:
+    records = []
+    for j in _load_json(text, "sacct --json", "jobs"):
+        try:
+            array = j.get("array") or {}
+            array_job = num(array.get("job_id")) or None
+            task = num(array.get("task_id"))
+            gpu_type, gpus = gpus_from_tres_list(j.get("tres", {}).get("allocated", []))
+            t = j.get("time", {})
+            nodes = _text(j.get("nodes"))
+            comment = j.get("comment")
+            st = states(j["state"])
+            records.append(
+                AccountingRecord(
+                    cluster=_text(j.get("cluster")),
+                    job_id=format_job_id(int(j["job_id"]), array_job, task),
+                    array_job_id=array_job,
+                    array_task_id=task,
+                    name=_text(j.get("name")),
+                    partition=_text(j.get("partition")),
+                    account=_text(j.get("account")),
+                    user=_text(j.get("user")),
+                    qos=_text(j.get("qos")),
+                    state=st[0] if st else "UNKNOWN",
+                    submit=timestamp(t.get("submission")),
+                    start=timestamp(t.get("start")),
+                    end=timestamp(t.get("end")),
+                    elapsed_s=num(t.get("elapsed")) or 0,
+                    nodes=_nodes_of(nodes, nodes),
+                    gpus=gpus,
+                    gpu_type=gpu_type,
+                    comment=_text(comment.get("job") if isinstance(comment, dict) else comment),
+                    restarts=num(j.get("restart_cnt")) or 0,
+                )
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise UnparseableOutput("a job in sacct --json", json.dumps(j)[:2000]) from exc
+    return records

@@ -1,0 +1,87 @@
+"""What the bridge needs from Slurm, as one narrow interface.
+
+Contract, for every backend:
+- Each call is one batched query or one command against the controller; nothing is
+  cached between calls, so every observation is fresh (external truth wins).
+- Reads return immutable records (`bridge.slurm.model`), times in UTC.
+- Writes are idempotent where Slurm allows: draining a drained node, resuming an idle
+  node, cancelling a finished job or deleting a missing reservation is not an error.
+  `submit` is not idempotent: callers key submissions (job name / comment) and look for
+  an existing job first.
+- Failures are typed: `ControllerUnreachable` (transient: retry on a later tick),
+  `CommandRejected` (permanent: Slurm refused, its words quoted), `UnparseableOutput`
+  (the raw text quoted). Nothing else escapes.
+- Drain reasons and reservation names the bridge sets begin with `stb:` / `stb-`, so the
+  reconciler can tell its own fences from an administrator's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Protocol
+
+from bridge.slurm.model import AccountingRecord, Job, JobSpec, Node, Partition, Reservation
+
+
+class SlurmProtocol(Protocol):
+    def version(self) -> str:
+        """Slurm's release, e.g. "22.05.8"."""
+        ...
+
+    def nodes(self) -> list[Node]:
+        """Every node: address, partitions, state and flags, reason, GPU gres."""
+        ...
+
+    def partitions(self) -> list[Partition]: ...
+
+    def jobs(
+        self,
+        *,
+        tag: str | None = None,
+        node: str | None = None,
+        partition: str | None = None,
+        states: Iterable[str] | None = None,
+    ) -> list[Job]:
+        """Jobs in the controller's queue (finished ones until MinJobAge), filtered: `tag`
+        is a comment tag such as "stb:triton"; `states` are Slurm state names."""
+        ...
+
+    def submit(self, spec: JobSpec) -> str:
+        """Submit a batch job; returns its job id."""
+        ...
+
+    def cancel(self, job_id: str, *, signal: str | None = None) -> None:
+        """Cancel a job, or only send it `signal` (e.g. "TERM") when given."""
+        ...
+
+    def requeue(self, job_id: str) -> None: ...
+
+    def drain(self, node: str, reason: str) -> None:
+        """Stop new work on a node; running jobs go on. The reason gets the `stb:` prefix."""
+        ...
+
+    def resume(self, node: str) -> None:
+        """Undo a drain."""
+        ...
+
+    def reservations(self) -> list[Reservation]: ...
+
+    def create_reservation(
+        self,
+        name: str,
+        nodes: Iterable[str],
+        *,
+        duration_s: int,
+        users: Iterable[str],
+        flags: Iterable[str] = ("MAINT", "IGNORE_JOBS"),
+    ) -> None:
+        """Reserve nodes from now for duration_s seconds for users."""
+        ...
+
+    def delete_reservation(self, name: str) -> None: ...
+
+    def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
+        """Every job allocation that ran in [since, until), one record per run (requeued
+        jobs have several), from slurmdbd."""
+        ...
