@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from bridge.lab.cli import lab_app
+from bridge.load.cli import load_app
 
 app = typer.Typer(
     help="Slurm-Triton bridge: one GPU fleet for training and inference.",
@@ -13,6 +14,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(lab_app, name="lab")
+app.add_typer(load_app, name="load")
 
 
 if __name__ == "__main__":

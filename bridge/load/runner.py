@@ -1,0 +1,354 @@
+"""The open-loop sender: sends each request of a `Schedule` at its scheduled time to
+Triton's KServe v2 HTTP API (POST /v2/models/{model}/infer, JSON body), round robin over
+the endpoints, and records what happened to each.
+
+Open loop: a request is sent when it is due, whether or not earlier ones have answered,
+so a slow server makes latency rise instead of slowing the load down. The number in
+flight is capped; a request due while the cap is full is not sent but recorded as
+dropped, so coordinated omission shows in the counts instead of hiding in the schedule.
+Latency is measured from the scheduled time (what a client of an open system sees) and
+from the actual send time.
+
+Bounds, always: at most `max_requests` requests, none due after `max_duration_s` (and
+none sent later than LATE_GRACE_S after it), each one given up after `timeout_s`; and
+only loopback endpoints (127.0.0.0/8, localhost, ::1): this project sends load only to
+the machine it runs on.
+
+Called by `bridge.load.cli` (`stb load`), by lab tests and by benchmarks; `report`
+summarizes its `RunResult`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import math
+from dataclasses import dataclass, field
+from urllib.parse import quote, urlsplit
+
+import httpx
+
+from bridge.load.arrivals import MAX_ARRIVALS, Schedule
+
+DEFAULT_PORT = 8000
+MAX_DURATION_S = 3600.0
+"""Ceiling on `max_duration_s`: an hour of load is more than any demo or test needs."""
+LATE_GRACE_S = 1.0
+"""A request due inside max_duration_s is still sent if the sender is behind by up to
+this much at the end; past that the run stops, so the wall-clock bound holds however
+loaded the machine is."""
+MAX_ELEMENTS = 1 << 20
+"""Ceiling on the input tensor's element count (4 MiB of FP32), to keep bodies sane."""
+
+
+class LoadConfigError(ValueError):
+    """The run cannot start as asked: a non-loopback or malformed endpoint, or a bound
+    out of range. The message names the value."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One Triton HTTP endpoint on this machine."""
+
+    host: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return self.base_url.removeprefix("http://")
+
+
+def parse_endpoint(text: str) -> Endpoint:
+    """`127.0.1.4:8000`, `http://127.0.1.4:8000`, `localhost`, `[::1]:8000` -> Endpoint.
+
+    Refuses (LoadConfigError) any host that is not a loopback address. Names are not
+    resolved: `localhost` is taken as 127.0.0.1, any other name is refused.
+    """
+    raw = text.strip()
+    scheme, sep, rest = raw.partition("://")
+    if not sep:
+        scheme, rest = "http", raw
+    if scheme != "http":
+        raise LoadConfigError(f"endpoint {text!r}: only http:// is supported")
+    try:
+        parts = urlsplit(f"//{rest}")
+        port = parts.port or DEFAULT_PORT
+    except ValueError as exc:
+        raise LoadConfigError(f"endpoint {text!r}: {exc}") from None
+    host = parts.hostname or ""
+    if parts.path not in ("", "/") or parts.query or parts.username:
+        raise LoadConfigError(f"endpoint {text!r}: give host[:port] only, no path or user")
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise LoadConfigError(
+            f"refusing endpoint {text!r}: not a loopback address (127.0.0.0/8, localhost, "
+            "::1); stb load sends load only to this machine"
+        )
+    return Endpoint(host=host, port=port)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What to send and the bounds of one run.
+
+    endpoints: where to send, round robin by request index; loopback only.
+    model: the Triton model name.
+    shape: the FP32 input tensor's shape (`busy` takes [N], `echo` [1, N]).
+    input_name: the model's input tensor.
+    max_requests: the most requests sent (or dropped) in the run; at most MAX_ARRIVALS.
+    max_duration_s: no request due after this many seconds from the start is sent; at
+        most an hour. In-flight requests then get up to timeout_s to finish.
+    concurrency_cap: the most requests in flight; a request due when it is full is
+        dropped and counted. Default 256: far above what one lab Triton serves at once,
+        so drops mean the server is hopelessly behind, not that the cap is tight.
+    timeout_s: a request not answered within this many seconds after it was sent is
+        an error of kind "timeout".
+    """
+
+    endpoints: tuple[Endpoint, ...]
+    model: str
+    shape: tuple[int, ...] = (16,)
+    input_name: str = "INPUT0"
+    max_requests: int = 10_000
+    max_duration_s: float = 60.0
+    concurrency_cap: int = 256
+    timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.endpoints:
+            raise LoadConfigError("no endpoint given")
+        for ep in self.endpoints:  # an Endpoint built by hand is checked too
+            parse_endpoint(str(ep))
+        if not self.model or "/" in self.model:
+            raise LoadConfigError(f"bad model name {self.model!r}")
+        if not self.shape or any(d < 1 for d in self.shape) or math.prod(self.shape) > MAX_ELEMENTS:
+            raise LoadConfigError(
+                f"bad input shape {list(self.shape)}: dims >= 1, at most {MAX_ELEMENTS} elements"
+            )
+        if not 1 <= self.max_requests <= MAX_ARRIVALS:
+            raise LoadConfigError(f"max_requests must be in 1..{MAX_ARRIVALS}")
+        if not 0 < self.max_duration_s <= MAX_DURATION_S:
+            raise LoadConfigError(f"max_duration_s must be in (0, {MAX_DURATION_S:g}]")
+        if self.concurrency_cap < 1:
+            raise LoadConfigError("concurrency_cap must be at least 1")
+        if not 0 < self.timeout_s <= MAX_DURATION_S:
+            raise LoadConfigError(f"timeout_s must be in (0, {MAX_DURATION_S:g}]")
+
+    def body(self) -> bytes:
+        """The KServe v2 inference request: one FP32 tensor of small, fixed values."""
+        n = math.prod(self.shape)
+        tensor = {
+            "name": self.input_name,
+            "shape": list(self.shape),
+            "datatype": "FP32",
+            "data": [float(i % 8) for i in range(n)],
+        }
+        return json.dumps({"inputs": [tensor]}).encode()
+
+    def infer_path(self) -> str:
+        return f"/v2/models/{quote(self.model, safe='')}/infer"
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What happened to one scheduled request. Times are seconds from the run's start.
+
+    sent_s is None for a dropped request (the in-flight cap was full). error is None on
+    success (HTTP 200), else its kind: "dropped", "http_<status>", "timeout", "connect",
+    "cancelled", or httpx's exception name for other transport errors.
+    """
+
+    index: int
+    endpoint: str
+    scheduled_s: float
+    sent_s: float | None
+    done_s: float | None
+    status: int | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def latency_s(self) -> float | None:
+        """From the scheduled time to the answer: includes any lateness in sending."""
+        return None if self.done_s is None else self.done_s - self.scheduled_s
+
+    @property
+    def service_latency_s(self) -> float | None:
+        """From the actual send to the answer."""
+        if self.done_s is None or self.sent_s is None:
+            return None
+        return self.done_s - self.sent_s
+
+
+@dataclass
+class Counters:
+    """Live counts during a run, updated by the runner; a progress display reads them."""
+
+    planned: int = 0
+    sent: int = 0
+    ok: int = 0
+    errors: int = 0
+    dropped: int = 0
+    in_flight: int = 0
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run: a record per scheduled request that came due, in schedule order.
+
+    window_s: the span of the schedule actually played (shorter than the schedule's when
+        a bound stopped it), the denominator of offered and sent rates.
+    elapsed_s: from the start to the last answer (or give-up).
+    stopped_by: "schedule" (all sent), "max_requests" or "max_duration".
+    """
+
+    config: RunConfig
+    source: str
+    records: tuple[RequestRecord, ...]
+    window_s: float
+    elapsed_s: float
+    stopped_by: str
+    target_rate: float | None = None
+
+
+@dataclass
+class _Run:
+    config: RunConfig
+    client: httpx.AsyncClient
+    body: bytes
+    t0: float
+    counters: Counters
+    records: dict[int, RequestRecord] = field(default_factory=dict)
+    launched: dict[int, tuple[str, float, float]] = field(default_factory=dict)
+    """index -> (endpoint, scheduled_s, sent_s) of every request handed to a task."""
+
+    def cancel_unfinished(self) -> None:
+        """Record a launched request whose task never ran (cancelled) as cancelled."""
+        for index, (endpoint, scheduled_s, sent_s) in self.launched.items():
+            if index not in self.records:
+                self.records[index] = RequestRecord(
+                    index, endpoint, scheduled_s, sent_s, self.now(), None, "cancelled"
+                )
+                self.counters.in_flight -= 1
+                self.counters.errors += 1
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time() - self.t0
+
+    async def send(self, index: int, endpoint: Endpoint, scheduled_s: float) -> None:
+        sent_s = self.launched[index][2]
+        status: int | None = None
+        error: str | None = None
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                resp = await self.client.post(
+                    endpoint.base_url + self.config.infer_path(),
+                    content=self.body,
+                    headers={"Content-Type": "application/json"},
+                )
+            status = resp.status_code
+            error = None if status == 200 else f"http_{status}"
+        except (TimeoutError, httpx.TimeoutException):
+            error = "timeout"
+        except httpx.ConnectError:
+            error = "connect"
+        except httpx.HTTPError as exc:
+            error = type(exc).__name__
+        except asyncio.CancelledError:
+            error = "cancelled"
+            raise
+        finally:
+            self.records[index] = RequestRecord(
+                index, str(endpoint), scheduled_s, sent_s, self.now(), status, error
+            )
+            self.counters.in_flight -= 1
+            if error is None:
+                self.counters.ok += 1
+            else:
+                self.counters.errors += 1
+
+
+async def run(
+    schedule: Schedule,
+    config: RunConfig,
+    *,
+    counters: Counters | None = None,
+    target_rate: float | None = None,
+) -> RunResult:
+    """Send `schedule` as `config` says; return a record per request that came due."""
+    counters = counters if counters is not None else Counters()
+    offsets = schedule.offsets[: config.max_requests]
+    counters.planned = len(offsets)
+    stopped_by = "max_requests" if len(offsets) < len(schedule.offsets) else "schedule"
+    cap = config.concurrency_cap
+    limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()
+    async with httpx.AsyncClient(limits=limits, timeout=config.timeout_s) as client:
+        state = _Run(config, client, config.body(), loop.time(), counters)
+        last_due = 0.0
+        try:
+            for index, offset in enumerate(offsets):
+                if offset >= config.max_duration_s:
+                    stopped_by = "max_duration"
+                    break
+                delay = offset - state.now()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if state.now() >= config.max_duration_s + LATE_GRACE_S:
+                    stopped_by = "max_duration"  # the sender fell far behind: stop anyway
+                    break
+                last_due = offset
+                counters.elapsed_s = state.now()
+                endpoint = config.endpoints[index % len(config.endpoints)]
+                if len(tasks) >= cap:
+                    state.records[index] = RequestRecord(
+                        index, str(endpoint), offset, None, None, None, "dropped"
+                    )
+                    counters.dropped += 1
+                    continue
+                counters.sent += 1
+                counters.in_flight += 1
+                state.launched[index] = (str(endpoint), offset, state.now())
+                task = asyncio.create_task(state.send(index, endpoint, offset))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:  # each request gives itself up after timeout_s; this is a backstop
+                await asyncio.wait(set(tasks), timeout=config.timeout_s + 1.0)
+        finally:
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            state.cancel_unfinished()
+        elapsed = state.now()
+    counters.elapsed_s = elapsed
+    if stopped_by == "schedule":
+        window = schedule.window_s
+    elif stopped_by == "max_duration":
+        window = config.max_duration_s
+    else:
+        window = last_due
+    return RunResult(
+        config=config,
+        source=schedule.source,
+        records=tuple(state.records[i] for i in sorted(state.records)),
+        window_s=window,
+        elapsed_s=elapsed,
+        stopped_by=stopped_by,
+        target_rate=target_rate,
+    )
