@@ -20,6 +20,7 @@ from bridge.slurm import (
     SlurmProtocol,
 )
 from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.select import open_backend
 
 pytestmark = pytest.mark.lab
 
@@ -37,11 +38,7 @@ def _backends() -> list[str]:
 
 @pytest.fixture(params=_backends())
 def slurm(request: pytest.FixtureRequest, lab: LabSpec) -> SlurmProtocol:
-    if request.param == "cli":
-        return SlurmCLI(env=lab.env())
-    from bridge.slurm.pyslurm_backend import PySlurm
-
-    return PySlurm()
+    return open_backend(request.param, env=lab.env())
 
 
 @pytest.fixture

@@ -220,3 +220,17 @@ def test_bad_job_specs_are_refused(kwargs: dict[str, object], match: str) -> Non
 
     with pytest.raises(ValueError, match=match):
         JobSpec(partition="train", account="a", **kwargs)  # type: ignore[arg-type]
+
+
+def test_backend_selection_names_the_problem() -> None:
+    from bridge.slurm.cli import SlurmCLI
+    from bridge.slurm.select import open_backend
+
+    assert isinstance(open_backend("cli"), SlurmCLI)
+    with pytest.raises(ValueError, match="unknown Slurm backend 'slurmrestd'"):
+        open_backend("slurmrestd")
+    try:
+        import pyslurm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ValueError, match="pyslurm does not import"):
+            open_backend("pyslurm")

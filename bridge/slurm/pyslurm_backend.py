@@ -1,0 +1,262 @@
+"""The Slurm backend on pyslurm, for sites whose libslurm matches the pyslurm wheel
+(pyslurm 25.11.x for Slurm 25.11).
+
+Written against pyslurm 25.11.2's sources. It is NOT proven on this project's lab:
+pyslurm on the package index is built for Slurm 25.11 only and no Debian suite carries
+that release, so `import pyslurm` fails here and the contract suite
+(`tests/lab/test_slurm_adapter.py`) skips this backend. At a Slurm 25.11 site the same
+suite runs against it unchanged.
+
+Reads and writes to slurmctld go through pyslurm's RPC wrappers. Accounting goes through
+`sacct --json` (the CLI backend): pyslurm 25.11's `db.Jobs.load` keys jobs by id and
+does not ask slurmdbd for duplicates, so it cannot return each run of a requeued job,
+which the ledger needs. pyslurm results are turned back into the strings Slurm prints
+and handed to the same tested parsers as the CLI backend, so both backends agree on
+meaning (gres counting, states, reasons).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyslurm  # importing this module is how a site opts in
+
+from bridge.hostlist import compress, expand
+from bridge.slurm import parse
+from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.errors import CommandRejected, ControllerUnreachable
+from bridge.slurm.model import (
+    BRIDGE_TAG,
+    AccountingRecord,
+    Job,
+    JobSpec,
+    Node,
+    Partition,
+    Reservation,
+)
+
+
+def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a pyslurm call, mapping its RPCError to the adapter's typed errors."""
+    try:
+        return fn(*args, **kwargs)
+    except pyslurm.RPCError as exc:
+        message = str(exc)
+        low = message.lower()
+        if "unable to contact slurm controller" in low or "connection" in low or "timed out" in low:
+            raise ControllerUnreachable(f"{what}: {message}") from exc
+        raise CommandRejected(what, message) from exc
+
+
+def _gres_string(gres: Mapping[str, Any] | None) -> str:
+    """{"gpu:h100": 4} -> "gpu:h100:4" (the form `parse_gres` reads)."""
+    return ",".join(f"{k}:{v}" for k, v in (gres or {}).items())
+
+
+def _tres_string(tres: Mapping[str, Any] | None) -> str:
+    return ",".join(f"{k}={v}" for k, v in (tres or {}).items())
+
+
+def _ts(value: Any) -> datetime | None:
+    return parse.timestamp(value) if isinstance(value, int) else None
+
+
+class PySlurm:
+    """`SlurmProtocol` on pyslurm. `sacct_env` is given to the sacct calls."""
+
+    def __init__(self, sacct_env: Mapping[str, str] | None = None) -> None:
+        self._sacct = SlurmCLI(env=sacct_env)
+
+    def version(self) -> str:
+        return str(_call("load config", pyslurm.slurmctld.Config.load).version)
+
+    def nodes(self) -> list[Node]:
+        nodes = []
+        for n in _call("load nodes", pyslurm.Nodes.load).values():
+            state = str(n.state or "UNKNOWN").split("+")
+            gpu_type, gpus = parse.parse_gres(_gres_string(n.configured_gres))
+            _, alloc = parse.gpus_from_tres(_tres_string(n.allocated_tres))
+            nodes.append(
+                Node(
+                    name=n.name,
+                    addr=n.address or n.name,
+                    partitions=tuple(n.partitions or ()),
+                    state=state[0].rstrip("*").lower(),
+                    flags=frozenset(state[1:]),
+                    reason=n.reason or "",
+                    gpu_type=gpu_type,
+                    gpus=gpus,
+                    gpus_alloc=alloc,
+                )
+            )
+        return nodes
+
+    def partitions(self) -> list[Partition]:
+        out = []
+        for p in _call("load partitions", pyslurm.Partitions.load).values():
+            allowed = tuple(p.allowed_accounts or ())
+            out.append(
+                Partition(
+                    name=p.name,
+                    nodes=tuple(expand(p.nodes or "")),
+                    priority_tier=int(p.priority_tier or 1),
+                    preempt_mode=str(p.preempt_mode),
+                    allow_accounts=None if allowed in ((), ("ALL",)) else allowed,
+                    grace_time_s=int(p.preemption_grace_time or 0),
+                    state=str(p.state),
+                    default=bool(p.is_default),
+                )
+            )
+        return out
+
+    def jobs(
+        self,
+        *,
+        tag: str | None = None,
+        node: str | None = None,
+        partition: str | None = None,
+        states: Iterable[str] | None = None,
+    ) -> list[Job]:
+        wanted = {s.upper() for s in states} if states is not None else None
+        jobs = []
+        for j in _call("load jobs", pyslurm.Jobs.load).values():
+            nodes = tuple(expand(j.allocated_nodes or ""))
+            _, per_node = parse.parse_gres(_gres_string(j.gres_per_node))
+            job = Job(
+                job_id=parse.format_job_id(
+                    j.id,
+                    j.array_id,
+                    j.array_task_id,
+                    j.array_tasks_waiting or "",
+                    j.array_tasks_parallel,
+                ),
+                name=j.name or "",
+                partition=j.partition or "",
+                account=j.account or "",
+                user=j.user_name or "",
+                state=str(j.state),
+                reason=j.state_reason or "",
+                nodes=nodes,
+                comment=j.comment or "",
+                gpus=per_node * max(1, len(nodes)),
+                restarts=int(j.requeue_count or 0),
+                submit_time=_ts(j.submit_time),
+                start_time=None if str(j.state) == "PENDING" else _ts(j.start_time),
+            )
+            if (
+                (tag is None or tag in job.tags)
+                and (node is None or node in job.nodes)
+                and (partition is None or job.partition == partition)
+                and (wanted is None or job.state in wanted)
+            ):
+                jobs.append(job)
+        return jobs
+
+    def submit(self, spec: JobSpec) -> str:
+        script = (
+            f"#!/bin/sh\n{spec.wrap}\n"
+            if spec.wrap is not None
+            else Path(str(spec.script)).read_text()
+        )
+        desc = pyslurm.JobSubmitDescription(
+            partitions=spec.partition,
+            account=spec.account,
+            script=script,
+            environment=dict(spec.env) or None,
+        )
+        if spec.name:
+            desc.name = spec.name
+        if spec.comment:
+            desc.comment = spec.comment
+        if spec.nodelist:
+            desc.required_nodes = compress(spec.nodelist)
+        if spec.gpus_per_node is not None:
+            desc.gres_per_node = {"gpu": spec.gpus_per_node}
+        if spec.exclusive:
+            desc.resource_sharing = "no"
+        if spec.requeue is not None:
+            desc.is_requeueable = spec.requeue
+        if spec.reservation:
+            desc.reservations = spec.reservation
+        if spec.output:
+            desc.standard_output = spec.output
+        if spec.time_limit_min is not None:
+            desc.time_limit = str(spec.time_limit_min)
+        return str(_call("submit", desc.submit))
+
+    def cancel(self, job_id: str, *, signal: str | None = None) -> None:
+        ids = parse.parse_job_id(job_id)
+        job = pyslurm.Job(ids.job_id)
+        try:
+            if signal is None:
+                _call("cancel", job.cancel)
+            else:
+                _call("signal", job.send_signal, signal)
+        except CommandRejected as exc:
+            if (
+                "already completing or completed" not in exc.slurm_message.lower()
+                and "invalid job id" not in exc.slurm_message.lower()
+            ):
+                raise
+
+    def requeue(self, job_id: str) -> None:
+        _call("requeue", pyslurm.Job(parse.parse_job_id(job_id).job_id).requeue)
+
+    def drain(self, node: str, reason: str) -> None:
+        reason = reason if reason.startswith(BRIDGE_TAG) else f"{BRIDGE_TAG} {reason}"
+        _call("drain", pyslurm.Node(node).modify, pyslurm.Node(state="DRAIN", reason=reason))
+
+    def resume(self, node: str) -> None:
+        try:
+            _call("resume", pyslurm.Node(node).modify, pyslurm.Node(state="RESUME"))
+        except CommandRejected as exc:
+            if "invalid node state" not in exc.slurm_message.lower():
+                raise
+
+    def reservations(self) -> list[Reservation]:
+        out = []
+        for r in _call("load reservations", pyslurm.Reservations.load).values():
+            out.append(
+                Reservation(
+                    name=r.name,
+                    nodes=tuple(expand(r.nodes or "")),
+                    start=_ts(r.start_time),
+                    end=_ts(r.end_time),
+                    flags=frozenset(str(f) for f in (r.flags or ())),
+                    users=tuple(r.users or ()),
+                    state="ACTIVE" if r.is_active else "INACTIVE",
+                )
+            )
+        return out
+
+    def create_reservation(
+        self,
+        name: str,
+        nodes: Iterable[str],
+        *,
+        duration_s: int,
+        users: Iterable[str],
+        flags: Iterable[str] = ("MAINT", "IGNORE_JOBS"),
+    ) -> None:
+        names = {"MAINT": "MAINTENANCE", "IGNORE_JOBS": "IGNORE_RUNNING_JOBS"}
+        flag_value = pyslurm.ReservationFlags.from_list([names.get(f, f) for f in flags])
+        start = datetime.now(UTC)
+        resv = pyslurm.Reservation(
+            name=name,
+            nodes=compress(nodes),
+            users=list(users),
+            start_time=start,
+            end_time=start + timedelta(seconds=max(60, duration_s)),
+            flags=flag_value,
+        )
+        _call("create reservation", resv.create)
+
+    def delete_reservation(self, name: str) -> None:
+        if any(r.name == name for r in self.reservations()):
+            _call("delete reservation", pyslurm.Reservation(name).delete)
+
+    def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
+        return self._sacct.accounting(since, until)
