@@ -1,0 +1,181 @@
+"""`TritonInstance` on tritonclient's HTTP client, and httpx for the metrics page.
+
+Created by the daemon (one per Triton instance it watches or lends a node to) and by the
+lab tests. Maps every failure onto the two typed errors of `bridge.triton.errors`: no
+answer is `TritonUnreachable`, an answer that says no is `TritonRejected` (Triton's message
+quoted). The model-repository calls carry the restricted-API key in `api_key_header`
+(the lab's Triton requires `X-Stb-Key`, see deploy/slurm/triton-server.sbatch).
+"""
+
+from __future__ import annotations
+
+import http.client
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import gevent
+import httpx
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from bridge.triton.errors import TritonRejected, TritonUnreachable
+from bridge.triton.protocol import ModelStatistics, RepositoryModel, ServerMetadata
+
+DEFAULT_API_KEY_HEADER = "X-Stb-Key"
+"""The header the bridge's Triton servers expect the model-repository key in."""
+
+METRICS_PORT = 8002
+"""Triton's default metrics port; the page is http://HOST:8002/metrics."""
+
+# Gateway and "unavailable" answers mean "not now", not "no".
+_TRANSIENT_STATUS = {502, 503, 504}
+
+T = TypeVar("T")
+
+
+class TritonHttpClient:
+    """One Triton instance over HTTP. See `TritonInstance` for the contract.
+
+    `address` is "host:port" of the HTTP endpoint (no scheme). `api_key` is needed only for
+    load, unload and the repository index. Timeouts are seconds: `connect_timeout_s` bounds
+    the TCP connect (short: a lost node must not stall a tick), `timeout_s` each answer
+    (model loads take seconds, so it is longer). Not thread-safe (tritonclient's HTTP
+    client runs on gevent); use one object per thread.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        api_key: str | None = None,
+        api_key_header: str = DEFAULT_API_KEY_HEADER,
+        metrics_url: str | None = None,
+        connect_timeout_s: float = 2.0,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self._address = address
+        self._key_headers = {api_key_header: api_key} if api_key is not None else {}
+        host = address.rsplit(":", 1)[0]
+        self.metrics_url = metrics_url or f"http://{host}:{METRICS_PORT}/metrics"
+        self._client = httpclient.InferenceServerClient(
+            address, connection_timeout=connect_timeout_s, network_timeout=timeout_s
+        )
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s))
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def __enter__(self) -> TritonHttpClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._client.close()
+        self._http.close()
+
+    def _call(self, operation: str, fn: Callable[[], T]) -> T:
+        """Run one tritonclient call, classifying whatever goes wrong."""
+        try:
+            return fn()
+        except InferenceServerException as e:
+            status = _int_or_none(e.status())
+            message = str(e.message() or "")
+            if status is None or status in _TRANSIENT_STATUS:
+                raise TritonUnreachable(self._address, operation, message or "no answer") from e
+            raise TritonRejected(self._address, operation, message, status) from e
+        except (OSError, http.client.HTTPException, gevent.Timeout) as e:
+            raise TritonUnreachable(self._address, operation, repr(e)) from e
+
+    def is_live(self) -> bool:
+        return bool(self._call("live", self._client.is_server_live))
+
+    def is_ready(self) -> bool:
+        return bool(self._call("ready", self._client.is_server_ready))
+
+    def server_metadata(self) -> ServerMetadata:
+        meta: dict[str, Any] = self._call("metadata", self._client.get_server_metadata)
+        return ServerMetadata(
+            name=str(meta.get("name", "")),
+            version=str(meta.get("version", "")),
+            extensions=tuple(str(x) for x in meta.get("extensions", ())),
+        )
+
+    def repository_index(self) -> tuple[RepositoryModel, ...]:
+        entries: list[dict[str, Any]] = self._call(
+            "repository index",
+            lambda: self._client.get_model_repository_index(headers=self._key_headers),
+        )
+        return tuple(
+            RepositoryModel(
+                name=str(m["name"]),
+                version=str(m.get("version", "")),
+                state=str(m.get("state", "")),
+                reason=str(m.get("reason", "")),
+            )
+            for m in entries
+        )
+
+    def load_model(self, name: str) -> None:
+        self._call(
+            f"load {name!r}", lambda: self._client.load_model(name, headers=self._key_headers)
+        )
+
+    def unload_model(self, name: str) -> None:
+        self._call(
+            f"unload {name!r}", lambda: self._client.unload_model(name, headers=self._key_headers)
+        )
+
+    def is_model_ready(self, name: str, version: str = "") -> bool:
+        return bool(
+            self._call(f"ready {name!r}", lambda: self._client.is_model_ready(name, version))
+        )
+
+    def model_statistics(self, name: str = "") -> tuple[ModelStatistics, ...]:
+        """All loaded models' statistics, or one model's (`TritonRejected` if not loaded)."""
+        stats: dict[str, Any] = self._call(
+            f"statistics {name!r}", lambda: self._client.get_inference_statistics(name)
+        )
+        return tuple(_statistics(m) for m in stats.get("model_stats", ()))
+
+    def metrics_text(self) -> str:
+        try:
+            r = self._http.get(self.metrics_url)
+        except httpx.TransportError as e:
+            raise TritonUnreachable(self._address, "metrics", repr(e)) from e
+        if r.status_code in _TRANSIENT_STATUS:
+            raise TritonUnreachable(self._address, "metrics", f"HTTP {r.status_code}")
+        if r.status_code != 200:
+            raise TritonRejected(self._address, "metrics", r.text[:200], r.status_code)
+        return r.text
+
+
+def _int_or_none(status: str | None) -> int | None:
+    try:
+        return int(status) if status else None
+    except ValueError:
+        return None
+
+
+def _statistics(m: dict[str, Any]) -> ModelStatistics:
+    s: dict[str, dict[str, Any]] = m.get("inference_stats", {})
+
+    def get(kind: str, field: str) -> int:
+        return int(s.get(kind, {}).get(field, 0))
+
+    return ModelStatistics(
+        name=str(m["name"]),
+        version=str(m.get("version", "")),
+        last_inference_ms=int(m.get("last_inference", 0)),
+        inference_count=int(m.get("inference_count", 0)),
+        execution_count=int(m.get("execution_count", 0)),
+        success_count=get("success", "count"),
+        success_ns=get("success", "ns"),
+        failure_count=get("fail", "count"),
+        queue_ns=get("queue", "ns"),
+        compute_input_ns=get("compute_input", "ns"),
+        compute_infer_ns=get("compute_infer", "ns"),
+        compute_output_ns=get("compute_output", "ns"),
+    )
