@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from bridge.config_cli import config_app
 from bridge.lab.cli import lab_app
 from bridge.load.cli import load_app
 
@@ -15,6 +16,7 @@ app = typer.Typer(
 )
 app.add_typer(lab_app, name="lab")
 app.add_typer(load_app, name="load")
+app.add_typer(config_app, name="config")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,282 @@
+"""The bridge's configuration: one TOML file, validated at start, every setting
+overridable by an environment variable `STB_<NAME>` (nested: `STB_POLICY__MAX_LENT_NODES`).
+
+Read by `stb daemon`, `stb config check` and the policy. Unknown keys are refused, so a
+typo never silently falls back to a default. Each field says its unit and why its default
+is what it is. Precedence: environment, then the file, then the defaults.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; `problems` lists (field path, message) pairs."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  {field}: {msg}" for field, msg in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s)\n{lines}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PoolConfig(_Strict):
+    """One pool: a Slurm partition and how the bridge may take its nodes."""
+
+    partition: str = Field(description="Slurm partition whose nodes form the pool.")
+    lend_mode: Literal["preempt", "drain", "reserved"] = Field(
+        description="preempt: the Triton job requeues the pool's jobs (elastic); drain: "
+        "the node takes no new work and is lent once free, no job is killed (training); "
+        "reserved: the pool's nodes are inference's own and hold the baseline replicas."
+    )
+    cost_rank: int = Field(
+        default=1,
+        ge=0,
+        description="Lower is taken first among pools that can lend (elastic 1, "
+        "training 2): work that can be requeued is cheaper than work that must wait.",
+    )
+
+
+class ModelConfig(_Strict):
+    """A served model's service-level objective and replica bounds."""
+
+    slo_p99_ms: float = Field(gt=0, description="Latency objective: p99 in milliseconds.")
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        description="Replicas kept on the reserved nodes at all times (baseline servers).",
+    )
+    max_replicas: int = Field(
+        default=4,
+        ge=1,
+        description="Upper bound of replicas, lent ones included; bounds what one model's "
+        "burst can take from training.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ModelConfig:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
+            )
+        return self
+
+
+class PolicyConfig(_Strict):
+    """When to lend and return. Defaults favour stability over speed: a lend costs
+    requeued work, so it needs a sustained breach; a return needs a longer calm."""
+
+    high_watermark: float = Field(
+        default=1.0,
+        gt=0,
+        description="A model breaches when p99 > high_watermark x SLO. 1.0: the SLO itself.",
+    )
+    low_watermark: float = Field(
+        default=0.5,
+        gt=0,
+        description="A model is calm when p99 < low_watermark x SLO and nothing is pending. "
+        "0.5: well below the SLO, so returning a replica does not cause the next breach "
+        "(hysteresis).",
+    )
+    breach_evaluations: int = Field(
+        default=3,
+        ge=1,
+        description="Consecutive breaching ticks before a lend (3 ticks of 5 s: 15 s, "
+        "long enough to ignore one slow request, short against a minutes-long burst).",
+    )
+    calm_evaluations: int = Field(
+        default=12,
+        ge=1,
+        description="Consecutive calm ticks before a return (12 x 5 s = 1 min).",
+    )
+    scale_out_cooldown_s: float = Field(
+        default=60,
+        ge=0,
+        description="Seconds after a lend for a model before the next lend for it: a new "
+        "replica needs time to start and change the p99 before it is judged.",
+    )
+    scale_in_cooldown_s: float = Field(
+        default=300,
+        ge=0,
+        description="Seconds a lease serves before it may be returned: no lend-return flap.",
+    )
+    max_lent_nodes: int = Field(
+        default=2,
+        ge=0,
+        description="Most nodes lent at once, all pools together: the training guarantee.",
+    )
+    preempt_guard_s: float = Field(
+        default=900,
+        ge=0,
+        description="A job requeued within this many seconds is not preempted again "
+        "(Slurm holds jobs after repeated requeues; MaxBatchRequeue).",
+    )
+    drain_wait_s: float = Field(
+        default=1800,
+        ge=0,
+        description="Seconds a drained training node may take to become free before the "
+        "lend is abandoned and the node resumed (bounded wait).",
+    )
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> PolicyConfig:
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError(
+                f"low_watermark ({self.low_watermark}) must be below high_watermark "
+                f"({self.high_watermark}), or lending and returning would flap"
+            )
+        return self
+
+
+class TritonJobConfig(_Strict):
+    """How a Triton server is submitted (always a Slurm job)."""
+
+    sbatch_script: Path = Field(
+        default=Path("deploy/slurm/triton-server.sbatch"),
+        description="Batch script that starts tritonserver; relative to the project root.",
+    )
+    partition: str = Field(default="infer", description="Partition of Triton jobs.")
+    account: str = Field(default="bridge", description="Slurm account of Triton jobs.")
+    model_repository: Path = Field(
+        default=Path("triton_repo"), description="Triton model repository."
+    )
+    ready_timeout_s: float = Field(
+        default=300,
+        gt=0,
+        description="Seconds from job start to Triton ready before a lease fails "
+        "(measured start: about 2 s; model loads can take minutes).",
+    )
+
+
+class RoutingConfig(_Strict):
+    """Where ready replicas are published."""
+
+    nginx_conf: Path = Field(
+        default=Path("routing/stb-upstreams.conf"),
+        description="nginx file the bridge writes (upstreams and the routing server).",
+    )
+    http_sd_file: Path = Field(
+        default=Path("routing/http_sd.json"),
+        description="Prometheus http_sd document of Triton and bridge metrics targets.",
+    )
+    listen: str = Field(default="127.0.0.1:8080", description="nginx listen address.")
+
+
+class BridgeConfig(BaseSettings):
+    """The whole configuration."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STB_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    tick_s: float = Field(
+        default=5,
+        gt=0,
+        description="Seconds between control passes: Triton's summaries cover 60 s, so "
+        "5 s ticks see a breach within a few samples without hammering slurmctld.",
+    )
+    database_url: str = Field(
+        default="sqlite:///stb-bridge.db",
+        description="Lease and ledger database (SQLAlchemy URL); PostgreSQL in production.",
+    )
+    pools: dict[str, PoolConfig] = Field(
+        default_factory=lambda: {
+            "training": PoolConfig(partition="train", lend_mode="drain", cost_rank=2),
+            "elastic": PoolConfig(partition="elastic", lend_mode="preempt", cost_rank=1),
+            "inference": PoolConfig(partition="infer", lend_mode="reserved", cost_rank=0),
+        },
+        description="Pools by name.",
+    )
+    models: dict[str, ModelConfig] = Field(
+        default_factory=dict, description="Served models by Triton model name."
+    )
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    triton: TritonJobConfig = Field(default_factory=TritonJobConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BridgeConfig:
+        for name in [*self.pools, *self.models]:
+            if not _NAME.match(name):
+                raise ValueError(f"name {name!r} may hold only letters, digits, '_', '-', '.'")
+        if not any(p.lend_mode == "reserved" for p in self.pools.values()):
+            raise ValueError('no pool has lend_mode = "reserved": Triton needs its own nodes')
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment overrides the file (given as init arguments), not the reverse.
+        return env_settings, init_settings
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(file)"
+
+
+def load_config(path: Path | None) -> BridgeConfig:
+    """Read and validate; raises ConfigError naming every bad field."""
+    source = str(path) if path else "(defaults)"
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(source, [("(file)", "no such file")]) from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(source, [("(file)", f"not valid TOML: {exc}")]) from exc
+    try:
+        return BridgeConfig(**data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key (a typo? it would otherwise be ignored)"
+            problems.append((_loc(err["loc"]), msg))
+        raise ConfigError(source, problems) from exc
+
+
+#: STB_ variables that belong to other parts of the project, not to this file.
+OTHER_ENV = {
+    "STB_HOME",
+    "STB_LAB_DIR",
+    "STB_LAB_KEEP",
+    "STB_LAB_DB_HOST",
+    "STB_LAB_DB_PORT",
+    "STB_LAB_DB_USER",
+    "STB_LAB_DB_PASSWORD",
+    "STB_SLURM_BACKEND",
+}
+
+
+def unknown_env(environ: dict[str, str]) -> list[str]:
+    """STB_ variables that name no setting (typos the environment would ignore)."""
+    fields = {f"STB_{name.upper()}" for name in BridgeConfig.model_fields}
+    return sorted(
+        key
+        for key in environ
+        if key.startswith("STB_") and key not in OTHER_ENV and key.split("__", 1)[0] not in fields
+    )

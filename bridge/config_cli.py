@@ -1,0 +1,33 @@
+"""`stb config check FILE`: validate a configuration and say what is wrong, by field."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from bridge.config import ConfigError, load_config, unknown_env
+
+config_app = typer.Typer(help="The bridge's configuration file.", no_args_is_help=True)
+console = Console()
+
+
+@config_app.command()
+def check(path: Annotated[Path, typer.Argument(help="TOML configuration file.")]) -> None:
+    """Validate FILE (with STB_ environment overrides); exit 1 naming each bad field."""
+    for name in unknown_env(dict(os.environ)):
+        console.print(f"[yellow]warning:[/yellow] environment variable {name} names no setting")
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        console.print(f"[red]{exc.source}: invalid[/red]")
+        for field, msg in exc.problems:
+            console.print(f"  [bold]{field}[/bold]: {msg}")
+        raise typer.Exit(code=1) from exc
+    console.print(
+        f"[green]{path}: valid[/green] ({len(cfg.pools)} pools, {len(cfg.models)} models, "
+        f"tick {cfg.tick_s:g}s, database {cfg.database_url})"
+    )
