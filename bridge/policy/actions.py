@@ -1,0 +1,48 @@
+"""What the policy asks for. Each action is a value with a `key`, so the reconciler can
+carry it out idempotently (a retry after a crash finds the work already done)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Lend:
+    """Lend `node` (of `pool`, by `lend_mode`) to Triton and place `models` on it."""
+
+    node: str
+    pool: str
+    lend_mode: str
+    models: tuple[str, ...]
+    reason: str
+
+    @property
+    def key(self) -> str:
+        return f"lend:{self.node}:{','.join(self.models)}"
+
+
+@dataclass(frozen=True)
+class Return:
+    """Take the lease's replica out of routing, drain it, and give the node back."""
+
+    lease_id: int
+    reason: str
+
+    @property
+    def key(self) -> str:
+        return f"return:{self.lease_id}"
+
+
+@dataclass(frozen=True)
+class StartBaseline:
+    """Submit the baseline Triton job of a reserved node (none runs there)."""
+
+    node: str
+    reason: str
+
+    @property
+    def key(self) -> str:
+        return f"baseline:{self.node}"
+
+
+Action = Lend | Return | StartBaseline

@@ -1,0 +1,84 @@
+"""The immutable world the policy sees: nodes and their jobs, Triton replicas, each
+model's recent latency samples, and the open leases. Built by the reconciler's observe
+step from the Slurm and Triton adapters and the lease store; the policy imports none of
+those. Times are UTC epoch seconds (floats)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class JobView:
+    job_id: str
+    gpus: int
+    #: when the current run started; None while pending
+    started_at: float | None
+    #: times Slurm requeued it; with `submitted_at` (reset at each requeue) it tells a
+    #: recently preempted job
+    restarts: int = 0
+    submitted_at: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    #: the pool (configuration name) whose partition holds the node
+    pool: str
+    #: up and schedulable as far as Slurm is concerned (not down, failed, or drained by
+    #: someone other than the bridge)
+    usable: bool
+    gpus: int
+    #: running non-Triton jobs on the node
+    jobs: tuple[JobView, ...] = ()
+    #: a Triton job (baseline or lease) runs or is starting here
+    has_triton: bool = False
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """A Triton server that is ready and in routing."""
+
+    node: str
+    models: tuple[str, ...]
+    #: None for a baseline server on a reserved node
+    lease_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelSample:
+    """One tick's reading of a model's signal (aggregated over its replicas)."""
+
+    at: float
+    #: Triton's p99 over its 60 s window; None when nothing was measured
+    p99_ms: float | None
+    #: requests per second over the tick's window; None when there was no usable window
+    request_rate: float | None
+    pending: float | None = None
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    lease_id: int
+    node: str
+    pool: str
+    lend_mode: str
+    state: str
+    models: tuple[str, ...]
+    created_at: float
+    #: when it entered `serving`; None before
+    serving_since: float | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    nodes: tuple[NodeView, ...]
+    replicas: tuple[ReplicaView, ...]
+    #: per model, the recent samples, oldest first (the reconciler keeps enough of them
+    #: for the longest consecutive-evaluation count)
+    history: Mapping[str, tuple[ModelSample, ...]]
+    #: leases not yet returned
+    leases: tuple[LeaseView, ...]
+    #: per model, the time of the last lend that carried it (from the lease history)
+    last_lend_at: Mapping[str, float] = field(default_factory=dict)
