@@ -1,0 +1,120 @@
+"""The lease tables: `Lease` (one row per lent node) and `LeaseEvent` (its status history).
+
+Written only by `store.LeaseStore`; read by the store, the reconciler and, later, the
+GPU-hour ledger (which books serving time from the event log). Times are timezone-aware UTC
+on the way in and on the way out (`UTCDateTime`: SQLite keeps no zone, so it is added back
+on read). States and lend modes are stored as their lowercase string values in plain
+VARCHAR columns, not database enums, so adding a state needs no type migration.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import JSON, Column, DateTime, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy import Enum as SAEnum
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+from bridge.leases.states import LeaseState
+
+
+class LendMode(StrEnum):
+    PREEMPT = "preempt"  # elastic pool: the Triton job preempts and requeues elastic jobs
+    DRAIN = "drain"  # training pool: fence the node, lend it once free, never kill a job
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend. Refuses naive datetimes on write
+    (a naive time is ambiguous); on read, a naive value (SQLite) is UTC by construction."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value!r}: lease times must be timezone-aware")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def _str_enum(enum: type[StrEnum], length: int) -> SAEnum:
+    return SAEnum(
+        enum,
+        native_enum=False,
+        create_constraint=False,
+        length=length,
+        values_callable=lambda members: [m.value for m in members],
+        validate_strings=True,
+    )
+
+
+class Lease(SQLModel, table=True):
+    """One node lent to Triton. At most one open (not returned) lease per node: a partial
+    unique index enforces it on SQLite and PostgreSQL, the store checks it everywhere."""
+
+    __tablename__ = "lease"
+    __table_args__ = (
+        Index(
+            "uq_lease_open_node",
+            "node",
+            unique=True,
+            sqlite_where=text("state <> 'returned'"),
+            postgresql_where=text("state <> 'returned'"),
+        ).ddl_if(dialect=("sqlite", "postgresql")),  # type: ignore[arg-type]  # a tuple is documented
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    #: the Slurm node name, e.g. "n3"
+    node: str = Field(sa_column=Column(String(255), nullable=False, index=True))
+    #: the pool the node was taken from ("elastic", "training", ...)
+    pool: str = Field(sa_column=Column(String(64), nullable=False))
+    lend_mode: LendMode = Field(sa_column=Column(_str_enum(LendMode, 16), nullable=False))
+    #: the models placed on the node (a JSON list of names)
+    models: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    state: LeaseState = Field(
+        sa_column=Column(_str_enum(LeaseState, 16), nullable=False, index=True)
+    )
+    #: the Triton server's Slurm job id once submitted ("1234", or "1234_5" for arrays)
+    slurm_job_id: str | None = Field(
+        default=None, sa_column=Column(String(64), nullable=True, index=True)
+    )
+    #: the idempotency key of the lend: a retry with the same key returns this lease
+    request_key: str = Field(sa_column=Column(String(255), nullable=False, unique=True))
+    #: why the lease is in its current state (the reason of the last change)
+    reason: str = Field(default="", sa_column=Column(Text, nullable=False))
+    created_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    updated_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+
+
+class LeaseEvent(SQLModel, table=True):
+    """One status change of a lease, appended in the same transaction as the change. The
+    first event of every lease records its creation (from_state NULL -> requested)."""
+
+    __tablename__ = "lease_event"
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    lease_id: int = Field(
+        sa_column=Column(Integer, ForeignKey("lease.id"), nullable=False, index=True)
+    )
+    from_state: LeaseState | None = Field(
+        default=None, sa_column=Column(_str_enum(LeaseState, 16), nullable=True)
+    )
+    to_state: LeaseState = Field(sa_column=Column(_str_enum(LeaseState, 16), nullable=False))
+    at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    reason: str = Field(default="", sa_column=Column(Text, nullable=False))
+    #: free text: the caller's detail plus the fields the change set (e.g. slurm_job_id)
+    detail: str | None = Field(default=None, sa_column=Column(Text, nullable=True))

@@ -1,0 +1,127 @@
+"""The lease state machine: states, the transition table, and the one legality check.
+
+Pure: no I/O, no SQL. `store.LeaseStore.set_status` calls `check_transition` inside its
+transaction; the policy and the reconciler read `LeaseState`, `OPEN_STATES` and `is_final`.
+
+A lease is one node lent to Triton. It moves only forward:
+
+    requested -> submitted -> starting -> serving -> draining -> releasing -> returned
+
+Any state that is not final may go to `failed`, which cleans up (routing, job, fence) and
+ends in `returned`. `returned` is the only final state. Staying in the same state is not a
+transition: the store treats it as an idempotent no-op before this table is consulted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+from bridge.leases.errors import IllegalTransition
+
+
+class LeaseState(StrEnum):
+    REQUESTED = "requested"  # the lend is decided and recorded; no Slurm job yet
+    SUBMITTED = "submitted"  # the Triton job is submitted; its Slurm job id is known
+    STARTING = "starting"  # the job runs; Triton is not ready yet
+    SERVING = "serving"  # ready, models loaded, in routing
+    DRAINING = "draining"  # out of routing, waiting for in-flight requests to finish
+    RELEASING = "releasing"  # models unloaded, job being cancelled, node being resumed
+    RETURNED = "returned"  # the node is back with Slurm; final
+    FAILED = "failed"  # something broke; cleaning up, then returned
+
+
+_S = LeaseState
+
+#: old state -> the states it may move to. One comment per edge says when it is taken.
+TRANSITIONS: Mapping[LeaseState, frozenset[LeaseState]] = {
+    _S.REQUESTED: frozenset(
+        {
+            # the Triton job was submitted (sbatch answered with a job id)
+            _S.SUBMITTED,
+            # abandoned before submission: the lend was cancelled (operator, or the policy
+            # saw the breach end) or a drain-mode training node never became free within
+            # the bounded wait. No job exists, so there is nothing to drain or release; the
+            # actor resumes a node it fenced (the reconciler also resumes any bridge fence
+            # that no open lease holds, so a crash between the two steps is harmless)
+            _S.RETURNED,
+            # submission failed permanently (Slurm rejected the job)
+            _S.FAILED,
+        }
+    ),
+    _S.SUBMITTED: frozenset(
+        {
+            # Slurm started the job on the node
+            _S.STARTING,
+            # abandoned while the job is still pending (drain wait over, lend cancelled):
+            # nothing serves yet, so no draining; the pending job is cancelled
+            _S.RELEASING,
+            # the job vanished, failed or was held by Slurm
+            _S.FAILED,
+        }
+    ),
+    _S.STARTING: frozenset(
+        {
+            # Triton is ready, the models are loaded, and the replica is in routing
+            _S.SERVING,
+            # given back before it ever served (load fell, operator return): it was never
+            # in routing and has no in-flight request, so it skips draining
+            _S.RELEASING,
+            # Triton never became ready in time, a model failed to load, or the job died
+            _S.FAILED,
+        }
+    ),
+    _S.SERVING: frozenset(
+        {
+            # scale-in or operator return: taken out of routing first, then drained
+            _S.DRAINING,
+            # the job or the server died while serving (it is taken out of routing)
+            _S.FAILED,
+        }
+    ),
+    _S.DRAINING: frozenset(
+        {
+            # no request pending any more (or the drain deadline passed): unload and cancel
+            _S.RELEASING,
+            # the job or the server died while draining
+            _S.FAILED,
+        }
+    ),
+    _S.RELEASING: frozenset(
+        {
+            # the job is gone and the node is back with Slurm
+            _S.RETURNED,
+            # the release cannot complete (e.g. Slurm refuses the cancel): the failed path
+            # retries the cleanup and alerts
+            _S.FAILED,
+        }
+    ),
+    _S.FAILED: frozenset(
+        {
+            # cleanup done: out of routing, job cancelled, fence lifted
+            _S.RETURNED,
+        }
+    ),
+    # final: a returned lease never changes; a new lend of the node is a new lease
+    _S.RETURNED: frozenset(),
+}
+
+#: states in which the lease still holds (or may hold) its node: all but the final one
+OPEN_STATES: frozenset[LeaseState] = frozenset(s for s in LeaseState if TRANSITIONS[s])
+
+
+def is_final(state: LeaseState) -> bool:
+    """True for a state that never changes again (`returned`)."""
+    return not TRANSITIONS[LeaseState(state)]
+
+
+def allowed(old: LeaseState, new: LeaseState) -> bool:
+    return LeaseState(new) in TRANSITIONS[LeaseState(old)]
+
+
+def check_transition(old: LeaseState, new: LeaseState, *, lease_id: int | None = None) -> None:
+    """Raise `IllegalTransition` (naming both states) unless the table allows old -> new.
+    A same-state pair is refused here too: it is not a transition (the store answers a
+    repeated request with a no-op before calling this)."""
+    if not allowed(old, new):
+        raise IllegalTransition(LeaseState(old).value, LeaseState(new).value, lease_id=lease_id)

@@ -1,0 +1,278 @@
+"""`LeaseStore`: the one place that creates leases and changes their status.
+
+Called by the reconciler (each tick's passive sync and active steps) and by the operator
+CLI (`stb lend`, `stb return`, `stb status`). Every write is one transaction:
+
+- `create` is idempotent by `request_key` (a retry after a crash returns the lease the
+  first attempt made) and keeps at most one open lease per node.
+- `set_status` re-reads the row under a lock (`SELECT ... FOR UPDATE` on PostgreSQL,
+  `BEGIN IMMEDIATE` on SQLite), checks the move against `states.TRANSITIONS`, updates the
+  row and appends a `LeaseEvent`. Asking for the state the lease is already in is a no-op;
+  an illegal move raises and writes nothing.
+
+Leases returned are detached copies: changing one changes nothing in the database.
+
+Schema: `create_schema` runs `create_all` for the two lease tables. Alembic migrations come
+with the GPU-hour ledger issue, which brings the first schema change to manage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, TypedDict, Unpack
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, SQLModel, and_, col, or_, select
+
+from bridge.leases.engine import WRITE_OPTION, configure_sqlite, make_engine
+from bridge.leases.errors import (
+    LeaseNotFound,
+    NodeAlreadyLeased,
+    RequestKeyConflict,
+    UnexpectedState,
+)
+from bridge.leases.models import Lease, LeaseEvent, LendMode
+from bridge.leases.states import LeaseState, check_transition
+
+__all__ = ["LeaseFields", "LeaseStore", "create_schema", "make_engine"]
+
+
+class LeaseFields(TypedDict, total=False):
+    """Columns `set_status` may set along with the state."""
+
+    slurm_job_id: str | None
+    models: Sequence[str]
+
+
+_SETTABLE = frozenset(LeaseFields.__annotations__)
+
+
+def create_schema(engine: Engine) -> None:
+    """Create the lease tables and their indexes if missing (no migrations yet: Alembic
+    arrives with the ledger)."""
+    tables = [SQLModel.metadata.tables[name] for name in ("lease", "lease_event")]
+    SQLModel.metadata.create_all(engine, tables=tables)
+
+
+def _require_aware(now: datetime) -> None:
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError(f"naive datetime {now!r}: pass a timezone-aware time (UTC)")
+
+
+def _model_names(models: Sequence[str]) -> list[str]:
+    if isinstance(models, str):
+        raise TypeError(f"models must be a sequence of names, not the string {models!r}")
+    return [str(m) for m in models]
+
+
+class LeaseStore:
+    def __init__(self, engine: Engine) -> None:
+        configure_sqlite(engine)
+        self._engine = engine
+        self._writer = engine.execution_options(**{WRITE_OPTION: True})
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with Session(self._engine, expire_on_commit=False) as session:
+            yield session
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        """One write transaction: commits on success, rolls back on any exception."""
+        with Session(self._writer, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    # ---- writes -------------------------------------------------------------------
+
+    def create(
+        self,
+        node: str,
+        pool: str,
+        lend_mode: LendMode | str,
+        models: Sequence[str],
+        request_key: str,
+        now: datetime,
+        *,
+        reason: str = "lend requested",
+    ) -> Lease:
+        """Record a lend in state `requested` (with its first history event), or return
+        the lease this `request_key` already made, whatever its state now. Raises
+        `NodeAlreadyLeased` when `node` has an open lease made under another key, and
+        `RequestKeyConflict` when the key was used for another node, pool or mode."""
+        _require_aware(now)
+        mode = LendMode(lend_mode)
+        names = _model_names(models)
+        if not request_key:
+            raise ValueError("request_key must not be empty")
+        try:
+            with self._write() as session:
+                existing = self._check_create(session, node, pool, mode, request_key)
+                if existing is not None:
+                    return existing
+                lease = Lease(
+                    node=node,
+                    pool=pool,
+                    lend_mode=mode,
+                    models=names,
+                    state=LeaseState.REQUESTED,
+                    request_key=request_key,
+                    reason=reason,
+                    created_at=now,
+                    updated_at=now,
+                )
+                session.add(lease)
+                session.flush()
+                assert lease.id is not None
+                session.add(
+                    LeaseEvent(
+                        lease_id=lease.id,
+                        from_state=None,
+                        to_state=LeaseState.REQUESTED,
+                        at=now,
+                        reason=reason,
+                        detail=f"node={node} pool={pool} mode={mode.value} models={names}",
+                    )
+                )
+            return lease
+        except IntegrityError:
+            # A concurrent create committed first (same key, or same node): its row decides.
+            with self._read() as session:
+                existing = self._check_create(session, node, pool, mode, request_key)
+            if existing is None:
+                raise
+            return existing
+
+    def _check_create(
+        self, session: Session, node: str, pool: str, mode: LendMode, request_key: str
+    ) -> Lease | None:
+        # One statement, so one snapshot: under READ COMMITTED two separate queries could
+        # miss a concurrent create's key and then see its node.
+        rows = session.exec(
+            select(Lease).where(
+                or_(
+                    Lease.request_key == request_key,
+                    and_(Lease.node == node, col(Lease.state) != LeaseState.RETURNED),
+                )
+            )
+        ).all()
+        for lease in rows:
+            assert lease.id is not None
+            if lease.request_key != request_key:
+                continue
+            theirs = (lease.node, lease.pool, lease.lend_mode)
+            if theirs != (node, pool, mode):
+                raise RequestKeyConflict(
+                    request_key,
+                    lease.id,
+                    f"node {lease.node}, pool {lease.pool}, mode {lease.lend_mode}; "
+                    f"asked for node {node}, pool {pool}, mode {mode}",
+                )
+            return lease
+        if rows:  # no row has our key, so each is an open lease of the node (at most one)
+            holder = rows[0]
+            assert holder.id is not None
+            raise NodeAlreadyLeased(node, holder.id, holder.state.value)
+        return None
+
+    def set_status(
+        self,
+        lease_id: int,
+        new_state: LeaseState,
+        now: datetime,
+        reason: str,
+        *,
+        expected: LeaseState | None = None,
+        detail: str | None = None,
+        **fields: Unpack[LeaseFields],
+    ) -> Lease:
+        """THE one function that changes a lease's status. In one transaction: lock and
+        re-read the row, check `state -> new_state` against the table, set the state, the
+        reason, `updated_at` and any `fields` (e.g. `slurm_job_id`), append a LeaseEvent.
+
+        - Already in `new_state`: a no-op (nothing written, fields untouched); returns the
+          stored lease, so a retrying caller can compare e.g. its job id with the stored one.
+        - `expected` (compare-and-set): the state the caller's decision was based on. If
+          another writer moved the lease meanwhile, raises `UnexpectedState` (an
+          `IllegalTransition`) and writes nothing. Two actors racing from the same state
+          thus get exactly one winner.
+        - An illegal move raises `IllegalTransition` and writes nothing; `LeaseNotFound`
+          for an unknown id.
+        """
+        _require_aware(now)
+        new_state = LeaseState(new_state)
+        unknown = set(fields) - _SETTABLE
+        if unknown:
+            raise TypeError(f"set_status cannot set {sorted(unknown)}; only {sorted(_SETTABLE)}")
+        values: dict[str, Any] = dict(fields)
+        if "models" in values:
+            values["models"] = _model_names(values["models"])
+        with self._write() as session:
+            lease = session.exec(
+                select(Lease).where(Lease.id == lease_id).with_for_update()
+            ).first()
+            if lease is None:
+                raise LeaseNotFound(lease_id)
+            old = lease.state
+            if old == new_state:
+                return lease
+            if expected is not None and old != expected:
+                raise UnexpectedState(lease_id, LeaseState(expected).value, old.value, new_state)
+            check_transition(old, new_state, lease_id=lease_id)
+            lease.state = new_state
+            lease.reason = reason
+            lease.updated_at = now
+            for name, value in values.items():
+                setattr(lease, name, value)
+            parts = [detail] if detail else []
+            parts += [f"{name}={value!r}" for name, value in values.items()]
+            session.add(
+                LeaseEvent(
+                    lease_id=lease_id,
+                    from_state=old,
+                    to_state=new_state,
+                    at=now,
+                    reason=reason,
+                    detail="; ".join(parts) or None,
+                )
+            )
+        return lease
+
+    # ---- reads --------------------------------------------------------------------
+
+    def get(self, lease_id: int) -> Lease:
+        """The lease, or `LeaseNotFound`."""
+        with self._read() as session:
+            lease = session.get(Lease, lease_id)
+        if lease is None:
+            raise LeaseNotFound(lease_id)
+        return lease
+
+    def open_leases(self) -> list[Lease]:
+        """Every lease not yet returned, oldest first."""
+        with self._read() as session:
+            query = select(Lease).where(col(Lease.state) != LeaseState.RETURNED)
+            return list(session.exec(query.order_by(col(Lease.id))).all())
+
+    def by_node(self, node: str, *, open_only: bool = False) -> list[Lease]:
+        """The node's leases, oldest first (its open one, if any, is last)."""
+        with self._read() as session:
+            query = select(Lease).where(Lease.node == node)
+            if open_only:
+                query = query.where(col(Lease.state) != LeaseState.RETURNED)
+            return list(session.exec(query.order_by(col(Lease.id))).all())
+
+    def by_job(self, job_id: str) -> Lease | None:
+        """The lease that holds Slurm job `job_id` (the newest one, should Slurm have
+        reused the id), or None: how the reconciler spots tagged jobs with no lease."""
+        with self._read() as session:
+            query = select(Lease).where(Lease.slurm_job_id == job_id)
+            return session.exec(query.order_by(col(Lease.id).desc())).first()
+
+    def history(self, lease_id: int) -> list[LeaseEvent]:
+        """The lease's status changes in the order they happened, creation first."""
+        with self._read() as session:
+            query = select(LeaseEvent).where(LeaseEvent.lease_id == lease_id)
+            return list(session.exec(query.order_by(col(LeaseEvent.id))).all())
