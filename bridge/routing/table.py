@@ -1,0 +1,159 @@
+"""The routing table: which ready Triton replicas serve each model, and which Triton
+metrics endpoints exist. A pure, immutable value with no I/O.
+
+Built by the daemon's act step from its snapshot each tick (a replica leaves `routes`
+before it is drained, but keeps its metrics target until its job ends, so the daemon and
+Prometheus still see its pending requests fall to zero); rendered by
+`bridge.routing.nginx` and `bridge.routing.http_sd`; published by
+`bridge.routing.publisher`. Construction validates every name that will reach nginx's
+configuration, so an invalid table cannot exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from bridge.routing.errors import InvalidRoute
+
+MODEL_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+"""Triton model names: letters, digits, `_`, `-`, `.`; not starting with `.` or `-`
+(no `..` path games, no option-looking names), at most 128 characters. Nothing here can
+close an nginx string, block or directive."""
+
+_HOST_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
+BASELINE = "baseline"
+"""The `lease` of a metrics target that belongs to a baseline replica (no lease)."""
+
+
+def validate_model_name(name: str) -> str:
+    """`name` if it is a valid Triton model name, else InvalidRoute naming it."""
+    if not isinstance(name, str) or not MODEL_NAME_RE.fullmatch(name):
+        raise InvalidRoute(
+            f"invalid model name {name!r}: Triton model names are 1-128 letters, digits, "
+            "'_', '-' or '.', not starting with '.' or '-'"
+        )
+    return name
+
+
+def validate_endpoint(endpoint: str) -> str:
+    """`endpoint` if it is `host:port` (IPv4, host name or [IPv6]; port 1-65535)."""
+    host, sep, port = endpoint.rpartition(":") if isinstance(endpoint, str) else ("", "", "")
+    if (
+        not sep
+        or not _HOST_RE.fullmatch(host)
+        or not port.isdigit()
+        or not 1 <= int(port) <= 65535
+        or port != str(int(port))
+    ):
+        raise InvalidRoute(f"invalid endpoint {endpoint!r}: expected host:port, port 1-65535")
+    return endpoint
+
+
+@dataclass(frozen=True)
+class MetricsTarget:
+    """One Triton metrics endpoint and what Prometheus should know about it."""
+
+    endpoint: str
+    """host:port of Triton's metrics page (port 8002 in production)."""
+    node: str
+    """Slurm node name the Triton job runs on."""
+    slurm_job_id: str
+    """The Triton job's Slurm id."""
+    lease: str
+    """The lease id that lent the node, or BASELINE for a replica on a reserved node."""
+    models: tuple[str, ...]
+    """Models loaded on this replica (sorted, no duplicates)."""
+
+    def __post_init__(self) -> None:
+        validate_endpoint(self.endpoint)
+        for name, value in (("node", self.node), ("slurm_job_id", self.slurm_job_id)):
+            if not value:
+                raise InvalidRoute(f"metrics target {self.endpoint}: empty {name}")
+        if not self.lease:
+            raise InvalidRoute(f"metrics target {self.endpoint}: empty lease (use 'baseline')")
+        models = tuple(sorted({validate_model_name(m) for m in self.models}))
+        object.__setattr__(self, "models", models)
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    """model -> sorted tuple of ready endpoints, plus the metrics targets.
+
+    Use `RoutingTable.build(...)`; fields are stored sorted, so two tables with the same
+    content are equal and have the same `version` whatever order they were built in. A
+    model with an empty tuple is known but has no ready replica (nginx answers 503).
+    """
+
+    routes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    targets: tuple[MetricsTarget, ...] = ()
+
+    def __post_init__(self) -> None:
+        routes = tuple(
+            sorted(
+                (validate_model_name(model), tuple(sorted({validate_endpoint(e) for e in eps})))
+                for model, eps in self.routes
+            )
+        )
+        names = [m for m, _ in routes]
+        if len(set(names)) != len(names):
+            raise InvalidRoute(f"a model appears twice in the routes: {names}")
+        targets = tuple(sorted(self.targets, key=lambda t: t.endpoint))
+        endpoints = [t.endpoint for t in targets]
+        if len(set(endpoints)) != len(endpoints):
+            raise InvalidRoute(f"a metrics endpoint appears twice: {endpoints}")
+        object.__setattr__(self, "routes", routes)
+        object.__setattr__(self, "targets", targets)
+
+    @classmethod
+    def build(
+        cls, routes: Mapping[str, Iterable[str]], targets: Iterable[MetricsTarget] = ()
+    ) -> RoutingTable:
+        return cls(tuple((m, tuple(eps)) for m, eps in routes.items()), tuple(targets))
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(m for m, _ in self.routes)
+
+    def endpoints(self, model: str) -> tuple[str, ...]:
+        """Ready endpoints of `model`; () when it has none or is unknown."""
+        return dict(self.routes).get(model, ())
+
+    def all_endpoints(self) -> tuple[str, ...]:
+        """Every routed endpoint, once, sorted (the replicas health checks may reach)."""
+        return tuple(sorted({e for _, eps in self.routes for e in eps}))
+
+    def without_endpoint(self, endpoint: str) -> RoutingTable:
+        """This table with `endpoint` removed from every model's routes (the first step of
+        a return); metrics targets are kept."""
+        routes = tuple((m, tuple(e for e in eps if e != endpoint)) for m, eps in self.routes)
+        return RoutingTable(routes, self.targets)
+
+    def canonical(self) -> str:
+        """A canonical JSON text of the content (sorted keys, no whitespace)."""
+        return json.dumps(
+            {
+                "routes": {m: list(eps) for m, eps in self.routes},
+                "targets": [
+                    {
+                        "endpoint": t.endpoint,
+                        "node": t.node,
+                        "slurm_job_id": t.slurm_job_id,
+                        "lease": t.lease,
+                        "models": list(t.models),
+                    }
+                    for t in self.targets
+                ],
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @property
+    def version(self) -> str:
+        """A stable content hash (16 hex digits of SHA-256 of `canonical()`): equal
+        tables have equal versions, across processes and runs."""
+        return hashlib.sha256(self.canonical().encode()).hexdigest()[:16]
