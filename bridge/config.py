@@ -153,6 +153,17 @@ class TritonJobConfig(_Strict):
     model_repository: Path = Field(
         default=Path("triton_repo"), description="Triton model repository."
     )
+    key_file: Path = Field(
+        default=Path("triton-api.key"),
+        description="File holding the model-repository API key (X-Stb-Key); mode 0600.",
+    )
+    backend_directory: Path | None = Field(
+        default=None,
+        description="Triton backend directory; default: the nvidia-pytriton wheel's.",
+    )
+    log_dir: Path | None = Field(
+        default=None, description="Where Triton jobs write their output (Slurm's default if unset)."
+    )
     ready_timeout_s: float = Field(
         default=300,
         gt=0,

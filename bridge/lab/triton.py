@@ -17,9 +17,12 @@ from pathlib import Path
 
 import httpx
 
+from bridge.config import TritonJobConfig
+from bridge.daemon.launcher import triton_home, triton_job
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.paths import model_repository, triton_sbatch
+from bridge.slurm.cli import SlurmCLI
 
 TRITON_HTTP_PORT = 8000
 TRITON_GRPC_PORT = 8001
@@ -29,16 +32,6 @@ API_KEY_HEADER = "X-Stb-Key"
 
 class TritonLabError(RuntimeError):
     """Triton could not be started or did not become ready; the message says where to look."""
-
-
-def triton_home() -> Path:
-    """The tritonserver install inside the nvidia-pytriton wheel."""
-    import pytriton  # the wheel that ships the server binary
-
-    home = Path(pytriton.__file__).resolve().parent / "tritonserver"
-    if not (home / "bin" / "tritonserver").exists():
-        raise TritonLabError(f"no tritonserver binary under {home}; reinstall nvidia-pytriton")
-    return home
 
 
 def backends_dir(spec: LabSpec) -> Path:
@@ -91,6 +84,17 @@ class TritonJob:
         return f"http://{self.addr}:{TRITON_METRICS_PORT}/metrics"
 
 
+def job_config(spec: LabSpec) -> TritonJobConfig:
+    """The lab's Triton job settings (what deploy/lab/bridge.toml says for the daemon)."""
+    return TritonJobConfig(
+        sbatch_script=triton_sbatch(),
+        model_repository=model_repository(),
+        key_file=spec.triton_key_file,
+        backend_directory=backends_dir(spec),
+        log_dir=spec.log_dir,
+    )
+
+
 def submit(
     spec: LabSpec,
     *,
@@ -100,32 +104,17 @@ def submit(
     exclusive: bool = False,
     name: str = "stb-triton",
 ) -> str:
-    """sbatch the Triton job on the infer partition; returns the job id."""
-    exports = {
-        "STB_TRITON_HOME": str(triton_home()),
-        "STB_TRITON_BACKENDS": str(backends_dir(spec)),
-        "STB_MODEL_REPO": str(model_repository()),
-        "STB_TRITON_KEY_FILE": str(spec.triton_key_file),
-        "STB_MODELS": models,
-        # The Python backend's stub finds numpy through the python3 first on PATH.
-        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-    }
-    argv = [
-        "sbatch",
-        "--parsable",
-        f"--job-name={name}",
-        "--partition=infer",
-        "--account=bridge",
-        f"--output={spec.log_dir / 'triton-%j.log'}",
-        "--export=ALL," + ",".join(f"{k}={v}" for k, v in exports.items()),
-    ]
-    argv += (
-        ["--exclusive", f"--gres=gpu:{spec.gpus_per_node}"] if exclusive else [f"--gres=gpu:{gpus}"]
+    """sbatch the Triton job on the infer partition; returns the job id. `models` is
+    "*" or names separated by ','; `exclusive` takes the whole node and all its GPUs."""
+    job = triton_job(
+        job_config(spec),
+        node=node,
+        models=[] if models == "*" else [m for m in models.split(",") if m],
+        exclusive=exclusive,
+        gpus=spec.gpus_per_node if exclusive else gpus,
+        name=name,
     )
-    if node:
-        argv.append(f"--nodelist={node}")
-    argv.append(str(triton_sbatch()))
-    return slurm(spec, *argv).strip().split(";")[0]
+    return SlurmCLI(env=spec.env()).submit(job)
 
 
 def job_state(spec: LabSpec, job_id: str) -> tuple[str, str]:

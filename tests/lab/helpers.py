@@ -41,10 +41,18 @@ def sacct_records(spec: LabSpec, job_id: str, *, duplicates: bool = False) -> li
 
 
 def wait_sacct_final(spec: LabSpec, job_id: str, timeout_s: float = 30) -> dict[str, Any]:
+    """The job's final record once slurmdbd has all of it. For a job of a few seconds,
+    slurmdbd may hold the completion before the start message is merged: the record then
+    reads COMPLETED with no partition and no nodes for a moment (seen on 22.05.8)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         recs = sacct_records(spec, job_id)
-        if recs and recs[-1]["state"]["current"] not in ("RUNNING", "PENDING"):
+        if (
+            recs
+            and recs[-1]["state"]["current"] not in ("RUNNING", "PENDING")
+            and recs[-1]["partition"]
+            and recs[-1]["nodes"] not in ("", "None assigned")
+        ):
             return recs[-1]
         time.sleep(0.5)
     raise AssertionError(f"sacct has no final record of job {job_id} after {timeout_s}s")

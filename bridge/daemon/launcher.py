@@ -1,0 +1,93 @@
+"""How a Triton server becomes a Slurm job: the one place that builds its `JobSpec`
+(script, partition, account, tags, node, GPUs, the environment the script reads).
+
+Called by the reconciler (baselines and lends) and by the lab (`bridge.lab.triton`).
+Tags: every Triton job's comment holds `stb:triton`; a lent one also `stb:lease=<id>`,
+and a baseline `stb:baseline`, so the reconciler can tell whose job it sees.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bridge.config import TritonJobConfig
+from bridge.slurm.model import JobSpec
+
+TRITON_TAG = "stb:triton"
+BASELINE_TAG = "stb:baseline"
+LEASE_TAG_PREFIX = "stb:lease="
+
+
+class LauncherError(RuntimeError):
+    """The Triton installation or the key file cannot be found; the message says which."""
+
+
+def triton_home() -> Path:
+    """The tritonserver install inside the nvidia-pytriton wheel."""
+    try:
+        import pytriton
+    except ImportError as exc:
+        raise LauncherError("nvidia-pytriton is not installed: no tritonserver") from exc
+    home = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    if not (home / "bin" / "tritonserver").exists():
+        raise LauncherError(f"no tritonserver binary under {home}; reinstall nvidia-pytriton")
+    return home
+
+
+def lease_tag(lease_id: int) -> str:
+    return f"{LEASE_TAG_PREFIX}{lease_id}"
+
+
+def lease_of(tags: Sequence[str]) -> int | None:
+    """The lease id in a Triton job's tags, if any."""
+    for tag in tags:
+        if tag.startswith(LEASE_TAG_PREFIX) and tag[len(LEASE_TAG_PREFIX) :].isdigit():
+            return int(tag[len(LEASE_TAG_PREFIX) :])
+    return None
+
+
+def triton_job(
+    cfg: TritonJobConfig,
+    *,
+    node: str | None,
+    models: Sequence[str] = (),
+    lease_id: int | None = None,
+    exclusive: bool = False,
+    gpus: int = 1,
+    name: str | None = None,
+) -> JobSpec:
+    """The JobSpec of one Triton server. `models` empty: load every model. A lent node
+    is taken whole (`exclusive`, `gpus` = all of its GPUs) so sacct books all its GPUs to
+    serving and no other job lands beside it."""
+    if not cfg.key_file.exists():
+        raise LauncherError(f"the Triton API key file {cfg.key_file} does not exist")
+    home = triton_home()
+    env = {
+        "STB_TRITON_HOME": str(home),
+        "STB_TRITON_BACKENDS": str((cfg.backend_directory or home / "backends").resolve()),
+        "STB_MODEL_REPO": str(cfg.model_repository.resolve()),
+        "STB_TRITON_KEY_FILE": str(cfg.key_file.resolve()),
+        # ';' not ',' between models: sbatch's --export splits on commas
+        "STB_MODELS": ";".join(models) if models else "*",
+        # The Python backend's stub finds numpy through the python3 first on PATH.
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+    }
+    tags = [TRITON_TAG, lease_tag(lease_id) if lease_id is not None else BASELINE_TAG]
+    output = str(cfg.log_dir.resolve() / "triton-%j.log") if cfg.log_dir else None
+    return JobSpec(
+        partition=cfg.partition,
+        account=cfg.account,
+        script=str(cfg.sbatch_script.resolve()),
+        name=name
+        or (f"stb-triton-lease-{lease_id}" if lease_id is not None else "stb-triton-baseline"),
+        comment=",".join(tags),
+        nodelist=(node,) if node else (),
+        gpus_per_node=gpus,
+        exclusive=exclusive,
+        requeue=False,
+        output=output,
+        env=env,
+    )
