@@ -58,6 +58,8 @@ def triton_job(
     exclusive: bool = False,
     gpus: int = 1,
     name: str | None = None,
+    partition: str | None = None,
+    reservation: str | None = None,
 ) -> JobSpec:
     """The JobSpec of one Triton server. `models` empty: load every model. A lent node
     is taken whole (`exclusive`, `gpus` = all of its GPUs) so sacct books all its GPUs to
@@ -78,7 +80,7 @@ def triton_job(
     tags = [TRITON_TAG, lease_tag(lease_id) if lease_id is not None else BASELINE_TAG]
     output = str(cfg.log_dir.resolve() / "triton-%j.log") if cfg.log_dir else None
     return JobSpec(
-        partition=cfg.partition,
+        partition=partition or cfg.partition,
         account=cfg.account,
         script=str(cfg.sbatch_script.resolve()),
         name=name
@@ -88,6 +90,7 @@ def triton_job(
         gpus_per_node=gpus,
         exclusive=exclusive,
         requeue=False,
+        reservation=reservation,
         output=output,
         env=env,
     )

@@ -84,6 +84,9 @@ class Observer:
             m: deque(maxlen=depth) for m in config.models
         }
         self._previous: dict[str, Observation] = {}
+        #: what the last observe() read from Slurm, for the reconciler's passive sync
+        self.last_nodes: dict[str, Node] = {}
+        self.last_jobs: list[Job] = []
 
     def triton_servers(self, nodes: Mapping[str, Node], jobs: Sequence[Job]) -> list[TritonServer]:
         servers = []
@@ -147,6 +150,7 @@ class Observer:
         them to move leases forward)."""
         nodes = {n.name: n for n in self._slurm.nodes()}
         jobs = self._slurm.jobs(states=["RUNNING", "PENDING", "CONFIGURING", "COMPLETING"])
+        self.last_nodes, self.last_jobs = nodes, list(jobs)
         servers = self.triton_servers(nodes, jobs)
         self._sample(servers, now)
         lease_of = {lease.node: lease.lease_id for lease in leases}
@@ -156,6 +160,10 @@ class Observer:
             if pool is None:
                 continue
             on_node = [j for j in jobs if node.name in j.nodes]
+            # A pending Triton job asked for this node: it is on its way there.
+            triton_here = any(
+                TRITON_TAG in j.tags and node.name in (j.nodes or j.requested_nodes) for j in jobs
+            )
             work = tuple(
                 JobView(j.job_id, j.gpus, _ts(j, "start_time"), j.restarts, _ts(j, "submit_time"))
                 for j in on_node
@@ -171,7 +179,7 @@ class Observer:
                     usable,
                     node.gpus,
                     work,
-                    has_triton=any(TRITON_TAG in j.tags for j in on_node),
+                    has_triton=triton_here,
                 )
             )
         replicas = tuple(

@@ -228,7 +228,10 @@ class NginxProcess:
                 f"pid {self.control.pid_file};",
                 f"error_log {self.control.error_log} notice;",
                 "worker_shutdown_timeout 30s;",
-                "events { worker_connections 1024; }",
+                # An overloaded model queues hundreds of requests, each holding a client
+                # and an upstream connection: 1024 ran out in the lab's load step.
+                "worker_rlimit_nofile 32768;",
+                "events { worker_connections 8192; }",
                 "http {",
                 '    log_format stb \'$remote_addr [$time_iso8601] "$request" $status '
                 "$upstream_addr $request_time';",

@@ -61,6 +61,8 @@ class Job:
     restarts: int
     submit_time: datetime | None
     start_time: datetime | None
+    #: nodes the job asked for (`--nodelist`); where a pending job will run
+    requested_nodes: tuple[str, ...] = ()
 
     @property
     def tags(self) -> tuple[str, ...]:

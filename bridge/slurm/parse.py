@@ -353,6 +353,9 @@ def parse_squeue_json(text: str) -> list[Job]:
                     submit_time=timestamp(j.get("submit_time")),
                     # For a pending job squeue gives an expected start; that is not a start.
                     start_time=None if st[:1] == ["PENDING"] else timestamp(j.get("start_time")),
+                    requested_nodes=_nodes_of(
+                        _text(j.get("required_nodes")), _text(j.get("required_nodes"))
+                    ),
                 )
             )
         except (KeyError, ValueError, TypeError) as exc:

@@ -145,6 +145,7 @@ class PySlurm:
                 restarts=int(j.requeue_count or 0),
                 submit_time=_ts(j.submit_time),
                 start_time=None if str(j.state) == "PENDING" else _ts(j.start_time),
+                requested_nodes=tuple(expand(j.required_nodes or "")),
             )
             if (
                 (tag is None or tag in job.tags)

@@ -66,6 +66,7 @@ def test_recorded_squeue_with_a_pending_array() -> None:
     assert parse_job_id(array.job_id) == JobIdParts(13, (2, 3, 4), 2)
     assert jobs["14"].gpus == 2 and jobs["14"].start_time is None  # pending: no start
     assert jobs["14"].tags == ("stb:test",)
+    assert jobs["12"].requested_nodes == ("n4",) and jobs["14"].requested_nodes == ()
     triton = jobs["12"]
     assert (triton.state, triton.nodes, triton.gpus, triton.tags) == (
         "COMPLETING",
