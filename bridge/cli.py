@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from bridge.config_cli import config_app
+from bridge.daemon.cli import daemon, status
 from bridge.lab.cli import lab_app
 from bridge.load.cli import load_app
 
@@ -17,6 +18,8 @@ app = typer.Typer(
 app.add_typer(lab_app, name="lab")
 app.add_typer(load_app, name="load")
 app.add_typer(config_app, name="config")
+app.command()(daemon)
+app.command()(status)
 
 
 if __name__ == "__main__":

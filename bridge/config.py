@@ -105,8 +105,9 @@ class PolicyConfig(_Strict):
     scale_out_cooldown_s: float = Field(
         default=60,
         ge=0,
-        description="Seconds after a lend for a model before the next lend for it: a new "
-        "replica needs time to start and change the p99 before it is judged.",
+        description="Seconds after a lend's replica began serving (or after the lend, while "
+        "it starts) before the next lend for the model: Triton's p99 covers 60 s, so a new "
+        "replica shows in it only after about that long.",
     )
     scale_in_cooldown_s: float = Field(
         default=300,
@@ -184,6 +185,31 @@ class RoutingConfig(_Strict):
         description="Prometheus http_sd document of Triton and bridge metrics targets.",
     )
     listen: str = Field(default="127.0.0.1:8080", description="nginx listen address.")
+    managed_nginx_prefix: Path | None = Field(
+        default=None,
+        description="If set, the daemon runs its own nginx with every file under this "
+        "folder (the lab); else it drives the site's nginx below.",
+    )
+    nginx_main_conf: Path = Field(
+        default=Path("/etc/nginx/nginx.conf"),
+        description="The site's nginx main configuration, which includes nginx_conf.",
+    )
+    nginx_pid_file: Path = Field(
+        default=Path("/run/nginx.pid"), description="The site's nginx master pid file."
+    )
+
+
+class DaemonConfig(_Strict):
+    """The daemon process itself."""
+
+    exporter_listen: str = Field(
+        default="127.0.0.1:9108",
+        description="host:port of /metrics, /healthz and /sd (loopback by default).",
+    )
+    lock_file: Path = Field(
+        default=Path("stb-bridge.lock"),
+        description="Held (flock) while a daemon runs: two copies never act at once.",
+    )
 
 
 class BridgeConfig(BaseSettings):
@@ -220,6 +246,7 @@ class BridgeConfig(BaseSettings):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     triton: TritonJobConfig = Field(default_factory=TritonJobConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    daemon: DaemonConfig = Field(default_factory=DaemonConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> BridgeConfig:

@@ -137,6 +137,7 @@ class Observer:
                     sig.p99_ms if sig else None,
                     sig.request_rate if sig else None,
                     sig.pending if sig else None,
+                    sig.mean_latency_ms if sig else None,
                 )
             )
 

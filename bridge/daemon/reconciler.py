@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Protocol
 
 from bridge.config import BridgeConfig
 from bridge.daemon import launcher
@@ -54,8 +55,9 @@ DRAIN_DEADLINE_S = 30.0
 METRICS_PORT = 8002
 
 
-class Router:
-    """What the reconciler needs from routing (`bridge.routing.RoutingPublisher`)."""
+class Router(Protocol):
+    """What the reconciler needs from routing (`bridge.routing.RoutingPublisher`): make
+    `table` what clients reach, in effect when the call returns."""
 
     def publish(self, table: RoutingTable) -> object: ...
 
@@ -123,11 +125,12 @@ class Reconciler:
         return report
 
     def _observe(self, now: datetime) -> tuple[Snapshot, list[TritonServer]]:
+        # The scale-out cooldown runs from when a lend's replica began serving (or from
+        # the lend while it is on its way): a new replica is judged by the p99 it brings.
         for lease in self.store.open_leases():
+            anchor = lease.updated_at if lease.state == S.SERVING else lease.created_at
             for m in lease.models:
-                self.last_lend_at[m] = max(
-                    self.last_lend_at.get(m, 0.0), lease.created_at.timestamp()
-                )
+                self.last_lend_at[m] = max(self.last_lend_at.get(m, 0.0), anchor.timestamp())
         return self.observer.observe(self._lease_views(), now.timestamp(), self.last_lend_at)
 
     def _lease_views(self) -> tuple[LeaseView, ...]:

@@ -125,16 +125,16 @@ def _print_status(spec: LabSpec) -> None:
 @lab_app.command()
 def demo(
     lab_dir: DirOpt = None,
-    requests: Annotated[int, typer.Option(help="Requests per model.")] = 200,
-    concurrency: Annotated[int, typer.Option(help="Requests in flight at once.")] = 8,
-    keep: Annotated[bool, typer.Option(help="Leave the Triton job running.")] = False,
+    no_wait: Annotated[
+        bool, typer.Option(help="Do not wait for the requeued elastic job to run again.")
+    ] = False,
 ) -> None:
-    """Bring the lab up, start Triton on the inference partition, send requests, report."""
+    """The bridge at work: a load step lends a node, load falls, the node returns."""
     from bridge.lab import demo as demo_mod
 
     try:
         spec = _spec(lab_dir)
         lab_mod.up(spec, say=_say)
-        demo_mod.run(spec, console, requests=requests, concurrency=concurrency, keep=keep)
+        demo_mod.run(spec, console, wait_requeued=not no_wait)
     except RuntimeError as exc:
         raise _fail(exc) from exc

@@ -1,138 +1,133 @@
-"""The lab's main job, for now: Triton on the inference partition, real requests, and
-what Slurm and Triton say about them.
+"""`stb lab demo`, the README's main command: the bridge at work on the lab.
 
-Starts the baseline Triton job on the reserved inference node, sends requests to each
-example model through tritonclient, prints client latency beside Triton's own p99, and
-(unless asked to keep it) cancels the job and shows the GPU booking sacct made for it.
+Brings the lab up, wires the daemon's parts from `deploy/lab/bridge.toml` (lab paths
+filled in), runs the showcase scenario (`bridge.lab.showcase`) with its timeline printed
+as it happens, then prints what happened: the lease's states, what the load generator
+measured before and after the lend, the requeued elastic job running again, and the GPU
+booking Slurm's accounting made for the lent Triton server.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
-import numpy as np
-import tritonclient.http as httpclient
 from rich.console import Console
 from rich.table import Table
 
+from bridge.config import BridgeConfig, load_config
+from bridge.daemon.service import build, single_instance
 from bridge.lab import triton
+from bridge.lab.showcase import Scenario, ScenarioResult
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
-
-MODELS = ("echo", "busy")
-
-
-@dataclass(frozen=True)
-class ModelRun:
-    model: str
-    sent: int
-    errors: int
-    seconds: float
-    latencies_ms: list[float]
-
-    def quantile(self, q: float) -> float:
-        return float(np.quantile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
+from bridge.paths import project_root
 
 
-def send(url: str, model: str, requests: int, concurrency: int) -> ModelRun:
-    """Send `requests` inferences to `model` with `concurrency` in flight."""
-    data = np.arange(16, dtype=np.float32)
-    if model == "echo":
-        data = data.reshape(1, -1)
+def lab_config(spec: LabSpec) -> BridgeConfig:
+    """deploy/lab/bridge.toml with every path under this lab's directory."""
+    base = load_config(project_root() / "deploy" / "lab" / "bridge.toml")
+    lab = spec.lab_dir
+    return base.model_copy(
+        update={
+            "database_url": f"sqlite:///{lab / 'bridge.db'}",
+            "triton": triton.job_config(spec),
+            "routing": base.routing.model_copy(
+                update={
+                    "nginx_conf": lab / "routing" / "stb-upstreams.conf",
+                    "http_sd_file": lab / "routing" / "http_sd.json",
+                    "managed_nginx_prefix": lab / "nginx",
+                }
+            ),
+            "daemon": base.daemon.model_copy(update={"lock_file": lab / "run" / "bridge.lock"}),
+        }
+    )
 
-    def one(_: int) -> float | None:
-        client = httpclient.InferenceServerClient(url)
-        inp = httpclient.InferInput("INPUT0", list(data.shape), "FP32")
-        inp.set_data_from_numpy(data)
-        start = time.perf_counter()
+
+def _report_row(name: str, rep: object) -> list[str]:
+    from bridge.load.report import Report
+
+    assert isinstance(rep, Report)
+    t = rep.total
+    lat = t.latency
+    return [
+        name,
+        f"{t.sent_rate:.1f}",
+        str(t.ok),
+        str(sum(t.errors.values())),
+        str(t.dropped),
+        f"{lat.p50_ms:.0f}" if lat.p50_ms is not None else "-",
+        f"{lat.p99_ms:.0f}" if lat.p99_ms is not None else "-",
+    ]
+
+
+def run(spec: LabSpec, console: Console, *, wait_requeued: bool = True) -> ScenarioResult:
+    config = lab_config(spec)
+    with single_instance(config.daemon.lock_file):
+        bridge = build(config, slurm_env=spec.env())
         try:
-            client.infer(model, [inp])
-        except Exception:  # any failure is counted as an error and shown
-            return None
+            console.print(
+                f"[bold]bridge at work[/bold]: tick {config.tick_s:g}s, traffic "
+                f"through nginx at {config.routing.listen}, SLO busy "
+                f"{config.models['busy'].slo_p99_ms:g} ms"
+            )
+            res = Scenario(
+                spec,
+                bridge.reconciler,
+                config.routing.listen,
+                say=lambda line: console.print(line, highlight=False),
+            ).run(wait_requeued=wait_requeued)
+            lease_job = bridge.reconciler.store.get(res.lease_id or 0).slurm_job_id
         finally:
-            client.close()
-        return (time.perf_counter() - start) * 1000
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(one, range(requests)))
-    lat = [r for r in results if r is not None]
-    return ModelRun(model, requests, requests - len(lat), time.perf_counter() - start, lat)
-
-
-def triton_p99_ms(metrics_url: str, model: str) -> float | None:
-    """Triton's own p99 (summary over its sliding window) for model, in ms."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(metrics_url, timeout=5).text
-    for family in text_string_to_metric_families(text):
-        if family.name != "nv_inference_request_summary_us":
-            continue
-        for s in family.samples:
-            if s.labels.get("model") == model and s.labels.get("quantile") == "0.99":
-                return float(s.value) / 1000
-    return None
-
-
-def _sacct(spec: LabSpec, job_id: str, timeout_s: float = 20) -> dict[str, object] | None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = slurm(spec, "sacct", "-j", job_id, "--json", check=False)
-        try:
-            jobs = json.loads(out).get("jobs", [])
-        except json.JSONDecodeError:
-            jobs = []
-        if jobs and jobs[0]["state"]["current"] not in ("RUNNING", "PENDING"):
-            return dict(jobs[0])
-        time.sleep(0.5)
-    return None
-
-
-def run(spec: LabSpec, console: Console, *, requests: int, concurrency: int, keep: bool) -> None:
-    reserved = spec.pool_nodes("infer")[0].name
-    t0 = time.monotonic()
-    job_id = triton.submit(spec, node=reserved)
-    console.print(f"submitted Triton as Slurm job {job_id} on partition infer, node {reserved}")
-    job = triton.wait_ready(spec, job_id)
-    console.print(
-        f"Triton ready at {job.http_url} in {time.monotonic() - t0:.1f}s "
-        "(sbatch to /v2/health/ready)"
-    )
-
-    table = Table(title=f"{requests} requests per model, {concurrency} in flight")
-    for col in ("model", "ok", "errors", "req/s", "p50 ms", "p99 ms", "Triton p99 ms"):
+            for job in bridge.reconciler.slurm.jobs(tag="stb:triton"):
+                bridge.reconciler.slurm.cancel(job.job_id)
+            bridge.close()
+    table = Table(title="load generator (through nginx)")
+    for col in ("phase", "sent/s", "ok", "errors", "dropped", "p50 ms", "p99 ms"):
         table.add_column(col, justify="right")
-    for model in MODELS:
-        r = send(job.http_url, model, requests, concurrency)
-        tp99 = triton_p99_ms(job.metrics_url, model)
-        table.add_row(
-            model,
-            str(len(r.latencies_ms)),
-            str(r.errors),
-            f"{len(r.latencies_ms) / r.seconds:.0f}",
-            f"{r.quantile(0.5):.1f}",
-            f"{r.quantile(0.99):.1f}",
-            f"{tp99:.1f}" if tp99 is not None else "-",
-        )
+    if res.heavy:
+        table.add_row(*_report_row("load step, 70/s", res.heavy))
+    if res.light:
+        table.add_row(*_report_row("trickle during return, 4/s", res.light))
     console.print(table)
-    console.print(slurm(spec, "squeue", "-o", "%.6i %.8P %.12j %.8a %.8T %.6M %N %b").rstrip())
-    if keep:
-        console.print(f"Triton job {job_id} keeps running; `scancel {job_id}` stops it")
-        return
-    slurm(spec, "scancel", job_id)
-    rec = _sacct(spec, job_id)
-    if rec is None:
-        console.print(f"[yellow]sacct has no final record of job {job_id} yet[/yellow]")
-        return
-    tres = rec["tres"]["allocated"]  # type: ignore[index]
-    gpus = next((t["count"] for t in tres if t["type"] == "gres" and t["name"] == "gpu"), 0)
-    elapsed = int(rec["time"]["elapsed"])  # type: ignore[index]
+    console.print(f"lease {res.lease_id} on {res.lease_node}: {' -> '.join(res.lease_states)}")
     console.print(
-        f"sacct books job {job_id} ({rec['name']}, account {rec['account']}, partition "
-        f"{rec['partition']}, {rec['state']['current']}): {gpus} GPU x {elapsed}s = "  # type: ignore[index]
-        f"{gpus * elapsed / 3600:.4f} GPU-hours"
+        f"elastic job {res.victim}: requeued {res.victim_restarts}x by Slurm"
+        + (
+            ""
+            if res.victim_ran_again is None
+            else (", ran again" if res.victim_ran_again else ", not running again yet")
+        )
     )
+    console.print(
+        "training jobs "
+        + " ".join(res.training_jobs)
+        + ": "
+        + ("never touched" if res.training_untouched else "[red]disturbed[/red]")
+    )
+    if lease_job:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            out = json.loads(
+                slurm(spec, "sacct", "-j", lease_job, "--json", check=False) or "{}"
+            ).get("jobs", [])
+            if out and out[-1]["state"]["current"] not in ("RUNNING", "PENDING"):
+                rec = out[-1]
+                gpus = next(
+                    (
+                        t["count"]
+                        for t in rec["tres"]["allocated"]
+                        if t["type"] == "gres" and t["name"] == "gpu"
+                    ),
+                    0,
+                )
+                secs = int(rec["time"]["elapsed"])
+                console.print(
+                    f"sacct books the lent Triton job {lease_job} (account "
+                    f"{rec['account']}, partition {rec['partition']}): {gpus} GPUs "
+                    f"x {secs}s = {gpus * secs / 3600:.3f} GPU-hours of serving"
+                )
+                break
+            time.sleep(1)
+    console.print(f"logs: {spec.log_dir}; lab stays up (`stb lab down` stops it)")
+    return res

@@ -17,8 +17,9 @@ Rules, in order, each tick:
    preemption would requeue), never a node with a job requeued within `preempt_guard_s`.
    All such models go on that one node.
 
-Hysteresis: breach above high_watermark x SLO, calm below low_watermark x SLO with nothing
-pending; between the two nothing happens. A tick without data is neither breach nor calm,
+Hysteresis: breach above high_watermark x SLO (with the tick's mean latency above the low
+watermark: Triton's p99 window lags a minute behind), calm below low_watermark x SLO with
+nothing pending; between the two nothing happens. A tick without data is neither breach nor calm,
 so missing metrics never cause a lend or a return.
 """
 
@@ -49,8 +50,12 @@ def evaluate_model(
     high = policy.high_watermark * model.slo_p99_ms
     low = policy.low_watermark * model.slo_p99_ms
     recent = history[-policy.breach_evaluations :]
+    # Triton's p99 covers its last 60 s, so it lags: after a burst it stays high for a
+    # minute. A breach counts only while the tick's own mean latency confirms that
+    # requests are slow now (above the low watermark).
     if len(recent) == policy.breach_evaluations and all(
-        s.p99_ms is not None and s.p99_ms > high for s in recent
+        s.p99_ms is not None and s.p99_ms > high and s.mean_ms is not None and s.mean_ms > low
+        for s in recent
     ):
         return ModelStatus.BREACH
     recent = history[-policy.calm_evaluations :]

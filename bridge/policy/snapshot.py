@@ -56,6 +56,8 @@ class ModelSample:
     #: requests per second over the tick's window; None when there was no usable window
     request_rate: float | None
     pending: float | None = None
+    #: mean latency over the tick's own window (counter deltas); None without requests
+    mean_ms: float | None = None
 
 
 @dataclass(frozen=True)

@@ -9,27 +9,19 @@ unloaded, cancelled) with no failed request, and the node is back with Slurm.
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import threading
-import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from bridge.config import load_config
 from bridge.daemon.observe import Observer
-from bridge.daemon.reconciler import Reconciler, TickReport
+from bridge.daemon.reconciler import Reconciler
 from bridge.lab import triton
-from bridge.lab.slurmctl import slurm
+from bridge.lab.showcase import Scenario
 from bridge.lab.spec import LabSpec
-from bridge.leases.states import LeaseState
 from bridge.leases.store import LeaseStore, create_schema, make_engine
-from bridge.load.arrivals import poisson
-from bridge.load.report import Report, summarize
-from bridge.load.runner import RunConfig, parse_endpoint, run
 from bridge.paths import project_root
 from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxProcess
@@ -45,28 +37,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-class Load(threading.Thread):
-    """`stb load`'s runner in a thread: Poisson at `rate` for `duration` s via nginx."""
-
-    def __init__(self, endpoint: str, rate: float, duration: float, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.config = RunConfig(
-            endpoints=(parse_endpoint(endpoint),),
-            model="busy",
-            shape=(16,),
-            max_requests=20_000,
-            max_duration_s=duration,
-            concurrency_cap=2_000,
-            timeout_s=30,
-        )
-        self.schedule = poisson(rate, duration, seed)
-        self.rate = rate
-        self.report: Report | None = None
-
-    def run(self) -> None:
-        self.report = summarize(asyncio.run(run(self.schedule, self.config, target_rate=self.rate)))
 
 
 @pytest.fixture
@@ -122,129 +92,35 @@ def bridge(lab: LabSpec, tmp_path: Path) -> Iterator[tuple[Reconciler, str]]:
                 cli.delete_reservation(resv.name)
 
 
-def _tick_until(
-    rec: Reconciler, what: str, done: object, timeout_s: float, timeline: list[str], t0: float
-) -> TickReport:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        report = rec.run_once(datetime.now(UTC))
-        for line in [*report.events, *(f"error: {e}" for e in report.errors)]:
-            timeline.append(f"{time.monotonic() - t0:6.1f}s {line}")
-        if callable(done) and done():
-            return report
-        assert time.monotonic() < deadline, f"{what} within {timeout_s}s:\n" + "\n".join(timeline)
-        time.sleep(TICK_S)
-
-
 def test_load_step_lends_the_elastic_node_and_returns_it_without_a_failed_request(
     lab: LabSpec, bridge: tuple[Reconciler, str]
 ) -> None:
     rec, endpoint = bridge
-    elastic = lab.pool_nodes("elastic")[0].name
-    victim = slurm(
-        lab,
-        "sbatch",
-        "--parsable",
-        "-p",
-        "elastic",
-        "-A",
-        "team-nlp",
-        "--exclusive",
-        f"--gres=gpu:{lab.gpus_per_node}",
-        "--requeue",
-        "-o",
-        "/dev/null",
-        "--wrap",
-        "sleep 900",
-    ).strip()
-    # Training runs on every training node, so the elastic node is the cheapest to take.
-    training = [
-        slurm(
-            lab,
-            "sbatch",
-            "--parsable",
-            "-p",
-            "train",
-            "-A",
-            "team-vision",
-            "-w",
-            n.name,
-            f"--gres=gpu:{lab.gpus_per_node}",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 900",
-        ).strip()
-        for n in lab.pool_nodes("train")
+    res = Scenario(lab, rec, endpoint).run(wait_requeued=False)
+    assert res.heavy is not None and res.light is not None
+    print(
+        f"heavy: {res.heavy.total.ok} ok, p99 {res.heavy.total.latency.p99_ms} ms; "
+        f"light: {res.light.total.ok} ok"
+    )
+    assert res.lease_node == lab.pool_nodes("elastic")[0].name
+    assert res.lease_states == [
+        "requested",
+        "submitted",
+        "starting",
+        "serving",
+        "draining",
+        "releasing",
+        "returned",
     ]
-    timeline: list[str] = []
-    t0 = time.monotonic()
-    store = rec.store
-    try:
-        # 1. The baseline on the reserved node, started by the reconciler, in routing.
-        _tick_until(
-            rec,
-            "baseline serving",
-            lambda: any(
-                s.ready
-                for s in rec.observer.triton_servers(
-                    rec.observer.last_nodes, rec.observer.last_jobs
-                )
-            ),
-            90,
-            timeline,
-            t0,
-        )
-        # 2. A load step above one replica's capacity (busy: 50/s): p99 breaches.
-        heavy = Load(endpoint, rate=70, duration=70, seed=11)
-        heavy.start()
-        _tick_until(
-            rec,
-            "a lease serving",
-            lambda: any(lease.state == LeaseState.SERVING for lease in store.open_leases()),
-            100,
-            timeline,
-            t0,
-        )
-        (lease,) = store.open_leases()
-        assert (lease.node, lease.pool, lease.models) == (elastic, "elastic", ["busy"])
-        restarts = slurm(lab, "scontrol", "show", "job", victim)
-        assert "Restarts=1" in restarts  # Slurm requeued the elastic job
-        heavy.join(timeout=120)
-        assert heavy.report is not None
-        # 3. Load falls to a trickle: the lease is returned with no failed request.
-        light = Load(endpoint, rate=4, duration=60, seed=12)
-        light.start()
-        _tick_until(rec, "the lease returned", lambda: not store.open_leases(), 90, timeline, t0)
-        light.join(timeout=120)
-        assert light.report is not None
-        states = [e.to_state for e in store.history(lease.id or 0)]
-        print("\n".join(timeline))
-        print(
-            f"heavy: {heavy.report.total.ok} ok, {heavy.report.total.errors} errors, p99 "
-            f"{heavy.report.total.latency.p99_ms} ms; light: {light.report.total.ok} ok, "
-            f"errors {light.report.total.errors}"
-        )
-        assert [s.value for s in states] == [
-            "requested",
-            "submitted",
-            "starting",
-            "serving",
-            "draining",
-            "releasing",
-            "returned",
-        ]
-        assert light.report.total.errors == {} and light.report.total.dropped == 0
-        assert heavy.report.total.errors == {}
-        # The node is back with Slurm: no fence, no Triton job left on it.
-        assert not [r for r in rec.slurm.reservations() if r.name.startswith("stb-lease-")]
-        assert not [
-            j
-            for j in rec.slurm.jobs(tag="stb:triton")
-            if elastic in j.nodes and j.state == "RUNNING"
-        ]
-        # No training job was touched.
-        for job_id in training:
-            assert "JobState=RUNNING" in slurm(lab, "scontrol", "show", "job", job_id)
-    finally:
-        slurm(lab, "scancel", victim, *training, check=False)
+    assert res.victim_restarts == 1  # Slurm requeued the elastic job
+    assert res.training_untouched  # no training job killed or requeued
+    # No request failed, during the load step or during the return.
+    assert res.heavy.total.errors == {} and res.heavy.total.dropped == 0
+    assert res.light.total.errors == {} and res.light.total.dropped == 0
+    # The node is back with Slurm: no fence, no Triton job left on it.
+    assert not [r for r in rec.slurm.reservations() if r.name.startswith("stb-lease-")]
+    assert not [
+        j
+        for j in rec.slurm.jobs(tag="stb:triton")
+        if res.lease_node in j.nodes and j.state == "RUNNING"
+    ]

@@ -50,11 +50,23 @@ BASELINE = ReplicaView("n4", ("busy", "echo"))
 
 
 def samples(
-    *p99s: float | None, rate: float | None = 10.0, end: float = T0, pending: float = 0.0
+    *p99s: float | None,
+    rate: float | None = 10.0,
+    end: float = T0,
+    pending: float = 0.0,
+    mean: float | None = None,
 ) -> tuple[ModelSample, ...]:
+    """Samples one tick apart; the tick mean is `mean`, or by default half the p99."""
     n = len(p99s)
     return tuple(
-        ModelSample(end - (n - 1 - i) * TICK, p, rate, pending) for i, p in enumerate(p99s)
+        ModelSample(
+            end - (n - 1 - i) * TICK,
+            p,
+            rate,
+            pending,
+            mean if mean is not None else (p / 2 if p is not None else None),
+        )
+        for i, p in enumerate(p99s)
     )
 
 
@@ -101,6 +113,13 @@ def test_breach_must_be_consecutive() -> None:
     assert decide(snap(busy=samples(150, 90, 170)), CONFIG, T0) == []
     assert decide(snap(busy=samples(150, 170)), CONFIG, T0) == []  # too few samples
     assert decide(snap(busy=samples(150, None, 170)), CONFIG, T0) == []  # no data breaks it
+
+
+def test_a_lagging_p99_without_slow_requests_now_is_no_breach() -> None:
+    """After a burst Triton's 60 s p99 stays high while requests are fast again."""
+    assert decide(snap(busy=samples(900, 850, 800, mean=25)), CONFIG, T0) == []
+    (a,) = decide(snap(busy=samples(900, 850, 800, mean=300)), CONFIG, T0)
+    assert isinstance(a, Lend)
 
 
 def test_no_data_is_never_a_breach_nor_calm() -> None:
@@ -218,7 +237,7 @@ def test_flapping_load_never_lends_or_returns() -> None:
     for i in range(120):
         now = T0 + i * TICK
         p99 = 180.0 if i % 2 else 40.0
-        history = (*history, ModelSample(now, p99, 20.0, 0.0))[-10:]
+        history = (*history, ModelSample(now, p99, 20.0, 0.0, p99 / 2))[-10:]
         assert decide(snap(busy=history, leases=(lent,)), CONFIG, now) == [], i
 
 

@@ -1,0 +1,169 @@
+"""`stb daemon` and `stb status`: run the bridge, and show what it holds.
+
+`status` reads the lease store, asks Slurm for the pools, and reads the running daemon's
+own view of each model's p99 from its exporter; `--json` prints the same as one document.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+from rich.table import Table
+
+from bridge.config import BridgeConfig, ConfigError, load_config
+from bridge.daemon.observe import pool_of
+from bridge.daemon.service import DaemonError, run_daemon
+from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.slurm.errors import SlurmError
+from bridge.slurm.select import open_backend
+
+console = Console()
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Bridge TOML file.")]
+
+
+def _config(path: Path | None) -> BridgeConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(code=1) from exc
+
+
+def daemon(config: ConfigOpt = None) -> None:
+    """Run the bridge: observe, decide, act every tick, until SIGTERM."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("apscheduler", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        run_daemon(_config(config))
+    except DaemonError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(code=1) from exc
+
+
+def _model_p99(exporter: str) -> dict[str, float] | None:
+    try:
+        text = httpx.get(f"http://{exporter}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return None
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "stb_model_p99_ms" and s.value == s.value:  # not NaN
+                out[s.labels["model"]] = float(s.value)
+    return out
+
+
+def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
+    """The status document."""
+    engine = make_engine(cfg.database_url)
+    create_schema(engine)
+    store = LeaseStore(engine)
+    leases = [
+        {
+            "id": lease.id,
+            "node": lease.node,
+            "pool": lease.pool,
+            "mode": lease.lend_mode.value,
+            "state": lease.state.value,
+            "models": lease.models,
+            "job": lease.slurm_job_id,
+            "age_s": round((now - lease.created_at).total_seconds()),
+            "in_state_s": round((now - lease.updated_at).total_seconds()),
+            "reason": lease.reason,
+        }
+        for lease in store.open_leases()
+    ]
+    pools: dict[str, dict[str, Any]] = {
+        name: {"partition": p.partition, "mode": p.lend_mode, "nodes": [], "lent": []}
+        for name, p in cfg.pools.items()
+    }
+    error = None
+    try:
+        lent = {lease["node"] for lease in leases}
+        for node in open_backend().nodes():
+            pool = pool_of(node, cfg)
+            if pool:
+                pools[pool]["nodes"].append(f"{node.name}:{node.state}")
+                if node.name in lent:
+                    pools[pool]["lent"].append(node.name)
+    except SlurmError as exc:
+        error = str(exc)
+    p99 = _model_p99(cfg.daemon.exporter_listen)
+    models = {
+        name: {
+            "slo_p99_ms": m.slo_p99_ms,
+            "p99_ms": (p99 or {}).get(name),
+            "replicas": [m.min_replicas, m.max_replicas],
+        }
+        for name, m in cfg.models.items()
+    }
+    return {
+        "at": now.isoformat(),
+        "pools": pools,
+        "leases": leases,
+        "models": models,
+        "daemon_reachable": p99 is not None,
+        "slurm_error": error,
+    }
+
+
+def status(
+    config: ConfigOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document.")] = False,
+) -> None:
+    """Pools, lent nodes, leases with state and age, per-model p99 against SLO."""
+    doc = collect(_config(config), datetime.now(UTC))
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return
+    pools = Table(title="pools")
+    for col in ("pool", "partition", "mode", "nodes", "lent"):
+        pools.add_column(col)
+    for name, p in doc["pools"].items():
+        pools.add_row(
+            name, p["partition"], p["mode"], " ".join(p["nodes"]), " ".join(p["lent"]) or "-"
+        )
+    console.print(pools)
+    leases = Table(title="open leases")
+    for col in ("id", "node", "pool", "state", "models", "job", "age", "in state", "reason"):
+        leases.add_column(col)
+    for lease in doc["leases"]:
+        leases.add_row(
+            str(lease["id"]),
+            lease["node"],
+            lease["pool"],
+            lease["state"],
+            ",".join(lease["models"]),
+            lease["job"] or "-",
+            f"{lease['age_s']}s",
+            f"{lease['in_state_s']}s",
+            lease["reason"],
+        )
+    console.print(leases)
+    models = Table(
+        title="models" + ("" if doc["daemon_reachable"] else " (daemon not reachable: no p99)")
+    )
+    for col in ("model", "p99 ms", "SLO ms", "replicas min-max"):
+        models.add_column(col)
+    for name, m in doc["models"].items():
+        p99 = m["p99_ms"]
+        shown = (
+            "-"
+            if p99 is None
+            else (f"[red]{p99:.0f}[/red]" if p99 > m["slo_p99_ms"] else f"{p99:.0f}")
+        )
+        models.add_row(
+            name, shown, f"{m['slo_p99_ms']:g}", f"{m['replicas'][0]}-{m['replicas'][1]}"
+        )
+    console.print(models)
+    if doc["slurm_error"]:
+        console.print(f"[yellow]Slurm: {doc['slurm_error']}[/yellow]")

@@ -1,0 +1,171 @@
+"""Wiring and running the daemon: builds the adapters, the lease store, routing and the
+exporter from a `BridgeConfig`, holds the single-instance lock, and runs
+`Reconciler.run_once` every `tick_s` with APScheduler (one pass at a time; a late pass is
+coalesced, never stacked). Called by `stb daemon`; `build()` also serves the operator
+commands and tests.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import FrameType
+from typing import IO
+
+from apscheduler.schedulers.blocking import BlockingScheduler
+
+from bridge.config import BridgeConfig
+from bridge.daemon.exporter import BridgeMetrics, ExporterServer
+from bridge.daemon.observe import Observer
+from bridge.daemon.reconciler import Reconciler
+from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.routing import nginx
+from bridge.routing.nginxctl import NginxControl, NginxProcess
+from bridge.routing.publisher import RoutingPublisher
+from bridge.slurm.select import open_backend
+from bridge.triton.client import TritonHttpClient
+
+log = logging.getLogger(__name__)
+
+
+class DaemonError(RuntimeError):
+    """The daemon cannot start; the message says why."""
+
+
+@dataclass
+class Bridge:
+    config: BridgeConfig
+    reconciler: Reconciler
+    metrics: BridgeMetrics
+    publisher: RoutingPublisher | None
+    nginx: NginxProcess | None
+    clients: dict[str, TritonHttpClient]
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+        if self.nginx is not None:
+            self.nginx.stop()
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise DaemonError(f"not a host:port: {text!r}")
+    return host, int(port)
+
+
+def build(
+    config: BridgeConfig,
+    *,
+    with_routing: bool = True,
+    slurm_env: Mapping[str, str] | None = None,
+) -> Bridge:
+    """Every part of the daemon, wired; `slurm_env` is added to Slurm commands' env."""
+    key_file = config.triton.key_file
+    if not key_file.exists():
+        raise DaemonError(f"triton.key_file {key_file} does not exist")
+    api_key = key_file.read_text().strip()
+    clients: dict[str, TritonHttpClient] = {}
+
+    def triton_for(address: str) -> TritonHttpClient:
+        if address not in clients:
+            clients[address] = TritonHttpClient(address, api_key=api_key, timeout_s=10)
+        return clients[address]
+
+    engine = make_engine(config.database_url)
+    create_schema(engine)
+    store = LeaseStore(engine)
+    slurm = open_backend(env=slurm_env)
+    metrics = BridgeMetrics()
+    publisher = proc = None
+    if with_routing:
+        r = config.routing
+        if r.managed_nginx_prefix is not None:
+            proc = NginxProcess(r.managed_nginx_prefix, routing_conf=r.nginx_conf)
+            proc.start()
+            control = proc.control
+        else:
+            control = NginxControl(main_conf=r.nginx_main_conf, pid_file=r.nginx_pid_file)
+        publisher = RoutingPublisher(
+            proc.routing_conf if proc else r.nginx_conf,
+            r.http_sd_file,
+            control,
+            settings=nginx.NginxSettings(listen=r.listen),
+            bridge_metrics=config.daemon.exporter_listen,
+        )
+    reconciler = Reconciler(
+        config, slurm, store, Observer(slurm, config, triton_for), triton_for, publisher, metrics
+    )
+    return Bridge(config, reconciler, metrics, publisher, proc, clients)
+
+
+@contextmanager
+def single_instance(path: os.PathLike[str]) -> Iterator[IO[str]]:
+    """Hold an exclusive flock on `path` for the daemon's life (kopf's peering, simply)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    handle = open(path, "a+")  # noqa: SIM115 - held for the whole run
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        handle.close()
+        raise DaemonError(f"another bridge daemon holds {path}") from exc
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield handle
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def run_daemon(config: BridgeConfig) -> None:
+    """Run until SIGTERM or SIGINT."""
+    with single_instance(config.daemon.lock_file):
+        bridge = build(config)
+        host, port = _host_port(config.daemon.exporter_listen)
+        sd = bridge.publisher.document if bridge.publisher else None
+        exporter = ExporterServer(bridge.metrics, (host, port), config.tick_s, sd).start()
+        scheduler = BlockingScheduler(timezone=UTC)
+
+        def tick() -> None:
+            try:
+                report = bridge.reconciler.run_once(datetime.now(UTC))
+            except Exception as exc:  # the loop never dies; the failure is counted
+                bridge.metrics.tick_errors.labels(type(exc).__name__).inc()
+                log.exception("tick failed")
+                return
+            for line in [*report.events, *(f"error: {e}" for e in report.errors)]:
+                log.info("%s", line)
+
+        scheduler.add_job(
+            tick,
+            "interval",
+            seconds=config.tick_s,
+            max_instances=1,
+            coalesce=True,
+            next_run_time=datetime.now(UTC),
+            id="tick",
+        )
+
+        def stop(signum: int, frame: FrameType | None) -> None:
+            scheduler.shutdown(wait=False)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        log.info(
+            "bridge daemon: tick %ss, metrics on %s", config.tick_s, config.daemon.exporter_listen
+        )
+        try:
+            scheduler.start()
+        finally:
+            exporter.stop()
+            bridge.close()

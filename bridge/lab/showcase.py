@@ -1,0 +1,182 @@
+"""The bridge at work on the lab, as one scenario: the README's main command
+(`stb lab demo`) and the end-to-end test both run it.
+
+Training runs on every training node and an elastic job on the elastic node. A load step
+on `busy` (through nginx) makes p99 breach; the reconciler lends the elastic node (Slurm
+requeues the elastic job), Triton starts there and enters routing, p99 recovers; load
+falls to a trickle, the lease is returned with no failed request, and (if asked) the
+requeued elastic job runs again. Every step goes on a timeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from bridge.daemon.reconciler import Reconciler
+from bridge.lab.slurmctl import slurm
+from bridge.lab.spec import LabSpec
+from bridge.leases.states import LeaseState
+from bridge.load.arrivals import poisson
+from bridge.load.report import Report, summarize
+from bridge.load.runner import RunConfig, parse_endpoint, run
+
+TICK_S = 2.0
+
+
+class ScenarioError(RuntimeError):
+    """A step did not happen in time; the message carries the timeline so far."""
+
+
+class Load(threading.Thread):
+    """The load generator's runner in a thread: Poisson at `rate` for `duration` s."""
+
+    def __init__(self, endpoint: str, rate: float, duration: float, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.config = RunConfig(
+            endpoints=(parse_endpoint(endpoint),),
+            model="busy",
+            shape=(16,),
+            max_requests=20_000,
+            max_duration_s=duration,
+            concurrency_cap=2_000,
+            timeout_s=60,
+        )
+        self.schedule = poisson(rate, duration, seed)
+        self.rate = rate
+        self.report: Report | None = None
+
+    def run(self) -> None:
+        self.report = summarize(asyncio.run(run(self.schedule, self.config, target_rate=self.rate)))
+
+
+@dataclass
+class ScenarioResult:
+    timeline: list[str] = field(default_factory=list)
+    lease_id: int | None = None
+    lease_node: str = ""
+    lease_states: list[str] = field(default_factory=list)
+    heavy: Report | None = None
+    light: Report | None = None
+    victim: str = ""
+    victim_restarts: int = 0
+    victim_ran_again: bool | None = None
+    training_jobs: list[str] = field(default_factory=list)
+    training_untouched: bool = False
+
+
+class Scenario:
+    def __init__(
+        self, lab: LabSpec, rec: Reconciler, endpoint: str, say: Callable[[str], None] = print
+    ) -> None:
+        self.lab, self.rec, self.endpoint, self.say = lab, rec, endpoint, say
+        self.result = ScenarioResult()
+        self.t0 = time.monotonic()
+
+    def note(self, line: str) -> None:
+        entry = f"{time.monotonic() - self.t0:6.1f}s  {line}"
+        self.result.timeline.append(entry)
+        self.say(entry)
+
+    def tick_until(self, what: str, done: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            report = self.rec.run_once(datetime.now(UTC))
+            for line in report.events:
+                self.note(line)
+            for line in report.errors:
+                self.note(f"error: {line}")
+            if done():
+                return
+            if time.monotonic() > deadline:
+                raise ScenarioError(
+                    f"{what} did not happen within {timeout_s:.0f}s:\n"
+                    + "\n".join(self.result.timeline)
+                )
+            time.sleep(TICK_S)
+
+    def _sbatch(self, *args: str) -> str:
+        return slurm(self.lab, "sbatch", "--parsable", "-o", "/dev/null", *args).strip()
+
+    def run(self, wait_requeued: bool = False) -> ScenarioResult:
+        lab, res, store = self.lab, self.result, self.rec.store
+        gpus = f"--gres=gpu:{lab.gpus_per_node}"
+        res.training_jobs = [
+            self._sbatch(
+                "-p", "train", "-A", "team-vision", "-w", n.name, gpus, "--wrap", "sleep 1800"
+            )
+            for n in lab.pool_nodes("train")
+        ]
+        res.victim = self._sbatch(
+            "-p",
+            "elastic",
+            "-A",
+            "team-nlp",
+            "--exclusive",
+            gpus,
+            "--requeue",
+            "--wrap",
+            "sleep 1800",
+        )
+        self.note(
+            f"training jobs {' '.join(res.training_jobs)} on "
+            f"{' '.join(n.name for n in lab.pool_nodes('train'))}; elastic job "
+            f"{res.victim} on {lab.pool_nodes('elastic')[0].name}"
+        )
+        try:
+            obs = self.rec.observer
+            self.tick_until(
+                "the baseline Triton serving",
+                lambda: any(s.ready for s in obs.triton_servers(obs.last_nodes, obs.last_jobs)),
+                120,
+            )
+            self.note(
+                "baseline Triton ready; load step: busy at 70 req/s through nginx "
+                "(one replica serves 50/s)"
+            )
+            heavy = Load(self.endpoint, rate=70, duration=70, seed=11)
+            heavy.start()
+            self.tick_until(
+                "a lease serving",
+                lambda: any(lease.state == LeaseState.SERVING for lease in store.open_leases()),
+                150,
+            )
+            lease = store.open_leases()[0]  # the first lend; more may follow under load
+            res.lease_id, res.lease_node = lease.id, lease.node
+            heavy.join(timeout=180)
+            res.heavy = heavy.report
+            self.note("load falls to 4 req/s")
+            light = Load(self.endpoint, rate=4, duration=60, seed=12)
+            light.start()
+            self.tick_until("every lease returned", lambda: not store.open_leases(), 200)
+            light.join(timeout=120)
+            res.light = light.report
+            res.lease_states = [e.to_state.value for e in store.history(lease.id or 0)]
+            fields = slurm(lab, "scontrol", "show", "job", res.victim)
+            res.victim_restarts = int(fields.split("Restarts=")[1].split()[0])
+            res.training_untouched = all(
+                "JobState=RUNNING" in slurm(lab, "scontrol", "show", "job", j)
+                and "Restarts=0" in slurm(lab, "scontrol", "show", "job", j)
+                for j in res.training_jobs
+            )
+            if wait_requeued:
+                self.note(
+                    f"waiting for the requeued elastic job {res.victim} to run again "
+                    "(Slurm holds a requeued job about two minutes)"
+                )
+                deadline = time.monotonic() + 240
+                while time.monotonic() < deadline:
+                    if "JobState=RUNNING" in slurm(lab, "scontrol", "show", "job", res.victim):
+                        res.victim_ran_again = True
+                        self.note(f"elastic job {res.victim} runs again")
+                        break
+                    time.sleep(3)
+                else:
+                    res.victim_ran_again = False
+        finally:
+            slurm(lab, "scancel", res.victim, *res.training_jobs, check=False)
+        return res
