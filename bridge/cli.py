@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from bridge.config_cli import config_app
-from bridge.daemon.cli import daemon, status
+from bridge.daemon.cli import daemon, lend, return_, status
 from bridge.lab.cli import lab_app
 from bridge.load.cli import load_app
 
@@ -20,6 +20,8 @@ app.add_typer(load_app, name="load")
 app.add_typer(config_app, name="config")
 app.command()(daemon)
 app.command()(status)
+app.command()(lend)
+app.command("return")(return_)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ own view of each model's p99 from its exporter; `--json` prints the same as one 
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,6 +23,8 @@ from rich.table import Table
 from bridge.config import BridgeConfig, ConfigError, load_config
 from bridge.daemon.observe import pool_of
 from bridge.daemon.service import DaemonError, run_daemon
+from bridge.leases.errors import LeaseError
+from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.select import open_backend
@@ -167,3 +171,80 @@ def status(
     console.print(models)
     if doc["slurm_error"]:
         console.print(f"[yellow]Slurm: {doc['slurm_error']}[/yellow]")
+
+
+def _queue(cfg: BridgeConfig) -> tuple[RequestQueue, LeaseStore]:
+    engine = make_engine(cfg.database_url)
+    create_schema(engine)
+    return RequestQueue(engine), LeaseStore(engine)
+
+
+def _wait(queue: RequestQueue, request_id: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        req = queue.get(request_id)
+        if req is not None and req.done_at is not None:
+            bad = req.outcome.startswith(("refused", "failed"))
+            console.print(
+                ("[red]" if bad else "[green]") + req.outcome + ("[/red]" if bad else "[/green]")
+            )
+            if bad:
+                raise typer.Exit(code=1)
+            return
+        time.sleep(0.5)
+    console.print(
+        f"[yellow]request {request_id} not taken within {timeout_s:g}s: is the "
+        "daemon running?[/yellow]"
+    )
+    raise typer.Exit(code=2)
+
+
+WaitOpt = Annotated[float, typer.Option(help="Seconds to wait for the daemon (0: don't).")]
+
+
+def lend(
+    node: Annotated[str, typer.Argument(help="Slurm node to lend to Triton.")],
+    models: Annotated[
+        str,
+        typer.Option(help="Models to place, comma-separated (default: every configured model)."),
+    ] = "",
+    config: ConfigOpt = None,
+    wait: WaitOpt = 30,
+) -> None:
+    """Ask the running daemon to lend NODE (through the lease state machine)."""
+    cfg = _config(config)
+    names = [m for m in models.split(",") if m]
+    unknown = sorted(set(names) - set(cfg.models))
+    if unknown:
+        console.print(
+            f"[red]error:[/red] unknown models {', '.join(unknown)}; configured: "
+            f"{', '.join(cfg.models)}"
+        )
+        raise typer.Exit(code=1)
+    queue, _ = _queue(cfg)
+    req = queue.request_lend(node, names, datetime.now(UTC), requested_by=getpass.getuser())
+    console.print(f"request {req.id}: lend {node}")
+    if wait > 0 and req.id is not None:
+        _wait(queue, req.id, wait)
+
+
+def return_(
+    lease: Annotated[int, typer.Argument(help="Lease id (see `stb status`).")],
+    config: ConfigOpt = None,
+    wait: WaitOpt = 30,
+) -> None:
+    """Ask the running daemon to return LEASE: out of routing, drained, given back."""
+    cfg = _config(config)
+    queue, store = _queue(cfg)
+    try:
+        state = store.get(lease).state.value
+    except LeaseError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(code=1) from exc
+    if state == "returned":
+        console.print(f"[red]error:[/red] lease {lease} is already returned")
+        raise typer.Exit(code=1)
+    req = queue.request_return(lease, datetime.now(UTC), requested_by=getpass.getuser())
+    console.print(f"request {req.id}: return lease {lease} (now {state})")
+    if wait > 0 and req.id is not None:
+        _wait(queue, req.id, wait)

@@ -30,9 +30,10 @@ from typing import Protocol
 from bridge.config import BridgeConfig
 from bridge.daemon import launcher
 from bridge.daemon.exporter import BridgeMetrics
-from bridge.daemon.observe import Observer, TritonServer
+from bridge.daemon.observe import Observer, TritonServer, pool_of
 from bridge.leases.errors import LeaseError
 from bridge.leases.models import Lease, LendMode
+from bridge.leases.requests import RequestQueue
 from bridge.leases.states import LeaseState
 from bridge.leases.store import LeaseStore
 from bridge.policy import Action, Lend, Return, StartBaseline, decide
@@ -90,6 +91,7 @@ class Reconciler:
         triton_for: Callable[[str], TritonInstance],
         router: Router | None = None,
         metrics: BridgeMetrics | None = None,
+        requests: RequestQueue | None = None,
     ) -> None:
         self.config = config
         self.slurm = slurm
@@ -98,6 +100,7 @@ class Reconciler:
         self.triton_for = triton_for
         self.router = router
         self.metrics = metrics or BridgeMetrics()
+        self.requests = requests
         self.last_lend_at: dict[str, float] = {}
 
     # ---- the pass ------------------------------------------------------------------
@@ -108,6 +111,7 @@ class Reconciler:
         started = time.monotonic()
         snapshot, servers = self._observe(now)
         self._sync(now, servers, report)
+        self._operator_requests(now, servers, report)
         snapshot = replace(snapshot, leases=self._lease_views())
         report.actions = decide(snapshot, self.config, now.timestamp())
         for action in report.actions:
@@ -371,6 +375,53 @@ class Reconciler:
                 self.slurm.resume(node.name)
                 report.events.append(f"resumed {node.name}: bridge drain with no lease")
 
+    # ---- operator requests --------------------------------------------------------
+
+    def _operator_requests(
+        self, now: datetime, servers: Sequence[TritonServer], report: TickReport
+    ) -> None:
+        """Carry out `stb lend` / `stb return` requests through the same state machine."""
+        if self.requests is None:
+            return
+        for req in self.requests.pending():
+            assert req.id is not None
+            try:
+                if req.kind == "lend" and req.node:
+                    outcome = self._operator_lend(req.node, req.models, now, report)
+                elif req.kind == "return" and req.lease_id is not None:
+                    lease = self.store.get(req.lease_id)
+                    if lease.state == S.RETURNED:
+                        outcome = f"refused: lease {req.lease_id} is already returned"
+                    else:
+                        self._return(Return(req.lease_id, "operator"), now, servers, report)
+                        outcome = f"lease {req.lease_id} returning"
+                else:
+                    outcome = f"refused: malformed {req.kind!r} request"
+            except (SlurmError, TritonError, LeaseError, RoutingError) as exc:
+                outcome = f"failed: {exc}"
+            self.requests.finish(req.id, now, outcome)
+            report.events.append(f"operator request {req.id} ({req.kind}): {outcome}")
+
+    def _operator_lend(
+        self, node: str, models: Sequence[str], now: datetime, report: TickReport
+    ) -> str:
+        known = self.observer.last_nodes.get(node)
+        if known is None:
+            return f"refused: Slurm has no node {node!r}"
+        pool = pool_of(known, self.config)
+        if pool is None or self.config.pools[pool].lend_mode not in ("preempt", "drain"):
+            return f"refused: {node} is in no lendable pool (pool {pool})"
+        if any(lease.node == node for lease in self.store.open_leases()):
+            return f"refused: {node} is already lent"
+        unknown = sorted(set(models) - set(self.config.models))
+        if unknown:
+            return f"refused: unknown models {', '.join(unknown)}"
+        chosen = tuple(models) or tuple(self.config.models)
+        mode = self.config.pools[pool].lend_mode
+        self._lend(Lend(node, pool, mode, chosen, "operator"), now, report)
+        lease = self.store.by_node(node, open_only=True)
+        return f"lease {lease[-1].id if lease else '?'} lending {node}"
+
     # ---- act ----------------------------------------------------------------------
 
     def _act(
@@ -392,15 +443,6 @@ class Reconciler:
             report.errors.append(f"{action.key}: {exc}")
             log.warning("%s: %s", action.key, exc)
 
-    def lend(
-        self, node: str, pool: str, models: Sequence[str], now: datetime, reason: str = "operator"
-    ) -> TickReport:
-        """An operator's lend (`stb lend`), through the same state machine."""
-        report = TickReport(now)
-        mode = self.config.pools[pool].lend_mode
-        self._lend(Lend(node, pool, mode, tuple(models), reason), now, report)
-        return report
-
     def _lend(self, action: Lend, now: datetime, report: TickReport) -> None:
         lease = self.store.create(
             action.node,
@@ -420,12 +462,6 @@ class Reconciler:
         for m in action.models:
             self.last_lend_at[m] = now.timestamp()
         self._submit(lease, now, report)
-
-    def return_lease(self, lease_id: int, now: datetime, reason: str = "operator") -> TickReport:
-        """An operator's return (`stb return`), through the same state machine."""
-        report = TickReport(now)
-        self._return(Return(lease_id, reason), now, [], report)
-        return report
 
     def _return(
         self, action: Return, now: datetime, servers: Sequence[TritonServer], report: TickReport

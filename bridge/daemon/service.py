@@ -24,6 +24,7 @@ from bridge.config import BridgeConfig
 from bridge.daemon.exporter import BridgeMetrics, ExporterServer
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
+from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxControl, NginxProcess
@@ -101,7 +102,14 @@ def build(
             bridge_metrics=config.daemon.exporter_listen,
         )
     reconciler = Reconciler(
-        config, slurm, store, Observer(slurm, config, triton_for), triton_for, publisher, metrics
+        config,
+        slurm,
+        store,
+        Observer(slurm, config, triton_for),
+        triton_for,
+        publisher,
+        metrics,
+        RequestQueue(engine),
     )
     return Bridge(config, reconciler, metrics, publisher, proc, clients)
 

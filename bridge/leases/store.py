@@ -51,9 +51,12 @@ _SETTABLE = frozenset(LeaseFields.__annotations__)
 
 
 def create_schema(engine: Engine) -> None:
-    """Create the lease tables and their indexes if missing (no migrations yet: Alembic
-    arrives with the ledger)."""
-    tables = [SQLModel.metadata.tables[name] for name in ("lease", "lease_event")]
+    """Create the lease tables, the operator requests and their indexes if missing (no
+    migrations yet: Alembic arrives with the ledger)."""
+    from bridge.leases import requests  # noqa: F401 - registers the operator_request table
+
+    names = ("lease", "lease_event", "operator_request")
+    tables = [SQLModel.metadata.tables[name] for name in names]
     SQLModel.metadata.create_all(engine, tables=tables)
 
 

@@ -1,0 +1,88 @@
+"""Fixtures of the lab tests that need the bridge's parts wired together."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bridge.config import load_config
+from bridge.daemon.observe import Observer
+from bridge.daemon.reconciler import Reconciler
+from bridge.lab import triton
+from bridge.lab.spec import LabSpec
+from bridge.leases.requests import RequestQueue
+from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.paths import project_root
+from bridge.routing import nginx
+from bridge.routing.nginxctl import NginxProcess
+from bridge.routing.publisher import RoutingPublisher
+from bridge.slurm.cli import SlurmCLI
+from bridge.triton.client import TritonHttpClient
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def bridge(lab: LabSpec, tmp_path: Path) -> Iterator[tuple[Reconciler, str]]:
+    base = load_config(project_root() / "deploy" / "lab" / "bridge.toml")
+    port = _free_port()
+    config = base.model_copy(
+        update={
+            "database_url": f"sqlite:///{tmp_path / 'bridge.db'}",
+            "triton": triton.job_config(lab),
+            "policy": base.policy.model_copy(
+                update={
+                    "breach_evaluations": 2,
+                    "calm_evaluations": 3,
+                    "scale_out_cooldown_s": 0,
+                    "scale_in_cooldown_s": 6,
+                    "max_lent_nodes": 1,
+                }
+            ),
+        }
+    )
+    engine = make_engine(config.database_url)
+    create_schema(engine)
+    clients: dict[str, TritonHttpClient] = {}
+
+    def triton_for(address: str) -> TritonHttpClient:
+        if address not in clients:
+            clients[address] = TritonHttpClient(address, api_key=triton.api_key(lab))
+        return clients[address]
+
+    proc = NginxProcess(tmp_path / "nginx")
+    proc.start()
+    publisher = RoutingPublisher(
+        proc.routing_conf,
+        tmp_path / "http_sd.json",
+        proc.control,
+        settings=nginx.NginxSettings(listen=f"127.0.0.1:{port}"),
+    )
+    cli = SlurmCLI(env=lab.env())
+    rec = Reconciler(
+        config,
+        cli,
+        LeaseStore(engine),
+        Observer(cli, config, triton_for),
+        triton_for,
+        publisher,
+        requests=RequestQueue(engine),
+    )
+    try:
+        yield rec, f"127.0.0.1:{port}"
+    finally:
+        proc.stop()
+        for c in clients.values():
+            c.close()
+        for job in cli.jobs(tag="stb:triton"):
+            cli.cancel(job.job_id)
+        for resv in cli.reservations():
+            if resv.name.startswith("stb-lease-"):
+                cli.delete_reservation(resv.name)
