@@ -37,15 +37,22 @@ def triton_home() -> Path:
     return home
 
 
-def lease_tag(lease_id: int) -> str:
-    return f"{LEASE_TAG_PREFIX}{lease_id}"
+#: a lease as its Triton job's tag names it: (lease id, creation time in epoch seconds).
+#: The time makes the tag unique even if lease ids restart (a new database).
+LeaseRef = tuple[int, int]
 
 
-def lease_of(tags: Sequence[str]) -> int | None:
-    """The lease id in a Triton job's tags, if any."""
+def lease_tag(ref: LeaseRef) -> str:
+    return f"{LEASE_TAG_PREFIX}{ref[0]}.{ref[1]}"
+
+
+def lease_of(tags: Sequence[str]) -> LeaseRef | None:
+    """The lease a Triton job's tags name, if any."""
     for tag in tags:
-        if tag.startswith(LEASE_TAG_PREFIX) and tag[len(LEASE_TAG_PREFIX) :].isdigit():
-            return int(tag[len(LEASE_TAG_PREFIX) :])
+        if tag.startswith(LEASE_TAG_PREFIX):
+            lease_id, _, created = tag[len(LEASE_TAG_PREFIX) :].partition(".")
+            if lease_id.isdigit() and created.isdigit():
+                return int(lease_id), int(created)
     return None
 
 
@@ -54,7 +61,7 @@ def triton_job(
     *,
     node: str | None,
     models: Sequence[str] = (),
-    lease_id: int | None = None,
+    lease: LeaseRef | None = None,
     exclusive: bool = False,
     gpus: int = 1,
     name: str | None = None,
@@ -77,14 +84,14 @@ def triton_job(
         # The Python backend's stub finds numpy through the python3 first on PATH.
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
     }
-    tags = [TRITON_TAG, lease_tag(lease_id) if lease_id is not None else BASELINE_TAG]
+    tags = [TRITON_TAG, lease_tag(lease) if lease is not None else BASELINE_TAG]
     output = str(cfg.log_dir.resolve() / "triton-%j.log") if cfg.log_dir else None
     return JobSpec(
         partition=partition or cfg.partition,
         account=cfg.account,
         script=str(cfg.sbatch_script.resolve()),
         name=name
-        or (f"stb-triton-lease-{lease_id}" if lease_id is not None else "stb-triton-baseline"),
+        or (f"stb-triton-lease-{lease[0]}" if lease is not None else "stb-triton-baseline"),
         comment=",".join(tags),
         nodelist=(node,) if node else (),
         gpus_per_node=gpus,

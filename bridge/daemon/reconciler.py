@@ -73,6 +73,12 @@ class TickReport:
     seconds: float = 0.0
 
 
+def _ref(lease: Lease) -> launcher.LeaseRef:
+    """How the lease's Triton job names it (see `launcher.lease_tag`)."""
+    assert lease.id is not None
+    return lease.id, int(lease.created_at.timestamp())
+
+
 def reservation_name(lease_id: int) -> str:
     return f"{RESERVATION_PREFIX}{lease_id}"
 
@@ -92,6 +98,7 @@ class Reconciler:
         router: Router | None = None,
         metrics: BridgeMetrics | None = None,
         requests: RequestQueue | None = None,
+        forget_triton: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         self.slurm = slurm
@@ -101,6 +108,8 @@ class Reconciler:
         self.router = router
         self.metrics = metrics or BridgeMetrics()
         self.requests = requests
+        #: closes the bridge's own connection to a server before it is stopped
+        self.forget_triton = forget_triton
         self.last_lend_at: dict[str, float] = {}
 
     # ---- the pass ------------------------------------------------------------------
@@ -191,8 +200,8 @@ class Reconciler:
     def _job_of(self, lease: Lease, jobs: dict[str, Job]) -> Job | None:
         if lease.slurm_job_id:
             return jobs.get(lease.slurm_job_id)
-        assert lease.id is not None
-        return next((j for j in jobs.values() if launcher.lease_of(j.tags) == lease.id), None)
+        ref = _ref(lease)
+        return next((j for j in jobs.values() if launcher.lease_of(j.tags) == ref), None)
 
     def _sync_lease(
         self,
@@ -274,7 +283,7 @@ class Reconciler:
             self.config.triton,
             node=lease.node,
             models=lease.models,
-            lease_id=lease.id,
+            lease=_ref(lease),
             exclusive=True,
             gpus=gpus,
             partition=partition,
@@ -308,6 +317,8 @@ class Reconciler:
             return
         for model in lease.models:
             client.unload_model(model)
+        if self.forget_triton is not None:
+            self.forget_triton(server.address)
         self.slurm.cancel(job.job_id)
         why = "no request in flight" if pending == 0 else f"drain deadline, {pending:g} pending"
         self._move(lease, S.RELEASING, now, f"{why}; unloaded, job cancelled", report)
@@ -319,17 +330,22 @@ class Reconciler:
     def _adopt_and_clean(
         self, jobs: dict[str, Job], open_ids: set[int], now: datetime, report: TickReport
     ) -> None:
+        open_leases = self.store.open_leases()
+        open_refs = {_ref(lease) for lease in open_leases}
+        open_jobs = {lease.slurm_job_id for lease in open_leases if lease.slurm_job_id}
         for job in jobs.values():
-            lease_id = launcher.lease_of(job.tags)
-            if lease_id is None or lease_id in open_ids:
+            ref = launcher.lease_of(job.tags)
+            if ref is None or ref in open_refs or job.job_id in open_jobs:
                 continue
             try:
-                known = self.store.get(lease_id)
+                known: Lease | None = self.store.get(ref[0])
             except LeaseError:
                 known = None
-            if known is not None:  # a finished lease's job is still there: a leak
-                self.slurm.cancel(job.job_id)
-                report.events.append(f"cancelled job {job.job_id} of finished lease {lease_id}")
+            if known is not None and _ref(known) == ref:
+                # a finished lease's job is still there: a leak
+                if job.state in ("RUNNING", "PENDING"):
+                    self.slurm.cancel(job.job_id)
+                    report.events.append(f"cancelled job {job.job_id} of finished lease {ref[0]}")
             elif job.state == "RUNNING" and len(job.nodes) == 1:
                 node = self.observer.last_nodes.get(job.nodes[0])
                 pool = next(
@@ -493,15 +509,16 @@ class Reconciler:
         """Publish baselines and serving leases (plus `extra`, minus `exclude`)."""
         if self.router is None:
             return
-        serving = {lease.id for lease in self.store.open_leases() if lease.state == S.SERVING}
-        if extra is not None:
-            serving.add(extra)
-        serving.discard(exclude)
+        serving = {
+            lease.slurm_job_id
+            for lease in self.store.open_leases()
+            if (lease.state == S.SERVING or lease.id == extra) and lease.id != exclude
+        }
         routes: dict[str, list[str]] = {m: [] for m in self.config.models}
         targets = []
         for s in servers:
-            lease_id = launcher.lease_of(s.job.tags)
-            if not s.ready or (lease_id is not None and lease_id not in serving):
+            ref = launcher.lease_of(s.job.tags)
+            if not s.ready or (ref is not None and s.job.job_id not in serving):
                 continue
             for m in s.models:
                 if m in routes:
@@ -512,7 +529,7 @@ class Reconciler:
                     f"{host}:{METRICS_PORT}",
                     s.node,
                     s.job.job_id,
-                    str(lease_id) if lease_id is not None else BASELINE,
+                    str(ref[0]) if ref is not None else BASELINE,
                     tuple(m for m in s.models if m in routes),
                 )
             )

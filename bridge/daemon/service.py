@@ -21,6 +21,7 @@ from typing import IO
 from apscheduler.schedulers.blocking import BlockingScheduler
 
 from bridge.config import BridgeConfig
+from bridge.daemon.clients import TritonClients
 from bridge.daemon.exporter import BridgeMetrics, ExporterServer
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
@@ -30,7 +31,6 @@ from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxControl, NginxProcess
 from bridge.routing.publisher import RoutingPublisher
 from bridge.slurm.select import open_backend
-from bridge.triton.client import TritonHttpClient
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +46,10 @@ class Bridge:
     metrics: BridgeMetrics
     publisher: RoutingPublisher | None
     nginx: NginxProcess | None
-    clients: dict[str, TritonHttpClient]
+    clients: TritonClients
 
     def close(self) -> None:
-        for client in self.clients.values():
-            client.close()
+        self.clients.close()
         if self.nginx is not None:
             self.nginx.stop()
 
@@ -72,13 +71,7 @@ def build(
     key_file = config.triton.key_file
     if not key_file.exists():
         raise DaemonError(f"triton.key_file {key_file} does not exist")
-    api_key = key_file.read_text().strip()
-    clients: dict[str, TritonHttpClient] = {}
-
-    def triton_for(address: str) -> TritonHttpClient:
-        if address not in clients:
-            clients[address] = TritonHttpClient(address, api_key=api_key, timeout_s=10)
-        return clients[address]
+    clients = TritonClients(key_file.read_text().strip())
 
     engine = make_engine(config.database_url)
     create_schema(engine)
@@ -105,11 +98,12 @@ def build(
         config,
         slurm,
         store,
-        Observer(slurm, config, triton_for),
-        triton_for,
+        Observer(slurm, config, clients),
+        clients,
         publisher,
         metrics,
         RequestQueue(engine),
+        clients.forget,
     )
     return Bridge(config, reconciler, metrics, publisher, proc, clients)
 

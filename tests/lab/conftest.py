@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bridge.config import load_config
+from bridge.daemon.clients import TritonClients
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab import triton
@@ -20,7 +21,6 @@ from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxProcess
 from bridge.routing.publisher import RoutingPublisher
 from bridge.slurm.cli import SlurmCLI
-from bridge.triton.client import TritonHttpClient
 
 
 def _free_port() -> int:
@@ -50,12 +50,7 @@ def bridge(lab: LabSpec, tmp_path: Path) -> Iterator[tuple[Reconciler, str]]:
     )
     engine = make_engine(config.database_url)
     create_schema(engine)
-    clients: dict[str, TritonHttpClient] = {}
-
-    def triton_for(address: str) -> TritonHttpClient:
-        if address not in clients:
-            clients[address] = TritonHttpClient(address, api_key=triton.api_key(lab))
-        return clients[address]
+    clients = TritonClients(triton.api_key(lab))
 
     proc = NginxProcess(tmp_path / "nginx")
     proc.start()
@@ -70,17 +65,17 @@ def bridge(lab: LabSpec, tmp_path: Path) -> Iterator[tuple[Reconciler, str]]:
         config,
         cli,
         LeaseStore(engine),
-        Observer(cli, config, triton_for),
-        triton_for,
+        Observer(cli, config, clients),
+        clients,
         publisher,
         requests=RequestQueue(engine),
+        forget_triton=clients.forget,
     )
     try:
         yield rec, f"127.0.0.1:{port}"
     finally:
         proc.stop()
-        for c in clients.values():
-            c.close()
+        clients.close()
         for job in cli.jobs(tag="stb:triton"):
             cli.cancel(job.job_id)
         for resv in cli.reservations():

@@ -34,6 +34,16 @@ def test_operator_lend_and_return(lab: LabSpec, bridge: tuple[Reconciler, str]) 
     elastic = lab.pool_nodes("elastic")[0].name
     reserved = lab.pool_nodes("infer")[0].name
     log: list[str] = []
+    obs = rec.observer
+    _tick_until(
+        rec,
+        lambda: any(
+            s.ready and s.node == reserved
+            for s in obs.triton_servers(obs.last_nodes, obs.last_jobs)
+        ),
+        120,
+        log,
+    )
     now = datetime.now(UTC)
     bad = [queue.request_lend(reserved, [], now), queue.request_lend("n99", [], now)]
     good = queue.request_lend(elastic, ["busy"], now)

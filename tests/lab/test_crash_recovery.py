@@ -1,0 +1,227 @@
+"""Crash safety on the lab: whatever moment the daemon dies at, a restart ends with the
+same lease state, no duplicate lease or Triton job, and no fence left behind.
+
+The two windows inside a tick are reproduced exactly: a lease recorded but not yet
+submitted, and a Triton job submitted but its id not yet recorded. The windows between
+ticks are hit with a real `kill -9` of `stb daemon` while its lease is serving and while
+it is releasing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from bridge.daemon import launcher
+from bridge.daemon.reconciler import Reconciler
+from bridge.lab import triton
+from bridge.lab.spec import LabSpec
+from bridge.leases.models import LendMode
+from bridge.leases.requests import RequestQueue
+from bridge.leases.states import LeaseState
+from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.paths import project_root
+from bridge.slurm.cli import SlurmCLI
+
+pytestmark = pytest.mark.lab
+
+
+def _until(what: str, cond: Callable[[], bool], timeout_s: float, step: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s}s"
+        time.sleep(step)
+
+
+def _tick_until(rec: Reconciler, cond: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    log: list[str] = []
+    while True:
+        report = rec.run_once(datetime.now(UTC))
+        log += report.events + [f"error: {e}" for e in report.errors]
+        if cond():
+            return
+        assert time.monotonic() < deadline, "\n".join(log)
+        time.sleep(1)
+
+
+def _lease_jobs(cli: SlurmCLI, lease_id: int) -> list[str]:
+    return [
+        j.job_id
+        for j in cli.jobs(tag="stb:triton")
+        if (launcher.lease_of(j.tags) or (0, 0))[0] == lease_id
+        and j.state in ("PENDING", "RUNNING")
+    ]
+
+
+def test_crash_after_recording_the_lend_before_sbatch(
+    lab: LabSpec, bridge: tuple[Reconciler, str]
+) -> None:
+    rec, _ = bridge
+    node = lab.pool_nodes("elastic")[0].name
+    lease = rec.store.create(
+        node, "elastic", LendMode.PREEMPT, ["busy"], "crash-a", datetime.now(UTC)
+    )
+    assert lease.id is not None
+    _tick_until(rec, lambda: rec.store.get(lease.id or 0).state == LeaseState.SERVING, 90)
+    assert len(_lease_jobs(rec.slurm, lease.id)) == 1  # submitted once
+
+
+def test_crash_after_sbatch_before_recording_the_job(
+    lab: LabSpec, bridge: tuple[Reconciler, str]
+) -> None:
+    rec, _ = bridge
+    node = lab.pool_nodes("elastic")[0].name
+    lease = rec.store.create(
+        node, "elastic", LendMode.PREEMPT, ["busy"], "crash-b", datetime.now(UTC)
+    )
+    assert lease.id is not None
+    spec = launcher.triton_job(
+        rec.config.triton,
+        node=node,
+        models=["busy"],
+        lease=(lease.id, int(lease.created_at.timestamp())),
+        exclusive=True,
+        gpus=lab.gpus_per_node,
+    )
+    orphan = rec.slurm.submit(spec)  # the daemon died right after this sbatch
+    _tick_until(rec, lambda: rec.store.get(lease.id or 0).state == LeaseState.SERVING, 90)
+    assert rec.store.get(lease.id).slurm_job_id == orphan
+    assert _lease_jobs(rec.slurm, lease.id) == [orphan]  # adopted, not submitted again
+
+
+@pytest.fixture
+def daemon_config(lab: LabSpec, tmp_path: Path) -> Iterator[Path]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nginx_port = s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        exporter_port = s.getsockname()[1]
+    cfg = triton.job_config(lab)
+    path = tmp_path / "bridge.toml"
+    path.write_text(f"""
+tick_s = 1
+database_url = "sqlite:///{tmp_path / "bridge.db"}"
+[models.busy]
+slo_p99_ms = 100
+[models.echo]
+slo_p99_ms = 50
+[policy]
+max_lent_nodes = 1
+[triton]
+sbatch_script = "{cfg.sbatch_script}"
+model_repository = "{cfg.model_repository}"
+key_file = "{cfg.key_file}"
+backend_directory = "{cfg.backend_directory}"
+log_dir = "{cfg.log_dir}"
+[routing]
+nginx_conf = "{tmp_path / "routing" / "upstreams.conf"}"
+http_sd_file = "{tmp_path / "routing" / "http_sd.json"}"
+listen = "127.0.0.1:{nginx_port}"
+managed_nginx_prefix = "{tmp_path / "nginx"}"
+[daemon]
+exporter_listen = "127.0.0.1:{exporter_port}"
+lock_file = "{tmp_path / "bridge.lock"}"
+""")
+    yield path
+    nginx_pid = tmp_path / "nginx" / "run" / "nginx.pid"
+    if nginx_pid.exists():
+        subprocess.run(
+            [
+                "nginx",
+                "-p",
+                str(tmp_path / "nginx"),
+                "-c",
+                str(tmp_path / "nginx" / "conf" / "nginx.conf"),
+                "-s",
+                "quit",
+            ],
+            capture_output=True,
+            check=False,
+        )
+
+
+def test_kill_9_while_serving_and_while_releasing(
+    lab: LabSpec, daemon_config: Path, tmp_path: Path
+) -> None:
+    env = os.environ | lab.env() | {"STB_HOME": str(project_root())}
+    stb = str(Path(sys.executable).with_name("stb"))
+    log = open(tmp_path / "daemon.log", "ab")  # noqa: SIM115 - closed below
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [stb, "daemon", "-c", str(daemon_config)], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'bridge.db'}")
+    create_schema(engine)
+    store, queue, cli = LeaseStore(engine), RequestQueue(engine), SlurmCLI(env=lab.env())
+    node = lab.pool_nodes("elastic")[0].name
+    daemon = start()
+    try:
+        queue.request_lend(node, ["busy"], datetime.now(UTC))
+        _until(
+            "a lease serving",
+            lambda: any(lease.state == LeaseState.SERVING for lease in store.open_leases()),
+            120,
+        )
+        (lease,) = store.open_leases()
+        assert lease.id is not None
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait(timeout=10)
+        # A second lend of the same node while it is lent is refused, not duplicated.
+        dup = queue.request_lend(node, ["busy"], datetime.now(UTC))
+        daemon = start()  # the lock died with the process: the restart takes it
+        _until(
+            "the duplicate lend answered",
+            lambda: (queue.get(dup.id or 0) or dup).done_at is not None,
+            30,
+        )
+        assert "already lent" in (queue.get(dup.id or 0) or dup).outcome
+        assert store.get(lease.id).state == LeaseState.SERVING
+        assert len(_lease_jobs(cli, lease.id)) == 1
+        queue.request_return(lease.id, datetime.now(UTC))
+        _until(
+            "releasing",
+            lambda: store.get(lease.id or 0).state == LeaseState.RELEASING,
+            60,
+            step=0.05,
+        )
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait(timeout=10)
+        daemon = start()
+        _until("returned", lambda: store.get(lease.id or 0).state == LeaseState.RETURNED, 120)
+        states = [e.to_state.value for e in store.history(lease.id)]
+        assert states == [
+            "requested",
+            "submitted",
+            "starting",
+            "serving",
+            "draining",
+            "releasing",
+            "returned",
+        ]
+        assert [lease.id] == [x.id for x in store.by_node(node)]  # no duplicate lease
+        assert _lease_jobs(cli, lease.id) == []
+        assert not [r for r in cli.reservations() if r.name.startswith("stb-lease-")]
+        baselines = [j for j in cli.jobs(tag="stb:baseline") if j.state == "RUNNING"]
+        assert len(baselines) == 1  # the restarts did not start a second baseline
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        log.close()
+        for job in cli.jobs(tag="stb:triton"):
+            cli.cancel(job.job_id)

@@ -1,0 +1,37 @@
+"""The Triton job's JobSpec and the tags that tie a Slurm job to its lease."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge.config import TritonJobConfig
+from bridge.daemon.launcher import LauncherError, lease_of, lease_tag, triton_job
+
+
+def test_lease_tags_round_trip_and_foreign_tags_are_ignored() -> None:
+    assert lease_of(("stb:triton", lease_tag((7, 1795961640)))) == (7, 1795961640)
+    assert lease_of(("stb:triton", "stb:baseline")) is None
+    assert lease_of(("stb:lease=7",)) is None  # no creation time: not ours
+    assert lease_of(("stb:lease=x.1",)) is None
+
+
+def test_a_lent_node_is_taken_whole_and_tagged(tmp_path: Path) -> None:
+    key = tmp_path / "api.key"
+    key.write_text("k\n")
+    cfg = TritonJobConfig(key_file=key, log_dir=tmp_path)
+    spec = triton_job(
+        cfg, node="n3", models=["busy", "echo"], lease=(3, 100), exclusive=True, gpus=4
+    )
+    assert spec.exclusive and spec.gpus_per_node == 4 and spec.nodelist == ("n3",)
+    assert spec.comment == "stb:triton,stb:lease=3.100"
+    assert spec.env["STB_MODELS"] == "busy;echo"  # no commas through sbatch --export
+    assert spec.requeue is False and spec.name == "stb-triton-lease-3"
+    base = triton_job(cfg, node="n4")
+    assert base.comment == "stb:triton,stb:baseline" and base.env["STB_MODELS"] == "*"
+
+
+def test_a_missing_key_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(LauncherError, match=r"api\.key"):
+        triton_job(TritonJobConfig(key_file=tmp_path / "api.key"), node="n4")
