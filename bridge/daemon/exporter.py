@@ -42,8 +42,8 @@ class BridgeMetrics:
             registry=r,
         )
         self.return_seconds = Histogram(
-            "stb_return_duration_seconds",
-            "From return decision to returned.",
+            "stb_lease_lifetime_seconds",
+            "From lend request to returned (whole lease).",
             buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300),
             registry=r,
         )

@@ -179,6 +179,14 @@ class Reconciler:
         report.events.append(
             f"lease {lease.id} {lease.node}: {lease.state.value} -> {new.value} ({reason})"
         )
+        if new == S.SERVING:
+            self.metrics.lend_seconds.labels(lease.pool).observe(
+                (now - lease.created_at).total_seconds()
+            )
+        elif new == S.RETURNED:
+            outcome = {S.RELEASING: "returned", S.FAILED: "failed"}.get(lease.state, "abandoned")
+            self.metrics.returns.labels(outcome).inc()
+            self.metrics.return_seconds.observe((now - lease.created_at).total_seconds())
         return moved
 
     # ---- passive sync --------------------------------------------------------------
@@ -494,7 +502,6 @@ class Reconciler:
         elif lease.state == S.REQUESTED:
             self._unfence(lease)
             self._move(lease, S.RETURNED, now, f"abandoned: {action.reason}", report)
-        self.metrics.returns.labels("requested").inc()
 
     # ---- routing ------------------------------------------------------------------
 

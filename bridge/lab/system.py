@@ -25,6 +25,7 @@ PACKAGES = {
     "sbatch": "slurm-client",
     "munged": "munge",
     "nginx": "nginx-light",
+    "prometheus": "prometheus",
 }
 GPU_MAJOR = 195  # the NVIDIA character-device major number, for realism only
 

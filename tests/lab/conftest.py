@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,3 +82,57 @@ def bridge(lab: LabSpec, tmp_path: Path) -> Iterator[tuple[Reconciler, str]]:
         for resv in cli.reservations():
             if resv.name.startswith("stb-lease-"):
                 cli.delete_reservation(resv.name)
+
+
+@pytest.fixture
+def daemon_config(lab: LabSpec, tmp_path: Path) -> Iterator[Path]:
+    """A bridge TOML for a `stb daemon` subprocess: lab Triton paths, everything else
+    (database, nginx, exporter port, lock) under tmp_path."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nginx_port = s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        exporter_port = s.getsockname()[1]
+    cfg = triton.job_config(lab)
+    path = tmp_path / "bridge.toml"
+    path.write_text(f"""
+tick_s = 1
+database_url = "sqlite:///{tmp_path / "bridge.db"}"
+[models.busy]
+slo_p99_ms = 100
+[models.echo]
+slo_p99_ms = 50
+[policy]
+max_lent_nodes = 1
+[triton]
+sbatch_script = "{cfg.sbatch_script}"
+model_repository = "{cfg.model_repository}"
+key_file = "{cfg.key_file}"
+backend_directory = "{cfg.backend_directory}"
+log_dir = "{cfg.log_dir}"
+[routing]
+nginx_conf = "{tmp_path / "routing" / "upstreams.conf"}"
+http_sd_file = "{tmp_path / "routing" / "http_sd.json"}"
+listen = "127.0.0.1:{nginx_port}"
+managed_nginx_prefix = "{tmp_path / "nginx"}"
+[daemon]
+exporter_listen = "127.0.0.1:{exporter_port}"
+lock_file = "{tmp_path / "bridge.lock"}"
+""")
+    yield path
+    nginx_pid = tmp_path / "nginx" / "run" / "nginx.pid"
+    if nginx_pid.exists():
+        subprocess.run(
+            [
+                "nginx",
+                "-p",
+                str(tmp_path / "nginx"),
+                "-c",
+                str(tmp_path / "nginx" / "conf" / "nginx.conf"),
+                "-s",
+                "quit",
+            ],
+            capture_output=True,
+            check=False,
+        )

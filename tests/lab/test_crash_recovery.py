@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,7 +22,6 @@ import pytest
 
 from bridge.daemon import launcher
 from bridge.daemon.reconciler import Reconciler
-from bridge.lab import triton
 from bridge.lab.spec import LabSpec
 from bridge.leases.models import LendMode
 from bridge.leases.requests import RequestQueue
@@ -97,58 +95,6 @@ def test_crash_after_sbatch_before_recording_the_job(
     _tick_until(rec, lambda: rec.store.get(lease.id or 0).state == LeaseState.SERVING, 90)
     assert rec.store.get(lease.id).slurm_job_id == orphan
     assert _lease_jobs(rec.slurm, lease.id) == [orphan]  # adopted, not submitted again
-
-
-@pytest.fixture
-def daemon_config(lab: LabSpec, tmp_path: Path) -> Iterator[Path]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        nginx_port = s.getsockname()[1]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        exporter_port = s.getsockname()[1]
-    cfg = triton.job_config(lab)
-    path = tmp_path / "bridge.toml"
-    path.write_text(f"""
-tick_s = 1
-database_url = "sqlite:///{tmp_path / "bridge.db"}"
-[models.busy]
-slo_p99_ms = 100
-[models.echo]
-slo_p99_ms = 50
-[policy]
-max_lent_nodes = 1
-[triton]
-sbatch_script = "{cfg.sbatch_script}"
-model_repository = "{cfg.model_repository}"
-key_file = "{cfg.key_file}"
-backend_directory = "{cfg.backend_directory}"
-log_dir = "{cfg.log_dir}"
-[routing]
-nginx_conf = "{tmp_path / "routing" / "upstreams.conf"}"
-http_sd_file = "{tmp_path / "routing" / "http_sd.json"}"
-listen = "127.0.0.1:{nginx_port}"
-managed_nginx_prefix = "{tmp_path / "nginx"}"
-[daemon]
-exporter_listen = "127.0.0.1:{exporter_port}"
-lock_file = "{tmp_path / "bridge.lock"}"
-""")
-    yield path
-    nginx_pid = tmp_path / "nginx" / "run" / "nginx.pid"
-    if nginx_pid.exists():
-        subprocess.run(
-            [
-                "nginx",
-                "-p",
-                str(tmp_path / "nginx"),
-                "-c",
-                str(tmp_path / "nginx" / "conf" / "nginx.conf"),
-                "-s",
-                "quit",
-            ],
-            capture_output=True,
-            check=False,
-        )
 
 
 def test_kill_9_while_serving_and_while_releasing(

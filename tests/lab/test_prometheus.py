@@ -1,0 +1,135 @@
+"""A real Prometheus with deploy/prometheus's configuration finds, through the bridge's
+http_sd document, the bridge itself and every ready Triton server (the baseline and a lent
+replica) and scrapes them; its alert rules load."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bridge.lab.spec import LabSpec
+from bridge.leases.requests import RequestQueue
+from bridge.leases.states import LeaseState
+from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.paths import project_root
+from bridge.slurm.cli import SlurmCLI
+
+pytestmark = pytest.mark.lab
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _targets(url: str) -> list[dict[str, Any]]:
+    try:
+        return list(httpx.get(f"{url}/api/v1/targets", timeout=2).json()["data"]["activeTargets"])
+    except (httpx.HTTPError, KeyError, ValueError):
+        return []
+
+
+def test_prometheus_scrapes_the_bridge_and_every_ready_triton(
+    lab: LabSpec, daemon_config: Path, tmp_path: Path
+) -> None:
+    prometheus = shutil.which("prometheus")
+    assert prometheus, "prometheus is installed by `stb lab up`"
+    exporter = next(
+        line.split('"')[1]
+        for line in daemon_config.read_text().splitlines()
+        if line.startswith("exporter_listen")
+    )
+    conf_dir = tmp_path / "prometheus"
+    conf_dir.mkdir()
+    text = (project_root() / "deploy" / "prometheus" / "prometheus.yml").read_text()
+    assert "127.0.0.1:9108" in text
+    (conf_dir / "prometheus.yml").write_text(text.replace("127.0.0.1:9108", exporter))
+    shutil.copy(project_root() / "deploy" / "prometheus" / "alerts.yml", conf_dir)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = os.environ | lab.env()
+    stb = str(Path(sys.executable).with_name("stb"))
+    engine = make_engine(f"sqlite:///{tmp_path / 'bridge.db'}")
+    create_schema(engine)
+    store, queue, cli = LeaseStore(engine), RequestQueue(engine), SlurmCLI(env=lab.env())
+    with open(tmp_path / "daemon.log", "ab") as log, open(tmp_path / "prom.log", "ab") as plog:
+        daemon = subprocess.Popen(
+            [stb, "daemon", "-c", str(daemon_config)], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        prom = subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={conf_dir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=plog,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            queue.request_lend(lab.pool_nodes("elastic")[0].name, ["busy"], datetime.now(UTC))
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                serving = any(lease.state == LeaseState.SERVING for lease in store.open_leases())
+                up = {
+                    (t["labels"].get("role"), t["labels"].get("node"))
+                    for t in _targets(url)
+                    if t["health"] == "up"
+                }
+                want = {
+                    ("bridge", None),
+                    ("triton", lab.pool_nodes("infer")[0].name),
+                    ("triton", lab.pool_nodes("elastic")[0].name),
+                }
+                if serving and want <= up:
+                    break
+                time.sleep(1)
+            else:
+                pytest.fail(
+                    f"targets up: {up}; log: {(tmp_path / 'daemon.log').read_text()[-2000:]}"
+                )
+            lent = [
+                t
+                for t in _targets(url)
+                if t["labels"].get("node") == lab.pool_nodes("elastic")[0].name
+            ]
+            assert lent and lent[0]["labels"]["lease"] != "baseline"
+            # The bridge's own metrics arrive, and the alert rules are loaded.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                res = httpx.get(
+                    f"{url}/api/v1/query", params={"query": 'stb_leases{state="serving"}'}
+                ).json()
+                if res["data"]["result"] and res["data"]["result"][0]["value"][1] == "1":
+                    break
+                time.sleep(1)
+            else:
+                pytest.fail(f"stb_leases never showed the serving lease: {res}")
+            rules = httpx.get(f"{url}/api/v1/rules").json()["data"]["groups"][0]["rules"]
+            assert {r["name"] for r in rules} >= {
+                "StbSloBreachSustained",
+                "StbLeaseStuck",
+                "StbNoGoodTick",
+            }
+        finally:
+            prom.send_signal(signal.SIGTERM)
+            daemon.send_signal(signal.SIGTERM)
+            for proc in (prom, daemon):
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            for job in cli.jobs(tag="stb:triton"):
+                cli.cancel(job.job_id)

@@ -1,0 +1,43 @@
+"""The deploy files speak of metrics that exist: every `stb_*` series named by the
+Grafana dashboard and the alert rules is one the bridge's exporter defines."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from bridge.daemon.exporter import BridgeMetrics
+from bridge.paths import project_root
+
+DEPLOY = project_root() / "deploy"
+
+
+def _exported() -> set[str]:
+    from prometheus_client import generate_latest
+
+    metrics = BridgeMetrics()
+    metrics.record_tick(0.1, ["serving"])
+    metrics.record_model("busy", 10.0, 100.0)
+    metrics.lends.labels("elastic").inc()
+    metrics.returns.labels("returned").inc()
+    metrics.lend_seconds.labels("elastic").observe(3)
+    metrics.decisions.labels("lend", "x").inc()
+    metrics.tick_errors.labels("X").inc()
+    text = generate_latest(metrics.registry).decode()
+    return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_dashboard_and_alerts_name_only_exported_series() -> None:
+    exported = _exported()
+    dash = json.loads((DEPLOY / "grafana" / "stb-bridge.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += re.findall(r"expr: (.+)", (DEPLOY / "prometheus" / "alerts.yml").read_text())
+    named = {m for e in exprs for m in re.findall(r"\bstb_[a-z0-9_]+", e)}
+    assert named and named <= exported, named - exported
+
+
+def test_systemd_unit_runs_the_daemon_with_a_config() -> None:
+    unit = (DEPLOY / "systemd" / "stb-bridge.service").read_text()
+    assert "ExecStart=" in unit and "stb daemon --config" in unit
