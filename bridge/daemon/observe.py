@@ -88,6 +88,11 @@ class Observer:
         self.last_nodes: dict[str, Node] = {}
         self.last_jobs: list[Job] = []
 
+    def latest(self, model: str) -> ModelSample | None:
+        """The model's most recent sample (None before the first tick)."""
+        history = self._history.get(model)
+        return history[-1] if history else None
+
     def triton_servers(self, nodes: Mapping[str, Node], jobs: Sequence[Job]) -> list[TritonServer]:
         servers = []
         for job in jobs:

@@ -76,6 +76,7 @@ class Scenario:
         self.lab, self.rec, self.endpoint, self.say = lab, rec, endpoint, say
         self.result = ScenarioResult()
         self.t0 = time.monotonic()
+        self._last_p99_note = -1e9
 
     def note(self, line: str) -> None:
         entry = f"{time.monotonic() - self.t0:6.1f}s  {line}"
@@ -90,6 +91,7 @@ class Scenario:
                 self.note(line)
             for line in report.errors:
                 self.note(f"error: {line}")
+            self._note_p99()
             if done():
                 return
             if time.monotonic() > deadline:
@@ -98,6 +100,19 @@ class Scenario:
                     + "\n".join(self.result.timeline)
                 )
             time.sleep(TICK_S)
+
+    def _note_p99(self) -> None:
+        """Every 10 s, the p99 the bridge sees for busy (Triton's 60 s window) and the
+        tick's own mean latency: how the breach builds and recovers."""
+        now = time.monotonic()
+        sample = self.rec.observer.latest("busy")
+        if sample is None or now - self._last_p99_note < 10:
+            return
+        self._last_p99_note = now
+        p99 = "-" if sample.p99_ms is None else f"{sample.p99_ms:.0f} ms"
+        mean = "-" if sample.mean_ms is None else f"{sample.mean_ms:.0f} ms"
+        rate = "-" if sample.request_rate is None else f"{sample.request_rate:.0f}/s"
+        self.note(f"busy: p99 {p99} (60 s window), mean {mean} this tick, {rate}")
 
     def _sbatch(self, *args: str) -> str:
         return slurm(self.lab, "sbatch", "--parsable", "-o", "/dev/null", *args).strip()
@@ -147,13 +162,14 @@ class Scenario:
             )
             lease = store.open_leases()[0]  # the first lend; more may follow under load
             res.lease_id, res.lease_node = lease.id, lease.node
-            heavy.join(timeout=180)
+            # The bridge keeps ticking while the load step runs on two replicas.
+            self.tick_until("the load step to end", lambda: not heavy.is_alive(), 180)
             res.heavy = heavy.report
             self.note("load falls to 4 req/s")
             light = Load(self.endpoint, rate=4, duration=60, seed=12)
             light.start()
             self.tick_until("every lease returned", lambda: not store.open_leases(), 200)
-            light.join(timeout=120)
+            self.tick_until("the trickle to end", lambda: not light.is_alive(), 120)
             res.light = light.report
             res.lease_states = [e.to_state.value for e in store.history(lease.id or 0)]
             fields = slurm(lab, "scontrol", "show", "job", res.victim)
