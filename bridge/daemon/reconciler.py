@@ -20,6 +20,7 @@ lease when permanent; the pass itself never dies half-way.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -125,7 +126,9 @@ class Reconciler:
         report.actions = decide(snapshot, self.config, now.timestamp())
         for action in report.actions:
             self._act(action, now, servers, report)
-        self._route(servers, report)
+        # A routing failure is in report.errors; the old routes keep serving.
+        with contextlib.suppress(RoutingError):
+            self._route(servers, report)
         report.seconds = time.monotonic() - started
         self.metrics.record_tick(
             report.seconds, [lease.state.value for lease in self.store.open_leases()]

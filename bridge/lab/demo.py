@@ -9,7 +9,6 @@ booking Slurm's accounting made for the lent Triton server.
 
 from __future__ import annotations
 
-import json
 import time
 
 from rich.console import Console
@@ -22,6 +21,7 @@ from bridge.lab.showcase import Scenario, ScenarioResult
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.paths import project_root
+from bridge.slurm.parse import parse_sacct_json
 
 
 def lab_config(spec: LabSpec) -> BridgeConfig:
@@ -108,24 +108,13 @@ def run(spec: LabSpec, console: Console, *, wait_requeued: bool = True) -> Scena
     if lease_job:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            out = json.loads(
-                slurm(spec, "sacct", "-j", lease_job, "--json", check=False) or "{}"
-            ).get("jobs", [])
-            if out and out[-1]["state"]["current"] not in ("RUNNING", "PENDING"):
-                rec = out[-1]
-                gpus = next(
-                    (
-                        t["count"]
-                        for t in rec["tres"]["allocated"]
-                        if t["type"] == "gres" and t["name"] == "gpu"
-                    ),
-                    0,
-                )
-                secs = int(rec["time"]["elapsed"])
+            runs = parse_sacct_json(slurm(spec, "sacct", "-j", lease_job, "--json"))
+            if runs and runs[-1].end is not None and runs[-1].partition:
+                run = runs[-1]
                 console.print(
-                    f"sacct books the lent Triton job {lease_job} (account "
-                    f"{rec['account']}, partition {rec['partition']}): {gpus} GPUs "
-                    f"x {secs}s = {gpus * secs / 3600:.3f} GPU-hours of serving"
+                    f"sacct books the lent Triton job {lease_job} (account {run.account}, "
+                    f"partition {run.partition}): {run.gpus} GPUs x {run.elapsed_s}s = "
+                    f"{run.gpu_seconds / 3600:.3f} GPU-hours of serving"
                 )
                 break
             time.sleep(1)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
+from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 
@@ -75,3 +78,18 @@ def scontrol_show(spec: LabSpec, kind: str, *names: str) -> dict[str, dict[str, 
         if fields:
             records[fields[0][1]] = dict(fields)
     return records
+
+
+def tick_until(
+    rec: Reconciler, cond: Callable[[], bool], timeout_s: float, log: list[str] | None = None
+) -> None:
+    """Run the reconciler's pass every second until cond(); fail with its timeline."""
+    log = [] if log is None else log
+    deadline = time.monotonic() + timeout_s
+    while True:
+        report = rec.run_once(datetime.now(UTC))
+        log += report.events + [f"error: {e}" for e in report.errors]
+        if cond():
+            return
+        assert time.monotonic() < deadline, "\n".join(log)
+        time.sleep(1)

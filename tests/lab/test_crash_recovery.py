@@ -30,6 +30,8 @@ from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
 
+from .helpers import tick_until
+
 pytestmark = pytest.mark.lab
 
 
@@ -38,18 +40,6 @@ def _until(what: str, cond: Callable[[], bool], timeout_s: float, step: float = 
     while not cond():
         assert time.monotonic() < deadline, f"{what} within {timeout_s}s"
         time.sleep(step)
-
-
-def _tick_until(rec: Reconciler, cond: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    log: list[str] = []
-    while True:
-        report = rec.run_once(datetime.now(UTC))
-        log += report.events + [f"error: {e}" for e in report.errors]
-        if cond():
-            return
-        assert time.monotonic() < deadline, "\n".join(log)
-        time.sleep(1)
 
 
 def _lease_jobs(cli: SlurmCLI, lease_id: int) -> list[str]:
@@ -70,7 +60,7 @@ def test_crash_after_recording_the_lend_before_sbatch(
         node, "elastic", LendMode.PREEMPT, ["busy"], "crash-a", datetime.now(UTC)
     )
     assert lease.id is not None
-    _tick_until(rec, lambda: rec.store.get(lease.id or 0).state == LeaseState.SERVING, 90)
+    tick_until(rec, lambda: rec.store.get(lease.id or 0).state == LeaseState.SERVING, 90)
     assert len(_lease_jobs(rec.slurm, lease.id)) == 1  # submitted once
 
 
@@ -92,7 +82,7 @@ def test_crash_after_sbatch_before_recording_the_job(
         gpus=lab.gpus_per_node,
     )
     orphan = rec.slurm.submit(spec)  # the daemon died right after this sbatch
-    _tick_until(rec, lambda: rec.store.get(lease.id or 0).state == LeaseState.SERVING, 90)
+    tick_until(rec, lambda: rec.store.get(lease.id or 0).state == LeaseState.SERVING, 90)
     assert rec.store.get(lease.id).slurm_job_id == orphan
     assert _lease_jobs(rec.slurm, lease.id) == [orphan]  # adopted, not submitted again
 

@@ -5,7 +5,6 @@ there and serves; on return the fence is lifted and queued training work runs.""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -15,24 +14,13 @@ from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.leases.states import LeaseState
 
+from .helpers import tick_until
+
 pytestmark = pytest.mark.lab
 
 
 def _state(lab: LabSpec, job: str) -> str:
     return slurm(lab, "squeue", "-h", "-j", job, "-o", "%T", check=False).strip()
-
-
-def _tick_until(
-    rec: Reconciler, cond: Callable[[], bool], timeout_s: float, log: list[str]
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        report = rec.run_once(datetime.now(UTC))
-        log += report.events + [f"error: {e}" for e in report.errors]
-        if cond():
-            return
-        assert time.monotonic() < deadline, "\n".join(log)
-        time.sleep(1)
 
 
 def test_training_node_is_lent_only_once_free_and_no_job_is_killed(
@@ -66,7 +54,7 @@ def test_training_node_is_lent_only_once_free_and_no_job_is_killed(
             assert time.monotonic() < deadline
             time.sleep(0.5)
         rec.requests.request_lend(node, ["busy"], datetime.now(UTC))
-        _tick_until(
+        tick_until(
             rec,
             lambda: any(lease.state == LeaseState.SUBMITTED for lease in rec.store.open_leases()),
             30,
@@ -99,12 +87,12 @@ def test_training_node_is_lent_only_once_free_and_no_job_is_killed(
         assert _state(lab, lease.slurm_job_id) == "PENDING"
         assert rec.store.get(lease.id or 0).state == LeaseState.SUBMITTED
         # The training job ends on its own; then Triton starts there and serves.
-        _tick_until(rec, lambda: rec.store.get(lease.id or 0).state == LeaseState.SERVING, 90, log)
+        tick_until(rec, lambda: rec.store.get(lease.id or 0).state == LeaseState.SERVING, 90, log)
         acct = slurm(lab, "sacct", "-n", "-X", "-j", training, "-o", "State")
         assert acct.split()[0] == "COMPLETED"  # finished, never killed or requeued
         assert _state(lab, later) == "PENDING"  # still held off by the fence
         rec.requests.request_return(lease.id or 0, datetime.now(UTC))
-        _tick_until(rec, lambda: not rec.store.open_leases(), 90, log)
+        tick_until(rec, lambda: not rec.store.open_leases(), 90, log)
         assert not [r for r in rec.slurm.reservations() if r.name.startswith("stb-lease-")]
         deadline = time.monotonic() + 60
         while _state(lab, later) == "PENDING":  # queued training work runs again

@@ -3,7 +3,6 @@ queue requests; the reconciler's tick carries them out), on the lab."""
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 
 import httpx
@@ -13,18 +12,9 @@ from bridge.daemon.reconciler import Reconciler
 from bridge.lab.spec import LabSpec
 from bridge.leases.states import LeaseState
 
+from .helpers import tick_until
+
 pytestmark = pytest.mark.lab
-
-
-def _tick_until(rec: Reconciler, done: object, timeout_s: float, log: list[str]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        report = rec.run_once(datetime.now(UTC))
-        log += report.events + [f"error: {e}" for e in report.errors]
-        if callable(done) and done():
-            return
-        assert time.monotonic() < deadline, "\n".join(log)
-        time.sleep(1)
 
 
 def test_operator_lend_and_return(lab: LabSpec, bridge: tuple[Reconciler, str]) -> None:
@@ -35,7 +25,7 @@ def test_operator_lend_and_return(lab: LabSpec, bridge: tuple[Reconciler, str]) 
     reserved = lab.pool_nodes("infer")[0].name
     log: list[str] = []
     obs = rec.observer
-    _tick_until(
+    tick_until(
         rec,
         lambda: any(
             s.ready and s.node == reserved
@@ -47,7 +37,7 @@ def test_operator_lend_and_return(lab: LabSpec, bridge: tuple[Reconciler, str]) 
     now = datetime.now(UTC)
     bad = [queue.request_lend(reserved, [], now), queue.request_lend("n99", [], now)]
     good = queue.request_lend(elastic, ["busy"], now)
-    _tick_until(
+    tick_until(
         rec,
         lambda: any(lease.state == LeaseState.SERVING for lease in store.open_leases()),
         120,
@@ -75,7 +65,7 @@ def test_operator_lend_and_return(lab: LabSpec, bridge: tuple[Reconciler, str]) 
     assert len(seen) == 2, seen
     assert lease.id is not None
     queue.request_return(lease.id, datetime.now(UTC))
-    _tick_until(rec, lambda: not store.open_leases(), 120, log)
+    tick_until(rec, lambda: not store.open_leases(), 120, log)
     states = [e.to_state.value for e in store.history(lease.id)]
     assert states[-4:] == ["serving", "draining", "releasing", "returned"]
     again = queue.request_return(lease.id, datetime.now(UTC))
