@@ -9,46 +9,21 @@ VARCHAR columns, not database enums, so adding a state needs no type migration.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy import JSON, Column, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy import Enum as SAEnum
-from sqlalchemy.engine import Dialect
-from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
+from bridge.db import UTCDateTime
 from bridge.leases.states import LeaseState
 
 
 class LendMode(StrEnum):
     PREEMPT = "preempt"  # elastic pool: the Triton job preempts and requeues elastic jobs
     DRAIN = "drain"  # training pool: fence the node, lend it once free, never kill a job
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """A timezone-aware UTC datetime on every backend. Refuses naive datetimes on write
-    (a naive time is ambiguous); on read, a naive value (SQLite) is UTC by construction."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError(f"naive datetime {value!r}: lease times must be timezone-aware")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        assert isinstance(value, datetime)
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
 
 
 def _str_enum(enum: type[StrEnum], length: int) -> SAEnum:

@@ -13,7 +13,7 @@ from datetime import datetime
 from sqlalchemy import JSON, Column, Engine, Integer, String, Text
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from bridge.leases.models import UTCDateTime
+from bridge.db import UTCDateTime
 
 KINDS = ("lend", "return")
 

@@ -27,7 +27,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, SQLModel, and_, col, or_, select
 
-from bridge.leases.engine import WRITE_OPTION, configure_sqlite, make_engine
+from bridge.db import WRITE_OPTION, configure_sqlite, make_engine
 from bridge.leases.errors import (
     LeaseNotFound,
     NodeAlreadyLeased,

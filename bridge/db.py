@@ -1,6 +1,9 @@
-"""Database engines for the lease store: one `make_engine(url)` for SQLite and PostgreSQL.
+"""Database plumbing shared by the lease store and the GPU-hour ledger: one
+`make_engine(url)` for SQLite and PostgreSQL, and `UTCDateTime`, the column type of every
+stored time.
 
-Called by the daemon and the CLI (through the configured database URL) and by the tests.
+Called by the daemon, the CLI, `accounting` (through the configured database URLs) and the
+tests.
 SQLite, the embedded default, gets what a multi-threaded daemon needs: connections usable
 from any thread (`check_same_thread=False`), WAL (readers never wait for the writer),
 foreign keys on, a 30 s busy timeout, and write transactions that start with
@@ -11,12 +14,14 @@ use psycopg 3.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy import DateTime, Engine, create_engine, event
+from sqlalchemy.engine import URL, Dialect, make_url
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.types import TypeDecorator
 
 #: a SQLite file in the working directory; the same default as `bridge.config`
 DEFAULT_DATABASE_URL = "sqlite:///stb-bridge.db"
@@ -68,3 +73,27 @@ def _on_connect(dbapi_connection: Any, _record: Any) -> None:
 def _on_begin(connection: Any) -> None:
     write = connection.get_execution_options().get(WRITE_OPTION, False)
     connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend. Refuses naive datetimes on write
+    (a naive time is ambiguous); on read, a naive value (SQLite) is UTC by construction."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value!r}: stored times must be timezone-aware")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)

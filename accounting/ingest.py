@@ -1,0 +1,539 @@
+"""Ingest: source records, inventory and serving samples into the ledger.
+
+- `ingest_records`: sacct runs -> ledger rows, idempotent by source record: a record whose
+  digest (see `attribution.digest`) is unchanged is skipped; a changed one has its rows
+  replaced. One transaction for the whole call: a bad record (IngestError names it) or a
+  change to a closed month without `restate` rolls everything back. With `restate`, each
+  closed month a record changes is logged in `restatement` with the reason. Afterwards the
+  idle rows (capacity minus allocation) of every hour the call touched are recomputed.
+- `record_inventory`: the node inventory as `node_span` rows (a span closes when a node
+  changes pool, GPU type or count, or leaves service).
+- `record_serving`: Triton's per-model compute counters, as scraped (duplicates ignored).
+
+Records stream through in chunks (`progress` is called per chunk), so a million records
+never sit in memory as rows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from accounting.attribution import (
+    Context,
+    Entry,
+    ServingPoint,
+    capacity_ms,
+    deferred_reason,
+    digest,
+    idle_entries,
+    job_entries,
+    record_end,
+    tags,
+)
+from accounting.buckets import HOUR, hours, month_of, utc
+from accounting.errors import ClosedPeriodError, LedgerError
+from accounting.schema import (
+    CAPACITY_SOURCE,
+    IngestRun,
+    LedgerRow,
+    NodeSpan,
+    Period,
+    Restatement,
+    ServingSample,
+    SourceRecord,
+)
+from bridge.db import WRITE_OPTION
+from bridge.slurm.model import AccountingRecord
+
+LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
+SOURCES = SourceRecord.__table__  # type: ignore[attr-defined]
+SPANS = NodeSpan.__table__  # type: ignore[attr-defined]
+SAMPLES = ServingSample.__table__  # type: ignore[attr-defined]
+PERIODS = Period.__table__  # type: ignore[attr-defined]
+SACCT = "sacct"
+
+T = TypeVar("T")
+
+
+@dataclass
+class IngestSummary:
+    records: int = 0
+    new: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    #: never started or held no GPU: nothing to book
+    skipped: int = 0
+    #: (key, why) of records left for a later ingest
+    deferred: list[tuple[str, str]] = field(default_factory=list)
+    #: closed months changed (with restate)
+    restated: list[str] = field(default_factory=list)
+    rows_written: int = 0
+    idle_hours: int = 0
+    #: (cluster, pool, gpu_type, hour) -> GPU-ms allocated beyond the recorded capacity
+    overbooked: dict[tuple[str, str, str, datetime], int] = field(default_factory=dict)
+
+    def line(self) -> str:
+        return (
+            f"{self.records} records: {self.new} new, {self.changed} changed, "
+            f"{self.unchanged} unchanged, {self.skipped} without GPU time, "
+            f"{len(self.deferred)} deferred; {self.rows_written} rows written; "
+            f"idle recomputed for {self.idle_hours} hours"
+        )
+
+
+def batched(items: Iterable[T], n: int) -> Iterator[list[T]]:
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _row(e: Entry, source: str) -> dict[str, Any]:
+    return {
+        "bucket": e.bucket,
+        "day": e.bucket.date(),
+        "month": e.bucket.strftime("%Y-%m"),
+        "cluster": e.cluster,
+        "pool": e.pool,
+        "partition": e.partition,
+        "workload": e.workload,
+        "account": e.account,
+        "team": e.team,
+        "user_name": e.user,
+        "model": e.model,
+        "gpu_type": e.gpu_type,
+        "qos": e.qos,
+        "lease": e.lease,
+        "source": source,
+        "gpu_ms": e.gpu_ms,
+    }
+
+
+def write_transaction(engine: Engine) -> Any:
+    """A transaction that takes the write lock first (BEGIN IMMEDIATE on SQLite)."""
+    return engine.execution_options(**{WRITE_OPTION: True}).begin()
+
+
+def ingest_records(
+    engine: Engine,
+    records: Iterable[AccountingRecord],
+    ctx: Context,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    restate: bool = False,
+    reason: str = "",
+    progress: Callable[[int], None] | None = None,
+    chunk_size: int = 2000,
+    now: datetime | None = None,
+) -> IngestSummary:
+    """Book `records`; recompute idle for the hours they touch and for [since, until)."""
+    if restate and not reason.strip():
+        raise LedgerError("a restatement needs a reason")
+    now = utc(now or datetime.now(UTC))
+    started = now
+    summary = IngestSummary()
+    touched: set[datetime] = set()
+    with write_transaction(engine) as conn:
+        closed = set(conn.scalars(select(PERIODS.c.month)))
+        for chunk in batched(records, chunk_size):
+            _ingest_chunk(conn, chunk, ctx, closed, restate, reason, now, summary, touched)
+            if progress:
+                progress(len(chunk))
+        if since is not None and until is not None:
+            touched.update(hours(since, until))
+        horizon = ctx.horizon or until or now
+        summary.idle_hours = _recompute_idle(conn, touched, closed, restate, horizon, summary)
+        conn.execute(
+            insert(IngestRun.__table__),  # type: ignore[attr-defined]
+            {
+                "started_at": started,
+                "finished_at": datetime.now(UTC),
+                "since": since,
+                "until": until,
+                "records": summary.records,
+                "changed": summary.new + summary.changed,
+                "deferred": len(summary.deferred),
+                "restated": len(summary.restated),
+            },
+        )
+    return summary
+
+
+def _ingest_chunk(
+    conn: Connection,
+    chunk: Sequence[AccountingRecord],
+    ctx: Context,
+    closed: set[str],
+    restate: bool,
+    reason: str,
+    now: datetime,
+    summary: IngestSummary,
+    touched: set[datetime],
+) -> None:
+    summary.records += len(chunk)
+    ready = []
+    for rec in chunk:
+        why = deferred_reason(rec)
+        if why:
+            summary.deferred.append((rec.key, why))
+        elif rec.start is None or rec.gpus == 0 or record_end(rec, ctx.horizon) is None:
+            summary.skipped += 1
+        else:
+            ready.append(rec)
+    if not ready:
+        return
+    serving = _serving_for(conn, ready, ctx)
+    keys = [r.key for r in ready]
+    existing = {
+        key: (rid, dig)
+        for rid, key, dig in conn.execute(
+            select(SOURCES.c.id, SOURCES.c.key, SOURCES.c.digest).where(
+                SOURCES.c.kind == SACCT, SOURCES.c.key.in_(keys)
+            )
+        )
+    }
+    changed: list[tuple[AccountingRecord, str, list[Entry]]] = []
+    seen: set[str] = set()
+    for rec in ready:
+        if rec.key in seen:  # the same run listed twice in one read: the later wins
+            changed = [c for c in changed if c[0].key != rec.key]
+        seen.add(rec.key)
+        points = serving.get(rec.job_id, ())
+        dig = digest(rec, ctx, points)
+        old = existing.get(rec.key)
+        if old is not None and old[1] == dig:
+            summary.unchanged += 1
+            continue
+        changed.append((rec, dig, job_entries(rec, ctx, points)))
+    if not changed:
+        return
+    old_keys = [rec.key for rec, _, _ in changed if rec.key in existing]
+    if closed:
+        _check_closed(conn, changed, old_keys, closed, restate, reason, now, summary)
+    if old_keys:
+        for part in batched(old_keys, 500):
+            old_hours = conn.execute(
+                select(LEDGER.c.bucket).where(LEDGER.c.source.in_(part)).distinct()
+            )
+            touched.update(utc(h) for (h,) in old_hours)
+            conn.execute(delete(LEDGER).where(LEDGER.c.source.in_(part)))
+    rows = []
+    for rec, _, entries in changed:
+        for e in entries:
+            rows.append(_row(e, rec.key))
+            touched.add(e.bucket)
+    if rows:
+        conn.execute(insert(LEDGER), rows)
+    summary.rows_written += len(rows)
+    for rec, dig, entries in changed:
+        values = {
+            "digest": dig,
+            "job_id": rec.job_id,
+            "state": rec.state,
+            "start": rec.start,
+            "end": record_end(rec, ctx.horizon),
+            "gpu_ms": sum(e.gpu_ms for e in entries),
+            "last_changed_at": now,
+        }
+        if rec.key in existing:
+            summary.changed += 1
+            conn.execute(
+                update(SOURCES).where(SOURCES.c.id == existing[rec.key][0]).values(**values)
+            )
+        else:
+            summary.new += 1
+            existing[rec.key] = (-1, dig)
+            conn.execute(
+                insert(SOURCES).values(kind=SACCT, key=rec.key, first_ingested_at=now, **values)
+            )
+
+
+def _serving_for(
+    conn: Connection, records: Sequence[AccountingRecord], ctx: Context
+) -> dict[str, list[ServingPoint]]:
+    """The serving samples of the chunk's serving jobs, by job id."""
+    ids = {
+        r.job_id
+        for r in records
+        if tags(r.comment).get("workload", ctx.workload_of_partition.get(r.partition))
+        == "inference"
+    }
+    out: dict[str, list[ServingPoint]] = defaultdict(list)
+    if not ids:
+        return out
+    clusters = {r.cluster or ctx.cluster for r in records}
+    for part in batched(sorted(ids), 500):
+        q = select(SAMPLES).where(SAMPLES.c.job_id.in_(part), SAMPLES.c.cluster.in_(clusters))
+        for s in conn.execute(q):
+            out[s.job_id].append(
+                ServingPoint(s.job_id, s.instance, s.model, utc(s.at), s.compute_us)
+            )
+    return out
+
+
+def _check_closed(
+    conn: Connection,
+    changed: Sequence[tuple[AccountingRecord, str, list[Entry]]],
+    old_keys: Sequence[str],
+    closed: set[str],
+    restate: bool,
+    reason: str,
+    now: datetime,
+    summary: IngestSummary,
+) -> None:
+    """Refuse (or, with restate, log) changes to closed months."""
+    old: dict[tuple[str, str], Counter[tuple[Any, ...]]] = defaultdict(Counter)
+    for part in batched(old_keys, 500):
+        q = select(LEDGER).where(LEDGER.c.source.in_(part), LEDGER.c.month.in_(closed))
+        for r in conn.execute(q):
+            old[(r.source, r.month)][
+                _cmp_key(r.bucket, r.pool, r.workload, r.team, r.model, r.gpu_ms)
+            ] += 1
+    new: dict[tuple[str, str], Counter[tuple[Any, ...]]] = defaultdict(Counter)
+    for rec, _, entries in changed:
+        for e in entries:
+            m = month_of(e.bucket)
+            if m in closed:
+                new[(rec.key, m)][
+                    _cmp_key(e.bucket, e.pool, e.workload, e.team, e.model, e.gpu_ms)
+                ] += 1
+    differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if not differ:
+        return
+    if not restate:
+        key, month = differ[0]
+        raise ClosedPeriodError(
+            f"record {key} would change the closed period {month} "
+            f"({len(differ)} change(s) in closed periods); nothing was written. "
+            "Re-run with --restate --reason '...' to restate it."
+        )
+    for key, month in differ:
+        conn.execute(
+            insert(Restatement.__table__),  # type: ignore[attr-defined]
+            {
+                "at": now,
+                "month": month,
+                "source": key,
+                "old_gpu_ms": sum(k[-1] * n for k, n in old.get((key, month), Counter()).items()),
+                "new_gpu_ms": sum(k[-1] * n for k, n in new.get((key, month), Counter()).items()),
+                "reason": reason,
+            },
+        )
+        if month not in summary.restated:
+            summary.restated.append(month)
+
+
+def _cmp_key(bucket: datetime, *rest: Any) -> tuple[Any, ...]:
+    return (utc(bucket), *rest)
+
+
+def _recompute_idle(
+    conn: Connection,
+    touched: set[datetime],
+    closed: set[str],
+    restate: bool,
+    horizon: datetime,
+    summary: IngestSummary,
+) -> int:
+    """Replace the idle rows of the touched hours (open months, or closed ones when
+    restating) with capacity minus allocation."""
+    todo = sorted(h for h in touched if restate or month_of(h) not in closed)
+    if not todo:
+        return 0
+    for group in _runs(todo):
+        lo, hi = group[0], group[-1] + HOUR
+        spans = conn.execute(
+            select(
+                SPANS.c.cluster,
+                SPANS.c.pool,
+                SPANS.c.gpu_type,
+                SPANS.c.gpus,
+                SPANS.c.start,
+                SPANS.c.end,
+            ).where(SPANS.c.start < hi, (SPANS.c.end.is_(None)) | (SPANS.c.end > lo))
+        ).all()
+        cap = capacity_ms(
+            ((c, p, t, g, utc(s), utc(e) if e else None) for c, p, t, g, s, e in spans),
+            lo,
+            min(hi, max(horizon, lo)),
+        )
+        alloc = {
+            (c, p, t, utc(b)): int(ms)
+            for c, p, t, b, ms in conn.execute(
+                select(
+                    LEDGER.c.cluster,
+                    LEDGER.c.pool,
+                    LEDGER.c.gpu_type,
+                    LEDGER.c.bucket,
+                    func.sum(LEDGER.c.gpu_ms),
+                )
+                .where(
+                    LEDGER.c.bucket >= lo, LEDGER.c.bucket < hi, LEDGER.c.source != CAPACITY_SOURCE
+                )
+                .group_by(LEDGER.c.cluster, LEDGER.c.pool, LEDGER.c.gpu_type, LEDGER.c.bucket)
+            )
+        }
+        entries, over = idle_entries(cap, alloc)
+        summary.overbooked.update(over)
+        want = {(e.cluster, e.pool, e.gpu_type, e.bucket): e for e in entries}
+        have = {
+            (c, p, t, utc(b)): (rid, int(ms))
+            for rid, c, p, t, b, ms in conn.execute(
+                select(
+                    LEDGER.c.id, LEDGER.c.cluster, LEDGER.c.pool, LEDGER.c.gpu_type,
+                    LEDGER.c.bucket, LEDGER.c.gpu_ms,
+                ).where(
+                    LEDGER.c.source == CAPACITY_SOURCE, LEDGER.c.bucket >= lo, LEDGER.c.bucket < hi
+                )
+            )
+        }  # fmt: skip
+        # Write only what differs: re-ingesting an unchanged window leaves every row as it was.
+        stale = [
+            rid for cell, (rid, ms) in have.items() if cell not in want or want[cell].gpu_ms != ms
+        ]
+        for part in batched(stale, 500):
+            conn.execute(delete(LEDGER).where(LEDGER.c.id.in_(part)))
+        fresh = [
+            _row(e, CAPACITY_SOURCE)
+            for cell, e in want.items()
+            if cell not in have or have[cell][1] != e.gpu_ms
+        ]
+        if fresh:
+            conn.execute(insert(LEDGER), fresh)
+            summary.rows_written += len(fresh)
+    return len(todo)
+
+
+def _runs(sorted_hours: Sequence[datetime]) -> Iterator[list[datetime]]:
+    """Consecutive runs of hours (so one query covers each run)."""
+    run: list[datetime] = []
+    for h in sorted_hours:
+        if run and h - run[-1] != HOUR:
+            yield run
+            run = []
+        run.append(h)
+    if run:
+        yield run
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCapacity:
+    """One node in service: its pool, GPU type and GPU count."""
+
+    node: str
+    pool: str
+    gpu_type: str
+    gpus: int
+
+
+def record_inventory(
+    engine: Engine,
+    cluster: str,
+    nodes: Iterable[NodeCapacity],
+    at: datetime,
+    *,
+    backfill_from: datetime | None = None,
+) -> int:
+    """Record the inventory seen at `at`; returns the spans opened or closed. A node seen
+    for the first time is taken to have been there since `backfill_from` (when given and
+    earlier): the first ingest of a window then has the window's capacity."""
+    at = utc(at)
+    first = min(utc(backfill_from), at) if backfill_from else at
+    changes = 0
+    with write_transaction(engine) as conn:
+        open_spans = {
+            r.node: r
+            for r in conn.execute(
+                select(SPANS).where(SPANS.c.cluster == cluster, SPANS.c.end.is_(None))
+            )
+        }
+        known = set(conn.scalars(select(SPANS.c.node).where(SPANS.c.cluster == cluster).distinct()))
+        seen = set()
+        for n in nodes:
+            if n.gpus < 0:
+                raise LedgerError(f"node {n.node}: negative GPU count {n.gpus}")
+            seen.add(n.node)
+            cur = open_spans.get(n.node)
+            if cur is not None and (cur.pool, cur.gpu_type, cur.gpus) == (
+                n.pool,
+                n.gpu_type,
+                n.gpus,
+            ):
+                continue
+            if cur is not None:
+                conn.execute(update(SPANS).where(SPANS.c.id == cur.id).values(end=at))
+                changes += 1
+            start = first if n.node not in known else at
+            conn.execute(
+                insert(SPANS).values(
+                    cluster=cluster,
+                    node=n.node,
+                    pool=n.pool,
+                    gpu_type=n.gpu_type,
+                    gpus=n.gpus,
+                    start=start,
+                    end=None,
+                )
+            )
+            changes += 1
+        for name, cur in open_spans.items():
+            if name not in seen:
+                conn.execute(update(SPANS).where(SPANS.c.id == cur.id).values(end=at))
+                changes += 1
+    return changes
+
+
+def record_serving(engine: Engine, cluster: str, points: Iterable[ServingPoint]) -> int:
+    """Store scraped compute counters; a point already stored is ignored. Returns the
+    number of points offered."""
+    rows = [
+        {
+            "cluster": cluster,
+            "job_id": p.job_id,
+            "instance": p.instance,
+            "model": p.model,
+            "at": utc(p.at),
+            "compute_us": float(p.compute_us),
+        }
+        for p in points
+    ]
+    if not rows:
+        return 0
+    dialect = engine.dialect.name
+    stmt: Any
+    if dialect == "postgresql":
+        stmt = postgresql.insert(SAMPLES).on_conflict_do_nothing()
+    elif dialect == "sqlite":
+        stmt = sqlite.insert(SAMPLES).on_conflict_do_nothing()
+    else:  # pragma: no cover - the two supported backends are above
+        raise LedgerError(f"unsupported database {dialect}")
+    with write_transaction(engine) as conn:
+        conn.execute(stmt, rows)
+    return len(rows)
+
+
+def close_period(engine: Engine, month: str, note: str = "", now: datetime | None = None) -> None:
+    """Close a month: later ingests may change it only as a logged restatement."""
+    try:
+        datetime.strptime(month, "%Y-%m")
+    except ValueError as exc:
+        raise LedgerError(f"not a month (YYYY-MM): {month!r}") from exc
+    with write_transaction(engine) as conn:
+        if conn.scalar(select(PERIODS.c.month).where(PERIODS.c.month == month)):
+            raise LedgerError(f"period {month} is already closed")
+        conn.execute(
+            insert(PERIODS),
+            {"month": month, "closed_at": utc(now or datetime.now(UTC)), "note": note},
+        )

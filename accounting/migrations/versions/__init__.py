@@ -1,0 +1,1 @@
+"""The ledger's migration scripts, one per schema change, in revision order."""

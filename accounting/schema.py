@@ -1,0 +1,203 @@
+"""The ledger's tables (sqlmodel). Changed only through Alembic migrations
+(`accounting/migrations/`); `tests/db/test_ledger_migrations.py` checks that the migrations
+build exactly these tables.
+
+- `LedgerRow`: GPU-milliseconds of one hour bucket for one combination of keys, from one
+  source record (a sacct run) or from the capacity (`source = "capacity"`: idle).
+- `SourceRecord`: one ingested source record and the digest of what it said; re-ingesting
+  an unchanged record is a no-op, a changed one replaces its rows.
+- `NodeSpan`: the node inventory over time (capacity), one row per stretch a node kept its
+  pool, GPU type and GPU count.
+- `ServingSample`: Triton's cumulative per-model compute time per instance, as the daemon
+  scraped it; splits a serving job among its models.
+- `Rate`: price per GPU-hour by GPU type (optionally pool, QOS) over a date range.
+- `Period`: a closed month; `Restatement`: each change made to a closed month, and why.
+- `IngestRun`: one line per ingest (what it read and changed).
+
+Integers for GPU time (exact sums); Numeric for money (Decimal, never float).
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from decimal import Decimal
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Date,
+    Float,
+    Index,
+    Integer,
+    Numeric,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlmodel import Field, SQLModel
+
+from bridge.db import UTCDateTime
+
+#: what a ledger row's GPU time was used for
+WORKLOADS = ("training", "elastic", "inference", "idle")
+#: the model column of a serving job's unattributed remainder
+UNATTRIBUTED = "(unattributed)"
+#: the source of idle rows (capacity minus allocation)
+CAPACITY_SOURCE = "capacity"
+
+
+def _s(length: int, *, index: bool = False, nullable: bool = False) -> Column:  # type: ignore[type-arg]
+    return Column(String(length), nullable=nullable, index=index)
+
+
+class LedgerRow(SQLModel, table=True):
+    __tablename__ = "ledger_row"
+    __table_args__ = (
+        Index("ix_ledger_row_month_team", "month", "team"),
+        Index("ix_ledger_row_bucket_pool", "bucket", "pool"),
+    )
+
+    id: int | None = Field(
+        default=None,
+        sa_column=Column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+    )
+    #: start of the UTC hour
+    bucket: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    day: date = Field(sa_column=Column(Date, nullable=False))
+    #: 'YYYY-MM', the accounting period
+    month: str = Field(sa_column=_s(7))
+    cluster: str = Field(sa_column=_s(64))
+    pool: str = Field(sa_column=_s(64))
+    partition: str = Field(sa_column=_s(64))
+    workload: str = Field(sa_column=_s(16))
+    account: str = Field(sa_column=_s(128))
+    team: str = Field(sa_column=_s(128))
+    user_name: str = Field(sa_column=_s(128))
+    model: str = Field(sa_column=_s(255))
+    gpu_type: str = Field(sa_column=_s(64))
+    qos: str = Field(sa_column=_s(64))
+    #: the lease a lent node's serving time came under ("" when none)
+    lease: str = Field(sa_column=_s(64))
+    #: the source record's key, or "capacity" for idle rows
+    source: str = Field(sa_column=_s(255, index=True))
+    gpu_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
+class SourceRecord(SQLModel, table=True):
+    __tablename__ = "source_record"
+    __table_args__ = (UniqueConstraint("kind", "key", name="uq_source_record_kind_key"),)
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    kind: str = Field(sa_column=_s(16))
+    #: cluster:job_id:start epoch (one run of one job)
+    key: str = Field(sa_column=_s(255))
+    digest: str = Field(sa_column=_s(64))
+    job_id: str = Field(sa_column=_s(64))
+    state: str = Field(sa_column=_s(32))
+    start: datetime | None = Field(default=None, sa_column=Column(UTCDateTime(), nullable=True))
+    end: datetime | None = Field(default=None, sa_column=Column(UTCDateTime(), nullable=True))
+    gpu_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+    first_ingested_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    last_changed_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+
+
+class NodeSpan(SQLModel, table=True):
+    __tablename__ = "node_span"
+    __table_args__ = (Index("ix_node_span_node", "cluster", "node"),)
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    cluster: str = Field(sa_column=_s(64))
+    node: str = Field(sa_column=_s(255))
+    pool: str = Field(sa_column=_s(64))
+    gpu_type: str = Field(sa_column=_s(64))
+    gpus: int = Field(sa_column=Column(Integer, nullable=False))
+    start: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    #: None while the node is still in service as recorded
+    end: datetime | None = Field(default=None, sa_column=Column(UTCDateTime(), nullable=True))
+
+
+class ServingSample(SQLModel, table=True):
+    __tablename__ = "serving_sample"
+    __table_args__ = (
+        UniqueConstraint("cluster", "job_id", "instance", "model", "at", name="uq_serving_sample"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    cluster: str = Field(sa_column=_s(64))
+    #: the Triton server's Slurm job id
+    job_id: str = Field(sa_column=_s(64))
+    #: host:port of the instance
+    instance: str = Field(sa_column=_s(255))
+    model: str = Field(sa_column=_s(255))
+    at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    #: cumulative compute time (input + infer + output) since the model loaded, microseconds
+    compute_us: float = Field(sa_column=Column(Float, nullable=False))
+
+
+class Rate(SQLModel, table=True):
+    __tablename__ = "rate"
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    gpu_type: str = Field(sa_column=_s(64))
+    #: None: any pool
+    pool: str | None = Field(default=None, sa_column=_s(64, nullable=True))
+    #: None: any QOS
+    qos: str | None = Field(default=None, sa_column=_s(64, nullable=True))
+    valid_from: date = Field(sa_column=Column(Date, nullable=False))
+    #: exclusive; None: open-ended
+    valid_to: date | None = Field(default=None, sa_column=Column(Date, nullable=True))
+    #: money per GPU-hour
+    price: Decimal = Field(sa_column=Column(Numeric(18, 6), nullable=False))
+    currency: str = Field(sa_column=_s(3))
+    note: str = Field(default="", sa_column=Column(Text, nullable=False))
+    created_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+
+
+class Period(SQLModel, table=True):
+    __tablename__ = "period"
+
+    month: str = Field(sa_column=Column(String(7), primary_key=True))
+    closed_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    note: str = Field(default="", sa_column=Column(Text, nullable=False))
+
+
+class Restatement(SQLModel, table=True):
+    __tablename__ = "restatement"
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    month: str = Field(sa_column=_s(7))
+    source: str = Field(sa_column=_s(255))
+    old_gpu_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+    new_gpu_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+    reason: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class IngestRun(SQLModel, table=True):
+    __tablename__ = "ingest_run"
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    started_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    finished_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    since: datetime | None = Field(default=None, sa_column=Column(UTCDateTime(), nullable=True))
+    until: datetime | None = Field(default=None, sa_column=Column(UTCDateTime(), nullable=True))
+    records: int = Field(sa_column=Column(Integer, nullable=False))
+    changed: int = Field(sa_column=Column(Integer, nullable=False))
+    deferred: int = Field(sa_column=Column(Integer, nullable=False))
+    restated: int = Field(sa_column=Column(Integer, nullable=False))
+
+
+#: the tables the ledger's migrations own
+LEDGER_TABLES = frozenset(
+    t.__tablename__
+    for t in (
+        LedgerRow,
+        SourceRecord,
+        NodeSpan,
+        ServingSample,
+        Rate,
+        Period,
+        Restatement,
+        IngestRun,
+    )
+)
