@@ -273,7 +273,8 @@ def _serving_for(
     out: dict[str, list[ServingPoint]] = defaultdict(list)
     if not ids:
         return out
-    clusters = {r.cluster or ctx.cluster for r in records}
+    # The daemon stores samples under the configured cluster name, which may be empty.
+    clusters = {r.cluster or ctx.cluster for r in records} | {ctx.cluster, ""}
     for part in batched(sorted(ids), 500):
         q = select(SAMPLES).where(SAMPLES.c.job_id.in_(part), SAMPLES.c.cluster.in_(clusters))
         for s in conn.execute(q):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from bridge.accounting_cli import accounting_app, report
 from bridge.config_cli import config_app
 from bridge.daemon.cli import daemon, lend, return_, status
 from bridge.lab.cli import lab_app
@@ -18,6 +19,8 @@ app = typer.Typer(
 app.add_typer(lab_app, name="lab")
 app.add_typer(load_app, name="load")
 app.add_typer(config_app, name="config")
+app.add_typer(accounting_app, name="accounting")
+app.command()(report)
 app.command()(daemon)
 app.command()(status)
 app.command()(lend)

@@ -212,6 +212,48 @@ class DaemonConfig(_Strict):
     )
 
 
+class AccountingConfig(_Strict):
+    """The GPU-hour ledger: where it is, how the daemon feeds it, how jobs map to teams."""
+
+    ledger_url: str = Field(
+        default="sqlite:///stb-ledger.db",
+        description="SQLAlchemy URL of the ledger (SQLite file by default; "
+        "postgresql://... in production). May be the lease store's database.",
+    )
+    cluster: str = Field(
+        default="",
+        description="Cluster name for the ledger; empty: the name sacct reports.",
+    )
+    ingest_interval_s: float = Field(
+        default=300,
+        ge=0,
+        description="Seconds between the daemon's ingests (0: the daemon does not ingest; "
+        "run `stb accounting ingest` from cron instead). 5 minutes keeps the ledger "
+        "current to the hour without loading slurmdbd.",
+    )
+    lookback_s: float = Field(
+        default=7200,
+        gt=0,
+        description="Each daemon ingest re-reads this many seconds back: records that "
+        "slurmdbd completes late (ends, requeues) are picked up; unchanged ones cost nothing.",
+    )
+    teams: dict[str, str] = Field(
+        default_factory=dict,
+        description="Slurm account -> team; an account not listed is its own team.",
+    )
+    workloads: dict[str, Literal["training", "elastic", "inference"]] = Field(
+        default_factory=dict,
+        description="Partition -> workload, for partitions no pool names; a pool's "
+        "partition gets its pool's workload (drain: training, preempt: elastic, "
+        "reserved: inference). A job's `stb:workload=` tag wins over both.",
+    )
+    idle_cost: Literal["line", "shared"] = Field(
+        default="line",
+        description="Reports: idle cost as its own line, or shared within each pool in "
+        "proportion to use.",
+    )
+
+
 class BridgeConfig(BaseSettings):
     """The whole configuration."""
 
@@ -247,6 +289,7 @@ class BridgeConfig(BaseSettings):
     triton: TritonJobConfig = Field(default_factory=TritonJobConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
+    accounting: AccountingConfig = Field(default_factory=AccountingConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> BridgeConfig:

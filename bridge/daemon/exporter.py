@@ -1,7 +1,8 @@
 """The bridge's own metrics and health, over HTTP: `/metrics` (Prometheus text),
 `/healthz` (200 while the last good tick is recent, 503 otherwise, with a JSON body
 saying why) and `/sd` (the http_sd document of Triton targets, when routing provides
-one). Called by the reconciler (it records each tick and decision) and by `stb daemon`
+one), plus the routes the daemon adds (the ledger's `/api/report`). Called by the
+reconciler (it records each tick and decision) and by `stb daemon`
 (it starts the server). One registry per exporter, so tests and several daemons in one
 process never collide.
 """
@@ -11,13 +12,17 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from bridge.leases.states import LeaseState
+
+#: an extra GET route: query parameters -> (HTTP status, JSON body)
+Route = Callable[[Mapping[str, Sequence[str]]], tuple[int, bytes]]
 
 
 class BridgeMetrics:
@@ -70,6 +75,9 @@ class BridgeMetrics:
         self.tick_errors = Counter(
             "stb_tick_errors", "Ticks that failed, by error class.", ["kind"], registry=r
         )
+        self.ledger_ingests = Counter(
+            "stb_ledger_ingests", "Scheduled ledger ingests, by outcome.", ["outcome"], registry=r
+        )
         for state in LeaseState:
             self.leases.labels(state.value).set(0)
         self._last_good: float | None = None
@@ -110,8 +118,11 @@ class ExporterServer:
         address: tuple[str, int],
         tick_s: float,
         sd_document: Callable[[], bytes] | None = None,
+        routes: Mapping[str, Route] | None = None,
     ) -> None:
         exporter = self
+        #: more GET paths: path -> handler(query parameters) -> (status, JSON body)
+        self.routes = dict(routes or {})
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -150,6 +161,10 @@ class ExporterServer:
             self._reply(req, 200 if ok else 503, "application/json", json.dumps(body).encode())
         elif path == "/sd" and self.sd_document is not None:
             self._reply(req, 200, "application/json", self.sd_document())
+        elif path in self.routes:
+            query = parse_qs(urlsplit(req.path).query, keep_blank_values=True)
+            code, payload = self.routes[path](query)
+            self._reply(req, code, "application/json", payload)
         else:
             self._reply(req, 404, "text/plain", b"not found\n")
 

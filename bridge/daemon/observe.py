@@ -27,7 +27,7 @@ from bridge.policy.snapshot import (
 from bridge.slurm.model import Job, Node
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.errors import TritonError
-from bridge.triton.metrics import parse_page
+from bridge.triton.metrics import MetricsPage, parse_page
 from bridge.triton.protocol import TritonInstance
 from bridge.triton.signal import Observation, instance_signal, model_signals
 
@@ -74,8 +74,12 @@ class Observer:
         config: BridgeConfig,
         triton_for: Callable[[str], TritonInstance],
         clock: Callable[[], float] = time.monotonic,
+        on_page: Callable[[str, str, float, MetricsPage], None] | None = None,
     ) -> None:
         self._slurm = slurm
+        #: called with (job id, address, wall time, page) for each scraped instance: the
+        #: ledger keeps the per-model compute counters
+        self._on_page = on_page
         self._config = config
         self._triton_for = triton_for
         self._clock = clock
@@ -125,9 +129,10 @@ class Observer:
                 text = self._triton_for(server.address).metrics_text()
             except TritonError:
                 continue
-            obs = Observation(
-                server.address, self._clock(), parse_page(text), incarnation=server.job.job_id
-            )
+            page = parse_page(text)
+            if self._on_page is not None:
+                self._on_page(server.job.job_id, server.address, now, page)
+            obs = Observation(server.address, self._clock(), page, incarnation=server.job.job_id)
             signals.append(instance_signal(self._previous.get(server.address), obs))
             self._previous[server.address] = obs
         live = {s.address for s in servers}

@@ -20,13 +20,16 @@ from typing import IO
 
 from apscheduler.schedulers.blocking import BlockingScheduler
 
+from accounting.api import report_response
+from accounting.db import open_ledger
 from bridge.config import BridgeConfig
 from bridge.daemon.clients import TritonClients
-from bridge.daemon.exporter import BridgeMetrics, ExporterServer
+from bridge.daemon.exporter import BridgeMetrics, ExporterServer, Route
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.ledger import LedgerFeed
 from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxControl, NginxProcess
 from bridge.routing.publisher import RoutingPublisher
@@ -47,6 +50,8 @@ class Bridge:
     publisher: RoutingPublisher | None
     nginx: NginxProcess | None
     clients: TritonClients
+    #: the ledger feed (None when `accounting.ingest_interval_s` is 0)
+    ledger: LedgerFeed | None = None
 
     def close(self) -> None:
         self.clients.close()
@@ -78,6 +83,10 @@ def build(
     store = LeaseStore(engine)
     slurm = open_backend(env=slurm_env)
     metrics = BridgeMetrics()
+    feed = None
+    if config.accounting.ingest_interval_s > 0:
+        feed = LedgerFeed(config, open_ledger(config.accounting.ledger_url))
+        metrics.registry.register(feed.collector)
     publisher = proc = None
     if with_routing:
         r = config.routing
@@ -98,14 +107,14 @@ def build(
         config,
         slurm,
         store,
-        Observer(slurm, config, clients),
+        Observer(slurm, config, clients, on_page=feed.record_page if feed else None),
         clients,
         publisher,
         metrics,
         RequestQueue(engine),
         clients.forget,
     )
-    return Bridge(config, reconciler, metrics, publisher, proc, clients)
+    return Bridge(config, reconciler, metrics, publisher, proc, clients, feed)
 
 
 @contextmanager
@@ -135,7 +144,14 @@ def run_daemon(config: BridgeConfig) -> None:
         bridge = build(config)
         host, port = _host_port(config.daemon.exporter_listen)
         sd = bridge.publisher.document if bridge.publisher else None
-        exporter = ExporterServer(bridge.metrics, (host, port), config.tick_s, sd).start()
+        routes: dict[str, Route] = {}
+        if bridge.ledger is not None:
+            ledger = bridge.ledger.ledger
+            idle = config.accounting.idle_cost
+            routes["/api/report"] = lambda query: report_response(ledger, query, idle)
+        exporter = ExporterServer(
+            bridge.metrics, (host, port), config.tick_s, sd, routes=routes
+        ).start()
         scheduler = BlockingScheduler(timezone=UTC)
 
         def tick() -> None:
@@ -157,6 +173,30 @@ def run_daemon(config: BridgeConfig) -> None:
             next_run_time=datetime.now(UTC),
             id="tick",
         )
+
+        feed = bridge.ledger
+        if feed is not None:
+
+            def ingest() -> None:
+                rec = bridge.reconciler
+                try:
+                    summary = feed.ingest(rec.slurm, rec.store, datetime.now(UTC))
+                except Exception as exc:  # a failed ingest is retried at the next interval
+                    bridge.metrics.ledger_ingests.labels("error").inc()
+                    log.exception("ledger ingest failed: %s", exc)
+                    return
+                bridge.metrics.ledger_ingests.labels("ok").inc()
+                log.info("ledger ingest: %s", summary.line())
+
+            scheduler.add_job(
+                ingest,
+                "interval",
+                seconds=config.accounting.ingest_interval_s,
+                max_instances=1,
+                coalesce=True,
+                next_run_time=datetime.now(UTC),
+                id="ledger-ingest",
+            )
 
         def stop(signum: int, frame: FrameType | None) -> None:
             scheduler.shutdown(wait=False)

@@ -40,6 +40,9 @@ def lab_config(spec: LabSpec) -> BridgeConfig:
                 }
             ),
             "daemon": base.daemon.model_copy(update={"lock_file": lab / "run" / "bridge.lock"}),
+            "accounting": base.accounting.model_copy(
+                update={"ledger_url": f"sqlite:///{lab / 'ledger.db'}", "cluster": spec.cluster}
+            ),
         }
     )
 

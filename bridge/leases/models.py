@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
 
 from sqlalchemy import JSON, Column, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy import Enum as SAEnum

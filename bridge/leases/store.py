@@ -259,6 +259,13 @@ class LeaseStore:
             query = select(Lease).where(col(Lease.state) != LeaseState.RETURNED)
             return list(session.exec(query.order_by(col(Lease.id))).all())
 
+    def touched_since(self, since: datetime) -> list[Lease]:
+        """Every lease open at or after `since` (its last change is not earlier): the
+        leases whose serving time the ledger may book for a window starting then."""
+        with self._read() as session:
+            query = select(Lease).where(col(Lease.updated_at) >= since)
+            return list(session.exec(query.order_by(col(Lease.id))).all())
+
     def by_node(self, node: str, *, open_only: bool = False) -> list[Lease]:
         """The node's leases, oldest first (its open one, if any, is last)."""
         with self._read() as session:

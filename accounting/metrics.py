@@ -1,0 +1,73 @@
+"""Prometheus metrics of the ledger: `stb_ledger_gpu_hours_total{team,workload}` (all GPU
+time booked so far; idle under workload="idle", team="") and
+`stb_ledger_last_ingest_timestamp_seconds`. A custom collector that reads the ledger at
+most once per `ttl_s` (a scrape never waits on a large GROUP BY more than once a minute).
+Registered in the daemon's exporter registry.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, func, select
+
+from accounting.buckets import MS_PER_HOUR
+from accounting.schema import IngestRun, LedgerRow
+
+LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
+RUNS = IngestRun.__table__  # type: ignore[attr-defined]
+
+
+class LedgerCollector(Collector):
+    def __init__(
+        self, engine: Engine, ttl_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._engine = engine
+        self._ttl = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._at: float | None = None
+        self._hours: list[tuple[str, str, float]] = []
+        self._last_ingest: float | None = None
+
+    def invalidate(self) -> None:
+        """Read the ledger again at the next scrape (called after an ingest)."""
+        with self._lock:
+            self._at = None
+
+    def _refresh(self) -> None:
+        now = self._clock()
+        with self._lock:
+            if self._at is not None and now - self._at < self._ttl:
+                return
+            with self._engine.connect() as conn:
+                rows = conn.execute(
+                    select(LEDGER.c.team, LEDGER.c.workload, func.sum(LEDGER.c.gpu_ms)).group_by(
+                        LEDGER.c.team, LEDGER.c.workload
+                    )
+                ).all()
+                last = conn.scalar(select(func.max(RUNS.c.finished_at)))
+            self._hours = [(t, w, int(ms) / MS_PER_HOUR) for t, w, ms in rows]
+            self._last_ingest = last.timestamp() if last is not None else None
+            self._at = now
+
+    def collect(self) -> Iterator[Metric]:
+        self._refresh()
+        hours = CounterMetricFamily(
+            "stb_ledger_gpu_hours",
+            'GPU-hours booked in the ledger, by team and workload (idle: team "").',
+            labels=["team", "workload"],
+        )
+        for team, workload, value in self._hours:
+            hours.add_metric([team, workload], value)
+        yield hours
+        if self._last_ingest is not None:
+            yield GaugeMetricFamily(
+                "stb_ledger_last_ingest_timestamp_seconds",
+                "When the last ingest into the ledger finished (Unix time).",
+                value=self._last_ingest,
+            )

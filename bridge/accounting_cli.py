@@ -1,0 +1,279 @@
+"""`stb accounting ...` (ingest, periods, rates, migrations) and `stb report`: the ledger
+on the command line. Thin: parses options, calls `bridge.ledger` and `accounting`, prints.
+
+Times on the command line are ISO 8601 (a time without a zone is UTC) or relative to now:
+`-2h`, `-30m`, `-7d`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from accounting.db import head_revision, open_ledger, upgrade
+from accounting.errors import LedgerError
+from accounting.ingest import close_period
+from accounting.rates import RateBook, RateSpec, add_rates, list_rates, parse_price
+from accounting.render import FORMATS, to_csv, to_json, to_table
+from accounting.report import Window, build_report, parse_filters, parse_keys
+from accounting.schema import Restatement
+from bridge.config import BridgeConfig, ConfigError, load_config
+from bridge.db import make_engine
+from bridge.leases.store import LeaseStore, create_schema
+from bridge.ledger import ingest_window
+from bridge.slurm.errors import SlurmError
+from bridge.slurm.select import open_backend
+
+console = Console(stderr=True)
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Bridge TOML file.")]
+accounting_app = typer.Typer(
+    help="The GPU-hour ledger: ingest, periods, rates.", no_args_is_help=True
+)
+rates_app = typer.Typer(help="Prices per GPU-hour.", no_args_is_help=True)
+accounting_app.add_typer(rates_app, name="rates")
+
+_REL = re.compile(r"^-(\d+)([mhd])$")
+
+
+def parse_time(text: str, now: datetime, what: str) -> datetime:
+    m = _REL.match(text.strip())
+    if m:
+        n, unit = int(m.group(1)), m.group(2)
+        return (
+            now - {"m": timedelta(minutes=n), "h": timedelta(hours=n), "d": timedelta(days=n)}[unit]
+        )
+    if text.strip() == "now":
+        return now
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{what}: {text!r} is not an ISO time, 'now' or -N[mhd]") from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _config(path: Path | None) -> BridgeConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(code=1) from exc
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    console.print(f"[red]error:[/red] {exc}")
+    return typer.Exit(code=1)
+
+
+@accounting_app.command()
+def ingest(
+    since: Annotated[str, typer.Option(help="Window start (ISO time or -N[mhd]).")] = "-2h",
+    until: Annotated[str, typer.Option(help="Window end (ISO time, 'now' or -N[mhd]).")] = "now",
+    restate: Annotated[
+        bool, typer.Option(help="Allow changes to closed months (logged as restatements).")
+    ] = False,
+    reason: Annotated[str, typer.Option(help="Why a closed month is restated.")] = "",
+    config: ConfigOpt = None,
+) -> None:
+    """Book every Slurm job run of the window (sacct), the capacity and the serving split
+    into the ledger. Idempotent: re-running a window changes nothing."""
+    cfg = _config(config)
+    now = datetime.now(UTC)
+    start, end = parse_time(since, now, "--since"), parse_time(until, now, "--until")
+    if end <= start:
+        raise typer.BadParameter(f"--until ({end.isoformat()}) is not after --since")
+    try:
+        ledger = open_ledger(cfg.accounting.ledger_url)
+        lease_engine = make_engine(cfg.database_url)
+        create_schema(lease_engine)
+        leases = LeaseStore(lease_engine).touched_since(start)
+        with Progress(
+            TextColumn("sacct {task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed:.0f}/{task.total:.0f} days, {task.fields[records]} runs"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=not sys.stderr.isatty(),
+        ) as progress:
+            days = max(1, -(-int((end - start).total_seconds()) // 86400))
+            task = progress.add_task("", total=days, records=0)
+            seen = [0]
+
+            def step(lo: datetime, hi: datetime, n: int) -> None:
+                seen[0] += n
+                progress.update(
+                    task, advance=1, description=lo.strftime("%Y-%m-%d"), records=seen[0]
+                )
+
+            summary = ingest_window(
+                cfg, open_backend(), ledger, start, end, leases=leases,
+                restate=restate, reason=reason, now=now, on_step=step,
+            )  # fmt: skip
+    except (LedgerError, SlurmError) as exc:
+        raise _fail(exc) from exc
+    console.print(f"ingest {start.isoformat()} .. {end.isoformat()}: {summary.line()}")
+    for key, why in summary.deferred[:10]:
+        console.print(f"  deferred {key}: {why}")
+    if summary.restated:
+        console.print(f"  restated closed month(s): {', '.join(summary.restated)} ({reason})")
+    if summary.overbooked:
+        console.print(
+            f"  [yellow]warning:[/yellow] {len(summary.overbooked)} pool-hour(s) allocated "
+            "beyond the recorded capacity (no idle booked there)"
+        )
+
+
+@accounting_app.command()
+def close(
+    month: Annotated[str, typer.Argument(help="YYYY-MM")],
+    note: Annotated[str, typer.Option(help="Why/who.")] = "",
+    config: ConfigOpt = None,
+) -> None:
+    """Close a month: later changes to it need `ingest --restate --reason`."""
+    cfg = _config(config)
+    try:
+        close_period(open_ledger(cfg.accounting.ledger_url), month, note)
+    except LedgerError as exc:
+        raise _fail(exc) from exc
+    console.print(f"closed {month}")
+
+
+@accounting_app.command()
+def restatements(config: ConfigOpt = None) -> None:
+    """Every change made to a closed month, and why."""
+    cfg = _config(config)
+    engine = open_ledger(cfg.accounting.ledger_url)
+    table = Table("at", "month", "source", "old GPU-h", "new GPU-h", "reason")
+    from sqlalchemy import select
+
+    t = Restatement.__table__  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        for r in conn.execute(select(t).order_by(t.c.id)):
+            table.add_row(
+                r.at.isoformat(timespec="seconds"), r.month, r.source,
+                f"{r.old_gpu_ms / 3.6e6:.3f}", f"{r.new_gpu_ms / 3.6e6:.3f}", r.reason,
+            )  # fmt: skip
+    Console().print(table)
+
+
+@accounting_app.command()
+def migrate(config: ConfigOpt = None) -> None:
+    """Bring the ledger's schema to the latest migration."""
+    cfg = _config(config)
+    engine = make_engine(cfg.accounting.ledger_url)
+    upgrade(engine)
+    console.print(f"ledger at revision {head_revision()}")
+
+
+@rates_app.command("add")
+def rates_add(
+    gpu_type: Annotated[str, typer.Option("--gpu-type", help="GPU type, e.g. h100.")],
+    price: Annotated[str, typer.Option(help="Price per GPU-hour, e.g. 2.50.")],
+    valid_from: Annotated[str, typer.Option("--from", help="First day (YYYY-MM-DD).")],
+    valid_to: Annotated[
+        str | None, typer.Option("--to", help="First day no longer covered (exclusive).")
+    ] = None,
+    pool: Annotated[str | None, typer.Option(help="Only this pool.")] = None,
+    qos: Annotated[str | None, typer.Option(help="Only this QOS.")] = None,
+    currency: Annotated[str, typer.Option(help="ISO currency code.")] = "USD",
+    note: Annotated[str, typer.Option(help="Free text.")] = "",
+    config: ConfigOpt = None,
+) -> None:
+    """Add a rate; one that overlaps a rate of the same scope is refused."""
+    cfg = _config(config)
+    try:
+        spec = RateSpec(
+            gpu_type=gpu_type,
+            price=parse_price(price),
+            valid_from=_day(valid_from, "--from"),
+            valid_to=_day(valid_to, "--to") if valid_to else None,
+            pool=pool,
+            qos=qos,
+            currency=currency,
+            note=note,
+        )
+        add_rates(open_ledger(cfg.accounting.ledger_url), [spec])
+    except LedgerError as exc:
+        raise _fail(exc) from exc
+    console.print(f"added {spec.describe()}")
+
+
+def _day(text: str, what: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(f"{what}: {text!r} is not a date (YYYY-MM-DD)") from None
+
+
+@rates_app.command("list")
+def rates_list(config: ConfigOpt = None) -> None:
+    """The rates, by GPU type and date."""
+    cfg = _config(config)
+    table = Table("gpu type", "pool", "qos", "from", "to", "price/GPU-h", "currency", "note")
+    for r in list_rates(open_ledger(cfg.accounting.ledger_url)):
+        table.add_row(
+            r.gpu_type, r.pool or "*", r.qos or "*", r.valid_from.isoformat(),
+            r.valid_to.isoformat() if r.valid_to else "-", str(r.price), r.currency, r.note,
+        )  # fmt: skip
+    Console().print(table)
+
+
+def report(
+    window: Annotated[str, typer.Option(help="YYYY-MM, YYYY-MM-DD or START..END.")],
+    by: Annotated[str, typer.Option(help="Keys to group by, comma-separated.")] = "team,workload",
+    fmt: Annotated[str, typer.Option("--format", help="|".join(FORMATS))] = "table",
+    step: Annotated[str | None, typer.Option(help="hour, day or month.")] = None,
+    idle: Annotated[str | None, typer.Option(help="line or shared (default: config).")] = None,
+    where: Annotated[list[str] | None, typer.Option(help="Filter KEY=VALUE (repeatable).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to a file.")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """GPU-hours and cost from the ledger, as a table, CSV, JSON, XLSX or an HTML page."""
+    cfg = _config(config)
+    if fmt not in FORMATS:
+        raise typer.BadParameter(f"--format {fmt!r}: choose from {', '.join(FORMATS)}")
+    if fmt == "xlsx" and output is None:
+        raise typer.BadParameter("--format xlsx needs --output FILE")
+    idle_mode = idle or cfg.accounting.idle_cost
+    if idle_mode not in ("line", "shared"):
+        raise typer.BadParameter(f"--idle {idle_mode!r}: choose line or shared")
+    try:
+        engine = open_ledger(cfg.accounting.ledger_url)
+        rates = RateBook(list_rates(engine))
+        win = Window.parse(window)
+        rep = build_report(
+            engine, win, parse_keys(by), step=step, idle=idle_mode,  # type: ignore[arg-type]
+            rates=rates, filters=parse_filters(where or []),
+        )  # fmt: skip
+        if fmt == "xlsx":
+            from accounting.xlsx import render_xlsx
+
+            assert output is not None
+            render_xlsx(rep, output)
+            console.print(f"wrote {output}")
+            return
+        if fmt == "html":
+            from accounting.html import render_html
+
+            text = render_html(engine, rep, rates)
+        elif fmt == "json":
+            text = to_json(rep)
+        elif fmt == "csv":
+            text = to_csv(rep)
+        else:
+            Console(width=160).print(to_table(rep))
+            return
+    except LedgerError as exc:
+        raise _fail(exc) from exc
+    if output:
+        output.write_text(text)
+        console.print(f"wrote {output}")
+    else:
+        sys.stdout.write(text)

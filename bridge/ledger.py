@@ -1,0 +1,194 @@
+"""The bridge's side of the GPU-hour ledger: builds what `accounting` needs from the
+configuration, Slurm, the lease store and the model repository, and runs one ingest.
+`stb accounting ingest` and the daemon's scheduled ingest both call `ingest_window`.
+
+- Capacity: the nodes Slurm lists, each in its pool (`observe.pool_of`), GPUs from its gres;
+  nodes that are down or not responding are out of service (no capacity).
+- Workloads: a pool's partition gets its pool's workload (drain -> training, preempt ->
+  elastic, reserved -> inference); `[accounting] workloads` names other partitions.
+- Teams: `[accounting] teams` maps accounts; a served model's team is its `stb.team`.
+- Leases: the lease tag a lent Triton job carries -> the pool the node was lent from.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from accounting.attribution import Context, ServingPoint
+from accounting.buckets import floor_hour
+from accounting.ingest import (
+    IngestSummary,
+    NodeCapacity,
+    ingest_records,
+    record_inventory,
+    record_serving,
+)
+from accounting.metrics import LedgerCollector
+from accounting.schema import NodeSpan
+from bridge.config import BridgeConfig
+from bridge.daemon.launcher import lease_tag
+from bridge.daemon.observe import pool_of
+from bridge.leases.models import Lease
+from bridge.leases.store import LeaseStore
+from bridge.slurm.model import AccountingRecord, Node
+from bridge.slurm.protocol import SlurmProtocol
+from bridge.triton.metrics import MetricsPage
+from bridge.triton.repository import model_teams
+
+log = logging.getLogger(__name__)
+
+WORKLOAD_OF_MODE = {"drain": "training", "preempt": "elastic", "reserved": "inference"}
+_OUT_OF_SERVICE = ("down", "fail", "future", "unknown", "inval")
+#: the longest stretch one sacct call covers: a long backfill runs in steps, with progress
+SACCT_STEP = timedelta(days=1)
+
+
+def inventory(nodes: Iterable[Node], config: BridgeConfig) -> list[NodeCapacity]:
+    out = []
+    for node in nodes:
+        pool = pool_of(node, config)
+        if pool is None or node.gpus <= 0 or node.state.startswith(_OUT_OF_SERVICE):
+            continue
+        out.append(NodeCapacity(node.name, pool, node.gpu_type or "gpu", node.gpus))
+    return out
+
+
+def context(
+    config: BridgeConfig,
+    nodes: Sequence[Node],
+    leases: Iterable[Lease],
+    horizon: datetime,
+    cluster: str,
+) -> Context:
+    acc = config.accounting
+    workloads = {p.partition: WORKLOAD_OF_MODE[p.lend_mode] for p in config.pools.values()}
+    workloads.update(acc.workloads)
+    return Context(
+        pool_of_node={n.name: p for n in nodes if (p := pool_of(n, config)) is not None},
+        gpu_type_of_node={n.name: n.gpu_type or "gpu" for n in nodes if n.gpus > 0},
+        workload_of_partition=workloads,
+        workload_of_pool={name: WORKLOAD_OF_MODE[p.lend_mode] for name, p in config.pools.items()},
+        team_of_account=dict(acc.teams),
+        team_of_model=model_teams(config.triton.model_repository),
+        pool_of_lease={
+            lease_tag((lease.id, int(lease.created_at.timestamp())))[
+                len("stb:lease=") :
+            ]: lease.pool
+            for lease in leases
+            if lease.id is not None
+        },
+        known_gpu_types=frozenset(n.gpu_type or "gpu" for n in nodes if n.gpus > 0),
+        horizon=horizon,
+        cluster=cluster,
+    )
+
+
+def _records(
+    slurm: SlurmProtocol,
+    since: datetime,
+    until: datetime,
+    on_step: Callable[[datetime, datetime, int], None] | None,
+) -> Iterator[AccountingRecord]:
+    """sacct over [since, until) in steps of a day; each run once (sacct lists a job in
+    every step it overlaps)."""
+    seen: set[str] = set()
+    lo = since
+    while lo < until:
+        hi = min(lo + SACCT_STEP, until)
+        records = slurm.accounting(lo, hi)
+        if on_step:
+            on_step(lo, hi, len(records))
+        for rec in records:
+            if rec.key not in seen:
+                seen.add(rec.key)
+                yield rec
+        lo = hi
+
+
+def ledger_cluster(
+    config: BridgeConfig, engine: Engine, records: Sequence[AccountingRecord]
+) -> str:
+    if config.accounting.cluster:
+        return config.accounting.cluster
+    named = [r.cluster for r in records if r.cluster]
+    if named:
+        return max(set(named), key=named.count)
+    with engine.connect() as conn:
+        last = conn.scalar(
+            select(NodeSpan.__table__.c.cluster).order_by(NodeSpan.__table__.c.id.desc()).limit(1)  # type: ignore[attr-defined]
+        )
+    return str(last) if last else "cluster"
+
+
+def ingest_window(
+    config: BridgeConfig,
+    slurm: SlurmProtocol,
+    ledger: Engine,
+    since: datetime,
+    until: datetime,
+    *,
+    leases: Iterable[Lease] = (),
+    restate: bool = False,
+    reason: str = "",
+    now: datetime | None = None,
+    on_step: Callable[[datetime, datetime, int], None] | None = None,
+) -> IngestSummary:
+    """Record the inventory, then book every sacct run of [since, until) (idle recomputed
+    for the window's hours). The window starts on an hour."""
+    now = now or datetime.now(UTC)
+    since = floor_hour(since)
+    until = min(until, now)
+    nodes = slurm.nodes()
+    records = list(_records(slurm, since, until, on_step))
+    cluster = ledger_cluster(config, ledger, records)
+    record_inventory(ledger, cluster, inventory(nodes, config), now, backfill_from=since)
+    ctx = context(config, nodes, leases, horizon=until, cluster=cluster)
+    return ingest_records(
+        ledger, records, ctx, since=since, until=until, restate=restate, reason=reason, now=now
+    )
+
+
+class LedgerFeed:
+    """The daemon's link to the ledger: stores each Triton scrape's per-model compute
+    counters (the serving split's input) and runs the scheduled ingest."""
+
+    def __init__(self, config: BridgeConfig, ledger: Engine) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.collector = LedgerCollector(ledger)
+        self.cluster = config.accounting.cluster
+
+    def record_page(self, job_id: str, address: str, at: float, page: MetricsPage) -> None:
+        """Observer hook: one instance's scrape. A failure is logged, never raised: the
+        control pass must not depend on the ledger."""
+        compute: dict[str, float] = {}
+        for (model, _version), s in page.models.items():
+            parts = (
+                s.compute_input_duration_us,
+                s.compute_infer_duration_us,
+                s.compute_output_duration_us,
+            )
+            if s.compute_infer_duration_us is not None:
+                compute[model] = compute.get(model, 0.0) + sum(p or 0.0 for p in parts)
+        when = datetime.fromtimestamp(at, UTC)
+        try:
+            record_serving(
+                self.ledger,
+                self.cluster,
+                [ServingPoint(job_id, address, m, when, us) for m, us in sorted(compute.items())],
+            )
+        except SQLAlchemyError as exc:
+            log.warning("ledger: serving sample of job %s not stored: %s", job_id, exc)
+
+    def ingest(self, slurm: SlurmProtocol, store: LeaseStore, now: datetime) -> IngestSummary:
+        since = now - timedelta(seconds=self.config.accounting.lookback_s)
+        summary = ingest_window(
+            self.config, slurm, self.ledger, since, now, leases=store.touched_since(since), now=now
+        )
+        self.collector.invalidate()
+        return summary
