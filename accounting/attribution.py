@@ -28,7 +28,7 @@ from datetime import datetime
 
 from accounting.buckets import even_split, floor_hour, largest_remainder, split_ms, utc
 from accounting.errors import IngestError
-from accounting.schema import UNATTRIBUTED, WORKLOADS
+from accounting.schema import IDLE_TEAM, UNATTRIBUTED, WORKLOADS
 from bridge.slurm.model import AccountingRecord
 
 _TAG = re.compile(r"stb:(workload|lease|team)=([A-Za-z0-9_.:-]+)")
@@ -277,7 +277,7 @@ def idle_entries(
                     partition="",
                     workload="idle",
                     account="",
-                    team="",
+                    team=IDLE_TEAM,
                     user="",
                     model="",
                     gpu_type=gpu_type,

@@ -262,12 +262,15 @@ def _share_idle(lines: list[Line], report: Report) -> None:
         pool = line.keys["pool"]
         if line.keys["workload"] == "idle":
             idle_cost[pool] += line.cost or Decimal(0)
-            line.cost = Decimal(0)
         else:
             used[pool] += line.gpu_ms
     for line in lines:
         pool = line.keys["pool"]
-        if line.keys["workload"] != "idle" and used[pool]:
+        if not used[pool]:
+            continue  # nothing to share it over: the idle line keeps its cost
+        if line.keys["workload"] == "idle":
+            line.cost = Decimal(0)
+        else:
             line.cost = (line.cost or Decimal(0)) + idle_cost[pool] * line.gpu_ms / used[pool]
     unshared = sorted(p for p, c in idle_cost.items() if c and not used[p])
     if unshared:

@@ -44,6 +44,8 @@ WORKLOADS = ("training", "elastic", "inference", "idle")
 UNATTRIBUTED = "(unattributed)"
 #: the source of idle rows (capacity minus allocation)
 CAPACITY_SOURCE = "capacity"
+#: the team column of idle rows (no one used that capacity)
+IDLE_TEAM = "(idle)"
 
 
 def _s(length: int, *, index: bool = False, nullable: bool = False) -> Column:  # type: ignore[type-arg]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up this checkout on a Debian machine: Python >= 3.11 with venv, the libpython the
-# Triton Python-backend stub links against, and the project in .venv (editable, with its
-# dev tools). Idempotent; run as root (it uses apt-get when something is missing).
+# Triton Python-backend stub links against, headless Chromium (for the HTML report test),
+# and the project in .venv (editable, with its dev tools). Idempotent; run as root (it uses
+# apt-get when something is missing).
 # The lab's own packages (Slurm, munge, nginx, MariaDB) are installed by `stb lab up`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,11 @@ ver=$("$PY" -c 'import sys; print(f"{sys.version_info.major}.{sys.version_info.m
 # Triton's Python-backend stub (from the nvidia-pytriton wheel) links libpython<ver>.so.
 if ! ldconfig -p | grep -q "libpython${ver}\.so\.1\.0"; then
     apt_install "libpython${ver}"
+fi
+# Headless Chromium, with a font for the page's text, renders the HTML finance report in
+# tests/unit/test_report_chromium.py.
+if ! command -v chromium >/dev/null || [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+    apt_install chromium fonts-dejavu-core
 fi
 
 if [ ! -x .venv/bin/python ]; then
