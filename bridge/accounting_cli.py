@@ -118,7 +118,9 @@ def ingest(
             )  # fmt: skip
     except (LedgerError, SlurmError) as exc:
         raise _fail(exc) from exc
-    console.print(f"ingest {start.isoformat()} .. {end.isoformat()}: {summary.line()}")
+    console.print(
+        f"ingest {start.isoformat()} .. {end.isoformat()}: {summary.line()}", soft_wrap=True
+    )
     for key, why in summary.deferred[:10]:
         console.print(f"  deferred {key}: {why}")
     if summary.restated:

@@ -119,6 +119,10 @@ managed_nginx_prefix = "{tmp_path / "nginx"}"
 [daemon]
 exporter_listen = "127.0.0.1:{exporter_port}"
 lock_file = "{tmp_path / "bridge.lock"}"
+[accounting]
+ledger_url = "sqlite:///{tmp_path / "ledger.db"}"
+cluster = "{lab.cluster}"
+ingest_interval_s = 2
 """)
     yield path
     nginx_pid = tmp_path / "nginx" / "run" / "nginx.pid"

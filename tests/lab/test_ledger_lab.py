@@ -85,7 +85,9 @@ def _wait_idle_queue(lab: LabSpec, jobs: list[str], timeout_s: float = 120) -> N
     raise AssertionError(f"jobs still queued after {timeout_s}s: {jobs}")
 
 
-def test_ledger_agrees_with_sacct_and_splits_the_serving_job(lab: LabSpec, tmp_path: Path) -> None:
+def test_ledger_agrees_with_sacct_and_splits_the_serving_job(
+    lab: LabSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = lab_config(lab)
     config = config.model_copy(
         update={
@@ -216,7 +218,11 @@ def test_ledger_agrees_with_sacct_and_splits_the_serving_job(lab: LabSpec, tmp_p
 
     # 5. The report (CLI, JSON) says the same per account.
     cfg_file = tmp_path / "bridge.toml"
-    cfg_file.write_text(f'[accounting]\nledger_url = "{config.accounting.ledger_url}"\n')
+    cfg_file.write_text(
+        f'database_url = "{config.database_url}"\n[accounting]\n'
+        f'ledger_url = "{config.accounting.ledger_url}"\ncluster = "{lab.cluster}"\n'
+        '[accounting.teams]\nbridge = "inference-platform"\n'
+    )
     window = f"{since.isoformat()}..{(floor_hour(until) + timedelta(hours=1)).isoformat()}"
     res = CliRunner().invoke(
         app, ["report", "--window", window, "--by", "account", "--format", "json",
@@ -226,3 +232,13 @@ def test_ledger_agrees_with_sacct_and_splits_the_serving_job(lab: LabSpec, tmp_p
     doc = json.loads(res.stdout)
     reported = {line["account"]: line["gpu_ms"] for line in doc["lines"] if line["account"]}
     assert reported == dict(ours)
+
+    # 6. The command line's ingest of the same window (same configuration): a no-op.
+    for key, value in lab.env().items():
+        monkeypatch.setenv(key, value)
+    res = CliRunner().invoke(
+        app, ["accounting", "ingest", "--since", since.isoformat(), "--until",
+              until.isoformat(), "-c", str(cfg_file)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "0 new, 0 changed" in res.output and "0 rows written" in res.output, res.output

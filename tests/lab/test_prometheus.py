@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text as sql
 
 from bridge.lab.spec import LabSpec
 from bridge.leases.requests import RequestQueue
@@ -117,6 +118,32 @@ def test_prometheus_scrapes_the_bridge_and_every_ready_triton(
                 time.sleep(1)
             else:
                 pytest.fail(f"stb_leases never showed the serving lease: {res}")
+            # The ledger: the daemon ingests on its schedule, exports GPU-hours by team and
+            # workload, serves the report over HTTP and stores Triton's compute counters.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                res = httpx.get(
+                    f"{url}/api/v1/query",
+                    params={"query": 'stb_ledger_gpu_hours_total{workload="inference"}'},
+                ).json()
+                if res["data"]["result"] and float(res["data"]["result"][0]["value"][1]) > 0:
+                    break
+                time.sleep(1)
+            else:
+                pytest.fail(f"stb_ledger_gpu_hours_total never showed inference: {res}")
+            today = datetime.now(UTC).date().isoformat()
+            api = httpx.get(
+                f"http://{exporter}/api/report", params={"window": today, "by": "workload,pool"}
+            )
+            assert api.status_code == 200, api.text
+            booked = {(li["workload"], li["pool"]) for li in api.json()["lines"]}
+            assert {("inference", "inference"), ("idle", "training")} <= booked, booked
+            bad = httpx.get(f"http://{exporter}/api/report", params={"window": "November"})
+            assert bad.status_code == 400 and "window 'November'" in bad.json()["error"]
+            ledger = make_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+            with ledger.connect() as conn:
+                samples = conn.execute(sql("SELECT DISTINCT model FROM serving_sample")).all()
+            assert {m for (m,) in samples} >= {"busy", "echo"}
             rules = httpx.get(f"{url}/api/v1/rules").json()["data"]["groups"][0]["rules"]
             assert {r["name"] for r in rules} >= {
                 "StbSloBreachSustained",
