@@ -56,12 +56,19 @@ class RateSpec:
         )
         until = self.valid_to.isoformat() if self.valid_to else "open"
         return (
-            f"{self.gpu_type}{where} {self.price} {self.currency}/GPU-hour "
+            f"{self.gpu_type}{where} {show_price(self.price)} {self.currency}/GPU-hour "
             f"[{self.valid_from.isoformat()}, {until})"
         )
 
     def covers(self, day: date) -> bool:
         return self.valid_from <= day and (self.valid_to is None or day < self.valid_to)
+
+
+def show_price(price: Decimal) -> str:
+    """A price as people write it: at least two decimals, no trailing zeros beyond."""
+    text = format(price.normalize(), "f")
+    whole, _, frac = text.partition(".")
+    return f"{whole}.{frac.ljust(2, '0')}"
 
 
 def parse_price(text: str | Decimal | int | float) -> Decimal:

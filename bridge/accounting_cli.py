@@ -21,7 +21,7 @@ from rich.table import Table
 from accounting.db import head_revision, open_ledger, upgrade
 from accounting.errors import LedgerError
 from accounting.ingest import close_period
-from accounting.rates import RateBook, RateSpec, add_rates, list_rates, parse_price
+from accounting.rates import RateBook, RateSpec, add_rates, list_rates, parse_price, show_price
 from accounting.render import FORMATS, to_csv, to_json, to_table
 from accounting.report import Window, build_report, parse_filters, parse_keys
 from accounting.schema import Restatement
@@ -68,7 +68,7 @@ def _config(path: Path | None) -> BridgeConfig:
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}")
+    console.print(f"[red]error:[/red] {exc}", soft_wrap=True, markup=True, highlight=False)
     return typer.Exit(code=1)
 
 
@@ -222,7 +222,7 @@ def rates_list(config: ConfigOpt = None) -> None:
     for r in list_rates(open_ledger(cfg.accounting.ledger_url)):
         table.add_row(
             r.gpu_type, r.pool or "*", r.qos or "*", r.valid_from.isoformat(),
-            r.valid_to.isoformat() if r.valid_to else "-", str(r.price), r.currency, r.note,
+            r.valid_to.isoformat() if r.valid_to else "-", show_price(r.price), r.currency, r.note,
         )  # fmt: skip
     Console().print(table)
 

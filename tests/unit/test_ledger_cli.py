@@ -1,0 +1,167 @@
+"""The ledger's command line, HTTP endpoint and Prometheus metrics, on a small SQLite
+ledger: `stb accounting rates`, `stb report` in every format, `/api/report` through the
+daemon's exporter, `stb_ledger_gpu_hours_total`."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from openpyxl import load_workbook
+from prometheus_client import CollectorRegistry, generate_latest
+from typer.testing import CliRunner
+
+from accounting.api import report_response
+from accounting.attribution import Context
+from accounting.db import open_ledger
+from accounting.ingest import NodeCapacity, ingest_records, record_inventory
+from accounting.metrics import LedgerCollector
+from bridge.cli import app
+from bridge.daemon.exporter import BridgeMetrics, ExporterServer
+from bridge.slurm.model import AccountingRecord
+
+T0 = datetime(2026, 11, 3, 8, 0, tzinfo=UTC)
+RUN = CliRunner()
+
+
+def _rec(job: str, account: str, hours: float, partition: str, node: str) -> AccountingRecord:
+    end = T0 + timedelta(hours=hours)
+    return AccountingRecord(
+        cluster="lab", job_id=job, array_job_id=None, array_task_id=None, name="j",
+        partition=partition, account=account, user="u", qos="normal", state="COMPLETED",
+        submit=T0, start=T0, end=end, elapsed_s=int(hours * 3600), nodes=(node,), gpus=2,
+        gpu_type="h100", comment="", restarts=0,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> Path:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    engine = open_ledger(url)
+    nodes = {"n1": "training", "n3": "elastic"}
+    record_inventory(
+        engine, "lab", [NodeCapacity(n, p, "h100", 4) for n, p in nodes.items()],
+        T0 + timedelta(hours=3), backfill_from=T0,
+    )  # fmt: skip
+    ctx = Context(
+        pool_of_node=nodes,
+        workload_of_partition={"train": "training", "elastic": "elastic"},
+        team_of_account={"nlp-acct": "team-nlp"},
+        horizon=T0 + timedelta(hours=3),
+    )
+    ingest_records(
+        engine,
+        [_rec("1", "nlp-acct", 2, "train", "n1"), _rec("2", "team-vision", 1.5, "elastic", "n3")],
+        ctx,
+        since=T0,
+        until=T0 + timedelta(hours=3),
+    )
+    path = tmp_path / "bridge.toml"
+    path.write_text(f'[accounting]\nledger_url = "{url}"\n')
+    return path
+
+
+def _ok(args: list[str]) -> str:
+    res = RUN.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    return res.stdout
+
+
+def test_rates_add_list_and_an_overlap_is_refused_by_name(cfg: Path) -> None:
+    _ok(["accounting", "rates", "add", "--gpu-type", "h100", "--price", "2.50",
+         "--from", "2026-01-01", "-c", str(cfg)])  # fmt: skip
+    res = RUN.invoke(app, ["accounting", "rates", "add", "--gpu-type", "h100", "--price", "3",
+                           "--from", "2026-06-01", "-c", str(cfg)])  # fmt: skip
+    assert res.exit_code == 1
+    assert "overlaps h100 2.50 USD/GPU-hour [2026-01-01, open)" in res.output
+    bad = RUN.invoke(app, ["accounting", "rates", "add", "--gpu-type", "h100", "--price",
+                           "cheap", "--from", "2026-01-01", "-c", str(cfg)])  # fmt: skip
+    assert bad.exit_code == 1 and "not a price: 'cheap'" in bad.output
+    assert "2.50" in _ok(["accounting", "rates", "list", "-c", str(cfg)])
+
+
+def test_report_formats_agree(cfg: Path, tmp_path: Path) -> None:
+    _ok(["accounting", "rates", "add", "--gpu-type", "h100", "--price", "2",
+         "--from", "2026-01-01", "-c", str(cfg)])  # fmt: skip
+    base = ["report", "--window", "2026-11", "--by", "team,workload", "-c", str(cfg)]
+    doc = json.loads(_ok([*base, "--format", "json"]))
+    lines = {(li["team"], li["workload"]): li for li in doc["lines"]}
+    assert lines[("team-nlp", "training")]["gpu_hours"] == 4.0
+    assert lines[("team-nlp", "training")]["cost"] == "8.00"
+    assert lines[("team-vision", "elastic")]["gpu_hours"] == 3.0
+    # 2 nodes x 4 GPUs x 3 h = 24 GPU-h of capacity: 7 used, 17 idle.
+    assert doc["total"]["gpu_hours"] == 24.0 and doc["total"]["cost"] == "48.00"
+    rows = list(csv.DictReader(io.StringIO(_ok([*base, "--format", "csv"]))))
+    assert {(r["team"], r["workload"], r["gpu_hours"], r["cost"]) for r in rows} == {
+        (li["team"], li["workload"], str(li["gpu_hours"]), li["cost"]) for li in doc["lines"]
+    }
+    table = _ok([*base, "--format", "table"])
+    assert "team-nlp" in table and "48.00" in table
+    _ok([*base, "--format", "xlsx", "-o", str(tmp_path / "r.xlsx")])
+    sheet = load_workbook(tmp_path / "r.xlsx")["report"]
+    assert sheet.max_row == len(doc["lines"]) + 2  # header + lines + total
+    _ok([*base, "--format", "html", "-o", str(tmp_path / "r.html")])
+    assert (tmp_path / "r.html").read_text().count("<svg") == 3
+    team = json.loads(_ok([*base, "--format", "json", "--where", "team=team-nlp"]))
+    assert team["lines"] == [li for li in doc["lines"] if li["team"] == "team-nlp"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--window", "Nov"], "window 'Nov'"),
+        (["--window", "2026-11", "--by", "colour"], "unknown key(s) colour"),
+        (["--window", "2026-11", "--step", "week"], "unknown step 'week'"),
+        (["--window", "2026-11", "--format", "pdf"], "--format 'pdf'"),
+        (["--window", "2026-11", "--where", "team"], "expected KEY=VALUE"),
+        (["--window", "2026-11-03T08:30..2026-11-04"], "not on an hour"),
+    ],
+)
+def test_bad_report_options_are_named(cfg: Path, args: list[str], message: str) -> None:
+    res = RUN.invoke(app, ["report", *args, "-c", str(cfg)])
+    assert res.exit_code != 0
+    assert message in " ".join(res.output.split()), res.output
+
+
+def test_the_http_endpoint_serves_the_report_json(cfg: Path, tmp_path: Path) -> None:
+    engine = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    server = ExporterServer(
+        BridgeMetrics(), ("127.0.0.1", 0), 5.0,
+        routes={"/api/report": lambda q: report_response(engine, q)},
+    ).start()  # fmt: skip
+    host, port = server.address
+    try:
+        url = f"http://{host}:{port}/api/report"
+        got = httpx.get(url, params={"window": "2026-11-03", "by": "pool", "step": "hour"})
+        assert got.status_code == 200
+        cli = json.loads(_ok(["report", "--window", "2026-11-03", "--by", "pool", "--step",
+                              "hour", "--format", "json", "-c", str(cfg)]))  # fmt: skip
+        assert got.json() == cli
+        assert {li["period"] for li in got.json()["lines"]} == {
+            (T0 + timedelta(hours=h)).isoformat() for h in range(3)
+        }
+        for params, message in [
+            ({}, "window is required"),
+            ({"window": "2026-11", "by": "nope"}, "unknown key(s) nope"),
+            ({"window": "2026-11", "colour": "red"}, "unknown parameter(s) colour"),
+        ]:
+            bad = httpx.get(url, params=params)
+            assert bad.status_code == 400 and message in bad.json()["error"]
+    finally:
+        server.stop()
+
+
+def test_ledger_metrics_by_team_and_workload(cfg: Path, tmp_path: Path) -> None:
+    engine = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    registry = CollectorRegistry()
+    collector = LedgerCollector(engine, ttl_s=3600)
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    assert 'stb_ledger_gpu_hours_total{team="team-nlp",workload="training"} 4.0' in text
+    assert 'stb_ledger_gpu_hours_total{team="(idle)",workload="idle"} 17.0' in text
+    assert "stb_ledger_last_ingest_timestamp_seconds" in text
