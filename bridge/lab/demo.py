@@ -3,24 +3,32 @@
 Brings the lab up, wires the daemon's parts from `deploy/lab/bridge.toml` (lab paths
 filled in), runs the showcase scenario (`bridge.lab.showcase`) with its timeline printed
 as it happens, then prints what happened: the lease's states, what the load generator
-measured before and after the lend, the requeued elastic job running again, and the GPU
-booking Slurm's accounting made for the lent Triton server.
+measured before and after the lend, the requeued elastic job running again, the GPU
+booking Slurm's accounting made for the lent Triton server, and the ledger of the demo's
+hours (who used the GPUs, for what; the served models split by compute time).
 """
 
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 
 from rich.console import Console
 from rich.table import Table
 
+from accounting.buckets import floor_hour
+from accounting.render import to_table
+from accounting.report import Window, build_report
 from bridge.config import BridgeConfig, load_config
 from bridge.daemon.service import build, single_instance
 from bridge.lab import triton
 from bridge.lab.showcase import Scenario, ScenarioResult
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.leases.store import LeaseStore
+from bridge.ledger import LedgerFeed, ingest_window
 from bridge.paths import project_root
+from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.parse import parse_sacct_json
 
 
@@ -66,6 +74,7 @@ def _report_row(name: str, rep: object) -> list[str]:
 
 def run(spec: LabSpec, console: Console, *, wait_requeued: bool = True) -> ScenarioResult:
     config = lab_config(spec)
+    started = datetime.now(UTC)
     with single_instance(config.daemon.lock_file):
         bridge = build(config, slurm_env=spec.env())
         try:
@@ -121,5 +130,32 @@ def run(spec: LabSpec, console: Console, *, wait_requeued: bool = True) -> Scena
                 )
                 break
             time.sleep(1)
+    if bridge.ledger is not None:
+        _ledger(spec, config, bridge.ledger, bridge.reconciler.store, started, console)
     console.print(f"logs: {spec.log_dir}; lab stays up (`stb lab down` stops it)")
     return res
+
+
+def _ledger(
+    spec: LabSpec,
+    config: BridgeConfig,
+    feed: LedgerFeed,
+    store: LeaseStore,
+    started: datetime,
+    console: Console,
+) -> None:
+    """Book the demo's hour(s) in the ledger and show who used the GPUs, for what."""
+    now = datetime.now(UTC)
+    summary = ingest_window(
+        config, SlurmCLI(env=spec.env()), feed.ledger, started, now,
+        leases=store.touched_since(started), now=now,
+    )  # fmt: skip
+    console.print(f"ledger ({config.accounting.ledger_url}): {summary.line()}", highlight=False)
+    window = Window(floor_hour(started), floor_hour(now) + timedelta(hours=1), "this demo")
+    report = build_report(feed.ledger, window, ("team", "workload", "model"))
+    console.print(to_table(report))
+    console.print(
+        "the same ledger as a finance report: stb report -c <config> --window "
+        f"{now:%Y-%m} --format html -o report.html",
+        highlight=False,
+    )

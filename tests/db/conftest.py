@@ -4,8 +4,9 @@
 database made once per session (`stb_test_db_<random>`, dropped at the end) whose `public`
 schema is wiped before each test. PostgreSQL is the local server (127.0.0.1:5432, user
 postgres, trust auth) or `$STB_TEST_POSTGRES_URL` (a URL to a maintenance database the user
-may create databases from); if none answers, the postgresql parameter is skipped with the
-reason. The leases tests use it now; the ledger's tests can reuse it.
+may create databases from); if none answers and a Docker engine is reachable, a
+testcontainers PostgreSQL is started for the session; otherwise the postgresql parameter is
+skipped with the reason. The lease store's and the ledger's tests use it.
 """
 
 from __future__ import annotations
@@ -29,18 +30,40 @@ def _libpq(url: URL) -> str:
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def _docker_engine() -> bool:
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    return not host.startswith("unix://") or os.path.exists(host[len("unix://") :])
+
+
 @pytest.fixture(scope="session")
-def postgres_database() -> Iterator[str]:
-    """A PostgreSQL database of its own for this test session; its SQLAlchemy URL."""
+def admin_url() -> Iterator[URL]:
+    """A maintenance database URL: the local server, or a testcontainers PostgreSQL."""
     try:
-        admin = psycopg.connect(_libpq(ADMIN_URL), autocommit=True, connect_timeout=3)
+        psycopg.connect(_libpq(ADMIN_URL), connect_timeout=3).close()
+        yield ADMIN_URL
+        return
     except psycopg.Error as exc:
-        pytest.skip(f"no PostgreSQL answers at {ADMIN_URL!r}: {exc}")
+        local_error = exc
+    if not _docker_engine():
+        pytest.skip(f"no PostgreSQL answers at {ADMIN_URL!r} ({local_error}) and no Docker engine")
+    try:  # testcontainers >= 4.13 moved it; the old path still works, with a warning
+        from testcontainers.community.postgres import PostgresContainer
+    except ImportError:
+        from testcontainers.postgres import PostgresContainer
+
+    with PostgresContainer("postgres:16-alpine", driver=None) as pg:
+        yield make_url(pg.get_connection_url())
+
+
+@pytest.fixture(scope="session")
+def postgres_database(admin_url: URL) -> Iterator[str]:
+    """A PostgreSQL database of its own for this test session; its SQLAlchemy URL."""
+    admin = psycopg.connect(_libpq(admin_url), autocommit=True, connect_timeout=3)
     name = f"stb_test_db_{secrets.token_hex(4)}"
     with admin:
         admin.execute(f'CREATE DATABASE "{name}"')
         try:
-            url = ADMIN_URL.set(drivername="postgresql+psycopg", database=name)
+            url = admin_url.set(drivername="postgresql+psycopg", database=name)
             yield url.render_as_string(hide_password=False)
         finally:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
