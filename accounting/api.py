@@ -1,8 +1,8 @@
 """The report over HTTP: `GET /api/report?window=2026-11&by=team,workload&step=day`
 returns the same JSON as `stb report --format json`. Served by the daemon's exporter.
 
-Parameters: `window` (required: YYYY-MM, YYYY-MM-DD or START..END), `by` (the aggregate:
-comma-separated keys, default team,workload), `step` (hour, day or month; none: one line
+Parameters: `window` (required: YYYY-MM, YYYY-MM-DD or START..END), `aggregate` (or `by`:
+the keys to group by, comma-separated, default team,workload), `step` (hour, day or month; none: one line
 per group), `idle` (line or shared), `where` (repeatable KEY=VALUE filter). A bad
 parameter is a 400 with `{"error": "..."}` naming it.
 """
@@ -24,14 +24,15 @@ def report_response(
 ) -> tuple[int, bytes]:
     """(HTTP status, JSON body) for a report query."""
     try:
-        known = {"window", "by", "step", "idle", "where"}
+        known = {"window", "aggregate", "by", "step", "idle", "where"}
         unknown = sorted(set(query) - known)
         if unknown:
             raise LedgerError(f"unknown parameter(s) {', '.join(unknown)}; use {sorted(known)}")
         if not query.get("window"):
             raise LedgerError("window is required (YYYY-MM, YYYY-MM-DD or START..END)")
         window = Window.parse(query["window"][-1])
-        by = parse_keys(query["by"][-1]) if query.get("by") else ("team", "workload")
+        keys = query.get("aggregate") or query.get("by")
+        by = parse_keys(keys[-1]) if keys else ("team", "workload")
         step = query["step"][-1] if query.get("step") else None
         idle = query["idle"][-1] if query.get("idle") else default_idle
         if idle not in ("line", "shared"):

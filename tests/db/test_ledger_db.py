@@ -7,8 +7,10 @@ ledger before and after.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,8 +34,13 @@ from accounting.ingest import (
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates
 from accounting.report import Window, build_report
 from accounting.schema import IDLE_TEAM, LEDGER_TABLES, UNATTRIBUTED, Restatement
-from bridge.slurm.model import AccountingRecord
+from bridge.config import BridgeConfig
+from bridge.ledger import ingest_window
+from bridge.slurm import UnparseableOutput
+from bridge.slurm.model import AccountingRecord, Node
+from bridge.slurm.parse import parse_nodes, parse_sacct_json
 
+DATA = Path(__file__).parent.parent / "data" / "slurm"
 T0 = datetime(2026, 10, 31, 22, 0, tzinfo=UTC)  # two hours before a month boundary
 CTX = Context(
     pool_of_node={"n1": "training", "n2": "training", "n3": "elastic", "n4": "inference"},
@@ -272,3 +279,29 @@ def test_rates_refuse_overlaps_and_price_the_report(ledger: Engine) -> None:
         RateBook([RateSpec("h100", Decimal(1), date(2026, 1, 1))]).price(
             "h100", "training", "normal", date(2025, 12, 31)
         )
+
+
+class _RecordedSlurm:
+    """Answers `nodes()` and `accounting()` from recorded 22.05 output (the two calls an
+    ingest makes); the sacct text may be corrupted by the test."""
+
+    def __init__(self, sacct_text: str) -> None:
+        self.sacct_text = sacct_text
+
+    def nodes(self) -> list[Node]:
+        return parse_nodes((DATA / "scontrol-nodes-22.05.txt").read_text())
+
+    def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
+        return parse_sacct_json(self.sacct_text)
+
+
+def test_a_malformed_sacct_record_is_quoted_and_nothing_is_written(database_url: str) -> None:
+    doc = json.loads((DATA / "sacct-requeue-22.05.json").read_text())
+    doc["jobs"][-1]["job_id"] = "not-a-number"
+    ledger = open_ledger(database_url)
+    before = snapshot(ledger)
+    slurm = _RecordedSlurm(json.dumps(doc))
+    since = datetime(2026, 11, 1, tzinfo=UTC)
+    with pytest.raises(UnparseableOutput, match="not-a-number"):
+        ingest_window(BridgeConfig(), slurm, ledger, since, since + timedelta(hours=1))  # type: ignore[arg-type]
+    assert snapshot(ledger) == before  # not even the inventory

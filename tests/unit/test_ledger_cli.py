@@ -137,7 +137,7 @@ def test_the_http_endpoint_serves_the_report_json(cfg: Path, tmp_path: Path) -> 
     host, port = server.address
     try:
         url = f"http://{host}:{port}/api/report"
-        got = httpx.get(url, params={"window": "2026-11-03", "by": "pool", "step": "hour"})
+        got = httpx.get(url, params={"window": "2026-11-03", "aggregate": "pool", "step": "hour"})
         assert got.status_code == 200
         cli = json.loads(_ok(["report", "--window", "2026-11-03", "--by", "pool", "--step",
                               "hour", "--format", "json", "-c", str(cfg)]))  # fmt: skip
