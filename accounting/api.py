@@ -1,10 +1,10 @@
 """The report over HTTP: `GET /api/report?window=2026-11&by=team,workload&step=day`
 returns the same JSON as `stb report --format json`. Served by the daemon's exporter.
 
-Parameters: `window` (required: YYYY-MM, YYYY-MM-DD or START..END), `aggregate` (or `by`:
-the keys to group by, comma-separated, default team,workload), `step` (hour, day or month; none: one line
-per group), `idle` (line or shared), `where` (repeatable KEY=VALUE filter). A bad
-parameter is a 400 with `{"error": "..."}` naming it.
+Parameters: `window` (required: YYYY-MM, YYYY-MM-DD or START..END), `aggregate` (or
+`by`: the keys to group by, comma-separated, default team,workload), `step` (hour, day or
+month; none: one line per group), `idle` (line or shared), `where` (repeatable KEY=VALUE
+filter). A bad parameter is a 400 with `{"error": "..."}` naming it.
 """
 
 from __future__ import annotations

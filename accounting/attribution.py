@@ -20,6 +20,7 @@ property tests drive it directly.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -175,7 +176,9 @@ def job_entries(
             if wl != "inference":
                 entries.append(Entry(bucket=bucket, team=team, model="", gpu_ms=amount, **base))
                 continue
-            entries.extend(_serving_split(bucket, amount, team, base, ctx, busy.get(bucket, {})))
+            # A multi-node serving job's compute is shared among its nodes like its GPUs.
+            share = {m: v * gpus / rec.gpus for m, v in busy.get(bucket, {}).items()}
+            entries.extend(_serving_split(bucket, amount, team, base, ctx, share))
     return entries
 
 
@@ -189,7 +192,9 @@ def _serving_split(
 ) -> list[Entry]:
     models = sorted(m for m, v in busy.items() if v > 0)
     weights = [busy[m] for m in models]
-    attributed = min(amount, round(sum(weights)))
+    # Whole milliseconds, never more than computed: no model gets more than its compute
+    # rounded up (largest remainder over a floored total).
+    attributed = min(amount, math.floor(sum(weights)))
     parts = largest_remainder(attributed, weights)
     out = [
         Entry(bucket=bucket, team=ctx.team_of_model.get(m, job_team), model=m, gpu_ms=p, **base)
@@ -261,8 +266,12 @@ def idle_entries(
     allocated: Mapping[tuple[str, str, str, datetime], int],
 ) -> tuple[list[Entry], dict[tuple[str, str, str, datetime], int]]:
     """Idle entries (capacity minus allocation) and the over-allocated cells (allocation
-    above capacity: the inventory missed a node, or clocks disagree); those book no idle."""
+    above capacity, or with no recorded capacity at all: the inventory missed a node or
+    started later, or clocks disagree); those book no idle."""
     entries, over = [], {}
+    for cell, used in allocated.items():
+        if used > 0 and cell not in capacity:  # the inventory does not cover this cell
+            over[cell] = used
     for (cluster, pool, gpu_type, bucket), cap in sorted(capacity.items()):
         used = allocated.get((cluster, pool, gpu_type, bucket), 0)
         if used > cap:
