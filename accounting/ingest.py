@@ -525,6 +525,12 @@ def record_serving(engine: Engine, cluster: str, points: Iterable[ServingPoint])
     return len(rows)
 
 
+def prune_serving(engine: Engine, before: datetime) -> int:
+    """Drop serving samples older than `before`; returns how many."""
+    with write_transaction(engine) as conn:
+        return conn.execute(delete(SAMPLES).where(SAMPLES.c.at < utc(before))).rowcount or 0
+
+
 def close_period(engine: Engine, month: str, note: str = "", now: datetime | None = None) -> None:
     """Close a month: later ingests may change it only as a logged restatement."""
     try:

@@ -237,6 +237,19 @@ class AccountingConfig(_Strict):
         description="Each daemon ingest re-reads this many seconds back: records that "
         "slurmdbd completes late (ends, requeues) are picked up; unchanged ones cost nothing.",
     )
+    sample_interval_s: float = Field(
+        default=30,
+        ge=0,
+        description="Seconds between stored Triton compute samples per server (the split "
+        "is hourly; a sample per tick would only grow the table). The last interval of a "
+        "server that stops books as unattributed.",
+    )
+    sample_retention_days: float = Field(
+        default=62,
+        gt=0,
+        description="Days serving samples are kept: two months covers a restatement of "
+        "the previous month.",
+    )
     teams: dict[str, str] = Field(
         default_factory=dict,
         description="Slurm account -> team; an account not listed is its own team.",

@@ -25,6 +25,7 @@ from accounting.ingest import (
     IngestSummary,
     NodeCapacity,
     ingest_records,
+    prune_serving,
     record_inventory,
     record_serving,
 )
@@ -162,10 +163,15 @@ class LedgerFeed:
         self.ledger = ledger
         self.collector = LedgerCollector(ledger)
         self.cluster = config.accounting.cluster
+        self._last_sample: dict[tuple[str, str], float] = {}
 
     def record_page(self, job_id: str, address: str, at: float, page: MetricsPage) -> None:
         """Observer hook: one instance's scrape. A failure is logged, never raised: the
         control pass must not depend on the ledger."""
+        last = self._last_sample.get((job_id, address))
+        if last is not None and at - last < self.config.accounting.sample_interval_s:
+            return
+        self._last_sample[(job_id, address)] = at
         compute: dict[str, float] = {}
         for (model, _version), s in page.models.items():
             parts = (
@@ -190,5 +196,12 @@ class LedgerFeed:
         summary = ingest_window(
             self.config, slurm, self.ledger, since, now, leases=store.touched_since(since), now=now
         )
+        prune_serving(
+            self.ledger, now - timedelta(days=self.config.accounting.sample_retention_days)
+        )
+        live = {
+            (j, a) for j, a in self._last_sample if self._last_sample[(j, a)] > since.timestamp()
+        }
+        self._last_sample = {k: v for k, v in self._last_sample.items() if k in live}
         self.collector.invalidate()
         return summary

@@ -93,7 +93,7 @@ def test_ledger_agrees_with_sacct_and_splits_the_serving_job(
         update={
             "database_url": f"sqlite:///{tmp_path / 'bridge.db'}",
             "accounting": config.accounting.model_copy(
-                update={"ledger_url": f"sqlite:///{tmp_path / 'ledger.db'}"}
+                update={"ledger_url": f"sqlite:///{tmp_path / 'ledger.db'}", "sample_interval_s": 0}
             ),
         }
     )

@@ -6,13 +6,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sqlalchemy import select
+
+from accounting.db import open_ledger
+from accounting.ingest import SAMPLES, prune_serving
 from bridge.config import BridgeConfig
 from bridge.leases.models import Lease, LendMode
 from bridge.leases.states import LeaseState
-from bridge.ledger import context, inventory
+from bridge.ledger import LedgerFeed, context, inventory
 from bridge.slurm.model import Node
+from bridge.triton.metrics import parse_page
 
 NOW = datetime(2026, 11, 3, 12, tzinfo=UTC)
+DATA = Path(__file__).parent.parent / "data" / "triton"
 
 
 def node(name: str, partitions: tuple[str, ...], state: str = "idle", gpus: int = 4) -> Node:
@@ -59,3 +65,29 @@ def test_context_maps_partitions_teams_models_and_leases() -> None:
     assert ctx.team_of_model["busy"] == "team-vision"  # from triton_repo/busy/config.pbtxt
     assert ctx.pool_of_lease == {f"7.{int(NOW.timestamp())}": "training"}
     assert ctx.known_gpu_types == frozenset({"h100"})
+
+
+def test_the_feed_stores_compute_counters_at_most_once_per_interval(tmp_path: Path) -> None:
+    config = BridgeConfig.model_validate(
+        {"accounting": {"ledger_url": f"sqlite:///{tmp_path / 'l.db'}", "sample_interval_s": 30}}
+    )
+    feed = LedgerFeed(config, open_ledger(config.accounting.ledger_url))
+    page = parse_page((DATA / "busy_a.prom").read_text())
+    t = NOW.timestamp()
+    for offset in (0, 10, 29, 31):
+        feed.record_page("12", "127.0.1.4:8000", t + offset, page)
+    with feed.ledger.connect() as conn:
+        rows = conn.execute(select(SAMPLES.c.model, SAMPLES.c.at, SAMPLES.c.compute_us)).all()
+    busy = sorted((at, us) for model, at, us in rows if model == "busy")
+    assert [at.timestamp() - t for at, _ in busy] == [0, 31]
+    s = page.models[("busy", "1")]
+    expected = sum(
+        v or 0.0
+        for v in (
+            s.compute_input_duration_us,
+            s.compute_infer_duration_us,
+            s.compute_output_duration_us,
+        )
+    )
+    assert busy[0][1] == expected > 0
+    assert prune_serving(feed.ledger, datetime.fromtimestamp(t + 1, UTC)) == len(rows) // 2
