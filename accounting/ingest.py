@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, bindparam, delete, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from accounting.attribution import (
@@ -237,6 +237,7 @@ def _ingest_chunk(
     if rows:
         conn.execute(insert(LEDGER), rows)
     summary.rows_written += len(rows)
+    inserts, updates = [], []
     for rec, dig, entries in changed:
         values = {
             "digest": dig,
@@ -248,16 +249,17 @@ def _ingest_chunk(
             "last_changed_at": now,
         }
         if rec.key in existing:
-            summary.changed += 1
-            conn.execute(
-                update(SOURCES).where(SOURCES.c.id == existing[rec.key][0]).values(**values)
-            )
+            updates.append({"_id": existing[rec.key][0], **values})
         else:
-            summary.new += 1
-            existing[rec.key] = (-1, dig)
-            conn.execute(
-                insert(SOURCES).values(kind=SACCT, key=rec.key, first_ingested_at=now, **values)
-            )
+            inserts.append({"kind": SACCT, "key": rec.key, "first_ingested_at": now, **values})
+    # One executemany each, not a statement per record.
+    if inserts:
+        conn.execute(insert(SOURCES), inserts)
+    if updates:
+        stmt = update(SOURCES).where(SOURCES.c.id == bindparam("_id"))
+        conn.execute(stmt, updates)
+    summary.new += len(inserts)
+    summary.changed += len(updates)
 
 
 def _serving_for(
