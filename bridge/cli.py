@@ -10,6 +10,7 @@ from bridge.config_cli import config_app
 from bridge.daemon.cli import daemon, lend, return_, status
 from bridge.lab.cli import lab_app
 from bridge.load.cli import load_app
+from bridge.models.cli import models_app
 
 app = typer.Typer(
     help="Slurm-Triton bridge: one GPU fleet for training and inference.",
@@ -20,6 +21,7 @@ app.add_typer(lab_app, name="lab")
 app.add_typer(load_app, name="load")
 app.add_typer(config_app, name="config")
 app.add_typer(accounting_app, name="accounting")
+app.add_typer(models_app, name="models")
 app.command()(report)
 app.command()(daemon)
 app.command()(status)

@@ -10,16 +10,16 @@ quoted). The model-repository calls carry the restricted-API key in `api_key_hea
 from __future__ import annotations
 
 import http.client
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import gevent
 import httpx
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from bridge.triton.errors import TritonRejected, TritonUnreachable
-from bridge.triton.protocol import ModelStatistics, RepositoryModel, ServerMetadata
+from bridge.triton.protocol import Array, ModelStatistics, RepositoryModel, ServerMetadata
 
 DEFAULT_API_KEY_HEADER = "X-Stb-Key"
 """The header the bridge's Triton servers expect the model-repository key in."""
@@ -132,6 +132,19 @@ class TritonHttpClient:
         return bool(
             self._call(f"ready {name!r}", lambda: self._client.is_model_ready(name, version))
         )
+
+    def infer(self, name: str, inputs: Mapping[str, Array], version: str = "") -> dict[str, Array]:
+        def call() -> dict[str, Array]:
+            reqs = []
+            for key, value in inputs.items():
+                inp = httpclient.InferInput(key, list(value.shape), np_to_triton_dtype(value.dtype))
+                inp.set_data_from_numpy(value, binary_data=True)
+                reqs.append(inp)
+            res = self._client.infer(name, reqs, model_version=version)
+            outputs = res.get_response().get("outputs", [])
+            return {str(o["name"]): res.as_numpy(o["name"]) for o in outputs}
+
+        return self._call(f"infer {name!r}", call)
 
     def model_statistics(self, name: str = "") -> tuple[ModelStatistics, ...]:
         """All loaded models' statistics, or one model's (`TritonRejected` if not loaded)."""

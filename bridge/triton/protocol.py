@@ -8,8 +8,14 @@ for pure logic only; the real implementation is proven against the lab's Triton.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import numpy.typing as npt
+
+#: a tensor as the inference API takes and returns it
+Array = npt.NDArray[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,5 +116,9 @@ class TritonInstance(Protocol):
     def model_statistics(self, name: str = "") -> tuple[ModelStatistics, ...]: ...
 
     def metrics_text(self) -> str: ...
+
+    def infer(self, name: str, inputs: Mapping[str, Array], version: str = "") -> dict[str, Array]:
+        """One inference; returns every output by name."""
+        ...
 
     def close(self) -> None: ...

@@ -1,0 +1,167 @@
+"""`stb models publish | list | rollback | retire`: the model repository on the command
+line. Thin: finds the running Triton servers through Slurm (jobs tagged `stb:triton`),
+calls `bridge.models.publish`, prints. The repository is `[triton] model_repository` of the
+configuration unless `--repository` names one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from bridge.config import BridgeConfig, ConfigError, load_config
+from bridge.daemon.launcher import BASELINE_TAG
+from bridge.daemon.observe import TRITON_HTTP_PORT
+from bridge.models.publish import PublishError, Server, publish, retire, rollback
+from bridge.models.repo import ModelRepository, RepositoryError
+from bridge.slurm.errors import SlurmError
+from bridge.slurm.select import open_backend
+from bridge.triton.client import TritonHttpClient
+from bridge.triton.errors import TritonError
+from bridge.triton.repository import ModelConfigError, check_model, read_config
+
+console = Console(stderr=True)
+models_app = typer.Typer(
+    help="The Triton model repository: publish, list, roll back, retire.", no_args_is_help=True
+)
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Bridge TOML file.")]
+RepoOpt = Annotated[
+    Path | None, typer.Option("--repository", help="Model repository (default: the config's).")
+]
+
+
+def _config(path: Path | None) -> BridgeConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(code=1) from exc
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    console.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+    return typer.Exit(code=1)
+
+
+@contextmanager
+def running_servers(cfg: BridgeConfig) -> Iterator[list[Server]]:
+    """The running Triton servers Slurm knows (tag stb:triton), with clients; closed after."""
+    key_file = cfg.triton.key_file
+    key = key_file.read_text().strip() if key_file.exists() else None
+    slurm = open_backend()
+    addr = {n.name: n.addr for n in slurm.nodes()}
+    servers = []
+    for job in slurm.jobs(tag="stb:triton", states=["RUNNING"]):
+        if len(job.nodes) != 1 or job.nodes[0] not in addr:
+            continue
+        address = f"{addr[job.nodes[0]]}:{TRITON_HTTP_PORT}"
+        client = TritonHttpClient(address, api_key=key, timeout_s=cfg.triton.ready_timeout_s)
+        servers.append(Server(address, client, BASELINE_TAG in job.tags))
+    try:
+        yield servers
+    finally:
+        for s in servers:
+            s.client.close()
+
+
+def _repo(cfg: BridgeConfig, repository: Path | None) -> ModelRepository:
+    return ModelRepository(repository or cfg.triton.model_repository)
+
+
+@models_app.command("publish")
+def publish_cmd(
+    src: Annotated[
+        Path, typer.Argument(help="Model folder: config.pbtxt and the version's files.")
+    ],
+    name: Annotated[str, typer.Option(help="Model name in the repository.")],
+    version: Annotated[int | None, typer.Option(help="Version (default: latest + 1).")] = None,
+    repository: RepoOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Validate, write the version atomically, load it where the model is served, check
+    that it answers; roll back if it does not."""
+    cfg = _config(config)
+    try:
+        with running_servers(cfg) as servers:
+            out = publish(
+                _repo(cfg, repository), src, name, servers, version=version,
+                say=lambda m: console.print(m, highlight=False),
+            )  # fmt: skip
+    except (PublishError, ModelConfigError, RepositoryError, SlurmError, TritonError) as exc:
+        raise _fail(exc) from exc
+    where = ", ".join(out.loaded_on) or "no running server (loaded when one starts)"
+    console.print(f"published {out.name} version {out.version}; serving on {where}")
+
+
+@models_app.command("list")
+def list_cmd(repository: RepoOpt = None, config: ConfigOpt = None) -> None:
+    """Models in the repository: versions, team, SLO, replica bounds, where served."""
+    cfg = _config(config)
+    repo = _repo(cfg, repository)
+    table = Table("model", "versions", "team", "SLO p99 ms", "replicas", "served on")
+    try:
+        with running_servers(cfg) as servers:
+            served: dict[str, list[str]] = {}
+            for s in servers:
+                try:
+                    for m in s.client.repository_index():
+                        if m.state == "READY":
+                            served.setdefault(m.name, []).append(f"{s.address} v{m.version}")
+                except TritonError:
+                    continue
+            for name in repo.models():
+                try:
+                    meta = check_model(read_config(repo.root / name), name, name)
+                    info = (
+                        meta.team,
+                        f"{meta.slo_p99_ms:g}",
+                        f"{meta.min_replicas}-{meta.max_replicas}",
+                    )
+                except ModelConfigError as exc:
+                    info = (f"[red]{exc}[/red]", "", "")
+                versions = ",".join(map(str, repo.versions(name))) or "-"
+                table.add_row(name, versions, *info, "; ".join(served.get(name, [])) or "-")
+    except SlurmError as exc:
+        raise _fail(exc) from exc
+    Console().print(table)
+
+
+@models_app.command("rollback")
+def rollback_cmd(
+    name: str,
+    reason: Annotated[str, typer.Option(help="Why (kept in the archive).")] = "rollback",
+    repository: RepoOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Set the latest version aside; the previous one serves again."""
+    cfg = _config(config)
+    try:
+        with running_servers(cfg) as servers:
+            gone, now, where = rollback(_repo(cfg, repository), name, servers, reason)
+    except (PublishError, RepositoryError, SlurmError, TritonError) as exc:
+        raise _fail(exc) from exc
+    console.print(
+        f"{name}: version {gone} set aside; version {now} serves on {', '.join(where) or '-'}"
+    )
+
+
+@models_app.command("retire")
+def retire_cmd(
+    name: str,
+    reason: Annotated[str, typer.Option(help="Why (kept in the archive).")] = "retired",
+    repository: RepoOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Unload the model everywhere and move it out of the repository (kept in the archive)."""
+    cfg = _config(config)
+    try:
+        with running_servers(cfg) as servers:
+            where = retire(_repo(cfg, repository), name, servers, reason)
+    except (PublishError, RepositoryError, SlurmError, TritonError) as exc:
+        raise _fail(exc) from exc
+    console.print(f"{name} retired (unloaded from {', '.join(where) or 'no server'})")

@@ -1,0 +1,220 @@
+"""Writing the Triton model repository so that Triton never sees a half-written model.
+
+Layout: `<root>/<model>/config.pbtxt` and `<root>/<model>/<version>/...` (what Triton
+reads); beside the repository, `<root's parent>/.<root's name>-archive/` holds what Triton
+must not see: the publish lock, every published config by version, rolled-back versions
+and retired models. A new version is copied into a staging directory inside the model
+directory (not a number, so Triton ignores it), flushed, then renamed to its version
+number in one `rename(2)`; the config is replaced the same way (write, fsync, `replace`).
+
+One publish at a time: `lock()` holds an flock on the archive's lock file; two publishes of
+one model (or of two models) are serialized, never interleaved.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+#: files a model directory may hold besides its versions that are never copied
+_SKIP = {"config.pbtxt", "__pycache__"}
+
+
+class RepositoryError(RuntimeError):
+    """The repository cannot be changed as asked; says why."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """What `commit` did, for `revert`."""
+
+    name: str
+    version: int
+    #: the version Triton served before (None: the model is new)
+    previous: int | None
+    #: the config.pbtxt text before (None: the model is new)
+    previous_config: str | None
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class ModelRepository:
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.archive = self.root.parent / f".{self.root.name}-archive"
+
+    # --- reading -----------------------------------------------------------------------
+
+    def models(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and (p / "config.pbtxt").exists()
+        )
+
+    def versions(self, name: str) -> list[int]:
+        d = self.root / name
+        if not d.is_dir():
+            return []
+        return sorted(int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit())
+
+    def latest(self, name: str) -> int | None:
+        v = self.versions(name)
+        return v[-1] if v else None
+
+    def config_text(self, name: str) -> str | None:
+        path = self.root / name / "config.pbtxt"
+        return path.read_text() if path.exists() else None
+
+    # --- writing -----------------------------------------------------------------------
+
+    @contextmanager
+    def lock(self, timeout_s: float = 600.0) -> Iterator[None]:
+        """Hold the repository's publish lock; waits up to `timeout_s` for another one."""
+        self.archive.mkdir(parents=True, exist_ok=True)
+        with open(self.archive / "publish.lock", "a+") as handle:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise RepositoryError(
+                            f"another publish holds {self.archive / 'publish.lock'} "
+                            f"for more than {timeout_s:g}s"
+                        ) from None
+                    time.sleep(0.2)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def stage(self, name: str, src: Path) -> Path:
+        """Copy the version's files from `src` (everything but config.pbtxt; or, when `src`
+        has numbered version folders, the highest one) into a staging folder Triton
+        ignores; returns it."""
+        content = _version_content(src)
+        staging = self.root / name / f".staging-{secrets.token_hex(6)}"
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copytree(
+                content, staging, ignore=lambda d, names: [n for n in names if n in _SKIP]
+            )
+            if not any(staging.iterdir()):
+                raise RepositoryError(f"{src}: no model files to publish besides config.pbtxt")
+            _fsync_tree(staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return staging
+
+    def commit(self, name: str, staging: Path, version: int, config_text: str) -> Change:
+        """Make the staged version `version` visible (one rename), then the new config."""
+        target = self.root / name / str(version)
+        if target.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+            raise RepositoryError(f"{name} version {version} already exists in {self.root}")
+        previous, previous_config = self.latest(name), self.config_text(name)
+        configs = self.archive / name / "configs"
+        configs.mkdir(parents=True, exist_ok=True)
+        if previous is not None and previous_config is not None:
+            kept = configs / f"{previous}.pbtxt"
+            if not kept.exists():
+                write_atomic(kept, previous_config)
+        write_atomic(configs / f"{version}.pbtxt", config_text)
+        os.rename(staging, target)
+        _fsync_dir(target.parent)
+        write_atomic(self.root / name / "config.pbtxt", config_text)
+        return Change(name, version, previous, previous_config)
+
+    def revert(self, change: Change, why: str) -> None:
+        """Undo `commit`: the version goes to the archive, the old config comes back (a
+        new model leaves the repository altogether)."""
+        self.set_aside(change.name, change.version, why)
+        if change.previous_config is None:
+            self.retire(change.name, f"first publish failed: {why}")
+        else:
+            write_atomic(self.root / change.name / "config.pbtxt", change.previous_config)
+
+    def set_aside(self, name: str, version: int, why: str) -> Path:
+        """Move a version out of Triton's sight, into the archive."""
+        src = self.root / name / str(version)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        dest = self.archive / name / "rejected" / f"{version}-{stamp}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(src, dest)
+        (dest.parent / f"{version}-{stamp}.why").write_text(why + "\n")
+        return dest
+
+    def config_of(self, name: str, version: int) -> str | None:
+        path = self.archive / name / "configs" / f"{version}.pbtxt"
+        return path.read_text() if path.exists() else None
+
+    def rollback(self, name: str, why: str) -> tuple[int, int]:
+        """Set the latest version aside; the one before serves again, with its config.
+        Returns (rolled back, now serving)."""
+        versions = self.versions(name)
+        if len(versions) < 2:
+            raise RepositoryError(f"{name} has {len(versions)} version(s): nothing to roll back to")
+        latest, previous = versions[-1], versions[-2]
+        self.set_aside(name, latest, why)
+        config = self.config_of(name, previous)
+        if config is not None:
+            write_atomic(self.root / name / "config.pbtxt", config)
+        return latest, previous
+
+    def retire(self, name: str, why: str) -> Path:
+        """Move the whole model out of the repository, into the archive."""
+        src = self.root / name
+        if not src.is_dir():
+            raise RepositoryError(f"no model {name!r} in {self.root}")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        dest = self.archive / name / "retired" / stamp
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(src, dest)
+        (dest.parent / f"{stamp}.why").write_text(why + "\n")
+        return dest
+
+
+def _version_content(src: Path) -> Path:
+    if not src.is_dir():
+        raise RepositoryError(f"{src}: not a directory")
+    numbered = sorted(
+        (p for p in src.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
+    )
+    return numbered[-1] if numbered else src
