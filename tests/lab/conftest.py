@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import load_config
+from bridge.config import TritonJobConfig, load_config
 from bridge.daemon.clients import TritonClients
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
@@ -31,13 +31,22 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def bridge(lab: LabSpec, tmp_path: Path) -> Iterator[tuple[Reconciler, str]]:
+def triton_config(lab: LabSpec) -> TritonJobConfig:
+    """The Triton job settings of the `bridge` fixture; a test module may override this
+    fixture (e.g. to serve a model repository of its own)."""
+    return triton.job_config(lab)
+
+
+@pytest.fixture
+def bridge(
+    lab: LabSpec, tmp_path: Path, triton_config: TritonJobConfig
+) -> Iterator[tuple[Reconciler, str]]:
     base = load_config(project_root() / "deploy" / "lab" / "bridge.toml")
     port = _free_port()
     config = base.model_copy(
         update={
             "database_url": f"sqlite:///{tmp_path / 'bridge.db'}",
-            "triton": triton.job_config(lab),
+            "triton": triton_config,
             "policy": base.policy.model_copy(
                 update={
                     "breach_evaluations": 2,
