@@ -151,7 +151,7 @@ def test_a_training_job_publishes_and_its_model_is_served(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=300) for p in procs]
