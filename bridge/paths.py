@@ -33,6 +33,11 @@ def triton_sbatch() -> Path:
     return project_root() / "deploy" / "slurm" / "triton-server.sbatch"
 
 
+def slurm_plugins_dir() -> Path:
+    """`slurm_plugins/`: job_submit.lua and the GPU sampler's Prolog/Epilog."""
+    return project_root() / "slurm_plugins"
+
+
 def model_repository() -> Path:
     return project_root() / "triton_repo"
 

@@ -524,6 +524,8 @@ class Reconciler:
             for lease in self.store.open_leases()
             if (lease.state == S.SERVING or lease.id == extra) and lease.id != exclude
         }
+        # Every configured model has a route (none ready: nginx answers 503); a model
+        # published to the repository and loaded on a replica is routed too.
         routes: dict[str, list[str]] = {m: [] for m in self.config.models}
         targets = []
         for s in servers:
@@ -531,8 +533,7 @@ class Reconciler:
             if not s.ready or (ref is not None and s.job.job_id not in serving):
                 continue
             for m in s.models:
-                if m in routes:
-                    routes[m].append(s.address)
+                routes.setdefault(m, []).append(s.address)
             host = s.address.rsplit(":", 1)[0]
             targets.append(
                 MetricsTarget(
@@ -540,7 +541,7 @@ class Reconciler:
                     s.node,
                     s.job.job_id,
                     str(ref[0]) if ref is not None else BASELINE,
-                    tuple(m for m in s.models if m in routes),
+                    tuple(s.models),
                 )
             )
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,13 +86,23 @@ def _write_configs(spec: LabSpec, db: render.DbSettings, running: bool) -> None:
         spec.etc / "gres.conf": (render.gres_conf(spec), 0o644),
         spec.etc / "slurmdbd.conf": (render.slurmdbd_conf(spec, db), 0o600),
     }
+    # Read afresh by Slurm at each use (slurmctld reloads job_submit.lua when it changes,
+    # slurmd runs the hooks per job): updated even under running daemons.
+    live = {
+        spec.job_submit_lua: (render.job_submit_lua(), 0o644),
+        **{
+            spec.hook_script(hook): (render.hook_script(spec, hook, sys.executable), 0o755)
+            for hook in render.HOOKS
+        },
+    }
     changed = [p for p, (text, _) in files.items() if not p.exists() or p.read_text() != text]
     if changed and running:
         raise LabError(
             f"the lab is running with other settings ({', '.join(p.name for p in changed)} "
             "would change); run `stb lab down` first"
         )
-    for path, (text, mode) in files.items():
+    changed += [p for p, (text, _) in live.items() if not p.exists() or p.read_text() != text]
+    for path, (text, mode) in (files | live).items():
         if path in changed:
             tmp = path.with_suffix(".tmp")
             tmp.write_text(text)
@@ -188,6 +199,7 @@ def up(spec: LabSpec, say: Say = print, install: bool = True) -> None:
         spec.run_dir,
         spec.log_dir,
         spec.lab_dir / "spool" / "ctld",
+        spec.gpu_spool,
         spec.triton_dir,
     ):
         d.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from string import Template
 
 from bridge.hostlist import compress
 from bridge.lab.spec import LabSpec
-from bridge.paths import templates_dir
+from bridge.paths import slurm_plugins_dir, templates_dir
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,12 @@ _WEIGHT = {"infer": 1, "elastic": 10, "train": 20}
 
 def _template(name: str) -> Template:
     return Template((templates_dir() / name).read_text())
+
+
+#: Prolog/Epilog of the lab: seconds before `timeout` stops the sampler's hook (Python
+#: start-up and NVML take well under a second; the epilog waits at most 3 s for the sampler)
+HOOK_TIMEOUT_S = 20
+HOOKS = ("prolog", "epilog")
 
 
 def _common(spec: LabSpec) -> dict[str, str]:
@@ -71,7 +77,12 @@ def slurm_conf(spec: LabSpec) -> str:
         for name, extra in settings.items()
         if spec.partition_nodes(name)
     ]
-    values = _common(spec) | {"node_lines": "\n".join(nodes), "partition_lines": "\n".join(parts)}
+    values = _common(spec) | {
+        "node_lines": "\n".join(nodes),
+        "partition_lines": "\n".join(parts),
+        "prolog": str(spec.hook_script("prolog")),
+        "epilog": str(spec.hook_script("epilog")),
+    }
     return _template("slurm.conf.in").substitute(values)
 
 
@@ -95,3 +106,27 @@ def slurmdbd_conf(spec: LabSpec, db: DbSettings) -> str:
         "db_name": spec.db_name,
     }
     return _template("slurmdbd.conf.in").substitute(values)
+
+
+def job_submit_lua() -> str:
+    """The bridge's job_submit.lua, as shipped in slurm_plugins/ (the lab copies it)."""
+    return (slurm_plugins_dir() / "job_submit.lua").read_text()
+
+
+def hook_script(spec: LabSpec, hook: str, python: str) -> str:
+    """The Prolog or Epilog wrapper: runs slurm_plugins/gpu_sampler.py with `python` (a
+    Python with nvidia-ml-py), the lab's GPU spool, and a time bound."""
+    if hook not in HOOKS:
+        raise ValueError(f"hook must be one of {HOOKS}, got {hook!r}")
+    script = str(slurm_plugins_dir() / "gpu_sampler.py")
+    for value in (python, str(spec.gpu_spool), script):
+        if "'" in value:
+            raise ValueError(f"cannot quote {value!r} in a shell script")
+    return _template("gpu-hook.sh.in").substitute(
+        Hook=hook.capitalize(),
+        hook=hook,
+        spool=str(spec.gpu_spool),
+        python=python,
+        script=script,
+        timeout_s=str(HOOK_TIMEOUT_S),
+    )

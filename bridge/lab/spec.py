@@ -153,6 +153,20 @@ class LabSpec:
         return self.triton_dir / "api.key"
 
     @property
+    def job_submit_lua(self) -> Path:
+        """Slurm reads job_submit.lua from the directory of slurm.conf."""
+        return self.etc / "job_submit.lua"
+
+    def hook_script(self, hook: str) -> Path:
+        """The Prolog or Epilog wrapper slurmd runs (hook: "prolog" or "epilog")."""
+        return self.etc / f"stb-{hook}"
+
+    @property
+    def gpu_spool(self) -> Path:
+        """Where the GPU sampler's Prolog/Epilog keep samples, records and logs."""
+        return self.lab_dir / "spool" / "gpu-usage"
+
+    @property
     def mysql_dir(self) -> Path:
         return self.lab_dir / "mysql"
 

@@ -132,6 +132,8 @@ class AccountingRecord:
     nodes: tuple[str, ...]
     gpus: int  # gres/gpu allocated, typed and untyped counted once
     gpu_type: str | None
+    #: the job's comment, then (comma) its administrator comment, where job_submit.lua
+    #: tags the workload: "stb:triton,stb:workload=inference"
     comment: str
     restarts: int
 

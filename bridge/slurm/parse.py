@@ -363,6 +363,18 @@ def parse_squeue_json(text: str) -> list[Job]:
     return jobs
 
 
+def _sacct_comment(comment: Any) -> str:
+    """The job's comment and, after a comma, its administrator comment (where
+    job_submit.lua writes `stb:workload=<w>`): `{"job": "stb:triton", "administrator":
+    "stb:workload=inference"}` -> `stb:triton,stb:workload=inference`. Older or newer
+    shapes give a plain string. The administrator's part comes last, so its tags win
+    over a user's."""
+    if not isinstance(comment, dict):
+        return _text(comment)
+    parts = (_text(comment.get(k)).strip() for k in ("job", "administrator"))
+    return ",".join(p for p in parts if p and p not in _NULLS)
+
+
 def parse_sacct_json(text: str) -> list[AccountingRecord]:
     records = []
     for j in _load_json(text, "sacct --json", "jobs"):
@@ -394,7 +406,7 @@ def parse_sacct_json(text: str) -> list[AccountingRecord]:
                     nodes=_nodes_of(nodes, nodes),
                     gpus=gpus,
                     gpu_type=gpu_type,
-                    comment=_text(comment.get("job") if isinstance(comment, dict) else comment),
+                    comment=_sacct_comment(comment),
                     restarts=num(j.get("restart_cnt")) or 0,
                 )
             )

@@ -93,6 +93,31 @@ def test_recorded_sacct_requeued_runs_and_gpu_counts() -> None:
     )
 
 
+def test_recorded_sacct_keeps_the_admin_comment_where_job_submit_tags_the_workload() -> None:
+    """Jobs tagged by slurm_plugins/job_submit.lua on the lab: the job's own comment and
+    the administrator comment both reach the record, and the ledger reads the tag."""
+    from accounting.attribution import tags
+
+    recs = {r.partition: r for r in parse_sacct_json(_read("sacct-admin-comment-22.05.json"))}
+    assert recs["infer"].comment == "stb:triton,stb:workload=inference"
+    assert recs["train"].comment == "nightly run,stb:workload=training"
+    assert recs["elastic"].comment == "stb:workload=elastic"
+    assert {p: tags(r.comment)["workload"] for p, r in recs.items()} == {
+        "infer": "inference",
+        "train": "training",
+        "elastic": "elastic",
+    }
+    raw = {"jobs": [json.loads(_read("sacct-admin-comment-22.05.json"))["jobs"][1]]}
+    raw["jobs"][0]["comment"] = {"administrator": None, "job": "stb:workload=inference"}
+    (forged,) = parse_sacct_json(json.dumps(raw))
+    assert tags(forged.comment)["workload"] == "inference"  # no admin tag: the job's own
+    raw["jobs"][0]["comment"]["administrator"] = "stb:workload=training"
+    (tagged,) = parse_sacct_json(json.dumps(raw))
+    assert tags(tagged.comment)["workload"] == "training"  # the administrator's tag wins
+    raw["jobs"][0]["comment"] = "plain text (an older shape)"
+    assert parse_sacct_json(json.dumps(raw))[0].comment == "plain text (an older shape)"
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
