@@ -78,6 +78,8 @@ class IngestSummary:
     idle_hours: int = 0
     #: (cluster, pool, gpu_type, hour) -> GPU-ms allocated beyond the recorded capacity
     overbooked: dict[tuple[str, str, str, datetime], int] = field(default_factory=dict)
+    #: GPU usage records new or changed (when a spool folder is read)
+    usage_records: int = 0
 
     def line(self) -> str:
         return (
@@ -85,6 +87,7 @@ class IngestSummary:
             f"{self.unchanged} unchanged, {self.skipped} without GPU time, "
             f"{len(self.deferred)} deferred; {self.rows_written} rows written; "
             f"idle recomputed for {self.idle_hours} hours"
+            + (f"; {self.usage_records} GPU usage records" if self.usage_records else "")
         )
 
 

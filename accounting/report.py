@@ -112,6 +112,10 @@ class Line:
     keys: dict[str, str]
     gpu_ms: int
     cost: Decimal | None = None
+    #: with usage: GPU time in use (measured utilization x allocation) and the allocation
+    #: of the jobs that have a usage record
+    used_ms: float | None = None
+    measured_ms: int | None = None
 
     @property
     def gpu_hours(self) -> float:
@@ -126,6 +130,9 @@ class Line:
         out["gpu_ms"] = self.gpu_ms
         if self.cost is not None:
             out["cost"] = str(money(self.cost))
+        if self.measured_ms is not None:
+            out["measured_gpu_hours"] = round(self.measured_ms / MS_PER_HOUR, 6)
+            out["used_gpu_hours"] = round((self.used_ms or 0.0) / MS_PER_HOUR, 6)
         return out
 
 
@@ -139,6 +146,8 @@ class Report:
     filters: dict[str, str]
     lines: list[Line] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: used vs allocated columns (GPU sampler records)
+    usage: bool = False
 
     @property
     def total_gpu_ms(self) -> int:
@@ -152,7 +161,8 @@ class Report:
 
     def columns(self) -> list[str]:
         cols = (["period"] if self.step else []) + list(self.by) + ["gpu_hours"]
-        return cols + (["cost"] if self.currency else [])
+        cols += ["cost"] if self.currency else []
+        return cols + (["measured_gpu_hours", "used_gpu_hours"] if self.usage else [])
 
     def as_dict(self) -> dict[str, Any]:
         total: dict[str, Any] = {
@@ -197,7 +207,10 @@ def build_report(
     idle: IdleMode = "line",
     rates: RateBook | None = None,
     filters: Mapping[str, str] | None = None,
+    usage: Mapping[tuple[str, str], float] | None = None,
 ) -> Report:
+    """`usage`: (cluster, job_id) -> utilization (0..1), from `accounting.usage`; adds the
+    measured and used GPU-hours of each line."""
     by = parse_keys(by)
     filters = dict(filters or {})
     parse_keys(list(filters))
@@ -206,7 +219,9 @@ def build_report(
     if idle not in ("line", "shared"):
         raise WindowError(f"unknown idle mode {idle!r}; choose line or shared")
     priced = bool(rates)
-    fine = list(dict.fromkeys([*by, *filters, *_PRICING]))
+    fine = list(
+        dict.fromkeys([*by, *filters, *_PRICING, *(["source"] if usage is not None else [])])
+    )
     cols = [LEDGER.c[_COLUMN[k]] for k in fine] + [LEDGER.c.day, LEDGER.c.month]
     if step == "hour":
         cols.append(LEDGER.c.bucket)
@@ -228,8 +243,15 @@ def build_report(
         if priced:
             assert rates is not None
             c = cost(ms, rates.price(keys["gpu_type"], keys["pool"], keys["qos"], day))
-        fine_lines.append(Line(_period(step, day, bucket, month), keys, ms, c))
+        line = Line(_period(step, day, bucket, month), keys, ms, c)
+        if usage is not None:
+            cluster, _, rest = keys["source"].partition(":")
+            share = usage.get((cluster, rest.partition(":")[0]))
+            line.measured_ms = ms if share is not None else 0
+            line.used_ms = ms * share if share is not None else 0.0
+        fine_lines.append(line)
     report = Report(window, by, step, idle, rates.currency if priced and rates else None, filters)
+    report.usage = usage is not None
     if priced and idle == "shared":
         _share_idle(fine_lines, report)
     grouped: dict[tuple[Any, ...], Line] = {}
@@ -243,6 +265,9 @@ def build_report(
                 line.period, {k: line.keys[k] for k in by}, 0, Decimal(0) if priced else None
             )
         acc.gpu_ms += line.gpu_ms
+        if line.measured_ms is not None:
+            acc.measured_ms = (acc.measured_ms or 0) + line.measured_ms
+            acc.used_ms = (acc.used_ms or 0.0) + (line.used_ms or 0.0)
         if priced and line.cost is not None:
             acc.cost = (acc.cost or Decimal(0)) + line.cost
     report.lines = sorted(grouped.values(), key=lambda li: (li.period or "", *li.keys.values()))

@@ -13,6 +13,7 @@ build exactly these tables.
 - `Rate`: price per GPU-hour by GPU type (optionally pool, QOS) over a date range.
 - `Period`: a closed month; `Restatement`: each change made to a closed month, and why.
 - `IngestRun`: one line per ingest (what it read and changed).
+- `GpuUsage`: what the GPU sampler measured per job and node (used vs allocated).
 
 Integers for GPU time (exact sums); Numeric for money (Decimal, never float).
 """
@@ -189,6 +190,26 @@ class IngestRun(SQLModel, table=True):
     restated: int = Field(sa_column=Column(Integer, nullable=False))
 
 
+class GpuUsage(SQLModel, table=True):
+    """What the GPU sampler (slurm_plugins/gpu_sampler.py) measured for one job on one
+    node: how busy its allocated GPUs were (used vs allocated)."""
+
+    __tablename__ = "gpu_usage"
+    __table_args__ = (UniqueConstraint("cluster", "job_id", "node", "start", name="uq_gpu_usage"),)
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    cluster: str = Field(sa_column=_s(64))
+    job_id: str = Field(sa_column=_s(64, index=True))
+    node: str = Field(sa_column=_s(255))
+    start: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    end: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    gpus: int = Field(sa_column=Column(Integer, nullable=False))
+    samples: int = Field(sa_column=Column(Integer, nullable=False))
+    #: None: no reading (the sampler ran but read nothing)
+    mean_util_pct: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
+    max_mem_bytes: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+
+
 #: the tables the ledger's migrations own
 LEDGER_TABLES = frozenset(
     t.__tablename__
@@ -201,5 +222,6 @@ LEDGER_TABLES = frozenset(
         Period,
         Restatement,
         IngestRun,
+        GpuUsage,
     )
 )

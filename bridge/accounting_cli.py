@@ -25,6 +25,7 @@ from accounting.rates import RateBook, RateSpec, add_rates, list_rates, parse_pr
 from accounting.render import FORMATS, to_csv, to_json, to_table
 from accounting.report import Window, build_report, parse_filters, parse_keys
 from accounting.schema import Restatement
+from accounting.usage import utilization_by_job
 from bridge.config import BridgeConfig, ConfigError, load_config
 from bridge.db import make_engine
 from bridge.leases.store import LeaseStore, create_schema
@@ -235,6 +236,9 @@ def report(
     idle: Annotated[str | None, typer.Option(help="line or shared (default: config).")] = None,
     where: Annotated[list[str] | None, typer.Option(help="Filter KEY=VALUE (repeatable).")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to a file.")] = None,
+    usage: Annotated[
+        bool, typer.Option(help="Add measured and used GPU-hours (GPU sampler records).")
+    ] = False,
     config: ConfigOpt = None,
 ) -> None:
     """GPU-hours and cost from the ledger, as a table, CSV, JSON, XLSX or an HTML page."""
@@ -253,6 +257,7 @@ def report(
         rep = build_report(
             engine, win, parse_keys(by), step=step, idle=idle_mode,  # type: ignore[arg-type]
             rates=rates, filters=parse_filters(where or []),
+            usage=utilization_by_job(engine) if usage else None,
         )  # fmt: skip
         if fmt == "xlsx":
             from accounting.xlsx import render_xlsx

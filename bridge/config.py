@@ -250,6 +250,12 @@ class AccountingConfig(_Strict):
         description="Days serving samples are kept: two months covers a restatement of "
         "the previous month.",
     )
+    gpu_usage_dir: Path | None = Field(
+        default=None,
+        description="Folder of the GPU sampler's per-job records (slurm_plugins/"
+        "gpu_sampler.py spools, collected from the nodes); read at each ingest. None: no "
+        "used-vs-allocated figures.",
+    )
     teams: dict[str, str] = Field(
         default_factory=dict,
         description="Slurm account -> team; an account not listed is its own team.",

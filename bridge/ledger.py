@@ -31,6 +31,7 @@ from accounting.ingest import (
 )
 from accounting.metrics import LedgerCollector
 from accounting.schema import NodeSpan
+from accounting.usage import ingest_usage, read_spool
 from bridge.config import BridgeConfig
 from bridge.daemon.launcher import lease_tag
 from bridge.daemon.observe import pool_of
@@ -149,9 +150,13 @@ def ingest_window(
     cluster = ledger_cluster(config, ledger, records)
     record_inventory(ledger, cluster, inventory(nodes, config), now, backfill_from=since)
     ctx = context(config, nodes, leases, horizon=until, cluster=cluster)
-    return ingest_records(
+    summary = ingest_records(
         ledger, records, ctx, since=since, until=until, restate=restate, reason=reason, now=now
     )
+    spool = config.accounting.gpu_usage_dir
+    if spool is not None and spool.is_dir():
+        summary.usage_records = ingest_usage(ledger, read_spool(spool), cluster)
+    return summary
 
 
 class LedgerFeed:
