@@ -33,6 +33,11 @@ fi
 if ! command -v chromium >/dev/null || [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
     apt_install chromium fonts-dejavu-core
 fi
+# A Lua 5.1 interpreter runs slurm_plugins/job_submit.lua in tests/unit/test_slurm_plugins.py
+# (Slurm's job_submit/lua plugin embeds liblua 5.1).
+if ! command -v lua5.1 >/dev/null; then
+    apt_install lua5.1
+fi
 
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
