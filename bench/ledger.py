@@ -1,0 +1,1009 @@
+"""The GPU-hour ledger at scale: ingest a million sacct records into SQLite and PostgreSQL,
+then a month report by team; time and peak RSS per phase and backend, beside baselines
+measured in the same run.
+
+The records take the real path: synthetic `sacct --json` documents in the Slurm 22.05 shape
+(the shape of tests/data/slurm/sacct-requeue-22.05.json; checked key for key at start), 10,000
+jobs per document -> `bridge.slurm.parse.parse_sacct_json` -> `accounting.ingest.ingest_records`,
+fed by a generator (one document in memory at a time). The workload, seeded and deterministic:
+
+- 1,000 nodes in three pools, partition = pool: train (560 x 8 h100), elastic (280 x 8 a100),
+  infer (160 x 4 l40s); submissions arrive evenly over 2026-09-15..2026-12-15, so jobs cross
+  the month boundaries; a small scheduler (the GPUs freed earliest among four random
+  candidate nodes per node needed) places every run, so no GPU is ever booked twice.
+- Durations and GPU counts are drawn from the public Alibaba GPU trace
+  (../shared/traces/alibaba_gpu2023_tasks.csv, Weng et al., ATC '23: scheduled_time ->
+  deletion_time and num_gpu of the 6,203 tasks that ran with a GPU; median 11 min), capped at
+  the 72 h time limit (TIMEOUT). Without the trace: log-normal durations (median 655 s,
+  sigma 2) and 1 GPU in 95% of jobs. Training runs are longer than the trace's pods: a
+  multi-node job's duration is 3x a draw, an elastic job's 2x, a serving job's 6x.
+- Mix of submissions: 5% multi-node training (2-8 nodes, 8/4/2/1 GPUs per node), 1.5% job
+  arrays (4-32 tasks, ids like 1234_7; ~20% of the records), 8% Triton serving jobs
+  (`stb:triton`, partition infer, no compute samples: booked "(unattributed)"), the rest
+  single-node train/elastic jobs; 1% are cancelled before they start (no GPU: skipped).
+  A run is requeued (train, 3%: REQUEUED) or preempted (elastic, 12%: PREEMPTED), up to
+  three runs, each run its own record with its own start. 6 teams, 13 accounts, ~250 users.
+  At 1,000,000 records the fleet is about a third busy.
+
+Phases, each in its own process (peak RSS = that process's ru_maxrss, from wait4):
+  gen+parse  generate and parse the records, nothing else (baseline: the input's own cost;
+             "ledger's own" time = ingest - gen+parse)
+  raw        per backend, into a separate empty database: the same records through the same
+             pure attribution (`job_entries`, `digest`), the same ledger and source rows
+             written with one plain executemany per 2,000 records (baseline: the floor for
+             the same rows; idle rows not included)
+  setup      `open_ledger` (Alembic migration) + `record_inventory` (1,000 nodes)
+  ingest     `ingest_records` of the records, as generated (one transaction)
+  report     `build_report` of 2026-11 by team
+  ingest*    only with --prototype, on a third database: `ingest_records` with
+             `_prototype_chunk` (below) in place of `_ingest_chunk`: source rows batched,
+             and on PostgreSQL no generic plans
+At the end the report's GPU-ms per team (idle, the team "(idle)" line, excluded) must equal
+the sum over the ingested records of GPUs x their time inside the month, computed from the
+parsed records independently of the ledger, and the ledger must hold one row per node and
+hour each run touched: "check: ok", or exit 1.
+
+Usage:
+    .venv/bin/python bench/ledger.py [--records 1000000] [--backends sqlite,postgresql]
+        [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres] [--keep] [--seed 1]
+        [--no-raw] [--prototype]
+PostgreSQL: a database `stb_bench_ledger_<hex>` (and `<hex>_raw`, `<hex>_proto`) is made from
+the admin URL and dropped at the end, even on error. SQLite: files in a temporary folder
+(`--keep` keeps them). Progress: a line per document to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import random
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, insert, select, text
+from sqlalchemy.engine import make_url
+
+from accounting.attribution import Context, deferred_reason, digest, job_entries, record_end
+from accounting.buckets import utc
+from accounting.db import open_ledger
+from accounting.ingest import SACCT, NodeCapacity, ingest_records, record_inventory
+from accounting.report import Window, build_report
+from accounting.schema import CAPACITY_SOURCE, IDLE_TEAM, LedgerRow, SourceRecord
+from bridge.hostlist import compress
+from bridge.paths import project_root
+from bridge.slurm.model import AccountingRecord
+from bridge.slurm.parse import parse_sacct_json
+
+LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
+SOURCES = SourceRecord.__table__  # type: ignore[attr-defined]
+
+CLUSTER = "gpu1"
+#: pool (= partition), GPU type, GPUs per node, nodes
+POOLS = (("train", "h100", 8, 560), ("elastic", "a100", 8, 280), ("infer", "l40s", 4, 160))
+WORKLOAD_OF = {"train": "training", "elastic": "elastic", "infer": "inference"}
+TEAMS = {
+    "nlp": ("nlp-pretrain", "nlp-finetune", "nlp-eval"),
+    "vision": ("vision-det", "vision-gen"),
+    "speech": ("speech-asr", "speech-tts"),
+    "recsys": ("recsys-rank",),
+    "research": ("research-rl", "research-theory", "research-interns"),
+    "platform": ("platform-serving", "platform-ci"),
+}
+TEAM_OF_ACCOUNT = {a: t for t, accounts in TEAMS.items() for a in accounts}
+ARRIVALS_FROM = datetime(2026, 9, 15, tzinfo=UTC)
+ARRIVALS_TO = datetime(2026, 12, 15, tzinfo=UTC)
+INVENTORY_AT = datetime(2026, 9, 1, tzinfo=UTC)
+#: where a running job's time would end; every generated run ends before it
+HORIZON = datetime(2027, 1, 1, tzinfo=UTC)
+REPORT_MONTH = "2026-11"
+TIME_LIMIT_S = 72 * 3600
+PER_DOC = 10_000
+TRACE = project_root().parent / "shared" / "traces" / "alibaba_gpu2023_tasks.csv"
+RECORDED = project_root() / "tests" / "data" / "slurm" / "sacct-requeue-22.05.json"
+
+
+# --- the workload ---------------------------------------------------------------------
+
+
+@dataclass
+class Trace:
+    durations: list[int]
+    gpus: list[int]
+    source: str
+
+    @staticmethod
+    def load(path: Path = TRACE) -> Trace:
+        """Run times and GPU counts of the trace's tasks that were scheduled and held a GPU."""
+        durations, gpus = [], []
+        if path.exists():
+            with path.open(newline="") as f:
+                for row in csv.DictReader(f):
+                    try:
+                        n, s, e = int(row["num_gpu"]), row["scheduled_time"], row["deletion_time"]
+                        if n > 0 and s and e and int(e) > int(s):
+                            durations.append(min(int(e) - int(s), TIME_LIMIT_S))
+                            gpus.append(n)
+                    except (KeyError, ValueError):
+                        continue
+        if durations:
+            return Trace(durations, gpus, f"{path.name} ({len(durations)} GPU tasks)")
+        rng = random.Random(0)
+        durations = [
+            max(1, min(int(rng.lognormvariate(math.log(655), 2.0)), TIME_LIMIT_S))
+            for _ in range(5000)
+        ]
+        gpus = [1] * 95 + [2] * 2 + [4] * 2 + [8]
+        return Trace(durations, gpus, "synthetic (trace not found)")
+
+
+class Fleet:
+    """Per GPU, when it is next free; places a run on the nodes whose GPUs free up earliest
+    among four random candidates per node needed (no backfill), so no GPU holds two runs at
+    once and the inventory's capacity is never overbooked."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.nodes: dict[str, list[str]] = {}
+        self.free: dict[str, list[int]] = {}
+        self.inventory: list[NodeCapacity] = []
+        start = int(ARRIVALS_FROM.timestamp())
+        i = 0
+        for pool, gpu_type, gpus, count in POOLS:
+            names = [f"gpu{i + k + 1:04d}" for k in range(count)]
+            i += count
+            self.nodes[pool] = names
+            for name in names:
+                self.free[name] = [start] * gpus
+                self.inventory.append(NodeCapacity(name, pool, gpu_type, gpus))
+
+    def place(self, pool: str, n: int, g: int, arrival: int) -> tuple[int, list[str]]:
+        names = self.nodes[pool]
+        cand = self.rng.sample(names, min(len(names), 4 * n))
+        scored = sorted((sorted(self.free[x])[g - 1], x) for x in cand)[:n]
+        return max(arrival, scored[-1][0]), [x for _, x in scored]
+
+    def occupy(self, nodes: list[str], g: int, end: int) -> None:
+        for x in nodes:
+            f = self.free[x]
+            f.sort()
+            f[:g] = [end] * g
+
+
+@dataclass
+class Run:
+    job_id: int
+    array: tuple[int, int] | None
+    name: str
+    partition: str
+    account: str
+    user: str
+    qos: str
+    state: str
+    submit: int
+    start: int
+    end: int
+    nodes: list[str]
+    gpus_per_node: int
+    comment: str | None
+
+
+def _weighted(rng: random.Random, weights: dict[Any, float]) -> Any:
+    return rng.choices(list(weights), weights=list(weights.values()))[0]
+
+
+def sacct_jobs(n: int, seed: int, trace: Trace | None = None) -> Iterator[dict[str, Any]]:
+    """Exactly `n` sacct job entries (one per run), in submission order."""
+    rng = random.Random(seed)
+    trace = trace or Trace.load()
+    fleet = Fleet(rng)
+    users = {
+        a: [f"{a.split('-')[0][:3]}{a.split('-')[1][:2]}{k:02d}" for k in range(rng.randint(8, 30))]
+        for a in TEAM_OF_ACCOUNT
+    }
+    account_weight = {a: 1.0 / (k + 1) ** 0.8 for k, a in enumerate(rng.sample(sorted(users), 13))}
+    t0, span = int(ARRIVALS_FROM.timestamp()), int((ARRIVALS_TO - ARRIVALS_FROM).total_seconds())
+    next_id = 1_000_000
+    emitted = 0
+    names = ("train", "finetune", "eval", "sweep", "pretrain", "bench", "wrap", "ddp", "infer")
+
+    def runs_of(
+        job_id: int, array: tuple[int, int] | None, partition: str, account: str, user: str,
+        n_nodes: int, g: int, duration: int, submit: int, comment: str | None,
+    ) -> list[Run]:  # fmt: skip
+        qos = {"train": "normal", "elastic": "scavenger", "infer": "serving"}[partition]
+        if partition == "train" and n_nodes > 1 and rng.random() < 0.3:
+            qos = "high"
+        name = rng.choice(names)
+        if comment is None and rng.random() < 0.01:  # cancelled while pending
+            return [Run(job_id, array, name, partition, account, user, qos, "CANCELLED",
+                        submit, 0, submit + rng.randint(10, 3600), [], g, None)]  # fmt: skip
+        runs, arrival, left = [], submit, duration
+        p_stop = {"train": 0.03, "elastic": 0.12}.get(partition, 0.0)
+        for k in range(3):
+            start, nodes = fleet.place(partition, n_nodes, g, arrival)
+            if k < 2 and left > 120 and rng.random() < p_stop:
+                end = start + rng.randint(60, left - 30)
+                state = "PREEMPTED" if partition == "elastic" else "REQUEUED"
+                left = max(60, left - (end - start) + rng.randint(0, 1800))
+            else:
+                end = start + left
+                state = _weighted(rng, {"COMPLETED": 0.85, "FAILED": 0.1, "CANCELLED": 0.05})
+                if left >= TIME_LIMIT_S:
+                    state = "TIMEOUT"
+            fleet.occupy(nodes, g, end)
+            runs.append(Run(job_id, array, name, partition, account, user, qos, state,
+                            submit, start, end, nodes, g, comment))  # fmt: skip
+            if state not in ("PREEMPTED", "REQUEUED"):
+                break
+            arrival = end + rng.randint(60, 900)
+        return runs
+
+    while emitted < n:
+        submit = t0 + span * emitted // n + rng.randint(0, 59)
+        account = _weighted(rng, account_weight)
+        kind = _weighted(rng, {"multi": 0.05, "array": 0.015, "serve": 0.08, "single": 0.855})
+        batch: list[Run] = []
+        if kind == "serve":
+            if rng.random() < 0.5:
+                account = "platform-serving"
+            g = min(4, rng.choice(trace.gpus))
+            dur = min(TIME_LIMIT_S, 6 * rng.choice(trace.durations))
+            user = rng.choice(users[account])
+            batch = runs_of(next_id, None, "infer", account, user, 1, g, dur, submit, "stb:triton")
+            next_id += 1
+        elif kind == "multi":
+            n_nodes = rng.randint(2, 8)
+            g = _weighted(rng, {8: 0.5, 4: 0.25, 2: 0.15, 1: 0.1})
+            dur = min(TIME_LIMIT_S, 3 * rng.choice(trace.durations))
+            user = rng.choice(users[account])
+            batch = runs_of(next_id, None, "train", account, user, n_nodes, g, dur, submit, None)
+            next_id += 1
+        elif kind == "array":
+            partition = rng.choice(("train", "elastic"))
+            user = rng.choice(users[account])
+            g = rng.choice(trace.gpus)
+            master = next_id
+            for task in range(rng.randint(4, 32)):
+                dur = rng.choice(trace.durations)
+                batch += runs_of(next_id, (master, task), partition, account, user, 1, g, dur,
+                                 submit, None)  # fmt: skip
+                next_id += 1
+        else:
+            partition = rng.choice(("train", "elastic"))
+            g = rng.choice(trace.gpus)
+            dur = min(
+                TIME_LIMIT_S, (2 if partition == "elastic" else 1) * rng.choice(trace.durations)
+            )
+            user = rng.choice(users[account])
+            batch = runs_of(next_id, None, partition, account, user, 1, g, dur, submit, None)
+            next_id += 1
+        for run in batch[: n - emitted]:
+            yield sacct_job(run)
+        emitted += len(batch)
+
+
+_GPU_TYPE = {pool: t for pool, t, _, _ in POOLS}
+
+
+def sacct_job(r: Run) -> dict[str, Any]:
+    """One run as Slurm 22.05's `sacct --json` prints a job (dbv0.0.38)."""
+    n_nodes = len(r.nodes)
+    gpus = n_nodes * r.gpus_per_node
+    cpus = 12 * gpus
+    started = bool(r.nodes)
+    gres_req = {"type": "gres", "name": "gpu", "id": 1001, "count": r.gpus_per_node}
+    requested = [
+        {"type": "cpu", "name": None, "id": 1, "count": cpus or 12},
+        {"type": "mem", "name": None, "id": 2, "count": 65536 * max(1, n_nodes)},
+        {"type": "node", "name": None, "id": 4, "count": max(1, n_nodes)},
+        {"type": "billing", "name": None, "id": 5, "count": cpus or 12},
+        gres_req,
+    ]
+    allocated = (
+        [
+            {"type": "cpu", "name": None, "id": 1, "count": cpus},
+            {"type": "energy", "name": None, "id": 3, "count": None},
+            {"type": "node", "name": None, "id": 4, "count": n_nodes},
+            {"type": "billing", "name": None, "id": 5, "count": cpus},
+            {"type": "gres", "name": "gpu", "id": 1001, "count": gpus},
+            {"type": "gres", "name": f"gpu:{_GPU_TYPE[r.partition]}", "id": 1002, "count": gpus},
+        ]
+        if started
+        else []
+    )
+    ok = r.state == "COMPLETED"
+    exit_code = {"status": "SUCCESS" if ok else "FAILED", "return_code": 0 if ok else 1}
+    array_id, task = r.array or (0, None)
+    return {
+        "account": r.account,
+        "comment": {"administrator": None, "job": r.comment, "system": None},
+        "allocation_nodes": n_nodes,
+        "array": {
+            "job_id": array_id,
+            "limits": {"max": {"running": {"tasks": 0}}},
+            "task": None,
+            "task_id": task,
+        },
+        "association": {
+            "account": r.account,
+            "cluster": CLUSTER,
+            "partition": None,
+            "user": r.user,
+        },
+        "cluster": CLUSTER,
+        "constraints": "",
+        "container": None,
+        "derived_exit_code": exit_code,
+        "time": {
+            "elapsed": r.end - r.start if started else 0,
+            "eligible": r.submit,
+            "end": r.end if started else 0,
+            "start": r.start,
+            "submission": r.submit,
+            "suspended": 0,
+            "system": {"seconds": 0, "microseconds": 0},
+            "limit": TIME_LIMIT_S // 60,
+            "total": {"seconds": 0, "microseconds": 0},
+            "user": {"seconds": 0, "microseconds": 0},
+        },
+        "exit_code": exit_code,
+        "flags": ["CLEAR_SCHEDULING", "STARTED_ON_BACKFILL"] if started else [],
+        "group": r.account.split("-")[0],
+        "het": {"job_id": 0, "job_offset": None},
+        "job_id": r.job_id,
+        "name": r.name,
+        "mcs": {"label": ""},
+        "nodes": compress(r.nodes) if started else "None assigned",
+        "partition": r.partition,
+        "priority": 4294901760 - r.job_id % 100_000,
+        "qos": r.qos,
+        "required": {"CPUs": cpus or 12, "memory": 0},
+        "kill_request_user": None,
+        "reservation": {"id": 0, "name": 0},
+        "state": {"current": r.state, "reason": "None"},
+        "steps": [],
+        "tres": {"allocated": allocated, "requested": requested},
+        "user": r.user,
+        "wckey": {"wckey": "", "flags": []},
+        "working_directory": f"/home/{r.user}",
+    }
+
+
+def _document(jobs: Iterator[dict[str, Any]], meta: Any, per_doc: int) -> str | None:
+    chunk = [j for _, j in zip(range(per_doc), jobs, strict=False)]
+    return json.dumps({"meta": meta, "errors": [], "jobs": chunk}) if chunk else None
+
+
+def documents(n: int, seed: int, per_doc: int = PER_DOC) -> Iterator[str]:
+    """The runs as `sacct --json` documents of `per_doc` jobs each."""
+    meta = json.loads(RECORDED.read_text())["meta"]
+    jobs = sacct_jobs(n, seed)
+    while (doc := _document(jobs, meta, per_doc)) is not None:
+        yield doc
+
+
+def records(
+    n: int, seed: int, progress: Callable[[int, int], None] | None = None
+) -> Iterator[AccountingRecord]:
+    """The runs as parsed records, one document in memory at a time."""
+    meta = json.loads(RECORDED.read_text())["meta"]
+    jobs = sacct_jobs(n, seed)
+    done = 0
+    while (doc := _document(jobs, meta, PER_DOC)) is not None:
+        recs = parse_sacct_json(doc)
+        del doc
+        done += len(recs)
+        yield from recs
+        if progress:
+            progress(done, n)
+
+
+def shape_check() -> None:
+    """The generated jobs have exactly the keys of the recorded 22.05 jobs, at every level."""
+
+    def keys(v: Any, at: str = "") -> set[str]:
+        if isinstance(v, dict):
+            return {f"{at}.{k}" for k in v} | {
+                x for k, w in v.items() for x in keys(w, f"{at}.{k}")
+            }
+        if isinstance(v, list) and v and isinstance(v[0], dict):
+            return keys(v[0], at + "[]")
+        return set()
+
+    real = json.loads(RECORDED.read_text())["jobs"][0]
+    ours = next(j for j in json.loads(next(documents(100, 0)))["jobs"] if j["tres"]["allocated"])
+    if keys(real) != keys(ours):
+        raise SystemExit(f"shape differs from {RECORDED.name}: {keys(real) ^ keys(ours)}")
+
+
+def context() -> Context:
+    pool_of_node, type_of_node = {}, {}
+    for n in Fleet(random.Random(0)).inventory:
+        pool_of_node[n.node] = n.pool
+        type_of_node[n.node] = n.gpu_type
+    return Context(
+        pool_of_node=pool_of_node,
+        gpu_type_of_node=type_of_node,
+        workload_of_partition=WORKLOAD_OF,
+        workload_of_pool=WORKLOAD_OF,
+        team_of_account=TEAM_OF_ACCOUNT,
+        known_gpu_types=frozenset(t for _, t, _, _ in POOLS),
+        horizon=HORIZON,
+        cluster=CLUSTER,
+    )
+
+
+# --- what the ledger must say, from the parsed records alone --------------------------
+
+
+@dataclass
+class Tally:
+    records: int = 0
+    #: runs that held GPU time (the ones the ledger books)
+    booked: int = 0
+    skipped: int = 0
+    array_tasks: int = 0
+    multi_node: int = 0
+    requeued_runs: int = 0
+    serving: int = 0
+    crossing_month: int = 0
+    #: ledger rows the runs must make (node x hour touched)
+    job_rows: int = 0
+    gpu_ms: int = 0
+    #: sum of start - submit (queueing), seconds; the latest end (epoch s)
+    wait_s: int = 0
+    last_end: int = 0
+    #: team -> GPU-ms inside the report month
+    month_by_team: dict[str, int] = field(default_factory=dict)
+
+    def watch(self, recs: Iterable[AccountingRecord]) -> Iterator[AccountingRecord]:
+        w = Window.parse(REPORT_MONTH)
+        lo, hi = int(w.start.timestamp()), int(w.end.timestamp())
+        for rec in recs:
+            self.records += 1
+            if rec.start is None or rec.end is None or rec.gpus == 0:
+                self.skipped += 1
+                yield rec
+                continue
+            s, e = int(rec.start.timestamp()), int(rec.end.timestamp())
+            if e > int(HORIZON.timestamp()):
+                raise SystemExit(f"run {rec.key} ends after the horizon {HORIZON}")
+            self.booked += 1
+            self.array_tasks += rec.array_task_id is not None
+            self.multi_node += len(rec.nodes) > 1
+            self.requeued_runs += rec.state in ("REQUEUED", "PREEMPTED")
+            self.serving += rec.partition == "infer"
+            self.crossing_month += rec.start.month != rec.end.month
+            self.job_rows += len(rec.nodes) * (-(-e // 3600) - s // 3600)
+            self.gpu_ms += rec.gpus * (e - s) * 1000
+            self.wait_s += s - int(rec.submit.timestamp()) if rec.submit else 0
+            self.last_end = max(self.last_end, e)
+            inside = min(e, hi) - max(s, lo)
+            if inside > 0:
+                team = TEAM_OF_ACCOUNT[rec.account]
+                self.month_by_team[team] = (
+                    self.month_by_team.get(team, 0) + rec.gpus * inside * 1000
+                )
+            yield rec
+
+
+# --- phases (each runs in its own process) ---------------------------------------------
+
+
+def _progress(label: str) -> Callable[[int, int], None]:
+    t0 = time.perf_counter()
+
+    def say(done: int, n: int) -> None:
+        dt = time.perf_counter() - t0
+        print(
+            f"[{label}] {done:,}/{n:,} records  {dt:7.1f} s  {done / dt:8,.0f} rec/s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return say
+
+
+def _rows_of(rec: AccountingRecord, ctx: Context) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The ledger and source rows `ingest_records` writes for a new record (same values)."""
+    entries = job_entries(rec, ctx)
+    rows = [
+        {
+            "bucket": e.bucket, "day": e.bucket.date(), "month": e.bucket.strftime("%Y-%m"),
+            "cluster": e.cluster, "pool": e.pool, "partition": e.partition,
+            "workload": e.workload, "account": e.account, "team": e.team, "user_name": e.user,
+            "model": e.model, "gpu_type": e.gpu_type, "qos": e.qos, "lease": e.lease,
+            "source": rec.key, "gpu_ms": e.gpu_ms,
+        }
+        for e in entries
+    ]  # fmt: skip
+    now = datetime.now(UTC)
+    source = {
+        "kind": SACCT, "key": rec.key, "digest": digest(rec, ctx), "job_id": rec.job_id,
+        "state": rec.state, "start": rec.start, "end": record_end(rec, ctx.horizon),
+        "gpu_ms": sum(e.gpu_ms for e in entries), "first_ingested_at": now,
+        "last_changed_at": now,
+    }  # fmt: skip
+    return rows, source
+
+
+def phase_genparse(args: argparse.Namespace) -> dict[str, Any]:
+    tally = Tally()
+    t0 = time.perf_counter()
+    for _ in tally.watch(records(args.records, args.seed, _progress("gen+parse"))):
+        pass
+    return {"seconds": time.perf_counter() - t0, "tally": asdict(tally)}
+
+
+def phase_raw(args: argparse.Namespace) -> dict[str, Any]:
+    engine = open_ledger(args.url)
+    ctx = context()
+    label = f"{args.backend} raw"
+    t0 = time.perf_counter()
+    rows_written = sources_written = 0
+    with engine.begin() as conn:
+        batch: list[AccountingRecord] = []
+        recs = records(args.records, args.seed, _progress(label))
+        for rec in recs:
+            batch.append(rec)
+            if len(batch) < 2000:
+                continue
+            rows, sources = _raw_write(conn, batch, ctx)
+            rows_written, sources_written = rows_written + rows, sources_written + sources
+            batch = []
+        rows, sources = _raw_write(conn, batch, ctx)
+        rows_written, sources_written = rows_written + rows, sources_written + sources
+    return {"seconds": time.perf_counter() - t0, "rows": rows_written, "sources": sources_written}
+
+
+def _raw_write(conn: Any, batch: list[AccountingRecord], ctx: Context) -> tuple[int, int]:
+    rows: list[dict[str, Any]] = []
+    sources = []
+    for rec in batch:
+        if rec.start is None or rec.gpus == 0:
+            continue
+        r, s = _rows_of(rec, ctx)
+        rows += r
+        sources.append(s)
+    if rows:
+        conn.execute(insert(LEDGER), rows)
+    if sources:
+        conn.execute(insert(SOURCES), sources)
+    return len(rows), len(sources)
+
+
+def phase_setup(args: argparse.Namespace) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    engine = open_ledger(args.url)
+    t1 = time.perf_counter()
+    spans = record_inventory(
+        engine, CLUSTER, Fleet(random.Random(0)).inventory, INVENTORY_AT, backfill_from=None
+    )
+    t2 = time.perf_counter()
+    return {"seconds": t2 - t0, "migrate_s": t1 - t0, "inventory_s": t2 - t1, "spans": spans}
+
+
+def phase_ingest(args: argparse.Namespace) -> dict[str, Any]:
+    if args.phase == "ingest*":
+        import accounting.ingest
+
+        accounting.ingest._ingest_chunk = _prototype_chunk
+    engine = open_ledger(args.url)
+    ctx = context()
+    tally = Tally()
+    t0 = time.perf_counter()
+    label = f"{args.backend} {args.phase}"
+    recs = tally.watch(records(args.records, args.seed, _progress(label)))
+    summary = ingest_records(engine, recs, ctx)
+    seconds = time.perf_counter() - t0
+    print(f"[{label}] {summary.line()}", file=sys.stderr, flush=True)
+    return {
+        "seconds": seconds,
+        "tally": asdict(tally),
+        "summary": {
+            "records": summary.records,
+            "new": summary.new,
+            "skipped": summary.skipped,
+            "deferred": len(summary.deferred),
+            "rows_written": summary.rows_written,
+            "idle_hours": summary.idle_hours,
+            "overbooked": len(summary.overbooked),
+        },
+    }
+
+
+def _prototype_chunk(
+    conn: Any,
+    chunk: Any,
+    ctx: Context,
+    closed: set[str],
+    restate: bool,
+    reason: str,
+    now: datetime,
+    summary: Any,
+    touched: set[datetime],
+) -> None:
+    """PROTOTYPE, not the shipped code: `accounting.ingest._ingest_chunk` (as of d7aa80c)
+    with two changes, used only with --prototype to measure them:
+    1. source_record written in batches: one executemany INSERT of the chunk's new records
+       and one executemany UPDATE of its changed ones, instead of one statement per record;
+    2. on PostgreSQL, plans made per execution (`plan_cache_mode = force_custom_plan`, for
+       the rest of the transaction): psycopg prepares a statement run 5 times, and inside the
+       one long ingest transaction the tables' statistics stay those of the empty tables, so
+       PostgreSQL soon picks a generic plan for the chunk's `kind = $1 AND key IN ($2, ...)`
+       lookup that reads every source_record row through the (kind, key) index on `kind`
+       alone and compares each with the 2,000 keys: quadratic, seconds per chunk past 500k."""
+    from sqlalchemy import bindparam, delete, update
+
+    from accounting import ingest as ing
+
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
+    summary.records += len(chunk)
+    ready = []
+    for rec in chunk:
+        why = deferred_reason(rec)
+        if why:
+            summary.deferred.append((rec.key, why))
+        elif rec.start is None or rec.gpus == 0 or record_end(rec, ctx.horizon) is None:
+            summary.skipped += 1
+        else:
+            ready.append(rec)
+    if not ready:
+        return
+    serving = ing._serving_for(conn, ready, ctx)
+    keys = [r.key for r in ready]
+    existing = {
+        key: (rid, dig)
+        for rid, key, dig in conn.execute(
+            select(SOURCES.c.id, SOURCES.c.key, SOURCES.c.digest).where(
+                SOURCES.c.kind == SACCT, SOURCES.c.key.in_(keys)
+            )
+        )
+    }
+    changed: list[Any] = []
+    seen: set[str] = set()
+    for rec in ready:
+        if rec.key in seen:
+            changed = [c for c in changed if c[0].key != rec.key]
+        seen.add(rec.key)
+        points = serving.get(rec.job_id, ())
+        dig = digest(rec, ctx, points)
+        old = existing.get(rec.key)
+        if old is not None and old[1] == dig:
+            summary.unchanged += 1
+            continue
+        changed.append((rec, dig, job_entries(rec, ctx, points)))
+    if not changed:
+        return
+    old_keys = [rec.key for rec, _, _ in changed if rec.key in existing]
+    if closed:
+        ing._check_closed(conn, changed, old_keys, closed, restate, reason, now, summary)
+    if old_keys:
+        for part in ing.batched(old_keys, 500):
+            old_hours = conn.execute(
+                select(LEDGER.c.bucket).where(LEDGER.c.source.in_(part)).distinct()
+            )
+            touched.update(utc(h) for (h,) in old_hours)
+            conn.execute(delete(LEDGER).where(LEDGER.c.source.in_(part)))
+    rows = []
+    for rec, _, entries in changed:
+        for e in entries:
+            rows.append(ing._row(e, rec.key))
+            touched.add(e.bucket)
+    if rows:
+        conn.execute(insert(LEDGER), rows)
+    summary.rows_written += len(rows)
+    new_rows, updates = [], []
+    for rec, dig, entries in changed:
+        values = {
+            "digest": dig, "job_id": rec.job_id, "state": rec.state, "start": rec.start,
+            "end": record_end(rec, ctx.horizon), "gpu_ms": sum(e.gpu_ms for e in entries),
+            "last_changed_at": now,
+        }  # fmt: skip
+        if rec.key in existing:
+            summary.changed += 1
+            updates.append({"rid": existing[rec.key][0], **values})
+        else:
+            summary.new += 1
+            existing[rec.key] = (-1, dig)
+            new_rows.append({"kind": SACCT, "key": rec.key, "first_ingested_at": now, **values})
+    if new_rows:
+        conn.execute(insert(SOURCES), new_rows)
+    if updates:
+        cols = [k for k in updates[0] if k != "rid"]
+        stmt = (
+            update(SOURCES)
+            .where(SOURCES.c.id == bindparam("rid"))
+            .values({k: bindparam(k) for k in cols})
+        )
+        conn.execute(stmt, updates)
+
+
+def phase_report(args: argparse.Namespace) -> dict[str, Any]:
+    engine = open_ledger(args.url)
+    t0 = time.perf_counter()
+    rep = build_report(engine, Window.parse(REPORT_MONTH), by=("team",))
+    seconds = time.perf_counter() - t0
+    with engine.connect() as conn:
+        ledger_rows = conn.scalar(select(func.count()).select_from(LEDGER))
+        idle_rows = conn.scalar(
+            select(func.count()).select_from(LEDGER).where(LEDGER.c.source == CAPACITY_SOURCE)
+        )
+        sources = conn.scalar(select(func.count()).select_from(SOURCES))
+        size = (
+            conn.scalar(text("SELECT pg_database_size(current_database())"))
+            if engine.dialect.name == "postgresql"
+            else Path(make_url(args.url).database or "").stat().st_size
+        )
+    return {
+        "seconds": seconds,
+        "lines": {line.keys["team"]: line.gpu_ms for line in rep.lines},
+        "ledger_rows": ledger_rows,
+        "idle_rows": idle_rows,
+        "source_rows": sources,
+        "db_bytes": size,
+    }
+
+
+def phase_imports(args: argparse.Namespace) -> dict[str, Any]:
+    return {"seconds": 0.0}
+
+
+PHASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "imports": phase_imports,
+    "gen+parse": phase_genparse,
+    "raw": phase_raw,
+    "setup": phase_setup,
+    "ingest": phase_ingest,
+    "report": phase_report,
+    # --prototype: the same on a third database, ingest with _prototype_chunk
+    "setup*": phase_setup,
+    "ingest*": phase_ingest,
+    "report*": phase_report,
+}
+
+
+def run_phase(
+    phase: str, records_n: int, seed: int, backend: str = "", url: str = ""
+) -> dict[str, Any]:
+    """Run a phase in a fresh interpreter; its result, with its peak RSS (KiB)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase]
+    cmd += ["--records", str(records_n), "--seed", str(seed), "--backend", backend, "--url", url]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"phase {phase} ({backend or 'no database'}) failed: exit {proc.returncode}"
+        )
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    result["rss_kib"] = usage.ru_maxrss
+    print(
+        f"[{backend or '-'} {phase}] done: {result['seconds']:.1f} s,"
+        f" peak RSS {_mib(usage.ru_maxrss)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return result
+
+
+# --- databases --------------------------------------------------------------------------
+
+
+class Databases:
+    """Empty databases for a backend, removed on exit (SQLite files unless --keep)."""
+
+    def __init__(self, backend: str, admin_url: str, keep: bool) -> None:
+        self.backend, self.admin_url, self.keep = backend, admin_url, keep
+        self.made: list[str] = []
+        self.folder: Path | None = None
+        self.tag = secrets.token_hex(4)
+
+    def __enter__(self) -> Databases:
+        return self
+
+    def new(self, suffix: str = "") -> str:
+        if self.backend == "sqlite":
+            if self.folder is None:
+                self.folder = Path(tempfile.mkdtemp(prefix="stb-bench-ledger-"))
+            return f"sqlite:///{self.folder / f'ledger{suffix}.db'}"
+        import psycopg
+
+        name = f"stb_bench_ledger_{self.tag}{suffix}"
+        with psycopg.connect(self._libpq(), autocommit=True, connect_timeout=5) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        self.made.append(name)
+        url = make_url(self.admin_url).set(drivername="postgresql+psycopg", database=name)
+        return url.render_as_string(hide_password=False)
+
+    def _libpq(self) -> str:
+        url = make_url(self.admin_url).set(drivername="postgresql")
+        return url.render_as_string(hide_password=False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.folder is not None:
+            if self.keep:
+                print(f"kept the SQLite files in {self.folder}")
+            else:
+                shutil.rmtree(self.folder, ignore_errors=True)
+        if self.made:
+            import psycopg
+
+            with psycopg.connect(self._libpq(), autocommit=True, connect_timeout=5) as admin:
+                for name in self.made:
+                    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# --- the run ----------------------------------------------------------------------------
+
+
+def _mib(kib: int) -> str:
+    return f"{kib / 1024:,.0f} MiB"
+
+
+def check(tally: dict[str, Any], ingest: dict[str, Any], report: dict[str, Any]) -> list[str]:
+    """What disagrees between the records and the ledger ([] when all agrees)."""
+    bad = []
+    lines = dict(report["lines"])
+    idle = lines.pop(IDLE_TEAM, 0)
+    want = {t: ms for t, ms in tally["month_by_team"].items() if ms}
+    if lines != want:
+        bad.append(f"report by team {lines} != the records' GPU-ms in {REPORT_MONTH} {want}")
+    if sum(lines.values()) != sum(want.values()):
+        bad.append(f"report total {sum(lines.values())} != records {sum(want.values())}")
+    if want and not idle:
+        bad.append("the report has no idle line")
+    if ingest["tally"] != tally:
+        bad.append("the ingest saw other records than the baseline (generator not deterministic)")
+    s = ingest["summary"]
+    if s["new"] != tally["booked"] or s["skipped"] != tally["skipped"] or s["deferred"]:
+        bad.append(f"ingest summary {s} does not match the records {tally}")
+    if report["ledger_rows"] - report["idle_rows"] != tally["job_rows"]:
+        bad.append(
+            f"{report['ledger_rows'] - report['idle_rows']} job rows, expected {tally['job_rows']}"
+        )
+    if report["source_rows"] != tally["booked"]:
+        bad.append(f"{report['source_rows']} source rows, expected {tally['booked']}")
+    return bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--backends", default="sqlite,postgresql")
+    ap.add_argument(
+        "--postgres-url",
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        help="admin URL: the bench creates (and drops) its databases from it",
+    )
+    ap.add_argument("--keep", action="store_true", help="keep the SQLite files")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-raw", action="store_true", help="skip the executemany baseline")
+    ap.add_argument(
+        "--prototype",
+        action="store_true",
+        help="also ingest with the batched source_record writes prototyped here (ingest*)",
+    )
+    ap.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
+    ap.add_argument("--backend", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--url", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.phase:  # a child: one phase, its result as the last line of stdout
+        result = PHASES[args.phase](args)
+        print(json.dumps(result, default=str))
+        return 0
+
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = set(backends) - {"sqlite", "postgresql"}
+    if unknown:
+        ap.error(f"unknown backend(s): {', '.join(sorted(unknown))}")
+    shape_check()
+    trace = Trace.load()
+    pools = ", ".join(f"{p} {n}x{g} {t}" for p, t, g, n in POOLS)
+    print(
+        f"{args.records:,} sacct records, {PER_DOC:,} jobs per document, seed {args.seed};"
+        f" {sum(p[3] for p in POOLS):,} nodes ({pools}); durations and GPU counts from"
+        f" {trace.source}; {os.cpu_count()} CPUs"
+    )
+
+    floor = run_phase("imports", 0, args.seed)
+    base = run_phase("gen+parse", args.records, args.seed)
+    tally = base["tally"]
+    print(
+        f"records: {tally['records']:,} ({tally['booked']:,} with GPU time, {tally['skipped']:,}"
+        f" cancelled before start); {tally['array_tasks']:,} array tasks,"
+        f" {tally['multi_node']:,} multi-node, {tally['requeued_runs']:,} requeued/preempted"
+        f" runs, {tally['serving']:,} serving, {tally['crossing_month']:,} crossing a month;"
+        f" {tally['gpu_ms'] / 3.6e6:,.0f} GPU-hours; {tally['job_rows']:,} job rows expected;"
+        f" mean wait {tally['wait_s'] / max(1, tally['booked']) / 60:,.1f} min, last end"
+        f" {datetime.fromtimestamp(tally['last_end'], UTC):%Y-%m-%d %H:%M}"
+    )
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    failures: list[str] = []
+    for backend in backends:
+        with Databases(backend, args.postgres_url, args.keep) as dbs:
+            phases: dict[str, dict[str, Any]] = {}
+            if not args.no_raw:
+                phases["raw"] = run_phase("raw", args.records, args.seed, backend, dbs.new("_raw"))
+            url = dbs.new()
+            for phase in ("setup", "ingest", "report"):
+                phases[phase] = run_phase(phase, args.records, args.seed, backend, url)
+            if args.prototype:
+                url = dbs.new("_proto")
+                for phase in ("setup*", "ingest*", "report*"):
+                    phases[phase] = run_phase(phase, args.records, args.seed, backend, url)
+            results[backend] = phases
+        for star in ("", "*") if args.prototype else ("",):
+            bad = check(tally, phases[f"ingest{star}"], phases[f"report{star}"])
+            failures += [f"{backend} ingest{star}: {b}" for b in bad]
+
+    b = base["seconds"]
+    print()
+    print(f"interpreter + imports alone: peak RSS {_mib(floor['rss_kib'])}")
+    print(f"{'backend':<11} {'phase':<10} {'time':>9} {'x gen+parse':>12} {'peak RSS':>10}  notes")
+    print(
+        f"{'-':<11} {'gen+parse':<10} {b:8.1f}s {1:>11.2f}x {_mib(base['rss_kib']):>10}  baseline"
+    )
+    for backend, phases in results.items():
+        for phase, r in phases.items():
+            note = ""
+            if phase == "ingest*":
+                note = f"prototype: {r['seconds'] / phases['ingest']['seconds']:.2f}x ingest; "
+            if phase == "raw":
+                note = f"{r['rows']:,} ledger + {r['sources']:,} source rows, plain executemany"
+            elif phase.startswith("setup"):
+                note = f"migrate {r['migrate_s']:.1f} s, inventory {r['inventory_s']:.1f} s"
+            elif phase.startswith("ingest"):
+                s = r["summary"]
+                note += (
+                    f"{s['rows_written']:,} ledger rows + {s['new']:,} source rows;"
+                    f" idle for {s['idle_hours']:,} hours"
+                )
+                if "raw" in phases:
+                    note += f"; {r['seconds'] / phases['raw']['seconds']:.2f}x raw"
+                note += f"; ledger's own {r['seconds'] - b:,.1f} s"
+            elif phase.startswith("report"):
+                note = (
+                    f"{len(r['lines'])} lines; db {r['db_bytes'] / 2**20:,.0f} MiB,"
+                    f" {r['ledger_rows']:,} ledger rows"
+                )
+            print(
+                f"{backend:<11} {phase:<10} {r['seconds']:8.1f}s {r['seconds'] / b:>11.2f}x"
+                f" {_mib(r['rss_kib']):>10}  {note}"
+            )
+    if results:
+        first = next(iter(results.values()))["report"]["lines"]
+        used = sum(ms for team, ms in first.items() if team != IDLE_TEAM)
+        print(
+            f"\n{REPORT_MONTH} by team (GPU-hours), utilization"
+            f" {used / max(1, sum(first.values())):.0%}:"
+        )
+        for team, ms in sorted(first.items(), key=lambda kv: -kv[1]):
+            print(f"  {team:<10} {ms / 3.6e6:14,.1f}")
+    if failures:
+        for f in failures:
+            print(f"check FAILED: {f}", file=sys.stderr)
+        return 1
+    if results:
+        print("check: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
