@@ -37,7 +37,7 @@ Phases, each in its own process (peak RSS = that process's ru_maxrss, from wait4
   report     `build_report` of 2026-11 by team
   ingest*    only with --prototype, on a third database: `ingest_records` with
              `_prototype_chunk` (below) in place of `_ingest_chunk`: source rows batched,
-             and on PostgreSQL no generic plans
+             and on PostgreSQL the chunk's keys looked up as one array parameter
 At the end the report's GPU-ms per team (idle, the team "(idle)" line, excluded) must equal
 the sum over the ingested records of GPUs x their time inside the month, computed from the
 parsed records independently of the ledger, and the ledger must hold one row per node and
@@ -636,21 +636,25 @@ def _prototype_chunk(
     touched: set[datetime],
 ) -> None:
     """PROTOTYPE, not the shipped code: `accounting.ingest._ingest_chunk` (as of d7aa80c)
-    with two changes, used only with --prototype to measure them:
-    1. source_record written in batches: one executemany INSERT of the chunk's new records
-       and one executemany UPDATE of its changed ones, instead of one statement per record;
-    2. on PostgreSQL, plans made per execution (`plan_cache_mode = force_custom_plan`, for
-       the rest of the transaction): psycopg prepares a statement run 5 times, and inside the
-       one long ingest transaction the tables' statistics stay those of the empty tables, so
-       PostgreSQL soon picks a generic plan for the chunk's `kind = $1 AND key IN ($2, ...)`
-       lookup that reads every source_record row through the (kind, key) index on `kind`
-       alone and compares each with the 2,000 keys: quadratic, seconds per chunk past 500k."""
-    from sqlalchemy import bindparam, delete, update
+    with two changes, used only with --prototype to measure them
+    ($STB_BENCH_PROTOTYPE=batch or =lookup keeps only one of them):
+    1. batch: source_record written in batches: one executemany INSERT of the chunk's new
+       records and one executemany UPDATE of its changed ones, not one statement per record;
+    2. lookup: on PostgreSQL the chunk's keys are looked up as one array parameter,
+       `kind = $1 AND key = ANY($2)`, not `key IN ($2, ..., $1984)`. Inside the one long
+       ingest transaction the statistics stay those of the empty table: the IN form gets
+       a plan that reads every source_record row with kind = 'sacct' and tests its key
+       (O(table) per chunk), and once psycopg prepares the statement (5 runs of the same
+       text) PostgreSQL switches to a generic plan that compares each row with the 2,000
+       parameters one by one: seconds per chunk past ~500,000 records. The array form
+       probes the (kind, key) index with both columns whatever the statistics."""
+    from sqlalchemy import String, any_, bindparam, delete, update
+    from sqlalchemy.dialects.postgresql import ARRAY
 
     from accounting import ingest as ing
 
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
+    only = os.environ.get("STB_BENCH_PROTOTYPE", "")
+    batch, array_lookup = only in ("", "batch"), only in ("", "lookup")
     summary.records += len(chunk)
     ready = []
     for rec in chunk:
@@ -665,11 +669,15 @@ def _prototype_chunk(
         return
     serving = ing._serving_for(conn, ready, ctx)
     keys = [r.key for r in ready]
+    if array_lookup and conn.dialect.name == "postgresql":
+        match = SOURCES.c.key == any_(bindparam("keys", keys, type_=ARRAY(String)))
+    else:
+        match = SOURCES.c.key.in_(keys)
     existing = {
         key: (rid, dig)
         for rid, key, dig in conn.execute(
             select(SOURCES.c.id, SOURCES.c.key, SOURCES.c.digest).where(
-                SOURCES.c.kind == SACCT, SOURCES.c.key.in_(keys)
+                SOURCES.c.kind == SACCT, match
             )
         )
     }
@@ -720,6 +728,13 @@ def _prototype_chunk(
             summary.new += 1
             existing[rec.key] = (-1, dig)
             new_rows.append({"kind": SACCT, "key": rec.key, "first_ingested_at": now, **values})
+    if not batch:  # one statement per record, as shipped
+        for row in new_rows:
+            conn.execute(insert(SOURCES).values(**row))
+        for row in updates:
+            rid = row.pop("rid")
+            conn.execute(update(SOURCES).where(SOURCES.c.id == rid).values(**row))
+        return
     if new_rows:
         conn.execute(insert(SOURCES), new_rows)
     if updates:
