@@ -35,9 +35,6 @@ Phases, each in its own process (peak RSS = that process's ru_maxrss, from wait4
   setup      `open_ledger` (Alembic migration) + `record_inventory` (1,000 nodes)
   ingest     `ingest_records` of the records, as generated (one transaction)
   report     `build_report` of 2026-11 by team
-  ingest*    only with --prototype, on a third database: `ingest_records` with
-             `_prototype_chunk` (below) in place of `_ingest_chunk`: source rows batched,
-             and on PostgreSQL the chunk's keys looked up as one array parameter
 At the end the report's GPU-ms per team (idle, the team "(idle)" line, excluded) must equal
 the sum over the ingested records of GPUs x their time inside the month, computed from the
 parsed records independently of the ledger, and the ledger must hold one row per node and
@@ -46,9 +43,9 @@ hour each run touched: "check: ok", or exit 1.
 Usage:
     .venv/bin/python bench/ledger.py [--records 1000000] [--backends sqlite,postgresql]
         [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres] [--keep] [--seed 1]
-        [--no-raw] [--prototype]
-PostgreSQL: a database `stb_bench_ledger_<hex>` (and `<hex>_raw`, `<hex>_proto`) is made from
-the admin URL and dropped at the end, even on error. SQLite: files in a temporary folder
+        [--no-raw]
+PostgreSQL: a database `stb_bench_ledger_<hex>` (and `<hex>_raw`) is made from the admin URL
+and dropped at the end, even on error. SQLite: files in a temporary folder
 (`--keep` keeps them). Progress: a line per document to stderr.
 """
 
@@ -75,8 +72,7 @@ from typing import Any
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.engine import make_url
 
-from accounting.attribution import Context, deferred_reason, digest, job_entries, record_end
-from accounting.buckets import utc
+from accounting.attribution import Context, digest, job_entries, record_end
 from accounting.db import open_ledger
 from accounting.ingest import SACCT, NodeCapacity, ingest_records, record_inventory
 from accounting.report import Window, build_report
@@ -596,10 +592,6 @@ def phase_setup(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def phase_ingest(args: argparse.Namespace) -> dict[str, Any]:
-    if args.phase == "ingest*":
-        import accounting.ingest
-
-        accounting.ingest._ingest_chunk = _prototype_chunk
     engine = open_ledger(args.url)
     ctx = context()
     tally = Tally()
@@ -622,129 +614,6 @@ def phase_ingest(args: argparse.Namespace) -> dict[str, Any]:
             "overbooked": len(summary.overbooked),
         },
     }
-
-
-def _prototype_chunk(
-    conn: Any,
-    chunk: Any,
-    ctx: Context,
-    closed: set[str],
-    restate: bool,
-    reason: str,
-    now: datetime,
-    summary: Any,
-    touched: set[datetime],
-) -> None:
-    """PROTOTYPE, not the shipped code: `accounting.ingest._ingest_chunk` (as of d7aa80c)
-    with two changes, used only with --prototype to measure them
-    ($STB_BENCH_PROTOTYPE=batch or =lookup keeps only one of them):
-    1. batch: source_record written in batches: one executemany INSERT of the chunk's new
-       records and one executemany UPDATE of its changed ones, not one statement per record;
-    2. lookup: on PostgreSQL the chunk's keys are looked up as one array parameter,
-       `kind = $1 AND key = ANY($2)`, not `key IN ($2, ..., $1984)`. Inside the one long
-       ingest transaction the statistics stay those of the empty table: the IN form gets
-       a plan that reads every source_record row with kind = 'sacct' and tests its key
-       (O(table) per chunk), and once psycopg prepares the statement (5 runs of the same
-       text) PostgreSQL switches to a generic plan that compares each row with the 2,000
-       parameters one by one: seconds per chunk past ~500,000 records. The array form
-       probes the (kind, key) index with both columns whatever the statistics."""
-    from sqlalchemy import String, any_, bindparam, delete, update
-    from sqlalchemy.dialects.postgresql import ARRAY
-
-    from accounting import ingest as ing
-
-    only = os.environ.get("STB_BENCH_PROTOTYPE", "")
-    batch, array_lookup = only in ("", "batch"), only in ("", "lookup")
-    summary.records += len(chunk)
-    ready = []
-    for rec in chunk:
-        why = deferred_reason(rec)
-        if why:
-            summary.deferred.append((rec.key, why))
-        elif rec.start is None or rec.gpus == 0 or record_end(rec, ctx.horizon) is None:
-            summary.skipped += 1
-        else:
-            ready.append(rec)
-    if not ready:
-        return
-    serving = ing._serving_for(conn, ready, ctx)
-    keys = [r.key for r in ready]
-    if array_lookup and conn.dialect.name == "postgresql":
-        match = SOURCES.c.key == any_(bindparam("keys", keys, type_=ARRAY(String)))
-    else:
-        match = SOURCES.c.key.in_(keys)
-    existing = {
-        key: (rid, dig)
-        for rid, key, dig in conn.execute(
-            select(SOURCES.c.id, SOURCES.c.key, SOURCES.c.digest).where(
-                SOURCES.c.kind == SACCT, match
-            )
-        )
-    }
-    changed: list[Any] = []
-    seen: set[str] = set()
-    for rec in ready:
-        if rec.key in seen:
-            changed = [c for c in changed if c[0].key != rec.key]
-        seen.add(rec.key)
-        points = serving.get(rec.job_id, ())
-        dig = digest(rec, ctx, points)
-        old = existing.get(rec.key)
-        if old is not None and old[1] == dig:
-            summary.unchanged += 1
-            continue
-        changed.append((rec, dig, job_entries(rec, ctx, points)))
-    if not changed:
-        return
-    old_keys = [rec.key for rec, _, _ in changed if rec.key in existing]
-    if closed:
-        ing._check_closed(conn, changed, old_keys, closed, restate, reason, now, summary)
-    if old_keys:
-        for part in ing.batched(old_keys, 500):
-            old_hours = conn.execute(
-                select(LEDGER.c.bucket).where(LEDGER.c.source.in_(part)).distinct()
-            )
-            touched.update(utc(h) for (h,) in old_hours)
-            conn.execute(delete(LEDGER).where(LEDGER.c.source.in_(part)))
-    rows = []
-    for rec, _, entries in changed:
-        for e in entries:
-            rows.append(ing._row(e, rec.key))
-            touched.add(e.bucket)
-    if rows:
-        conn.execute(insert(LEDGER), rows)
-    summary.rows_written += len(rows)
-    new_rows, updates = [], []
-    for rec, dig, entries in changed:
-        values = {
-            "digest": dig, "job_id": rec.job_id, "state": rec.state, "start": rec.start,
-            "end": record_end(rec, ctx.horizon), "gpu_ms": sum(e.gpu_ms for e in entries),
-            "last_changed_at": now,
-        }  # fmt: skip
-        if rec.key in existing:
-            summary.changed += 1
-            updates.append({"rid": existing[rec.key][0], **values})
-        else:
-            summary.new += 1
-            existing[rec.key] = (-1, dig)
-            new_rows.append({"kind": SACCT, "key": rec.key, "first_ingested_at": now, **values})
-    if not batch:  # one statement per record, as shipped
-        for row in new_rows:
-            conn.execute(insert(SOURCES).values(**row))
-        for row in updates:
-            rid = row.pop("rid")
-            conn.execute(update(SOURCES).where(SOURCES.c.id == rid).values(**row))
-        return
-    if new_rows:
-        conn.execute(insert(SOURCES), new_rows)
-    if updates:
-        cols = [k for k in updates[0] if k != "rid"]
-        stmt = (
-            update(SOURCES)
-            .where(SOURCES.c.id == bindparam("rid"))
-            .values({k: bindparam(k) for k in cols})
-        )
-        conn.execute(stmt, updates)
 
 
 def phase_report(args: argparse.Namespace) -> dict[str, Any]:
@@ -784,10 +653,6 @@ PHASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "setup": phase_setup,
     "ingest": phase_ingest,
     "report": phase_report,
-    # --prototype: the same on a third database, ingest with _prototype_chunk
-    "setup*": phase_setup,
-    "ingest*": phase_ingest,
-    "report*": phase_report,
 }
 
 
@@ -909,11 +774,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the SQLite files")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-raw", action="store_true", help="skip the executemany baseline")
-    ap.add_argument(
-        "--prototype",
-        action="store_true",
-        help="also ingest with the batched source_record writes prototyped here (ingest*)",
-    )
     ap.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="", help=argparse.SUPPRESS)
     ap.add_argument("--url", default="", help=argparse.SUPPRESS)
@@ -959,14 +819,8 @@ def main(argv: list[str] | None = None) -> int:
             url = dbs.new()
             for phase in ("setup", "ingest", "report"):
                 phases[phase] = run_phase(phase, args.records, args.seed, backend, url)
-            if args.prototype:
-                url = dbs.new("_proto")
-                for phase in ("setup*", "ingest*", "report*"):
-                    phases[phase] = run_phase(phase, args.records, args.seed, backend, url)
             results[backend] = phases
-        for star in ("", "*") if args.prototype else ("",):
-            bad = check(tally, phases[f"ingest{star}"], phases[f"report{star}"])
-            failures += [f"{backend} ingest{star}: {b}" for b in bad]
+        failures += [f"{backend}: {b}" for b in check(tally, phases["ingest"], phases["report"])]
 
     b = base["seconds"]
     print()
@@ -978,22 +832,20 @@ def main(argv: list[str] | None = None) -> int:
     for backend, phases in results.items():
         for phase, r in phases.items():
             note = ""
-            if phase == "ingest*":
-                note = f"prototype: {r['seconds'] / phases['ingest']['seconds']:.2f}x ingest; "
             if phase == "raw":
                 note = f"{r['rows']:,} ledger + {r['sources']:,} source rows, plain executemany"
-            elif phase.startswith("setup"):
+            elif phase == "setup":
                 note = f"migrate {r['migrate_s']:.1f} s, inventory {r['inventory_s']:.1f} s"
-            elif phase.startswith("ingest"):
+            elif phase == "ingest":
                 s = r["summary"]
-                note += (
+                note = (
                     f"{s['rows_written']:,} ledger rows + {s['new']:,} source rows;"
                     f" idle for {s['idle_hours']:,} hours"
                 )
                 if "raw" in phases:
                     note += f"; {r['seconds'] / phases['raw']['seconds']:.2f}x raw"
                 note += f"; ledger's own {r['seconds'] - b:,.1f} s"
-            elif phase.startswith("report"):
+            elif phase == "report":
                 note = (
                     f"{len(r['lines'])} lines; db {r['db_bytes'] / 2**20:,.0f} MiB,"
                     f" {r['ledger_rows']:,} ledger rows"
