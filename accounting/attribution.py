@@ -94,8 +94,10 @@ class Context:
 
 
 def tags(comment: str) -> dict[str, str]:
-    found = {k: v for k, v in _TAG.findall(comment)}
-    if TRITON_TAG in comment.split() or TRITON_TAG in re.split(r"[\s,;]+", comment):
+    """The bridge's tags in a job's comment (comma, semicolon or space separated); the
+    last `stb:workload=` wins (the admin comment comes last)."""
+    found = dict(_TAG.findall(comment))
+    if TRITON_TAG in re.split(r"[\s,;]+", comment):
         found.setdefault("workload", "inference")
     return found
 

@@ -152,8 +152,11 @@ def ingest_records(
     progress: Callable[[int], None] | None = None,
     chunk_size: int = 2000,
     now: datetime | None = None,
+    inventory: Inventory | None = None,
 ) -> IngestSummary:
-    """Book `records`; recompute idle for the hours they touch and for [since, until)."""
+    """Book `records`; recompute idle for the hours they touch and for [since, until).
+    `inventory`, when given, is recorded in the same transaction (first), so a failed
+    ingest leaves no capacity change behind either."""
     if restate and not reason.strip():
         raise LedgerError("a restatement needs a reason")
     now = utc(now or datetime.now(UTC))
@@ -161,6 +164,8 @@ def ingest_records(
     summary = IngestSummary()
     touched: set[datetime] = set()
     with write_transaction(engine) as conn:
+        if inventory is not None:
+            _record_inventory(conn, inventory)
         closed = set(conn.scalars(select(PERIODS.c.month)))
         for chunk in batched(records, chunk_size):
             _ingest_chunk(conn, chunk, ctx, closed, restate, reason, now, summary, touched)
@@ -467,6 +472,16 @@ class NodeCapacity:
     gpus: int
 
 
+@dataclass(frozen=True)
+class Inventory:
+    """The nodes in service at `at`, to record with an ingest (see `record_inventory`)."""
+
+    cluster: str
+    nodes: Sequence[NodeCapacity]
+    at: datetime
+    backfill_from: datetime | None = None
+
+
 def record_inventory(
     engine: Engine,
     cluster: str,
@@ -478,49 +493,44 @@ def record_inventory(
     """Record the inventory seen at `at`; returns the spans opened or closed. A node seen
     for the first time is taken to have been there since `backfill_from` (when given and
     earlier): the first ingest of a window then has the window's capacity."""
-    at = utc(at)
-    first = min(utc(backfill_from), at) if backfill_from else at
-    changes = 0
     with write_transaction(engine) as conn:
-        open_spans = {
-            r.node: r
-            for r in conn.execute(
-                select(SPANS).where(SPANS.c.cluster == cluster, SPANS.c.end.is_(None))
-            )
-        }
-        known = set(conn.scalars(select(SPANS.c.node).where(SPANS.c.cluster == cluster).distinct()))
-        seen = set()
-        for n in nodes:
-            if n.gpus < 0:
-                raise LedgerError(f"node {n.node}: negative GPU count {n.gpus}")
-            seen.add(n.node)
-            cur = open_spans.get(n.node)
-            if cur is not None and (cur.pool, cur.gpu_type, cur.gpus) == (
-                n.pool,
-                n.gpu_type,
-                n.gpus,
-            ):
-                continue
-            if cur is not None:
-                conn.execute(update(SPANS).where(SPANS.c.id == cur.id).values(end=at))
-                changes += 1
-            start = first if n.node not in known else at
-            conn.execute(
-                insert(SPANS).values(
-                    cluster=cluster,
-                    node=n.node,
-                    pool=n.pool,
-                    gpu_type=n.gpu_type,
-                    gpus=n.gpus,
-                    start=start,
-                    end=None,
-                )
-            )
+        return _record_inventory(conn, Inventory(cluster, list(nodes), at, backfill_from))
+
+
+def _record_inventory(conn: Connection, inv: Inventory) -> int:
+    at = utc(inv.at)
+    first = min(utc(inv.backfill_from), at) if inv.backfill_from else at
+    cluster = inv.cluster
+    changes = 0
+    open_spans = {
+        r.node: r
+        for r in conn.execute(
+            select(SPANS).where(SPANS.c.cluster == cluster, SPANS.c.end.is_(None))
+        )
+    }
+    known = set(conn.scalars(select(SPANS.c.node).where(SPANS.c.cluster == cluster).distinct()))
+    seen = set()
+    for n in inv.nodes:
+        if n.gpus < 0:
+            raise LedgerError(f"node {n.node}: negative GPU count {n.gpus}")
+        seen.add(n.node)
+        cur = open_spans.get(n.node)
+        if cur is not None and (cur.pool, cur.gpu_type, cur.gpus) == (n.pool, n.gpu_type, n.gpus):
+            continue
+        if cur is not None:
+            conn.execute(update(SPANS).where(SPANS.c.id == cur.id).values(end=at))
             changes += 1
-        for name, cur in open_spans.items():
-            if name not in seen:
-                conn.execute(update(SPANS).where(SPANS.c.id == cur.id).values(end=at))
-                changes += 1
+        conn.execute(
+            insert(SPANS).values(
+                cluster=cluster, node=n.node, pool=n.pool, gpu_type=n.gpu_type, gpus=n.gpus,
+                start=first if n.node not in known else at, end=None,
+            )
+        )  # fmt: skip
+        changes += 1
+    for name, cur in open_spans.items():
+        if name not in seen:
+            conn.execute(update(SPANS).where(SPANS.c.id == cur.id).values(end=at))
+            changes += 1
     return changes
 
 

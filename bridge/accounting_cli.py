@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from sqlalchemy import select
 
 from accounting.db import head_revision, open_ledger, upgrade
 from accounting.errors import LedgerError
@@ -26,7 +27,7 @@ from accounting.render import FORMATS, to_csv, to_json, to_table
 from accounting.report import Window, build_report, parse_filters, parse_keys
 from accounting.schema import Restatement
 from accounting.usage import utilization_by_job
-from bridge.config import BridgeConfig, ConfigError, load_config
+from bridge.config_cli import ConfigOpt, fail, load_or_exit
 from bridge.db import make_engine
 from bridge.leases.store import LeaseStore, create_schema
 from bridge.ledger import ingest_window
@@ -34,7 +35,6 @@ from bridge.slurm.errors import SlurmError
 from bridge.slurm.select import open_backend
 
 console = Console(stderr=True)
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Bridge TOML file.")]
 accounting_app = typer.Typer(
     help="The GPU-hour ledger: ingest, periods, rates.", no_args_is_help=True
 )
@@ -60,19 +60,6 @@ def parse_time(text: str, now: datetime, what: str) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-def _config(path: Path | None) -> BridgeConfig:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(code=1) from exc
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}", soft_wrap=True, markup=True, highlight=False)
-    return typer.Exit(code=1)
-
-
 @accounting_app.command()
 def ingest(
     since: Annotated[str, typer.Option(help="Window start (ISO time or -N[mhd]).")] = "-2h",
@@ -85,7 +72,7 @@ def ingest(
 ) -> None:
     """Book every Slurm job run of the window (sacct), the capacity and the serving split
     into the ledger. Idempotent: re-running a window changes nothing."""
-    cfg = _config(config)
+    cfg = load_or_exit(config)
     now = datetime.now(UTC)
     start, end = parse_time(since, now, "--since"), parse_time(until, now, "--until")
     if end <= start:
@@ -118,7 +105,7 @@ def ingest(
                 restate=restate, reason=reason, now=now, on_step=step,
             )  # fmt: skip
     except (LedgerError, SlurmError) as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     console.print(
         f"ingest {start.isoformat()} .. {end.isoformat()}: {summary.line()}", soft_wrap=True
     )
@@ -140,22 +127,20 @@ def close(
     config: ConfigOpt = None,
 ) -> None:
     """Close a month: later changes to it need `ingest --restate --reason`."""
-    cfg = _config(config)
+    cfg = load_or_exit(config)
     try:
         close_period(open_ledger(cfg.accounting.ledger_url), month, note)
     except LedgerError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     console.print(f"closed {month}")
 
 
 @accounting_app.command()
 def restatements(config: ConfigOpt = None) -> None:
     """Every change made to a closed month, and why."""
-    cfg = _config(config)
+    cfg = load_or_exit(config)
     engine = open_ledger(cfg.accounting.ledger_url)
     table = Table("at", "month", "source", "old GPU-h", "new GPU-h", "reason")
-    from sqlalchemy import select
-
     t = Restatement.__table__  # type: ignore[attr-defined]
     with engine.connect() as conn:
         for r in conn.execute(select(t).order_by(t.c.id)):
@@ -169,7 +154,7 @@ def restatements(config: ConfigOpt = None) -> None:
 @accounting_app.command()
 def migrate(config: ConfigOpt = None) -> None:
     """Bring the ledger's schema to the latest migration."""
-    cfg = _config(config)
+    cfg = load_or_exit(config)
     engine = make_engine(cfg.accounting.ledger_url)
     upgrade(engine)
     console.print(f"ledger at revision {head_revision()}")
@@ -190,7 +175,7 @@ def rates_add(
     config: ConfigOpt = None,
 ) -> None:
     """Add a rate; one that overlaps a rate of the same scope is refused."""
-    cfg = _config(config)
+    cfg = load_or_exit(config)
     try:
         spec = RateSpec(
             gpu_type=gpu_type,
@@ -204,7 +189,7 @@ def rates_add(
         )
         add_rates(open_ledger(cfg.accounting.ledger_url), [spec])
     except LedgerError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     console.print(f"added {spec.describe()}")
 
 
@@ -218,7 +203,7 @@ def _day(text: str, what: str) -> date:
 @rates_app.command("list")
 def rates_list(config: ConfigOpt = None) -> None:
     """The rates, by GPU type and date."""
-    cfg = _config(config)
+    cfg = load_or_exit(config)
     table = Table("gpu type", "pool", "qos", "from", "to", "price/GPU-h", "currency", "note")
     for r in list_rates(open_ledger(cfg.accounting.ledger_url)):
         table.add_row(
@@ -242,7 +227,7 @@ def report(
     config: ConfigOpt = None,
 ) -> None:
     """GPU-hours and cost from the ledger, as a table, CSV, JSON, XLSX or an HTML page."""
-    cfg = _config(config)
+    cfg = load_or_exit(config)
     if fmt not in FORMATS:
         raise typer.BadParameter(f"--format {fmt!r}: choose from {', '.join(FORMATS)}")
     if fmt == "xlsx" and output is None:
@@ -278,7 +263,7 @@ def report(
             Console(width=160).print(to_table(rep))
             return
     except LedgerError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     if output:
         output.write_text(text)
         console.print(f"wrote {output}")

@@ -1,4 +1,6 @@
-"""`stb config check FILE`: validate a configuration and say what is wrong, by field."""
+"""`stb config check FILE`: validate a configuration and say what is wrong, by field.
+Also what every command that reads the configuration shares: the `--config` option,
+`load_or_exit` and `fail` (an error printed on stderr, exit 1)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,27 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from bridge.config import ConfigError, load_config, unknown_env
+from bridge.config import BridgeConfig, ConfigError, load_config, unknown_env
 
 config_app = typer.Typer(help="The bridge's configuration file.", no_args_is_help=True)
 console = Console()
+errors = Console(stderr=True)
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Bridge TOML file.")]
+
+
+def load_or_exit(path: Path | None) -> BridgeConfig:
+    """The configuration, or exit 1 naming each bad field."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        errors.print(f"[red]{exc}[/red]")
+        raise typer.Exit(code=1) from exc
+
+
+def fail(exc: Exception) -> typer.Exit:
+    """Print `exc` as the command's error (one unwrapped line) and return the exit."""
+    errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+    return typer.Exit(code=1)
 
 
 @config_app.command()

@@ -23,17 +23,17 @@ from accounting.attribution import Context, ServingPoint
 from accounting.buckets import floor_hour
 from accounting.ingest import (
     IngestSummary,
+    Inventory,
     NodeCapacity,
     ingest_records,
     prune_serving,
-    record_inventory,
     record_serving,
 )
 from accounting.metrics import LedgerCollector
 from accounting.schema import NodeSpan
 from accounting.usage import ingest_usage, read_spool
 from bridge.config import BridgeConfig
-from bridge.daemon.launcher import lease_tag
+from bridge.daemon.launcher import LEASE_TAG_PREFIX, lease_tag
 from bridge.daemon.observe import pool_of
 from bridge.leases.models import Lease
 from bridge.leases.store import LeaseStore
@@ -78,9 +78,9 @@ def context(
         team_of_account=dict(acc.teams),
         team_of_model=model_teams(config.triton.model_repository),
         pool_of_lease={
-            lease_tag((lease.id, int(lease.created_at.timestamp())))[
-                len("stb:lease=") :
-            ]: lease.pool
+            lease_tag((lease.id, int(lease.created_at.timestamp())))[len(LEASE_TAG_PREFIX) :]: (
+                lease.pool
+            )
             for lease in leases
             if lease.id is not None
         },
@@ -148,11 +148,11 @@ def ingest_window(
     nodes = slurm.nodes()
     records = list(_records(slurm, since, until, on_step))
     cluster = ledger_cluster(config, ledger, records)
-    record_inventory(ledger, cluster, inventory(nodes, config), now, backfill_from=since)
     ctx = context(config, nodes, leases, horizon=until, cluster=cluster)
     summary = ingest_records(
-        ledger, records, ctx, since=since, until=until, restate=restate, reason=reason, now=now
-    )
+        ledger, records, ctx, since=since, until=until, restate=restate, reason=reason, now=now,
+        inventory=Inventory(cluster, inventory(nodes, config), now, backfill_from=since),
+    )  # fmt: skip
     spool = config.accounting.gpu_usage_dir
     if spool is not None and spool.is_dir():
         summary.usage_records = ingest_usage(ledger, read_spool(spool), cluster)
@@ -204,9 +204,8 @@ class LedgerFeed:
         prune_serving(
             self.ledger, now - timedelta(days=self.config.accounting.sample_retention_days)
         )
-        live = {
-            (j, a) for j, a in self._last_sample if self._last_sample[(j, a)] > since.timestamp()
-        }
-        self._last_sample = {k: v for k, v in self._last_sample.items() if k in live}
+        # forget servers not scraped within the lookback (their jobs have ended)
+        cutoff = since.timestamp()
+        self._last_sample = {k: t for k, t in self._last_sample.items() if t > cutoff}
         self.collector.invalidate()
         return summary

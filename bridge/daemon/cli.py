@@ -11,7 +11,6 @@ import json
 import logging
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
@@ -20,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from bridge.config import BridgeConfig, ConfigError, load_config
+from bridge.config import BridgeConfig
+from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.daemon.observe import pool_of
 from bridge.daemon.service import DaemonError, run_daemon
 from bridge.leases.errors import LeaseError
@@ -30,15 +30,6 @@ from bridge.slurm.errors import SlurmError
 from bridge.slurm.select import open_backend
 
 console = Console()
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Bridge TOML file.")]
-
-
-def _config(path: Path | None) -> BridgeConfig:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(code=1) from exc
 
 
 def daemon(config: ConfigOpt = None) -> None:
@@ -47,7 +38,7 @@ def daemon(config: ConfigOpt = None) -> None:
     for noisy in ("apscheduler", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        run_daemon(_config(config))
+        run_daemon(load_or_exit(config))
     except DaemonError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(code=1) from exc
@@ -125,7 +116,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document.")] = False,
 ) -> None:
     """Pools, lent nodes, leases with state and age, per-model p99 against SLO."""
-    doc = collect(_config(config), datetime.now(UTC))
+    doc = collect(load_or_exit(config), datetime.now(UTC))
     if as_json:
         print(json.dumps(doc, indent=2))
         return
@@ -212,7 +203,7 @@ def lend(
     wait: WaitOpt = 30,
 ) -> None:
     """Ask the running daemon to lend NODE (through the lease state machine)."""
-    cfg = _config(config)
+    cfg = load_or_exit(config)
     names = [m for m in models.split(",") if m]
     unknown = sorted(set(names) - set(cfg.models))
     if unknown:
@@ -234,7 +225,7 @@ def return_(
     wait: WaitOpt = 30,
 ) -> None:
     """Ask the running daemon to return LEASE: out of routing, drained, given back."""
-    cfg = _config(config)
+    cfg = load_or_exit(config)
     queue, store = _queue(cfg)
     try:
         state = store.get(lease).state.value

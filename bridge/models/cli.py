@@ -14,7 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from bridge.config import BridgeConfig, ConfigError, load_config
+from bridge.config import BridgeConfig
+from bridge.config_cli import ConfigOpt, fail, load_or_exit
 from bridge.daemon.launcher import BASELINE_TAG
 from bridge.daemon.observe import TRITON_HTTP_PORT
 from bridge.models.publish import PublishError, Server, publish, retire, rollback
@@ -29,23 +30,9 @@ console = Console(stderr=True)
 models_app = typer.Typer(
     help="The Triton model repository: publish, list, roll back, retire.", no_args_is_help=True
 )
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Bridge TOML file.")]
 RepoOpt = Annotated[
     Path | None, typer.Option("--repository", help="Model repository (default: the config's).")
 ]
-
-
-def _config(path: Path | None) -> BridgeConfig:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(code=1) from exc
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
-    return typer.Exit(code=1)
 
 
 @contextmanager
@@ -85,7 +72,7 @@ def publish_cmd(
 ) -> None:
     """Validate, write the version atomically, load it where the model is served, check
     that it answers; roll back if it does not."""
-    cfg = _config(config)
+    cfg = load_or_exit(config)
     try:
         with running_servers(cfg) as servers:
             out = publish(
@@ -93,7 +80,7 @@ def publish_cmd(
                 say=lambda m: console.print(m, highlight=False),
             )  # fmt: skip
     except (PublishError, ModelConfigError, RepositoryError, SlurmError, TritonError) as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     where = ", ".join(out.loaded_on) or "no running server (loaded when one starts)"
     console.print(f"published {out.name} version {out.version}; serving on {where}")
 
@@ -101,7 +88,7 @@ def publish_cmd(
 @models_app.command("list")
 def list_cmd(repository: RepoOpt = None, config: ConfigOpt = None) -> None:
     """Models in the repository: versions, team, SLO, replica bounds, where served."""
-    cfg = _config(config)
+    cfg = load_or_exit(config)
     repo = _repo(cfg, repository)
     table = Table("model", "versions", "team", "SLO p99 ms", "replicas", "served on")
     try:
@@ -127,7 +114,7 @@ def list_cmd(repository: RepoOpt = None, config: ConfigOpt = None) -> None:
                 versions = ",".join(map(str, repo.versions(name))) or "-"
                 table.add_row(name, versions, *info, "; ".join(served.get(name, [])) or "-")
     except SlurmError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     Console().print(table)
 
 
@@ -139,12 +126,12 @@ def rollback_cmd(
     config: ConfigOpt = None,
 ) -> None:
     """Set the latest version aside; the previous one serves again."""
-    cfg = _config(config)
+    cfg = load_or_exit(config)
     try:
         with running_servers(cfg) as servers:
             gone, now, where = rollback(_repo(cfg, repository), name, servers, reason)
     except (PublishError, RepositoryError, SlurmError, TritonError) as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     console.print(
         f"{name}: version {gone} set aside; version {now} serves on {', '.join(where) or '-'}"
     )
@@ -158,10 +145,10 @@ def retire_cmd(
     config: ConfigOpt = None,
 ) -> None:
     """Unload the model everywhere and move it out of the repository (kept in the archive)."""
-    cfg = _config(config)
+    cfg = load_or_exit(config)
     try:
         with running_servers(cfg) as servers:
             where = retire(_repo(cfg, repository), name, servers, reason)
     except (PublishError, RepositoryError, SlurmError, TritonError) as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     console.print(f"{name} retired (unloaded from {', '.join(where) or 'no server'})")

@@ -211,7 +211,18 @@ def test_a_record_slurmdbd_has_not_finished_is_deferred_not_booked(ledger: Engin
     partial = rec("6", T0, T0 + timedelta(seconds=5), nodes=(), partition="")
     summary = ingest_records(ledger, [partial], CTX)
     assert [k for k, _ in summary.deferred] == [partial.key]
-    assert summary.rows_written == 0 or summary.new == 0
+    assert summary.new == 0
+    with ledger.connect() as conn:
+        assert conn.scalar(select(func.count()).select_from(SOURCES)) == 0
+        assert (
+            conn.scalar(
+                select(func.count()).select_from(LEDGER).where(LEDGER.c.source == partial.key)
+            )
+            == 0
+        )
+    # Once slurmdbd has merged the record, the next ingest books it.
+    whole = rec("6", T0, T0 + timedelta(seconds=5))
+    assert ingest_records(ledger, [whole], CTX).new == 1
 
 
 def test_the_serving_job_is_split_by_stored_compute_samples(ledger: Engine) -> None:
@@ -295,13 +306,42 @@ class _RecordedSlurm:
         return parse_sacct_json(self.sacct_text)
 
 
-def test_a_malformed_sacct_record_is_quoted_and_nothing_is_written(database_url: str) -> None:
-    doc = json.loads((DATA / "sacct-requeue-22.05.json").read_text())
-    doc["jobs"][-1]["job_id"] = "not-a-number"
+def _corrupt_job_id(jobs: list[dict[str, Any]]) -> None:
+    jobs[-1]["job_id"] = "not-a-number"
+
+
+def _unknown_gpu_type(jobs: list[dict[str, Any]]) -> None:
+    """The first job that holds GPUs asks for a type the cluster does not have."""
+    for tres in jobs[0]["tres"]["allocated"]:
+        if tres["type"] == "gres" and tres["name"] == "gpu:h100":
+            tres["name"] = "gpu:a100"
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "error", "message"),
+    [
+        (_corrupt_job_id, UnparseableOutput, "not-a-number"),
+        (_unknown_gpu_type, IngestError, "unknown GPU type 'a100'"),
+    ],
+)
+def test_a_bad_sacct_record_is_named_and_nothing_is_written(
+    database_url: str, corrupt: Any, error: type[Exception], message: str
+) -> None:
+    text = (DATA / "sacct-requeue-22.05.json").read_text()
+    doc = json.loads(text)
+    corrupt(doc["jobs"])
     ledger = open_ledger(database_url)
     before = snapshot(ledger)
     slurm = _RecordedSlurm(json.dumps(doc))
-    since = datetime(2026, 11, 1, tzinfo=UTC)
-    with pytest.raises(UnparseableOutput, match="not-a-number"):
-        ingest_window(BridgeConfig(), slurm, ledger, since, since + timedelta(hours=1))  # type: ignore[arg-type]
+    start = min(r.start for r in parse_sacct_json(text) if r.start)
+    since = start.replace(minute=0, second=0)
+    with pytest.raises(error, match=message):
+        ingest_window(
+            BridgeConfig(),
+            slurm,
+            ledger,
+            since,
+            since + timedelta(hours=2),  # type: ignore[arg-type]
+            now=since + timedelta(hours=2),
+        )
     assert snapshot(ledger) == before  # not even the inventory
