@@ -1,0 +1,10 @@
+"""The fleet simulator: the production policy (`bridge.policy.decide`) drives a
+discrete-event model of the fleet (Slurm-like queue, Triton replicas with a queueing latency
+model, inference arrivals from traces or generators) in simulated time, so policies can be
+compared on a site's own traces at sizes the lab cannot reach. `stb simulate` runs it.
+
+Modules: `workload` (arrival series and job lists from traces and generators), `latency`
+(the replica queueing model), `fleet` (nodes, partitions, the job queue), `engine` (the
+event loop: ticks, the lease state machine, decide), `policies` (the compared set-ups and
+their sizing), `result` (what a run reports), `render` (table, JSON, HTML).
+"""

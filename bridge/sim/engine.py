@@ -1,0 +1,677 @@
+"""The event loop: simulated time, ticks of the bridge, and the real policy.
+
+`Engine(setup).run()` plays one policy over the whole horizon. Between ticks it processes
+the fleet's events in time order (job arrivals, ends, requeues becoming eligible, Triton
+jobs starting and ending); at each tick, in the reconciler's order:
+
+1. the latency model advances every replica group over the tick just ended and each
+   model gets the `ModelSample` the observe step would have read (Triton's 60 s p99, the
+   tick's mean latency, request rate, pending requests);
+2. passive sync moves each open lease forward by at most one state, as
+   `bridge.daemon.reconciler` does (submitted -> starting when its Triton job runs,
+   starting -> serving when Triton is ready, draining -> releasing, releasing -> returned
+   when the job is gone);
+3. `bridge.policy.decide` runs on a `Snapshot` of the simulated world;
+4. its actions are carried out on the simulated Slurm with timings measured on the lab
+   (`Timing`).
+
+Ticks at which decide can only answer "nothing" skip the call (`_quiet`: no lease to
+abandon or return, no lend possible); the tests check that this changes no decision.
+Slurm schedules when events arrive (a pass per instant with events), the bridge acts on
+ticks only, so routing changes, and with them the latency model's replica groups, happen
+on ticks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+import numpy as np
+
+from bridge.config import BridgeConfig
+from bridge.policy import (
+    Action,
+    JobView,
+    LeaseView,
+    Lend,
+    ModelSample,
+    ModelStatus,
+    NodeView,
+    ReplicaView,
+    Return,
+    Snapshot,
+    StartBaseline,
+    decide,
+    evaluate_model,
+)
+from bridge.sim import latency
+from bridge.sim.fleet import Fleet, JobRun, SimNode
+from bridge.sim.result import Decision, ModelOutcome, PolicyResult, QueueOutcome
+from bridge.sim.workload import ArrivalSeries, SimJob
+
+#: Triton's latency summary window
+WINDOW_S = 60.0
+#: the time series kept for the report, sampled every `series_step_s`
+SERIES = (
+    "requests_per_s",
+    "worst_p99_over_slo",
+    "replicas",
+    "lent_nodes",
+    "gpus_training",
+    "gpus_elastic",
+    "gpus_inference",
+    "gpus_idle",
+    "pending_training",
+    "pending_elastic",
+)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds each step takes, measured on the lab (bench/lend_latency.py,
+    bench/triton_startup.py; Slurm 22.05)."""
+
+    #: sbatch of a Triton job to running, on a free node
+    slurm_start_s: float = 1.37
+    #: the same when it must preempt: GraceTime plus slurmctld's periodic enforcement
+    preempt_start_s: float = 33.0
+    #: job running to Triton ready with its models loaded
+    triton_ready_s: float = 2.08
+    #: scancel of a Triton job to the node free in Slurm
+    cancel_s: float = 3.11
+    #: a requeued job may start again after this long (Slurm's fixed requeue delay)
+    requeue_delay_s: float = 121.0
+
+
+@dataclass
+class Setup:
+    """Everything one policy's run needs. `config` is the policy's bridge configuration
+    (its pools name which simulated pools the policy may lend from)."""
+
+    name: str
+    description: str
+    config: BridgeConfig
+    nodes: list[SimNode]
+    jobs: Sequence[SimJob]
+    arrivals: ArrivalSeries
+    #: per model, service time of one request on one instance (seconds)
+    service_s: Mapping[str, float]
+    horizon_s: float
+    timing: Timing = field(default_factory=Timing)
+    #: squared coefficient of variation of service times (0: deterministic)
+    service_cv2: float = 0.0
+    series_step_s: float = 300.0
+    #: keep at most this many decisions in the result
+    max_decisions: int = 10_000
+    #: call decide at every tick (slow; proves the quiet-tick shortcut in tests)
+    always_decide: bool = False
+    #: parallel model instances on one replica; None: one per GPU of the node
+    replica_servers: int | None = None
+
+
+@dataclass(eq=False)
+class SimLease:
+    lease_id: int
+    node: SimNode
+    pool: str
+    lend_mode: str
+    models: tuple[str, ...]
+    created_at: float
+    state: str = "submitted"
+    updated_at: float = 0.0
+    #: when its Triton job runs / is ready / is gone (None: not yet known)
+    running_at: float | None = None
+    ready_at: float | None = None
+    gone_at: float | None = None
+    #: a drain lease's Triton job has been given its start (the node became free)
+    queued: bool = False
+
+    def view(self) -> LeaseView:
+        return LeaseView(
+            self.lease_id,
+            self.node.name,
+            self.pool,
+            self.lend_mode,
+            self.state,
+            self.models,
+            self.created_at,
+            self.updated_at if self.state == "serving" else None,
+        )
+
+
+@dataclass(eq=False)
+class Group:
+    """Ready replicas holding the same models: they see the same load."""
+
+    models: tuple[str, ...]
+    nodes: int = 0
+    backlog_s: float = 0.0
+    window: deque[latency.TickState] = field(default_factory=deque)
+    extra_p99_s: float | None = None
+    #: requests queued on one of its nodes at the last tick's end
+    pending: float = 0.0
+
+
+class Engine:
+    def __init__(self, setup: Setup) -> None:
+        self.s = setup
+        cfg = setup.config
+        self.tick_s = cfg.tick_s
+        self.models = list(cfg.models)
+        unknown = [m for m in self.models if m not in setup.arrivals.rates]
+        if unknown:
+            raise ValueError(f"no arrivals for models {', '.join(unknown)}")
+        missing = [m for m in self.models if m not in setup.service_s]
+        if missing:
+            raise ValueError(f"no service time for models {', '.join(missing)}")
+        self.ticks = math.ceil(setup.horizon_s / self.tick_s)
+        self.rates = {m: _per_tick(setup.arrivals, m, self.tick_s, self.ticks) for m in self.models}
+        self.window_ticks = max(1, round(WINDOW_S / self.tick_s))
+        runs = {
+            j.job_id: JobRun(j, j.kind, j.submit_s, submitted_at=j.submit_s) for j in setup.jobs
+        }
+        partitions = {n.partition for n in setup.nodes if n.partition}
+        for run in runs.values():
+            if run.partition not in partitions:
+                raise ValueError(f"job {run.job.job_id}: no {run.partition} nodes in the fleet")
+        self.by_name = {n.name: n for n in setup.nodes}
+        self.arrival_order = sorted(runs.values(), key=lambda r: (r.job.submit_s, r.job.job_id))
+        self.next_arrival = 0
+        self.events: list[tuple[float, int, str, object]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.leases: dict[int, SimLease] = {}
+        self.next_lease = 1
+        self.last_lend_at: dict[str, float] = {}
+        depth = max(cfg.policy.breach_evaluations, cfg.policy.calm_evaluations)
+        self.history: dict[str, deque[ModelSample]] = {m: deque(maxlen=depth) for m in self.models}
+        self.rate_window: dict[str, deque[float]] = {
+            m: deque(maxlen=self.window_ticks) for m in self.models
+        }
+        self.groups: dict[tuple[str, ...], Group] = {}
+        reserved = {p for p, pc in cfg.pools.items() if pc.lend_mode == "reserved"}
+        self.baseline = tuple(sorted(self.models))
+        for node in setup.nodes:
+            if node.pool in reserved:
+                node.triton = True
+        self.fleet = Fleet(setup.nodes, runs, setup.timing.requeue_delay_s)
+        #: parallel model instances on one replica (one per GPU)
+        self.replica_gpus = setup.replica_servers or max((n.gpus for n in setup.nodes), default=1)
+        for node in setup.nodes:
+            if node.pool in reserved:
+                self._join(self.baseline, 1)
+        self.replica_views: list[ReplicaView] = [
+            ReplicaView(n.name, self.baseline) for n in setup.nodes if n.pool in reserved
+        ]
+        #: NodeViews of the nodes in the policy's pools, rebuilt only when a node changes
+        self.policy_nodes = [n for n in setup.nodes if n.pool in cfg.pools]
+        self.view_at = {n.index: i for i, n in enumerate(self.policy_nodes)}
+        self.views: list[NodeView] = [self._node_view(n) for n in self.policy_nodes]
+        self.stale: set[int] = set()
+        self.dirty_sched = True
+        out = {m: ModelOutcome(cfg.models[m].slo_p99_ms) for m in self.models}
+        self.outcome = out
+        self.minute = {m: [0.0, 0.0] for m in self.models}
+        self.decisions: list[Decision] = []
+        self.lends = 0
+        self.returns = 0
+        self.lends_by_pool: dict[str, int] = {}
+        self.decide_calls = 0
+        self.series: dict[str, list[float]] = {k: [] for k in SERIES}
+        self._tick_requests = 0.0
+        self._tick_worst = 0.0
+
+    # ---- events ----------------------------------------------------------------------
+
+    def _at(self, when: float, kind: str, payload: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (when, self.seq, kind, payload))
+
+    def _advance(self, until: float) -> None:
+        """Process arrivals and events up to `until` (inclusive). Slurm schedules on
+        events: a pass runs once the events of one instant are all in."""
+        while True:
+            t_event = self.events[0][0] if self.events else math.inf
+            t_arr = (
+                self.arrival_order[self.next_arrival].job.submit_s
+                if self.next_arrival < len(self.arrival_order)
+                else math.inf
+            )
+            t = min(t_event, t_arr)
+            if t > self.now:
+                self._schedule()
+            if t > until:
+                break
+            self.now = max(self.now, t)
+            if t_arr <= t_event:
+                run = self.arrival_order[self.next_arrival]
+                self.next_arrival += 1
+                self.fleet.submit(run)
+                self.dirty_sched = True
+                continue
+            _, _, kind, payload = heapq.heappop(self.events)
+            self._event(kind, payload)
+        self._schedule()
+        self.now = until
+
+    def _event(self, kind: str, payload: object) -> None:
+        if kind == "end":
+            run, number = cast(tuple[JobRun, int], payload)
+            if run.run == number and run.started_at is not None:
+                self._touch(self.fleet.finish(run, self.now))
+                self.dirty_sched = True
+                self._drain_ready()
+        elif kind == "eligible":
+            self.dirty_sched = True
+        elif kind == "triton_run":
+            lease = payload
+            assert isinstance(lease, SimLease)
+            if lease.state not in ("submitted",) or lease.running_at is not None:
+                return
+            node = lease.node
+            for run in list(self.fleet.running_on(node)):
+                self._touch(self.fleet.preempt(run, self.now))
+                self._at(self.now + self.s.timing.requeue_delay_s, "eligible", None)
+            self.fleet.take(node, self.now)
+            self._touch([node])
+            lease.running_at = self.now
+            lease.ready_at = self.now + self.s.timing.triton_ready_s
+            self.dirty_sched = True
+        elif kind == "triton_gone":
+            lease = payload
+            assert isinstance(lease, SimLease)
+            if lease.node.triton:
+                self.fleet.give_back(lease.node, self.now)
+                self._touch([lease.node])
+                self.dirty_sched = True
+
+    def _drain_ready(self) -> None:
+        """Drain-mode leases whose node just became free start their Triton job."""
+        for lease in self.leases.values():
+            if (
+                lease.lend_mode == "drain"
+                and lease.state == "submitted"
+                and lease.running_at is None
+                and not lease.node.jobs
+                and not lease.queued
+            ):
+                lease.queued = True
+                self._at(self.now + self.s.timing.slurm_start_s, "triton_run", lease)
+
+    def _schedule(self) -> None:
+        if not self.dirty_sched:
+            return
+        self.dirty_sched = False
+        for run in self.fleet.schedule(self.now):
+            self._touch([self.fleet.nodes[i] for i in run.nodes])
+            self._at(self.now + run.job.duration_s, "end", (run, run.run))
+
+    def _touch(self, nodes: Sequence[SimNode]) -> None:
+        for node in nodes:
+            self.stale.add(node.index)
+
+    # ---- replica groups and the latency model ----------------------------------------
+
+    def _join(self, models: tuple[str, ...], n: int) -> None:
+        group = self.groups.get(models)
+        if group is None:
+            group = self.groups[models] = Group(models, window=deque(maxlen=self.window_ticks))
+        if n > 0 and group.nodes > 0:  # a fresh replica starts with an empty queue
+            group.backlog_s *= group.nodes / (group.nodes + n)
+        group.nodes += n
+        if group.nodes <= 0:
+            del self.groups[models]
+
+    def _serve(self, k: int) -> None:
+        """The latency model over tick k (from k*tick to (k+1)*tick) and the samples."""
+        dt = self.tick_s
+        replicas = dict.fromkeys(self.models, 0)
+        for group in self.groups.values():
+            for m in group.models:
+                if m in replicas:
+                    replicas[m] += group.nodes
+        rate = {m: self.rates[m][k] for m in self.models}
+        per_model: dict[str, list[tuple[float, Group]]] = {m: [] for m in self.models}
+        cv2 = self.s.service_cv2
+        for group in self.groups.values():
+            node_rate = 0.0
+            node_load = 0.0
+            for m in group.models:
+                r = replicas.get(m, 0)
+                if r:
+                    share = rate[m] / r
+                    node_rate += share
+                    node_load += share * self.s.service_s[m]
+                    per_model[m].append((group.nodes / r, group))
+            stepped = latency.step(
+                self.replica_gpus, node_load, node_rate, group.backlog_s, dt, cv2
+            )
+            group.backlog_s = stepped.backlog_s
+            group.window.append(stepped.state)
+            group.pending = stepped.pending
+            group.extra_p99_s = latency.window_quantile(list(group.window))
+        now = (k + 1) * dt
+        requests_total = 0.0
+        worst = 0.0
+        for m in self.models:
+            model = self.s.config.models[m]
+            s_m = self.s.service_s[m]
+            lam = rate[m]
+            self.rate_window[m].append(lam)
+            parts = per_model[m]
+            n = lam * dt
+            requests_total += lam
+            p99: float | None = None
+            mean: float | None = None
+            pending = 0.0
+            within = 0.0
+            if not parts:
+                within = 0.0  # no replica: every request fails
+            else:
+                budget = model.slo_p99_ms / 1000.0 - s_m
+                mean_s = 0.0
+                for share, group in parts:
+                    state = group.window[-1]
+                    within += share * state.share_within(budget)
+                    mean_s += share * (s_m + state.mean_extra())
+                    pending += group.pending
+                    if group.extra_p99_s is not None:
+                        q = (s_m + group.extra_p99_s) * 1000.0
+                        p99 = q if p99 is None else max(p99, q)
+                if lam > 0:
+                    mean = mean_s * 1000.0
+                if sum(self.rate_window[m]) <= 0:
+                    p99 = None
+            out = self.outcome[m]
+            out.requests += n
+            out.within_slo += n * within
+            minute = self.minute[m]
+            minute[0] += n
+            minute[1] += n * within
+            if p99 is not None:
+                worst = max(worst, p99 / model.slo_p99_ms)
+            elif n > 0 and not parts:
+                worst = max(worst, math.inf)
+            self.history[m].append(
+                ModelSample(now, p99, lam if parts else None, pending if parts else None, mean)
+            )
+        self._tick_requests = requests_total
+        self._tick_worst = worst
+        if int(now // 60.0) != int((now - dt) // 60.0):
+            for m in self.models:
+                minute = self.minute[m]
+                if minute[0] > 0:
+                    out = self.outcome[m]
+                    out.minutes += 1
+                    if minute[1] >= latency.Q * minute[0] - 1e-9:
+                        out.minutes_within += 1
+                minute[0] = minute[1] = 0.0
+
+    # ---- leases (the reconciler's passive sync and act) -------------------------------
+
+    def _sync(self) -> None:
+        now = self.now
+        for lease in list(self.leases.values()):
+            state = lease.state
+            if state == "submitted":
+                if lease.running_at is not None and lease.running_at <= now:
+                    self._move(lease, "starting")
+            elif state == "starting":
+                if lease.ready_at is not None and lease.ready_at <= now:
+                    self._join(lease.models, 1)
+                    self.replica_views.append(
+                        ReplicaView(lease.node.name, lease.models, lease.lease_id)
+                    )
+                    self._move(lease, "serving")
+            elif state == "draining":
+                # no request is left after a tick (the lab's drain took 1.3 s)
+                self._cancel(lease)
+                self._move(lease, "releasing")
+            elif state == "releasing" and (lease.gone_at is None or lease.gone_at <= now):
+                if lease.node.fenced:
+                    self.fleet.unfence(lease.node, now)
+                    self._touch([lease.node])
+                    self.dirty_sched = True
+                self._move(lease, "returned")
+                del self.leases[lease.lease_id]
+                self._touch([lease.node])
+
+    def _move(self, lease: SimLease, state: str) -> None:
+        lease.state = state
+        lease.updated_at = self.now
+
+    def _cancel(self, lease: SimLease) -> None:
+        if lease.running_at is not None:
+            lease.gone_at = self.now + self.s.timing.cancel_s
+            self._at(lease.gone_at, "triton_gone", lease)
+        else:
+            lease.gone_at = self.now
+            lease.running_at = -1.0  # a pending job is simply cancelled: never runs
+
+    def _act(self, action: Action) -> None:
+        now = self.now
+        if isinstance(action, Lend):
+            node = self.by_name[action.node]
+            lease = SimLease(
+                self.next_lease,
+                node,
+                action.pool,
+                action.lend_mode,
+                action.models,
+                now,
+                updated_at=now,
+            )
+            self.next_lease += 1
+            self.leases[lease.lease_id] = lease
+            for m in action.models:
+                self.last_lend_at[m] = now
+            self.fleet.fence(node, now)
+            self._touch([node])
+            self.lends += 1
+            self.lends_by_pool[action.pool] = self.lends_by_pool.get(action.pool, 0) + 1
+            timing = self.s.timing
+            if action.lend_mode == "preempt":
+                delay = timing.preempt_start_s if node.jobs else timing.slurm_start_s
+                self._at(now + delay, "triton_run", lease)
+            else:
+                self._drain_ready()
+        elif isinstance(action, Return):
+            lease = self.leases[action.lease_id]
+            self.returns += 1
+            if lease.state == "serving":
+                self._join(lease.models, -1)
+                self.replica_views = [r for r in self.replica_views if r.lease_id != lease.lease_id]
+                self._move(lease, "draining")
+            elif lease.state in ("submitted", "starting"):
+                self._cancel(lease)
+                self._move(lease, "releasing")
+        elif isinstance(action, StartBaseline):  # the sim starts with every baseline up
+            raise AssertionError(f"baseline requested for {action.node}")
+        if len(self.decisions) < self.s.max_decisions:
+            kind = {Lend: "lend", Return: "return"}.get(type(action), "baseline")
+            node_name = action.node if isinstance(action, (Lend, StartBaseline)) else ""
+            models: tuple[str, ...] = action.models if isinstance(action, Lend) else ()
+            if isinstance(action, Return):
+                lease = self.leases[action.lease_id]
+                node_name, models = lease.node.name, lease.models
+            self.decisions.append(Decision(now, kind, node_name, models, action.reason))
+
+    # ---- decide ----------------------------------------------------------------------
+
+    def _quiet(self) -> bool:
+        """True when decide can only return nothing: no drain lease past its wait, no
+        serving lease past its cooldown with every model calm, and no lend possible (the
+        cap reached, or no model's latest p99 over its high watermark). Mirrors decide's
+        rules; `Setup.always_decide` runs without it and the tests compare the two."""
+        cfg = self.s.config
+        policy = cfg.policy
+        now = self.now
+        for lease in self.leases.values():
+            if lease.lend_mode == "drain" and lease.state in ("requested", "submitted"):
+                if now - lease.created_at > policy.drain_wait_s:
+                    return False
+            elif (
+                lease.state == "serving"
+                and now - lease.updated_at >= policy.scale_in_cooldown_s
+                and lease.models
+                and all(
+                    evaluate_model(tuple(self.history[m]), cfg.models[m], policy)
+                    == ModelStatus.CALM
+                    for m in lease.models
+                )
+            ):
+                return False
+        if len(self.leases) >= policy.max_lent_nodes:
+            return True
+        for m in self.models:
+            h = self.history[m]
+            last = h[-1].p99_ms if h else None
+            if last is not None and last > policy.high_watermark * cfg.models[m].slo_p99_ms:
+                return False
+        return True
+
+    def _node_view(self, node: SimNode) -> NodeView:
+        jobs = tuple(
+            JobView(r.job.job_id, r.job.gpus, r.started_at, r.restarts, r.submitted_at)
+            for r in self.fleet.running_on(node)
+        )
+        leased = any(lease.node is node for lease in self.leases.values())
+        return NodeView(node.name, node.pool, True, node.gpus, jobs, node.triton or leased)
+
+    def snapshot(self) -> Snapshot:
+        for index in self.stale:
+            at = self.view_at.get(index)
+            if at is not None:
+                self.views[at] = self._node_view(self.policy_nodes[at])
+        self.stale.clear()
+        for lease in self.leases.values():
+            anchor = lease.updated_at if lease.state == "serving" else lease.created_at
+            for m in lease.models:
+                self.last_lend_at[m] = max(self.last_lend_at.get(m, 0.0), anchor)
+        return Snapshot(
+            tuple(self.views),
+            tuple(self.replica_views),
+            {m: tuple(h) for m, h in self.history.items()},
+            tuple(lease.view() for lease in self.leases.values()),
+            dict(self.last_lend_at),
+        )
+
+    # ---- the run ---------------------------------------------------------------------
+
+    def run(self, progress: Callable[[float, float], None] | None = None) -> PolicyResult:
+        started = time.perf_counter()
+        every = max(1, round(self.s.series_step_s / self.tick_s))
+        hour = max(1, round(3600 / self.tick_s))
+        for k in range(self.ticks):
+            t_end = (k + 1) * self.tick_s
+            self._advance(t_end)
+            self._schedule()
+            self._serve(k)
+            self._sync()
+            if self.s.always_decide or not self._quiet():
+                self.decide_calls += 1
+                for action in decide(self.snapshot(), self.s.config, self.now):
+                    self._act(action)
+            self._schedule()
+            if (k + 1) % every == 0:
+                self._sample()
+            if progress is not None and (k + 1) % hour == 0:
+                progress(t_end, self.s.horizon_s)
+        self.fleet.usage.accrue(self.now)
+        return self._result(time.perf_counter() - started)
+
+    def _sample(self) -> None:
+        usage = self.fleet.usage.gpus
+        totals = {
+            use: sum(u[use] for u in usage.values())
+            for use in ("training", "elastic", "inference", "idle")
+        }
+        totals["idle"] += sum(u["fenced"] for u in usage.values())
+        values = {
+            "requests_per_s": self._tick_requests,
+            "worst_p99_over_slo": min(self._tick_worst, 99.0),
+            "replicas": float(sum(g.nodes for g in self.groups.values())),
+            "lent_nodes": float(len(self.leases)),
+            "gpus_training": float(totals["training"]),
+            "gpus_elastic": float(totals["elastic"]),
+            "gpus_inference": float(totals["inference"]),
+            "gpus_idle": float(totals["idle"]),
+            "pending_training": float(self.fleet.pending_count("training")),
+            "pending_elastic": float(self.fleet.pending_count("elastic")),
+        }
+        for key in SERIES:
+            self.series[key].append(values[key])
+
+    def _result(self, wall_s: float) -> PolicyResult:
+        pools: dict[str, int] = {}
+        for node in self.s.nodes:
+            pools[node.pool] = pools.get(node.pool, 0) + 1
+        gpu_hours = {
+            pool: {use: s / 3600.0 for use, s in uses.items()}
+            for pool, uses in self.fleet.usage.seconds.items()
+        }
+        queues = {kind: _queue(self.fleet.runs.values(), kind, self.now) for kind in _KINDS}
+        return PolicyResult(
+            policy=self.s.name,
+            description=self.s.description,
+            pools=pools,
+            models=self.outcome,
+            gpu_hours=gpu_hours,
+            queues=queues,
+            preemptions=self.fleet.preemptions,
+            gpu_hours_lost=self.fleet.lost_gpu_s / 3600.0,
+            lends=self.lends,
+            returns=self.returns,
+            lends_by_pool=self.lends_by_pool,
+            decisions=self.decisions,
+            series=self.series,
+            series_step_s=self.s.series_step_s,
+            decide_calls=self.decide_calls,
+            ticks=self.ticks,
+            wall_s=wall_s,
+        )
+
+
+_KINDS = ("training", "elastic")
+
+
+def _per_tick(arrivals: ArrivalSeries, model: str, tick_s: float, ticks: int) -> list[float]:
+    """The model's mean rate over each tick (the series' steps need not match ticks)."""
+    rates = np.asarray(arrivals.rates[model], dtype=float)
+    step = arrivals.step_s
+    if math.isclose(step, tick_s):
+        out = np.zeros(ticks)
+        n = min(ticks, len(rates))
+        out[:n] = rates[:n]
+        return [float(x) for x in out]
+    edges = np.arange(len(rates) + 1) * step
+    cum = np.concatenate(([0.0], np.cumsum(rates * step)))
+    at = np.arange(ticks + 1) * tick_s
+    return [float(x) for x in np.diff(np.interp(at, edges, cum)) / tick_s]
+
+
+def _p95(values: list[float]) -> float:
+    return float(np.percentile(values, 95)) if values else 0.0
+
+
+def _queue(runs: Iterable[JobRun], kind: str, now: float) -> QueueOutcome:
+    mine = [r for r in runs if r.job.kind == kind]
+    waits = [r.wait_s if r.wait_s is not None else now - r.job.submit_s for r in mine]
+    done = [r for r in mine if r.ended_at is not None]
+    completion = [(r.ended_at or now) - r.job.submit_s for r in done]
+    return QueueOutcome(
+        submitted=len(mine),
+        started=sum(1 for r in mine if r.first_started_at is not None),
+        finished=len(done),
+        wait_mean_s=float(np.mean(waits)) if waits else 0.0,
+        wait_p95_s=_p95(waits),
+        completion_mean_s=float(np.mean(completion)) if completion else 0.0,
+        completion_p95_s=_p95(completion),
+        gpu_hours_done=sum(r.job.gpus * r.job.duration_s for r in done) / 3600.0,
+    )

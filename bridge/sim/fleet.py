@@ -1,0 +1,264 @@
+"""The simulated fleet: nodes with GPUs in pools, a Slurm-like queue per partition, and
+GPU-hour bookkeeping. Called by `bridge.sim.engine`, which owns the clock and the event
+heap; this module only changes state when told and says what happened.
+
+The queue is Slurm's behaviour in the parts the bridge touches:
+- jobs wait per partition in submit order; each scheduling pass looks at no more than
+  `max_job_test` of them (Slurm's `bf_max_job_test`) and starts every one that fits
+  (first-fit backfill; Slurm's backfill would also reserve room for the top job: not
+  modelled, the same for every policy);
+- a single-node job goes on the node with the fewest free GPUs that fits it (best fit);
+  a multi-node job takes whole free nodes;
+- preemption requeues a job: its run is lost (no checkpoint), it may start again after
+  `requeue_delay_s` (Slurm 22.05: 121 s, measured on the lab);
+- a drain fence (the bridge's reservation) keeps new jobs off a node, running ones go on;
+- a node lent to Triton holds no batch job.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from bridge.sim.result import USES
+from bridge.sim.workload import SimJob
+
+
+@dataclass(eq=False)
+class SimNode:
+    index: int
+    name: str
+    #: policy pool name (inference, training, elastic, loan)
+    pool: str
+    #: the batch partition whose jobs may run here (None: inference only)
+    partition: str | None
+    gpus: int
+    free: int = 0
+    #: running job ids
+    jobs: set[str] = field(default_factory=set)
+    #: a Triton job runs here (baseline or lease) or is about to
+    triton: bool = False
+    #: the bridge's drain fence (reservation)
+    fenced: bool = False
+
+    @property
+    def schedulable(self) -> bool:
+        return self.partition is not None and not self.triton and not self.fenced
+
+
+@dataclass(eq=False)
+class JobRun:
+    """A job's life in the queue."""
+
+    job: SimJob
+    partition: str
+    eligible_at: float
+    restarts: int = 0
+    #: the time of the latest (re)submit: Slurm resets it at each requeue
+    submitted_at: float = 0.0
+    started_at: float | None = None
+    first_started_at: float | None = None
+    ended_at: float | None = None
+    nodes: tuple[int, ...] = ()
+    #: bumped at each start, so an end event of a preempted run is recognised as stale
+    run: int = 0
+    #: time spent pending before the first start
+    wait_s: float | None = None
+
+
+class Usage:
+    """GPUs per (pool, use) over time, integrated into GPU-seconds."""
+
+    def __init__(self, pools: list[str]) -> None:
+        self.gpus = {p: dict.fromkeys(USES, 0) for p in pools}
+        self.seconds = {p: dict.fromkeys(USES, 0.0) for p in pools}
+        self._at = 0.0
+
+    def accrue(self, now: float) -> None:
+        dt = now - self._at
+        if dt > 0:
+            for pool, uses in self.gpus.items():
+                acc = self.seconds[pool]
+                for use, n in uses.items():
+                    if n:
+                        acc[use] += n * dt
+            self._at = now
+
+    def move(self, pool: str, src: str, dst: str, n: int) -> None:
+        if n:
+            self.gpus[pool][src] -= n
+            self.gpus[pool][dst] += n
+
+
+class Fleet:
+    def __init__(
+        self,
+        nodes: list[SimNode],
+        jobs: dict[str, JobRun],
+        requeue_delay_s: float = 121.0,
+        max_job_test: int = 500,
+    ) -> None:
+        self.nodes = nodes
+        self.runs = jobs
+        self.requeue_delay_s = requeue_delay_s
+        self.max_job_test = max_job_test
+        self.usage = Usage(sorted({n.pool for n in nodes}))
+        self.partitions = sorted({n.partition for n in nodes if n.partition})
+        #: partition -> free GPUs -> schedulable nodes with that many free
+        self._free: dict[str, list[set[int]]] = {}
+        gmax = max((n.gpus for n in nodes), default=0)
+        for p in self.partitions:
+            self._free[p] = [set() for _ in range(gmax + 1)]
+        #: partition -> pending (submit order key, job id), sorted
+        self.pending: dict[str, list[tuple[float, str]]] = {p: [] for p in self.partitions}
+        self.preemptions = 0
+        self.lost_gpu_s = 0.0
+        for node in nodes:
+            node.free = node.gpus
+            use = "inference" if node.triton else "idle"
+            self.usage.gpus[node.pool][use] += node.gpus
+            self._index(node)
+
+    # ---- the free-GPU index ---------------------------------------------------------
+
+    def _index(self, node: SimNode) -> None:
+        if node.schedulable and node.partition is not None:
+            self._free[node.partition][node.free].add(node.index)
+
+    def _unindex(self, node: SimNode) -> None:
+        if node.partition is not None:
+            self._free[node.partition][node.free].discard(node.index)
+
+    def _fit(self, partition: str, job: SimJob) -> list[int] | None:
+        buckets = self._free[partition]
+        if job.nodes > 1:
+            whole: list[int] = []
+            for g in range(job.gpus_per_node, len(buckets)):
+                for i in buckets[g]:
+                    if self.nodes[i].free == self.nodes[i].gpus:
+                        whole.append(i)
+                        if len(whole) == job.nodes:
+                            return whole
+            return None
+        for g in range(job.gpus_per_node, len(buckets)):
+            if buckets[g]:
+                return [next(iter(buckets[g]))]
+        return None
+
+    # ---- queue ----------------------------------------------------------------------
+
+    def submit(self, run: JobRun) -> None:
+        bisect.insort(self.pending[run.partition], (run.job.submit_s, run.job.job_id))
+
+    def schedule(self, now: float) -> list[JobRun]:
+        """One scheduling pass over every partition: the runs it started."""
+        started: list[JobRun] = []
+        for partition, queue in self.pending.items():
+            if not queue:
+                continue
+            kept: list[tuple[float, str]] = []
+            looked = 0
+            for i, entry in enumerate(queue):
+                if looked >= self.max_job_test or not any(self._free[partition][1:]):
+                    kept.extend(queue[i:])
+                    break
+                run = self.runs[entry[1]]
+                if run.eligible_at > now:
+                    kept.append(entry)
+                    continue
+                looked += 1
+                chosen = self._fit(partition, run.job)
+                if chosen is None:
+                    kept.append(entry)
+                    continue
+                self._start(run, chosen, now)
+                started.append(run)
+            self.pending[partition] = kept
+        return started
+
+    def _start(self, run: JobRun, chosen: list[int], now: float) -> None:
+        self.usage.accrue(now)
+        run.nodes = tuple(chosen)
+        run.started_at = now
+        run.run += 1
+        if run.first_started_at is None:
+            run.first_started_at = now
+            run.wait_s = now - run.job.submit_s
+        for i in chosen:
+            node = self.nodes[i]
+            self._unindex(node)
+            node.free -= run.job.gpus_per_node
+            node.jobs.add(run.job.job_id)
+            self._index(node)
+            self.usage.move(node.pool, "idle", run.job.kind, run.job.gpus_per_node)
+
+    def _release(self, run: JobRun, now: float) -> list[SimNode]:
+        self.usage.accrue(now)
+        freed = []
+        for i in run.nodes:
+            node = self.nodes[i]
+            self._unindex(node)
+            node.free += run.job.gpus_per_node
+            node.jobs.discard(run.job.job_id)
+            self._index(node)
+            dst = "fenced" if node.fenced else "idle"
+            self.usage.move(node.pool, run.job.kind, dst, run.job.gpus_per_node)
+            freed.append(node)
+        run.nodes = ()
+        run.started_at = None
+        return freed
+
+    def finish(self, run: JobRun, now: float) -> list[SimNode]:
+        run.ended_at = now
+        return self._release(run, now)
+
+    def preempt(self, run: JobRun, now: float) -> list[SimNode]:
+        """Requeue a running job (its run is lost); the nodes it freed."""
+        assert run.started_at is not None
+        self.preemptions += 1
+        self.lost_gpu_s += run.job.gpus * (now - run.started_at)
+        freed = self._release(run, now)
+        run.restarts += 1
+        run.submitted_at = now
+        run.eligible_at = now + self.requeue_delay_s
+        self.submit(run)
+        return freed
+
+    # ---- the bridge's hold on nodes ---------------------------------------------------
+
+    def fence(self, node: SimNode, now: float) -> None:
+        self.usage.accrue(now)
+        self._unindex(node)
+        node.fenced = True
+        self.usage.move(node.pool, "idle", "fenced", node.free)
+
+    def unfence(self, node: SimNode, now: float) -> None:
+        self.usage.accrue(now)
+        node.fenced = False
+        self.usage.move(node.pool, "fenced", "idle", node.free)
+        self._index(node)
+
+    def take(self, node: SimNode, now: float) -> None:
+        """A Triton job starts on the (free) node."""
+        assert not node.jobs, f"{node.name} still runs {sorted(node.jobs)}"
+        self.usage.accrue(now)
+        self._unindex(node)
+        src = "fenced" if node.fenced else "idle"
+        self.usage.move(node.pool, src, "inference", node.gpus)
+        node.triton = True
+        node.fenced = False
+
+    def give_back(self, node: SimNode, now: float) -> None:
+        """The Triton job ended; the node is Slurm's again."""
+        self.usage.accrue(now)
+        node.triton = False
+        self.usage.move(node.pool, "inference", "idle", node.gpus)
+        self._index(node)
+
+    def running_on(self, node: SimNode) -> Iterator[JobRun]:
+        for job_id in sorted(node.jobs):
+            yield self.runs[job_id]
+
+    def pending_count(self, kind: str) -> int:
+        return sum(1 for q in self.pending.values() for _, j in q if self.runs[j].job.kind == kind)

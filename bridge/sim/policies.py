@@ -1,0 +1,216 @@
+"""The compared set-ups and how their pools are sized. Called by `stb simulate` and the
+bench: `compare(scenario)` runs every policy on the same workload and fleet size.
+
+Every set-up has the same number of nodes; what differs is who owns them and who may lend:
+
+- `separate-peak`: inference owns enough nodes for its peak minute; nothing is lent.
+- `separate-mean`: inference owns enough for its mean load; nothing is lent.
+- `idle-loan` (Lyra-like): inference owns its peak, but the nodes above its mean serve
+  elastic jobs while inference does not need them; the bridge's policy takes them back by
+  preemption (a `loan` pool of lend mode preempt). Training and elastic keep the rest.
+- `bridge`: inference owns its mean; the bridge lends from the elastic pool (preempt) and
+  the training pool (drain), at most as many nodes as the peak needs above the mean.
+
+The non-inference nodes are split between training and elastic in proportion to their
+offered GPU-hours. Every set-up is driven by the real `decide`; the separate ones have
+`max_lent_nodes = 0`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bridge.config import BridgeConfig, ModelConfig, PolicyConfig, PoolConfig
+from bridge.sim import latency
+from bridge.sim.engine import Engine, Setup, Timing
+from bridge.sim.fleet import SimNode
+from bridge.sim.result import PolicyResult, SimReport
+from bridge.sim.workload import ArrivalSeries, SimJob
+
+POLICIES = ("separate-peak", "separate-mean", "idle-loan", "bridge")
+DESCRIPTIONS = {
+    "separate-peak": "separate pools, inference sized for its peak minute",
+    "separate-mean": "separate pools, inference sized for its mean load",
+    "idle-loan": "inference sized for peak, its idle nodes loaned to elastic work and "
+    "reclaimed by preemption (Lyra-like)",
+    "bridge": "inference sized for mean, the bridge lends elastic (preempt) and "
+    "training (drain) nodes on SLO breach",
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One comparison's inputs."""
+
+    nodes: int
+    gpus_per_node: int
+    arrivals: ArrivalSeries
+    jobs: Sequence[SimJob]
+    #: model -> (SLO p99 ms, service time ms)
+    models: Mapping[str, tuple[float, float]]
+    horizon_s: float
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    tick_s: float = 5.0
+    timing: Timing = field(default_factory=Timing)
+    service_cv2: float = 0.0
+    series_step_s: float = 300.0
+    #: what the report says about the inputs (trace names, seeds, load)
+    about: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    peak_nodes: int
+    mean_nodes: int
+    #: offered inference load, busy GPUs: peak minute and mean
+    peak_load: float
+    mean_load: float
+
+
+def _load_series(scenario: Scenario) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """Busy GPUs of inference over time (sum of rate x service time), per step."""
+    steps = max(len(r) for r in scenario.arrivals.rates.values())
+    load = np.zeros(steps)
+    for model, (_slo, service_ms) in scenario.models.items():
+        rates = np.asarray(scenario.arrivals.rates[model], dtype=float)
+        load[: len(rates)] += rates * service_ms / 1000.0
+    return load
+
+
+def nodes_for(scenario: Scenario, load: float) -> int:
+    """Fewest nodes holding every model whose stationary p99 meets every SLO at `load`
+    busy GPUs (the load spread evenly)."""
+    g = scenario.gpus_per_node
+    service = {m: ms / 1000.0 for m, (_, ms) in scenario.models.items()}
+    rate_per_load = 1.0 / (sum(service.values()) / len(service))  # requests per busy GPU-s
+    n = 1
+    while n <= scenario.nodes:
+        per_node = load / n
+        extra = latency.steady_p99_s(g, per_node, per_node * rate_per_load, scenario.service_cv2)
+        if all(
+            s + extra <= slo / 1000.0
+            for (slo, _), s in zip(scenario.models.values(), service.values(), strict=True)
+        ):
+            return n
+        n += 1
+    return scenario.nodes
+
+
+def size(scenario: Scenario) -> Sizing:
+    load = _load_series(scenario)
+    per_minute = max(1, round(60.0 / scenario.arrivals.step_s))
+    usable = len(load) // per_minute * per_minute
+    minutes = load[:usable].reshape(-1, per_minute).mean(axis=1) if usable else load
+    peak = float(minutes.max()) if len(minutes) else 0.0
+    mean = float(load.mean()) if len(load) else 0.0
+    peak_nodes = nodes_for(scenario, peak)
+    mean_nodes = min(nodes_for(scenario, mean), peak_nodes)
+    return Sizing(peak_nodes, mean_nodes, peak, mean)
+
+
+def _split(rest: int, jobs: Sequence[SimJob]) -> tuple[int, int]:
+    """Training and elastic nodes out of `rest`, by offered GPU-seconds (each at least 1)."""
+    work = {"training": 0.0, "elastic": 0.0}
+    for j in jobs:
+        work[j.kind] += j.gpus * j.duration_s
+    total = sum(work.values()) or 1.0
+    elastic = min(rest - 1, max(1, round(rest * work["elastic"] / total)))
+    return rest - elastic, elastic
+
+
+def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    n, g = scenario.nodes, scenario.gpus_per_node
+    infer = sizing.peak_nodes if policy == "separate-peak" else sizing.mean_nodes
+    loan = sizing.peak_nodes - sizing.mean_nodes if policy == "idle-loan" else 0
+    rest = n - infer - loan
+    if rest < 2:
+        raise ValueError(
+            f"{n} nodes leave {rest} for training and elastic after inference's "
+            f"{infer + loan} ({policy}): give the fleet more nodes or the models less load"
+        )
+    training, elastic = _split(rest, scenario.jobs)
+    nodes: list[SimNode] = []
+    layout = [
+        ("inference", None, infer),
+        ("loan", "elastic", loan),
+        ("training", "training", training),
+        ("elastic", "elastic", elastic),
+    ]
+    for pool, partition, count in layout:
+        for _ in range(count):
+            i = len(nodes)
+            nodes.append(SimNode(i, f"n{i:05d}", pool, partition, g))
+    pools = {"inference": PoolConfig(partition="infer", lend_mode="reserved", cost_rank=0)}
+    lendable = max(1, sizing.peak_nodes - sizing.mean_nodes)
+    if policy == "idle-loan":
+        pools["loan"] = PoolConfig(partition="elastic", lend_mode="preempt", cost_rank=1)
+    elif policy == "bridge":
+        pools["elastic"] = PoolConfig(partition="elastic", lend_mode="preempt", cost_rank=1)
+        pools["training"] = PoolConfig(partition="train", lend_mode="drain", cost_rank=2)
+    lending = policy in ("idle-loan", "bridge")
+    models = {
+        m: ModelConfig(slo_p99_ms=slo, min_replicas=1, max_replicas=infer + lendable + 1)
+        for m, (slo, _) in scenario.models.items()
+    }
+    policy_config = scenario.policy.model_copy(
+        update={"max_lent_nodes": lendable if lending else 0}
+    )
+    config = BridgeConfig(
+        tick_s=scenario.tick_s,
+        pools=pools,
+        models=models,
+        policy=policy_config,
+    )
+    return Setup(
+        name=policy,
+        description=DESCRIPTIONS[policy],
+        config=config,
+        nodes=nodes,
+        jobs=scenario.jobs,
+        arrivals=scenario.arrivals,
+        service_s={m: ms / 1000.0 for m, (_, ms) in scenario.models.items()},
+        horizon_s=scenario.horizon_s,
+        timing=scenario.timing,
+        service_cv2=scenario.service_cv2,
+        series_step_s=scenario.series_step_s,
+    )
+
+
+def compare(
+    scenario: Scenario,
+    policies: Sequence[str] = POLICIES,
+    progress: Callable[[str, float, float], None] | None = None,
+) -> SimReport:
+    """Run each policy on the scenario; the report holds them in the order given."""
+    sizing = size(scenario)
+    setups = [setup_for(p, scenario, sizing) for p in policies]  # all checked before any runs
+    results: list[PolicyResult] = []
+    for setup in setups:
+        hook = None
+        if progress is not None:
+
+            def hook(t: float, total: float, name: str = setup.name) -> None:
+                progress(name, t, total)
+
+        results.append(Engine(setup).run(hook))
+    about = dict(scenario.about)
+    about.update(
+        nodes=scenario.nodes,
+        gpus_per_node=scenario.gpus_per_node,
+        horizon_s=scenario.horizon_s,
+        tick_s=scenario.tick_s,
+        models={m: {"slo_p99_ms": slo, "service_ms": s} for m, (slo, s) in scenario.models.items()},
+        jobs=len(scenario.jobs),
+        inference_load_peak_gpus=round(sizing.peak_load, 2),
+        inference_load_mean_gpus=round(sizing.mean_load, 2),
+        inference_nodes_peak=sizing.peak_nodes,
+        inference_nodes_mean=sizing.mean_nodes,
+        timing=asdict(scenario.timing),
+    )
+    return SimReport(about, results)

@@ -1,0 +1,121 @@
+"""What a simulation run reports, per policy: plain dataclasses, JSON-ready through
+`as_dict`. Filled by `bridge.sim.engine`, read by `bridge.sim.render` and the bench."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: how a pool's GPU-hours were used
+USES = ("training", "elastic", "inference", "fenced", "idle")
+
+
+@dataclass
+class ModelOutcome:
+    """One model's service over the run."""
+
+    slo_p99_ms: float
+    requests: float = 0.0
+    #: requests answered within the SLO (expected value under the latency model)
+    within_slo: float = 0.0
+    #: minutes in which the model had requests
+    minutes: int = 0
+    #: of those, minutes whose p99 was within the SLO (>= 99% of the minute's requests)
+    minutes_within: int = 0
+
+    @property
+    def within_share(self) -> float:
+        return self.within_slo / self.requests if self.requests else 1.0
+
+    @property
+    def minutes_share(self) -> float:
+        return self.minutes_within / self.minutes if self.minutes else 1.0
+
+
+@dataclass
+class QueueOutcome:
+    """Jobs of one kind (training or elastic). Times in seconds."""
+
+    submitted: int = 0
+    started: int = 0
+    finished: int = 0
+    #: time pending before each job's first start (jobs never started: until the end)
+    wait_mean_s: float = 0.0
+    wait_p95_s: float = 0.0
+    #: submit to end, finished jobs only
+    completion_mean_s: float = 0.0
+    completion_p95_s: float = 0.0
+    #: GPU-hours of finished runs (useful work)
+    gpu_hours_done: float = 0.0
+
+
+@dataclass
+class Decision:
+    """One action the policy took, as the lab's tick report would show it."""
+
+    at_s: float
+    kind: str  # lend | return | baseline
+    node: str
+    models: tuple[str, ...]
+    reason: str
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    description: str
+    #: nodes per pool at the start (reserved inference, training, elastic, loan)
+    pools: dict[str, int]
+    models: dict[str, ModelOutcome]
+    #: pool -> use -> GPU-hours (USES)
+    gpu_hours: dict[str, dict[str, float]]
+    queues: dict[str, QueueOutcome]
+    preemptions: int = 0
+    gpu_hours_lost: float = 0.0
+    lends: int = 0
+    returns: int = 0
+    lends_by_pool: dict[str, int] = field(default_factory=dict)
+    decisions: list[Decision] = field(default_factory=list)
+    #: sampled every `series_step_s`: name -> values (see engine.SERIES)
+    series: dict[str, list[float]] = field(default_factory=dict)
+    series_step_s: float = 300.0
+    #: ticks at which decide ran / all ticks (the engine skips ticks it can prove are quiet)
+    decide_calls: int = 0
+    ticks: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def requests(self) -> float:
+        return sum(m.requests for m in self.models.values())
+
+    @property
+    def within_share(self) -> float:
+        total = self.requests
+        return sum(m.within_slo for m in self.models.values()) / total if total else 1.0
+
+    @property
+    def minutes_share(self) -> float:
+        minutes = sum(m.minutes for m in self.models.values())
+        within = sum(m.minutes_within for m in self.models.values())
+        return within / minutes if minutes else 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["requests"] = self.requests
+        out["within_share"] = self.within_share
+        out["minutes_share"] = self.minutes_share
+        for name, m in self.models.items():
+            out["models"][name]["within_share"] = m.within_share
+            out["models"][name]["minutes_share"] = m.minutes_share
+        return out
+
+
+@dataclass
+class SimReport:
+    """One comparison: the scenario (inputs, fleet, horizon) and each policy's result."""
+
+    scenario: dict[str, Any]
+    results: list[PolicyResult]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "results": [r.as_dict() for r in self.results]}

@@ -1,0 +1,471 @@
+"""Simulation inputs: inference arrival series and job lists, from the public traces in
+the formats of `shared/traces/` (see its SOURCES.md) or from synthetic generators.
+
+Called by `bridge.sim.policies` and `stb simulate`. Pure functions of their inputs and a
+seed: the same arguments give the same workload, so every compared policy sees the same one.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from bridge.load.arrivals import read_trace
+
+JobKind = Literal["training", "elastic"]
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One batch job as submitted to Slurm."""
+
+    job_id: str
+    kind: JobKind
+    #: seconds from the start of the simulation
+    submit_s: float
+    #: run time once started (a requeued job starts over: no checkpoint)
+    duration_s: float
+    #: GPUs on each node it runs on
+    gpus_per_node: int
+    #: nodes it needs (more than one: whole nodes, `gpus_per_node` = the node's GPUs)
+    nodes: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+@dataclass(frozen=True)
+class ArrivalSeries:
+    """Per model, the request rate (requests per second) in consecutive steps of
+    `step_s` seconds from t = 0; past the last step the rate is 0."""
+
+    step_s: float
+    rates: dict[str, npt.NDArray[np.float64]]
+
+    def rate(self, model: str, t: float) -> float:
+        series = self.rates[model]
+        i = int(t // self.step_s)
+        return float(series[i]) if 0 <= i < len(series) else 0.0
+
+    @property
+    def horizon_s(self) -> float:
+        return self.step_s * max((len(r) for r in self.rates.values()), default=0)
+
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+DAY_S = 86400.0
+#: the diurnal profile peaks at 15:00 (t = 0 is a Monday 00:00)
+PEAK_HOUR = 15.0
+
+
+# --- argument checks ------------------------------------------------------------------
+
+
+def _positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _share(name: str, value: float) -> None:
+    if not (0.0 <= value <= 1.0):
+        raise ValueError(f"{name} must be between 0 and 1, got {value!r}")
+
+
+def _check_models(models: Mapping[str, float]) -> None:
+    for name, rate in models.items():
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"models: a model name must be a non-empty string, got {name!r}")
+        if not (math.isfinite(rate) and rate >= 0):
+            raise ValueError(f"models[{name!r}]: rate must be a finite number >= 0, got {rate!r}")
+
+
+def _check_series(
+    models: Mapping[str, float], horizon_s: float, step_s: float, diurnal: float, weekly: float
+) -> int:
+    """Checks the arguments every series shares; returns its number of steps."""
+    _check_models(models)
+    _positive("horizon_s", horizon_s)
+    _positive("step_s", step_s)
+    _share("diurnal_amplitude", diurnal)
+    _share("weekly_amplitude", weekly)
+    # ceil, forgiving float noise such as 1.1 / 0.1 = 11.000000000000002
+    return max(1, math.ceil(horizon_s / step_s - 1e-9))
+
+
+def _check_load(horizon_s: float, capacity_gpus: int, target_load: float, gpn: int) -> float:
+    """Checks the arguments every job list shares; returns the target GPU-seconds."""
+    _positive("horizon_s", horizon_s)
+    _positive("capacity_gpus", capacity_gpus)
+    _positive("target_load", target_load)
+    _positive("gpus_per_node", gpn)
+    return target_load * capacity_gpus * horizon_s
+
+
+# --- inference arrival series ---------------------------------------------------------
+
+
+def _envelope(steps: int, step_s: float, diurnal: float, weekly: float) -> FloatArray:
+    """Diurnal x weekly factor at each step's midpoint: 1 + diurnal * cos peaking at
+    PEAK_HOUR each day; Saturday and Sunday (days 5 and 6 from t = 0) times 1 - weekly."""
+    t = (np.arange(steps) + 0.5) * step_s
+    day = 1.0 + diurnal * np.cos(2 * np.pi * (t - PEAK_HOUR * 3600.0) / DAY_S)
+    weekend = (t // DAY_S) % 7 >= 5
+    return np.asarray(day * np.where(weekend, 1.0 - weekly, 1.0), dtype=np.float64)
+
+
+def _scale_to_mean(profile: FloatArray, rate: float) -> FloatArray:
+    """`profile` scaled to mean `rate`; a profile that is zero throughout counts as flat."""
+    mean = float(profile.mean())
+    if mean <= 0:
+        return np.full(len(profile), rate, dtype=np.float64)
+    return profile * (rate / mean)
+
+
+def read_azure_arrivals(path: Path) -> FloatArray:
+    """Arrival times (s from the first request, sorted) of an Azure LLM inference trace
+    (`TIMESTAMP,ContextTokens,GeneratedTokens`). Parsing is `bridge.load.arrivals`'s: a bad
+    timestamp raises ValueError naming the file and line, as does a file with no rows."""
+    trace = read_trace(path)
+    if trace.format != "azure-llm":
+        raise ValueError(f"{path}: not an Azure LLM trace (no TIMESTAMP column)")
+    return np.asarray(trace.times, dtype=np.float64)
+
+
+def azure_series(
+    path: Path,
+    models: Mapping[str, float],
+    horizon_s: float,
+    step_s: float = 5.0,
+    *,
+    diurnal_amplitude: float = 0.5,
+    weekly_amplitude: float = 0.2,
+    seed: int = 0,
+) -> ArrivalSeries:
+    """Per model (name -> mean req/s), a series with the Azure trace's burst shape.
+
+    The trace's arrivals are counted in whole `step_s` bins (a partial last bin is
+    dropped) and normalised to mean 1. Each model replays that shape cyclically from its
+    own seeded offset (so models do not burst in lockstep), times the diurnal x weekly
+    envelope (peak 15:00; t = 0 is Monday 00:00), scaled so its mean is exactly the
+    model's rate. ceil(horizon_s / step_s) steps.
+    """
+    steps = _check_series(models, horizon_s, step_s, diurnal_amplitude, weekly_amplitude)
+    arrivals = read_azure_arrivals(path)
+    bins = int(arrivals[-1] // step_s)
+    if bins < 1:
+        raise ValueError(
+            f"{path}: the trace spans {arrivals[-1]:g} s, less than one step_s={step_s:g}"
+        )
+    counts = np.bincount((arrivals // step_s).astype(np.int64), minlength=bins)[:bins]
+    shape = counts / counts.mean()  # bin 0 holds the first arrival: the mean is > 0
+    envelope = _envelope(steps, step_s, diurnal_amplitude, weekly_amplitude)
+    rng = np.random.default_rng(seed)
+    rates: dict[str, FloatArray] = {}
+    for name, rate in models.items():
+        offset = int(rng.integers(bins))
+        tiled = np.resize(np.roll(shape, -offset), steps)
+        rates[name] = _scale_to_mean(tiled * envelope, rate)
+    return ArrivalSeries(step_s=step_s, rates=rates)
+
+
+def synthetic_series(
+    models: Mapping[str, float],
+    horizon_s: float,
+    step_s: float = 5.0,
+    *,
+    diurnal_amplitude: float = 0.5,
+    weekly_amplitude: float = 0.2,
+    bursts_per_day: float = 4.0,
+    burst_factor: float = 3.0,
+    burst_s: float = 600.0,
+    noise: float = 0.1,
+    seed: int = 0,
+) -> ArrivalSeries:
+    """Per model (name -> mean req/s), a generated series.
+
+    The base is the diurnal x weekly envelope (as in `azure_series`) times lognormal noise
+    (sigma `noise`, independent per step), scaled so its mean is exactly the model's rate.
+    Bursts come on top: a Poisson number (`bursts_per_day` a day) at uniform start times,
+    each multiplying the steps it touches by `burst_factor` for `burst_s` (overlapping
+    bursts do not compound). So the series' mean is the rate only without bursts; with
+    them it is higher, by (burst_factor - 1) x the share of steps in a burst.
+    """
+    steps = _check_series(models, horizon_s, step_s, diurnal_amplitude, weekly_amplitude)
+    if not (math.isfinite(bursts_per_day) and bursts_per_day >= 0):
+        raise ValueError(f"bursts_per_day must be a finite number >= 0, got {bursts_per_day!r}")
+    if not (math.isfinite(burst_factor) and burst_factor >= 1):
+        raise ValueError(f"burst_factor must be a finite number >= 1, got {burst_factor!r}")
+    _positive("burst_s", burst_s)
+    if not (math.isfinite(noise) and noise >= 0):
+        raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
+    envelope = _envelope(steps, step_s, diurnal_amplitude, weekly_amplitude)
+    rng = np.random.default_rng(seed)
+    rates: dict[str, FloatArray] = {}
+    for name, rate in models.items():
+        base = _scale_to_mean(envelope * np.exp(noise * rng.standard_normal(steps)), rate)
+        # Bursts may start up to burst_s before t = 0, so one can be under way at the start.
+        count = rng.poisson(bursts_per_day * (horizon_s + burst_s) / DAY_S)
+        in_burst = np.zeros(steps, dtype=bool)
+        for start in rng.uniform(-burst_s, horizon_s, count):
+            first = max(0, math.floor(start / step_s))
+            in_burst[first : math.ceil((start + burst_s) / step_s)] = True
+        rates[name] = np.where(in_burst, base * burst_factor, base)
+    return ArrivalSeries(step_s=step_s, rates=rates)
+
+
+# --- batch jobs -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TraceTask:
+    """One GPU task of the Alibaba trace that ran."""
+
+    #: creation_time: seconds from the trace's start
+    submit_s: float
+    #: deletion_time - scheduled_time
+    duration_s: float
+    gpus: int
+    #: LS, BE, Burstable or Guaranteed
+    qos: str
+
+
+_ALIBABA_COLUMNS = ("num_gpu", "qos", "creation_time", "scheduled_time", "deletion_time")
+
+
+def _field(path: Path, line: int, column: str, raw: str) -> float | None:
+    """A non-negative number, or None for an empty field; else ValueError naming where."""
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{path}: line {line}: {column} {raw!r} is not a number >= 0")
+    return value
+
+
+def read_alibaba_tasks(path: Path) -> list[TraceTask]:
+    """The GPU tasks that ran, from an Alibaba GPU trace v2023 pod list, by submit time.
+
+    Skips tasks with no GPU (num_gpu 0), never scheduled (empty scheduled_time), with no
+    deletion_time or with deletion_time <= scheduled_time. Tolerates CRLF, a missing final
+    newline, a byte-order mark, blank lines and empty unused fields. Raises ValueError
+    naming the file (and line) for a missing column, a row with fewer fields than the
+    header, an empty num_gpu or creation_time, a field that is not a number >= 0, a
+    fractional num_gpu, or no usable task at all.
+    """
+    tasks: list[TraceTask] = []
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f)
+            header = next((row for row in reader if any(c.strip() for c in row)), None)
+            if header is None:
+                raise ValueError(f"{path}: empty file (no header)")
+            names = [c.strip() for c in header]
+            missing = [c for c in _ALIBABA_COLUMNS if c not in names]
+            if missing:
+                raise ValueError(f"{path}: no column {', '.join(missing)} in header {names}")
+            cols = [names.index(c) for c in _ALIBABA_COLUMNS]
+            for row in reader:
+                if not any(c.strip() for c in row):
+                    continue
+                line = reader.line_num
+                if len(row) < len(names):
+                    raise ValueError(
+                        f"{path}: line {line}: {len(row)} fields, the header has {len(names)}"
+                    )
+                gpus_raw, qos, *times_raw = (row[i].strip() for i in cols)
+                gpus = _field(path, line, "num_gpu", gpus_raw)
+                created, scheduled, deleted = (
+                    _field(path, line, c, raw)
+                    for c, raw in zip(_ALIBABA_COLUMNS[2:], times_raw, strict=True)
+                )
+                if gpus is None or created is None:
+                    what = "num_gpu" if gpus is None else "creation_time"
+                    raise ValueError(f"{path}: line {line}: empty {what}")
+                if not gpus.is_integer():
+                    raise ValueError(f"{path}: line {line}: num_gpu {gpus_raw!r} is fractional")
+                if gpus == 0 or scheduled is None or deleted is None or deleted <= scheduled:
+                    continue
+                tasks.append(TraceTask(created, deleted - scheduled, int(gpus), qos))
+    except OSError as exc:
+        raise ValueError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"trace {path} is not UTF-8 text: {exc}") from None
+    if not tasks:
+        raise ValueError(f"{path}: no usable task (a GPU task with a start and an end)")
+    tasks.sort(key=lambda t: t.submit_s)
+    return tasks
+
+
+def _shape(gpus: IntArray, gpus_per_node: int) -> tuple[IntArray, IntArray]:
+    """(GPUs per node, nodes) for jobs of `gpus` GPUs: one node if they fit, else whole
+    nodes (so a job may get a few more GPUs than it asked for)."""
+    nodes = -(-gpus // gpus_per_node)
+    return np.where(nodes > 1, gpus_per_node, gpus), nodes
+
+
+def _nearest_cut(work: FloatArray, target: float) -> int:
+    """How many leading jobs make the total GPU-seconds nearest `target` (at least 1).
+    `work`'s total must exceed `target`."""
+    cum = np.cumsum(work)
+    k = int(np.searchsorted(cum, target))  # the first prefix reaching the target
+    before = float(cum[k - 1]) if k > 0 else 0.0
+    return max(1, k + 1 if cum[k] - target <= target - before else k)
+
+
+#: Share of the Alibaba trace's earliest tasks dropped (see `alibaba_jobs`).
+ALIBABA_HEAD_SHARE = 0.01
+
+
+def alibaba_jobs(
+    path: Path,
+    horizon_s: float,
+    capacity_gpus: int,
+    target_load: float,
+    *,
+    gpus_per_node: int = 8,
+    elastic_qos: tuple[str, ...] = ("BE",),
+    max_duration_s: float = 2 * DAY_S,
+    seed: int = 0,
+) -> list[SimJob]:
+    """Jobs from the Alibaba GPU trace, replayed at the load asked for.
+
+    Tasks whose qos is in `elastic_qos` become elastic jobs, the rest training jobs.
+    Durations are capped at `max_duration_s`: the trace has pods that live for its whole
+    149 days (59 run over 2 days and hold 89% of its GPU-seconds uncapped). Its earliest
+    1% of tasks (ALIBABA_HEAD_SHARE) are dropped: its first 115 days hold only a few
+    dozen tasks, many of them such pods, and its last 34 days the other 6,000 or so.
+
+    The trace (from its first task kept) is rotated by a seeded offset and repeated, each
+    copy one period later (its span plus one mean gap), then its submit times scaled by
+    one factor (compressed or stretched) so that the jobs falling in [0, horizon_s) offer
+    sum(gpus x duration) / horizon_s ~ target_load x capacity_gpus: the cut is the job
+    that brings the total nearest the target, so the error is at most half of one job.
+    A task of more than `gpus_per_node` GPUs gets whole nodes. Ids a-000000, ... in
+    submit order.
+    """
+    target = _check_load(horizon_s, capacity_gpus, target_load, gpus_per_node)
+    _positive("max_duration_s", max_duration_s)
+    tasks = read_alibaba_tasks(path)
+    tasks = tasks[int((len(tasks) - 1) * ALIBABA_HEAD_SHARE) :]
+    n = len(tasks)
+    rel = np.array([t.submit_s for t in tasks]) - tasks[0].submit_s
+    period = max(float(rel[-1]) * n / max(n - 1, 1), 1.0)
+    rng = np.random.default_rng(seed)
+    rotated = (rel - rng.uniform(0.0, period)) % period
+    order = np.argsort(rotated, kind="stable")
+    rotated, tasks = rotated[order], [tasks[j] for j in order.tolist()]
+    gpn, nodes = _shape(np.array([t.gpus for t in tasks], dtype=np.int64), gpus_per_node)
+    duration = np.minimum([t.duration_s for t in tasks], max_duration_s)
+    work = gpn * nodes * duration
+    copies = int(target // work.sum()) + 2  # enough that the total passes the target
+    times = (rotated[None, :] + period * np.arange(copies)[:, None]).ravel()
+    keep = _nearest_cut(np.tile(work, copies), target)
+    end = times[keep]  # trace time of the first job left out: it maps to horizon_s
+    if end <= 0:
+        return []
+    kinds: list[JobKind] = ["elastic" if t.qos in elastic_qos else "training" for t in tasks]
+    rows = list(zip(kinds, duration.tolist(), gpn.tolist(), nodes.tolist(), strict=True))
+    submits = (times[times < end] * (horizon_s / end)).tolist()
+    jobs: list[SimJob] = []
+    for i, submit in enumerate(submits):
+        kind, dur, g, k = rows[i % n]
+        jobs.append(SimJob(f"a-{i:06d}", kind, submit, dur, g, k))
+    return jobs
+
+
+TRAINING_MEDIAN_S = 4 * 3600.0
+ELASTIC_MEDIAN_S = 20 * 60.0
+#: sigma of the log of job durations (mean = median x 1.65)
+DURATION_SIGMA = 1.0
+#: generated durations are clipped to this range
+DURATION_RANGE_S = (60.0, 2 * DAY_S)
+TRAINING_GPUS = np.array([1, 2, 4, 8], dtype=np.int64)
+
+#: draws n jobs: (GPUs per node, nodes, duration)
+_Draw = Callable[[int], tuple[IntArray, IntArray, FloatArray]]
+
+
+def _draw_to_target(draw: _Draw, target: float) -> tuple[IntArray, IntArray, FloatArray]:
+    """Jobs drawn until their GPU-seconds reach `target`, cut where the total is nearest."""
+    if target <= 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)
+    batches, total = [], 0.0
+    while total <= target:
+        g, k, d = draw(1024)
+        batches.append((g, k, d))
+        total += float((g * k * d).sum())
+    gpn, nodes, dur = (np.concatenate(b) for b in zip(*batches, strict=True))
+    keep = _nearest_cut(gpn * nodes * dur, target)
+    return gpn[:keep], nodes[:keep], dur[:keep]
+
+
+def synthetic_jobs(
+    horizon_s: float,
+    capacity_gpus: int,
+    target_load: float,
+    *,
+    gpus_per_node: int = 8,
+    elastic_share: float = 0.4,
+    multi_node_share: float = 0.1,
+    seed: int = 0,
+) -> list[SimJob]:
+    """Generated jobs offering target_load x capacity_gpus GPUs over [0, horizon_s).
+
+    Training jobs: lognormal durations (median 4 h), 1, 2, 4 or 8 GPUs, except a
+    `multi_node_share` of them on 2-8 whole nodes. Elastic jobs: median 20 min, 1-8 GPUs.
+    Durations are clipped to DURATION_RANGE_S. `elastic_share` is the elastic share of
+    the offered GPU-seconds. Jobs of each kind are drawn until their GPU-seconds reach
+    that kind's part of the target (the cut nearest it: the error is at most half of one
+    job); given that count, submit times are uniform on [0, horizon_s), i.e. Poisson
+    arrivals conditioned on their number. Ids t-000000 / e-000000 in submit order.
+    """
+    target = _check_load(horizon_s, capacity_gpus, target_load, gpus_per_node)
+    _share("elastic_share", elastic_share)
+    _share("multi_node_share", multi_node_share)
+    rng = np.random.default_rng(seed)
+    lo, hi = DURATION_RANGE_S
+
+    def durations(median: float, n: int) -> FloatArray:
+        return np.clip(rng.lognormal(math.log(median), DURATION_SIGMA, n), lo, hi)
+
+    def training(n: int) -> tuple[IntArray, IntArray, FloatArray]:
+        gpn, nodes = _shape(rng.choice(TRAINING_GPUS, n), gpus_per_node)
+        multi = rng.random(n) < multi_node_share
+        gpn = np.where(multi, gpus_per_node, gpn)
+        nodes = np.where(multi, rng.integers(2, 9, n), nodes)
+        return gpn, nodes, durations(TRAINING_MEDIAN_S, n)
+
+    def elastic(n: int) -> tuple[IntArray, IntArray, FloatArray]:
+        gpn, nodes = _shape(rng.integers(1, 9, n), gpus_per_node)
+        return gpn, nodes, durations(ELASTIC_MEDIAN_S, n)
+
+    kinds: list[tuple[JobKind, str, tuple[IntArray, IntArray, FloatArray]]] = [
+        ("training", "t", _draw_to_target(training, (1 - elastic_share) * target)),
+        ("elastic", "e", _draw_to_target(elastic, elastic_share * target)),
+    ]
+    drafts = [
+        (kind, prefix, int(g), int(k), float(d))
+        for kind, prefix, arrays in kinds
+        for g, k, d in zip(*arrays, strict=True)
+    ]
+    submits = rng.uniform(0.0, horizon_s, len(drafts))
+    counters = {"t": 0, "e": 0}
+    jobs: list[SimJob] = []
+    for i in np.argsort(submits, kind="stable"):
+        kind, prefix, g, k, d = drafts[i]
+        jobs.append(SimJob(f"{prefix}-{counters[prefix]:06d}", kind, float(submits[i]), d, g, k))
+        counters[prefix] += 1
+    return jobs

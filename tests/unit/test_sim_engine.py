@@ -1,0 +1,185 @@
+"""The simulator's event loop with the real `decide`: lends and returns happen when and
+where the policy says, with the lab's timings; preemption requeues with Slurm's delay;
+drain never kills; GPU-hours add up; the quiet-tick shortcut changes nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from bridge.config import BridgeConfig, ModelConfig, PolicyConfig, PoolConfig
+from bridge.sim.engine import Engine, Setup
+from bridge.sim.fleet import SimNode
+from bridge.sim.result import PolicyResult
+from bridge.sim.workload import ArrivalSeries, SimJob
+
+TICK = 5.0
+
+
+def _rates(*phases: tuple[float, float]) -> np.ndarray:
+    """(seconds, req/s) phases as a 5 s step series."""
+    return np.concatenate([np.full(int(s / TICK), r) for s, r in phases])
+
+
+def _setup(
+    *,
+    pools: tuple[str, ...] = ("elastic", "training"),
+    jobs: tuple[SimJob, ...] = (),
+    rates: np.ndarray | None = None,
+    policy: PolicyConfig | None = None,
+    horizon: float = 2400.0,
+) -> Setup:
+    nodes = [
+        SimNode(0, "inf0", "inference", None, 1),
+        SimNode(1, "el0", "elastic", "elastic", 1),
+        SimNode(2, "tr0", "training", "training", 1),
+    ]
+    pool_cfg = {"inference": PoolConfig(partition="infer", lend_mode="reserved", cost_rank=0)}
+    if "elastic" in pools:
+        pool_cfg["elastic"] = PoolConfig(partition="elastic", lend_mode="preempt", cost_rank=1)
+    if "training" in pools:
+        pool_cfg["training"] = PoolConfig(partition="train", lend_mode="drain", cost_rank=2)
+    if rates is None:  # light, a burst over one replica's 50 req/s, then calm
+        rates = _rates((300, 20.0), (400, 70.0), (horizon - 700, 5.0))
+    config = BridgeConfig(
+        tick_s=TICK,
+        pools=pool_cfg,
+        models={"busy": ModelConfig(slo_p99_ms=100, min_replicas=1, max_replicas=2)},
+        policy=policy
+        or PolicyConfig(
+            max_lent_nodes=1, calm_evaluations=6, scale_in_cooldown_s=60, scale_out_cooldown_s=60
+        ),
+    )
+    return Setup(
+        name="t",
+        description="test",
+        config=config,
+        nodes=nodes,
+        jobs=jobs,
+        arrivals=ArrivalSeries(TICK, {"busy": rates}),
+        service_s={"busy": 0.020},
+        horizon_s=horizon,
+        replica_servers=1,
+    )
+
+
+LONG = (
+    SimJob("e1", "elastic", 0.0, 5000.0, 1),
+    SimJob("t1", "training", 0.0, 5000.0, 1),
+)
+
+
+def _run(setup: Setup) -> tuple[PolicyResult, Engine]:
+    engine = Engine(setup)
+    return engine.run(), engine
+
+
+def test_a_burst_lends_the_elastic_node_and_calm_returns_it() -> None:
+    result, engine = _run(_setup(jobs=LONG))
+    kinds = [(d.kind, d.node) for d in result.decisions]
+    assert kinds == [("lend", "el0"), ("return", "el0")]
+    lend, ret = result.decisions
+    # breach_evaluations (3) ticks over the SLO once the backlog shows, after t=300
+    assert 300 < lend.at_s <= 300 + 60
+    assert ret.at_s > 700  # only once the burst is over and calm held
+    # the elastic job was requeued once, and ran again after the return
+    e1 = engine.fleet.runs["e1"]
+    assert e1.restarts == 1
+    assert result.preemptions == 1
+    assert result.gpu_hours_lost == pytest.approx((lend.at_s + 33.0) / 3600.0, abs=1e-6)
+    assert e1.started_at is not None and e1.started_at >= ret.at_s
+    # the training job was never touched
+    assert engine.fleet.runs["t1"].restarts == 0
+    assert result.lends == result.returns == 1
+    assert result.lends_by_pool == {"elastic": 1}
+
+
+def test_the_lent_replica_brings_p99_back_within_the_slo() -> None:
+    with_lend, _ = _run(_setup(jobs=LONG))
+    without, _ = _run(_setup(jobs=LONG, policy=PolicyConfig(max_lent_nodes=0)))
+    assert without.lends == 0
+    assert with_lend.within_share > without.within_share + 0.1
+    assert with_lend.minutes_share > without.minutes_share
+
+
+def test_idle_nodes_go_first_and_need_no_preemption() -> None:
+    # the training job ends before the burst: the idle training node beats the busy
+    # elastic one, and a drain of an idle node starts Triton at once
+    jobs = (SimJob("e1", "elastic", 0.0, 5000.0, 1), SimJob("t1", "training", 0.0, 100.0, 1))
+    result, engine = _run(_setup(jobs=jobs))
+    assert result.decisions[0].kind == "lend" and result.decisions[0].node == "tr0"
+    assert result.preemptions == 0
+    assert engine.fleet.runs["e1"].restarts == 0
+
+
+def test_drain_waits_for_the_training_job_and_never_kills_it() -> None:
+    jobs = (SimJob("t1", "training", 0.0, 500.0, 1),)
+    result, engine = _run(_setup(pools=("training",), jobs=jobs))
+    assert result.decisions[0].kind == "lend" and result.decisions[0].node == "tr0"
+    t1 = engine.fleet.runs["t1"]
+    assert t1.restarts == 0 and t1.ended_at == pytest.approx(500.0, abs=TICK)
+    assert result.preemptions == 0
+    # held but unused only between the job's end and Triton's start (sbatch to running)
+    assert result.gpu_hours["training"]["fenced"] == pytest.approx(1.37 / 3600.0)
+    assert result.gpu_hours["training"]["inference"] > 0
+
+
+def test_a_drain_that_waits_too_long_is_abandoned_and_the_fence_lifted() -> None:
+    jobs = (SimJob("t1", "training", 0.0, 5000.0, 1), SimJob("t2", "training", 10.0, 60.0, 1))
+    policy = PolicyConfig(max_lent_nodes=1, drain_wait_s=120, calm_evaluations=6)
+    result, engine = _run(_setup(pools=("training",), jobs=jobs, policy=policy))
+    assert [d.kind for d in result.decisions[:2]] == ["lend", "return"]
+    assert result.decisions[1].reason.startswith("drain wait over")
+    assert result.decisions[1].at_s - result.decisions[0].at_s == pytest.approx(125.0)
+    assert engine.fleet.runs["t1"].restarts == 0
+    assert not engine.fleet.nodes[2].fenced
+
+
+def test_gpu_hours_add_up_to_the_fleet() -> None:
+    result, _ = _run(_setup(jobs=LONG))
+    for pool, uses in result.gpu_hours.items():
+        assert sum(uses.values()) == pytest.approx(2400.0 / 3600.0), pool
+        assert min(uses.values()) >= 0.0
+
+
+def test_skipping_quiet_ticks_changes_no_decision() -> None:
+    setup = _setup(jobs=LONG)
+    fast, _ = _run(setup)
+    slow, _ = _run(replace(setup, always_decide=True))
+    assert slow.decide_calls == slow.ticks > fast.decide_calls
+    assert fast.decisions == slow.decisions
+    a, b = fast.as_dict(), slow.as_dict()
+    for d in (a, b):
+        d.pop("wall_s")
+        d.pop("decide_calls")
+    assert a == b
+
+
+def test_requeued_job_waits_for_slurms_requeue_delay() -> None:
+    # two busy elastic nodes: e1 started last, so its node loses the least work; e0's
+    # node frees up soon after, but e1 may start there only 121 s after its requeue
+    jobs = (SimJob("e0", "elastic", 0.0, 400.0, 1), SimJob("e1", "elastic", 1.0, 5000.0, 1))
+    setup = _setup(jobs=jobs, pools=("elastic",))
+    spare = SimNode(3, "el1", "elastic", "elastic", 1)
+    setup = replace(setup, nodes=[*setup.nodes, spare])
+    result, engine = _run(setup)
+    lend = result.decisions[0]
+    e1 = engine.fleet.runs["e1"]
+    preempted_at = lend.at_s + 33.0
+    assert e1.restarts == 1
+    assert e1.started_at is not None
+    assert e1.started_at >= preempted_at + 121.0
+    assert e1.started_at <= preempted_at + 121.0 + TICK
+
+
+def test_bad_setups_are_named() -> None:
+    setup = _setup()
+    with pytest.raises(ValueError, match="no arrivals for models busy"):
+        Engine(replace(setup, arrivals=ArrivalSeries(TICK, {"other": np.zeros(3)})))
+    with pytest.raises(ValueError, match="no service time"):
+        Engine(replace(setup, service_s={}))
+    gpu_job = SimJob("x", "elastic", 0.0, 1.0, 1)
+    with pytest.raises(ValueError, match="job x: no elastic nodes"):
+        Engine(replace(setup, nodes=setup.nodes[:1] + setup.nodes[2:], jobs=[gpu_job]))
