@@ -11,6 +11,7 @@ from bridge.daemon.cli import daemon, lend, return_, status
 from bridge.lab.cli import lab_app
 from bridge.load.cli import load_app
 from bridge.models.cli import models_app
+from bridge.sim.cli import simulate
 
 app = typer.Typer(
     help="Slurm-Triton bridge: one GPU fleet for training and inference.",
@@ -27,6 +28,7 @@ app.command()(daemon)
 app.command()(status)
 app.command()(lend)
 app.command("return")(return_)
+app.command()(simulate)
 
 
 if __name__ == "__main__":

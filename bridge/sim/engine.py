@@ -55,8 +55,11 @@ from bridge.sim.fleet import Fleet, JobRun, SimNode
 from bridge.sim.result import Decision, ModelOutcome, PolicyResult, QueueOutcome
 from bridge.sim.workload import ArrivalSeries, SimJob
 
-#: Triton's latency summary window
+#: Triton's latency summaries (prometheus-cpp): observations of the last 60 s, kept in 5
+#: buckets that rotate every 12 s, so a quantile covers the last 48 to 60 s and old
+#: requests leave it in 12 s steps (as the lab shows)
 WINDOW_S = 60.0
+AGE_BUCKETS = 5
 #: the time series kept for the report, sampled every `series_step_s`
 SERIES = (
     "requests_per_s",
@@ -152,8 +155,11 @@ class Group:
     models: tuple[str, ...]
     nodes: int = 0
     backlog_s: float = 0.0
-    window: deque[latency.TickState] = field(default_factory=deque)
+    #: (tick end, state) of the ticks that may still be in Triton's summary window
+    window: deque[tuple[float, latency.TickState]] = field(default_factory=deque)
     extra_p99_s: float | None = None
+    #: when its first replica came up (the summaries' rotation runs from there)
+    born: float = 0.0
     #: requests queued on one of its nodes at the last tick's end
     pending: float = 0.0
 
@@ -321,7 +327,8 @@ class Engine:
     def _join(self, models: tuple[str, ...], n: int) -> None:
         group = self.groups.get(models)
         if group is None:
-            group = self.groups[models] = Group(models, window=deque(maxlen=self.window_ticks))
+            window: deque[tuple[float, latency.TickState]] = deque(maxlen=self.window_ticks + 1)
+            group = self.groups[models] = Group(models, window=window, born=self.now)
         if n > 0 and group.nodes > 0:  # a fresh replica starts with an empty queue
             group.backlog_s *= group.nodes / (group.nodes + n)
         group.nodes += n
@@ -331,6 +338,7 @@ class Engine:
     def _serve(self, k: int) -> None:
         """The latency model over tick k (from k*tick to (k+1)*tick) and the samples."""
         dt = self.tick_s
+        now = (k + 1) * dt
         replicas = dict.fromkeys(self.models, 0)
         for group in self.groups.values():
             for m in group.models:
@@ -353,10 +361,11 @@ class Engine:
                 self.replica_gpus, node_load, node_rate, group.backlog_s, dt, cv2
             )
             group.backlog_s = stepped.backlog_s
-            group.window.append(stepped.state)
+            group.window.append((now, stepped.state))
             group.pending = stepped.pending
-            group.extra_p99_s = latency.window_quantile(list(group.window))
-        now = (k + 1) * dt
+            group.extra_p99_s = latency.window_quantile(
+                [st for t, st in group.window if t > _window_start(group.born, now)]
+            )
         requests_total = 0.0
         worst = 0.0
         for m in self.models:
@@ -377,7 +386,7 @@ class Engine:
                 budget = model.slo_p99_ms / 1000.0 - s_m
                 mean_s = 0.0
                 for share, group in parts:
-                    state = group.window[-1]
+                    state = group.window[-1][1]
                     within += share * state.share_within(budget)
                     mean_s += share * (s_m + state.mean_extra())
                     pending += group.pending
@@ -639,6 +648,13 @@ class Engine:
 
 
 _KINDS = ("training", "elastic")
+
+
+def _window_start(born: float, now: float) -> float:
+    """The oldest observation time in a Triton summary at `now` (see AGE_BUCKETS)."""
+    rotation = WINDOW_S / AGE_BUCKETS
+    last = born + math.floor((now - born) / rotation) * rotation
+    return last - (WINDOW_S - rotation)
 
 
 def _per_tick(arrivals: ArrivalSeries, model: str, tick_s: float, ticks: int) -> list[float]:

@@ -1,0 +1,389 @@
+"""`stb simulate`: compare the set-ups of `bridge.sim.policies` on a simulated fleet, fed
+by the public traces (or generators), and print or write the comparison. Registered in
+`bridge.cli`. Thin: checks the options, builds the `Scenario` (`bridge.sim.workload`),
+runs `compare` with a progress bar on stderr, renders with `bridge.sim.render`.
+
+The models are named m0, m1, ...; model i gets `--mean-rps` / (i + 1) requests per second
+on average (a Zipf-like popularity: m0 the full rate, m1 half, m2 a third, ...), every one
+with the same SLO and service time. The job load is a share of the GPUs left outside a
+peak-sized inference pool, so every set-up faces the same offered work.
+
+Bad input (an option out of range, an unknown policy, a missing or unreadable trace, a
+fleet too small for the inference load) ends with one line on stderr and exit code 2, and
+writes nothing; an output file is written whole or not at all (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from bridge.config import PolicyConfig
+from bridge.config_cli import ConfigOpt, fail, load_or_exit
+from bridge.paths import ProjectLayoutError, project_root
+from bridge.sim import workload
+from bridge.sim.policies import POLICIES, Scenario, compare, setup_for, size
+from bridge.sim.result import SimReport
+from bridge.sim.workload import ArrivalSeries, SimJob
+
+FORMATS = ("table", "json", "html")
+ARRIVALS = ("azure", "synthetic")
+JOBS = ("alibaba", "synthetic")
+AZURE_TRACE = "azure_llm_conv_2023.csv"
+ALIBABA_TRACE = "alibaba_gpu2023_tasks.csv"
+DAY_S = 86400.0
+#: steps of the arrival series (the bridge's tick)
+STEP_S = 5.0
+#: the generators' parameters: fixed, and written into the report's scenario
+AZURE_PARAMS: Mapping[str, float] = {"diurnal_amplitude": 0.5, "weekly_amplitude": 0.2}
+SYNTHETIC_SERIES_PARAMS: Mapping[str, float] = {
+    **AZURE_PARAMS,
+    "bursts_per_day": 4.0,
+    "burst_factor": 3.0,
+    "burst_s": 600.0,
+    "noise": 0.1,
+}
+SYNTHETIC_JOBS_PARAMS: Mapping[str, float] = {"elastic_share": 0.4, "multi_node_share": 0.1}
+ALL = ",".join(POLICIES)
+
+errors = Console(stderr=True)
+
+
+class BadInput(ValueError):
+    """An option or input the simulation cannot run with: exit 2."""
+
+
+def _bad(exc: Exception) -> typer.Exit:
+    """Print `exc` as the command's one-line error (`fail`) and return exit code 2."""
+    fail(exc)
+    return typer.Exit(code=2)
+
+
+def model_rates(models: int, mean_rps: float) -> dict[str, float]:
+    """m0..m{models-1}: model i gets mean_rps / (i + 1) requests per second."""
+    return {f"m{i}": mean_rps / (i + 1) for i in range(models)}
+
+
+def parse_policies(text: str) -> list[str]:
+    """A comma list of policy names, in the order given, each once."""
+    names = list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    if not names:
+        raise BadInput(f"--policies is empty; choose from {', '.join(POLICIES)}")
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown:
+        raise BadInput(
+            f"--policies: unknown policy {', '.join(map(repr, unknown))}; "
+            f"choose from {', '.join(POLICIES)}"
+        )
+    return names
+
+
+def default_trace(name: str) -> Path:
+    """`<checkout>/../shared/traces/NAME`: where the public traces are kept."""
+    try:
+        return project_root().parent / "shared" / "traces" / name
+    except ProjectLayoutError as exc:
+        raise BadInput(f"no default trace {name} ({exc}); pass its path") from exc
+
+
+def _trace(path: Path | None, name: str, option: str) -> Path:
+    trace = path if path is not None else default_trace(name)
+    if not trace.is_file():
+        raise BadInput(f"{option}: trace file {trace} not found")
+    return trace
+
+
+def _check(
+    *,
+    days: float,
+    nodes: int,
+    gpus_per_node: int,
+    models: int,
+    mean_rps: float,
+    slo_ms: float,
+    service_ms: float,
+    load: float,
+    arrivals: str,
+    jobs: str,
+    fmt: str,
+    output: Path | None,
+) -> None:
+    """Every option that can be checked before reading a trace; BadInput naming it."""
+    positive = {
+        "--days": days,
+        "--mean-rps": mean_rps,
+        "--slo-ms": slo_ms,
+        "--service-ms": service_ms,
+        "--load": load,
+    }
+    for option, value in positive.items():
+        if not (math.isfinite(value) and value > 0):
+            raise BadInput(f"{option} must be a number > 0, got {value:g}")
+    for option, count in {"--nodes": nodes, "--gpus-per-node": gpus_per_node}.items():
+        if count < 1:
+            raise BadInput(f"{option} must be at least 1, got {count}")
+    if models < 1:
+        raise BadInput(f"--models must be at least 1, got {models}")
+    if service_ms >= slo_ms:
+        raise BadInput(
+            f"--service-ms {service_ms:g} is not below --slo-ms {slo_ms:g}: no replica "
+            "could meet the SLO"
+        )
+    choices = {
+        "--arrivals": (arrivals, ARRIVALS),
+        "--jobs": (jobs, JOBS),
+        "--format": (fmt, FORMATS),
+    }
+    for option, (choice, allowed) in choices.items():
+        if choice not in allowed:
+            raise BadInput(f"{option} {choice!r}: choose from {', '.join(allowed)}")
+    if fmt == "html" and output is None:
+        raise BadInput("--format html needs --output FILE")
+    if output is not None:
+        if output.is_dir():
+            raise BadInput(f"--output {output} is a directory")
+        if not output.parent.is_dir():
+            raise BadInput(f"--output: no directory {output.parent}")
+
+
+def _arrivals(
+    kind: str, trace: Path | None, rates: Mapping[str, float], horizon_s: float, seed: int
+) -> tuple[ArrivalSeries, dict[str, object]]:
+    """The arrival series and what the report says about it."""
+    about: dict[str, object] = {"source": kind, "step_s": STEP_S, "mean_rps": dict(rates)}
+    if kind == "azure":
+        path = _trace(trace, AZURE_TRACE, "--arrivals-trace")
+        about.update(trace=path.name, **AZURE_PARAMS)
+        series = workload.azure_series(path, rates, horizon_s, STEP_S, seed=seed, **AZURE_PARAMS)
+        return series, about
+    about.update(SYNTHETIC_SERIES_PARAMS)
+    return workload.synthetic_series(
+        rates, horizon_s, STEP_S, seed=seed, **SYNTHETIC_SERIES_PARAMS
+    ), about
+
+
+def _jobs(
+    kind: str, trace: Path | None, horizon_s: float, capacity: int, load: float, gpn: int, seed: int
+) -> tuple[list[SimJob], dict[str, object]]:
+    """The job list and what the report says about it."""
+    about: dict[str, object] = {"source": kind, "capacity_gpus": capacity}
+    if kind == "alibaba":
+        path = _trace(trace, ALIBABA_TRACE, "--jobs-trace")
+        about["trace"] = path.name
+        return workload.alibaba_jobs(
+            path, horizon_s, capacity, load, gpus_per_node=gpn, seed=seed
+        ), about
+    about.update(SYNTHETIC_JOBS_PARAMS)
+    return workload.synthetic_jobs(
+        horizon_s, capacity, load, gpus_per_node=gpn, seed=seed, **SYNTHETIC_JOBS_PARAMS
+    ), about
+
+
+def build_scenario(
+    *,
+    days: float,
+    nodes: int,
+    gpus_per_node: int,
+    rates: Mapping[str, float],
+    slo_ms: float,
+    service_ms: float,
+    arrivals: str,
+    arrivals_trace: Path | None,
+    jobs: str,
+    jobs_trace: Path | None,
+    load: float,
+    policies: list[str],
+    seed: int = 0,
+    policy: PolicyConfig | None = None,
+    tick_s: float = STEP_S,
+    about: Mapping[str, object] | None = None,
+) -> Scenario:
+    """The scenario the options describe. The fleet is sized first without jobs (the peak
+    inference pool), so the job load can be a share of the GPUs outside it; every policy's
+    set-up is checked before the jobs are generated. `policy` and `tick_s` are the bridge's
+    (defaults: PolicyConfig's and 5 s); `about` adds to what the report says about the
+    inputs. Raises ValueError (BadInput for the options) naming the problem."""
+    horizon = days * DAY_S
+    series, arrivals_about = _arrivals(arrivals, arrivals_trace, rates, horizon, seed)
+    probe = Scenario(
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        arrivals=series,
+        jobs=[],
+        models={m: (slo_ms, service_ms) for m in rates},
+        horizon_s=horizon,
+        policy=policy or PolicyConfig(),
+        tick_s=tick_s,
+    )
+    sizing = size(probe)
+    rest = nodes - sizing.peak_nodes
+    if rest < 2:
+        more = " or more" if rest <= 0 else ""
+        raise BadInput(
+            f"the models' peak load ({sizing.peak_load:.1f} busy GPUs) needs "
+            f"{sizing.peak_nodes}{more} of the {nodes} nodes, leaving {max(rest, 0)} for "
+            "training and elastic (at least 2): give the fleet more nodes or the models "
+            "less load"
+        )
+    for name in policies:
+        setup_for(name, probe, sizing)  # a fleet too small says so here
+    capacity = (nodes - sizing.peak_nodes) * gpus_per_node
+    job_list, jobs_about = _jobs(jobs, jobs_trace, horizon, capacity, load, gpus_per_node, seed)
+    described = {
+        "days": days,
+        "seed": seed,
+        "load": load,
+        "arrivals": arrivals_about,
+        "batch_jobs": jobs_about,
+        **(about or {}),
+    }
+    return dataclasses.replace(probe, jobs=job_list, about=described)
+
+
+def run(scenario: Scenario, policies: list[str]) -> SimReport:
+    """`compare` with one progress bar per policy on stderr (simulated time)."""
+    with Progress(
+        TextColumn("{task.description:<14}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=errors,
+        transient=not sys.stderr.isatty(),
+    ) as progress:
+        tasks: dict[str, TaskID] = {
+            p: progress.add_task(p, total=scenario.horizon_s, start=False) for p in policies
+        }
+        current: list[str] = []  # the policy running now
+
+        def step(name: str, t: float, total: float) -> None:
+            if not current or current[0] != name:  # the next policy's first report
+                if current:  # the previous one ended between two reports
+                    progress.update(tasks[current[0]], completed=total)
+                progress.start_task(tasks[name])
+                current[:] = [name]
+            progress.update(tasks[name], completed=t, total=total)
+
+        report = compare(scenario, policies, step)
+        for task in tasks.values():
+            progress.update(task, completed=scenario.horizon_s)
+    return report
+
+
+def _write(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all: a temp file beside it, then a rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary new file, not mkstemp's 0600
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def simulate(
+    days: Annotated[float, typer.Option(help="Simulated days.")] = 7.0,
+    nodes: Annotated[int, typer.Option(help="Nodes in the fleet (every set-up).")] = 256,
+    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
+    models: Annotated[int, typer.Option(help="Models m0, m1, ... served.")] = 4,
+    mean_rps: Annotated[
+        float,
+        typer.Option(help="Mean requests/s of m0; model i gets MEAN_RPS / (i + 1)."),
+    ] = 150.0,
+    slo_ms: Annotated[float, typer.Option(help="p99 latency SLO of every model (ms).")] = 100.0,
+    service_ms: Annotated[
+        float, typer.Option(help="Service time of one request (ms; the lab's `busy` model).")
+    ] = 20.0,
+    arrivals: Annotated[str, typer.Option(help="|".join(ARRIVALS))] = "azure",
+    arrivals_trace: Annotated[
+        Path | None,
+        typer.Option(help=f"Azure LLM trace (default: <checkout>/../shared/traces/{AZURE_TRACE})."),
+    ] = None,
+    jobs: Annotated[str, typer.Option(help="|".join(JOBS))] = "alibaba",
+    jobs_trace: Annotated[
+        Path | None,
+        typer.Option(help=f"Alibaba GPU trace (default: .../shared/traces/{ALIBABA_TRACE})."),
+    ] = None,
+    load: Annotated[
+        float,
+        typer.Option(help="Offered job GPU-load, a share of the GPUs outside peak inference."),
+    ] = 0.85,
+    policies: Annotated[str, typer.Option(help="Set-ups to compare, comma-separated.")] = ALL,
+    config: ConfigOpt = None,
+    seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 0,
+    fmt: Annotated[str, typer.Option("--format", help="|".join(FORMATS))] = "table",
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write to FILE (html: required; json: else stdout)."),
+    ] = None,
+) -> None:
+    """Compare separate pools, Lyra-like idle loans and the bridge on a simulated fleet:
+    inference SLOs, job queueing and completion, GPU use. Uses the bridge's own policy;
+    --config takes the policy section and tick_s of a bridge TOML."""
+    try:
+        _check(
+            days=days, nodes=nodes, gpus_per_node=gpus_per_node, models=models,
+            mean_rps=mean_rps, slo_ms=slo_ms, service_ms=service_ms, load=load,
+            arrivals=arrivals, jobs=jobs, fmt=fmt, output=output,
+        )  # fmt: skip
+        chosen = parse_policies(policies)
+    except BadInput as exc:
+        raise _bad(exc) from exc
+    try:
+        cfg = load_or_exit(config) if config is not None else None
+    except typer.Exit:  # it named each bad field; a bad file is bad input here too
+        raise typer.Exit(code=2) from None
+    try:
+        scenario = build_scenario(
+            days=days, nodes=nodes, gpus_per_node=gpus_per_node,
+            rates=model_rates(models, mean_rps), slo_ms=slo_ms, service_ms=service_ms,
+            arrivals=arrivals, arrivals_trace=arrivals_trace, jobs=jobs, jobs_trace=jobs_trace,
+            load=load, policies=chosen, seed=seed,
+            policy=cfg.policy if cfg else None, tick_s=cfg.tick_s if cfg else STEP_S,
+            about={"config": config.name if config else "none (policy defaults, 5 s ticks)"},
+        )  # fmt: skip
+    except (ValueError, OSError) as exc:
+        raise _bad(exc) from exc
+    report = run(scenario, chosen)
+
+    from bridge.sim import render  # matplotlib: loaded only when a simulation ran
+
+    if fmt == "table":
+        if output is None:
+            out = Console(width=None if sys.stdout.isatty() else 160)
+            for table in render.tables(report):
+                out.print(table)
+            return
+        buf = io.StringIO()
+        text_console = Console(file=buf, width=160, color_system=None)
+        for table in render.tables(report):
+            text_console.print(table)
+        text = buf.getvalue()
+    elif fmt == "json":
+        text = render.to_json(report)
+    else:
+        text = render.to_html(report)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        _write(output, text)
+    except OSError as exc:
+        raise fail(exc) from exc
+    errors.print(f"wrote {output}", highlight=False)

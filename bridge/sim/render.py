@@ -1,0 +1,613 @@
+"""A simulation report (`bridge.sim.result.SimReport`) for people and programs: rich tables
+for the terminal, JSON, and a self-contained HTML page. Called by `stb simulate`
+(`bridge.sim.cli`); pure functions of the report.
+
+- `tables(report)`: service and GPU use per policy, queues and lending per policy, and,
+  when `separate-peak` is in the report, each policy against it as Lyra reports
+  (queueing and job completion times as "x shorter", GPU usage as "+%").
+- `to_json(report)`: exactly `report.as_dict()`, keys sorted, infinities and NaN as null.
+- `to_html(report)`: one file with no scripts, fonts, images or URLs (as
+  `accounting.html`): the scenario, the same tables, charts as inline SVG (matplotlib's
+  object API, glyphs as paths, a fixed hash salt and no metadata, so the same report
+  gives the same bytes) and each policy's decisions. All text is escaped.
+
+The tables and the page show the same cells: both are drawn from `grids(report)`.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
+from rich.table import Table
+
+from accounting.html import WORKLOAD_COLOURS
+from bridge.sim.result import PolicyResult, QueueOutcome, SimReport
+
+#: the policy the others are compared against (as Lyra compares against separate pools)
+BASELINE = "separate-peak"
+#: pools in the order the nodes column shows them, with their short names
+POOL_LABELS: Mapping[str, str] = {
+    "inference": "inf",
+    "loan": "loan",
+    "training": "train",
+    "elastic": "el",
+}
+#: the GPU uses the report sums over pools ("idle" includes fenced GPUs)
+GPU_USES = ("training", "elastic", "inference", "idle")
+#: decisions listed per policy on the HTML page
+MAX_DECISIONS = 200
+#: runs up to this long get an x axis in hours, longer ones in days
+HOURS_UP_TO_S = 2 * 86400.0
+#: the worst p99 / SLO chart is clipped to this range (log scale)
+RATIO_RANGE = (0.01, 100.0)
+SLO_COLOUR = "#d32f2f"
+LENT_COLOUR = "#8e24aa"
+KIND_COLOURS: Mapping[str, str] = {
+    "training": WORKLOAD_COLOURS["training"],
+    "elastic": WORKLOAD_COLOURS["elastic"],
+}
+
+
+# -- the numbers ------------------------------------------------------------------------
+
+
+def gpu_hours_by_use(result: PolicyResult) -> dict[str, float]:
+    """GPU-hours per use (GPU_USES), summed over the pools; fenced counts as idle."""
+    out = dict.fromkeys(GPU_USES, 0.0)
+    for uses in result.gpu_hours.values():
+        for use, hours in uses.items():
+            key = "idle" if use == "fenced" else use
+            out[key] = out.get(key, 0.0) + hours
+    return out
+
+
+def utilisation(result: PolicyResult) -> float:
+    """Busy GPU-hours (training, elastic, inference) / all GPU-hours; 0 for an empty run."""
+    hours = gpu_hours_by_use(result)
+    total = sum(hours.values())
+    return (total - hours["idle"]) / total if total else 0.0
+
+
+def wait_mean_s(result: PolicyResult) -> float:
+    """Mean queueing time of all jobs, training and elastic together."""
+    qs = result.queues.values()
+    jobs = sum(q.submitted for q in qs)
+    return sum(q.wait_mean_s * q.submitted for q in qs) / jobs if jobs else 0.0
+
+
+def completion_mean_s(result: PolicyResult) -> float:
+    """Mean job completion time (submit to end) of all finished jobs."""
+    qs = result.queues.values()
+    jobs = sum(q.finished for q in qs)
+    return sum(q.completion_mean_s * q.finished for q in qs) / jobs if jobs else 0.0
+
+
+def human(seconds: float) -> str:
+    """A duration as people read it: 4.2s, 45s, 5m, 12m 05s, 2h 31m, 3d 04h."""
+    if not math.isfinite(seconds):
+        return "-"
+    s = max(0.0, seconds)
+    if s < 10:
+        return f"{s:.1f}s"
+    if s < 60:
+        return f"{s:.0f}s"
+    whole = round(s)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    return f"{minutes}m {secs:02d}s" if secs else f"{minutes}m"
+
+
+def nodes_text(pools: Mapping[str, int]) -> str:
+    """Nodes per pool, e.g. "inf 3 / loan 12 / train 44 / el 5" (empty pools left out)."""
+    order = [*POOL_LABELS, *sorted(set(pools) - set(POOL_LABELS))]
+    return " / ".join(f"{POOL_LABELS.get(p, p)} {pools[p]}" for p in order if pools.get(p))
+
+
+def _ratio(base: float, value: float) -> str:
+    """How many times shorter `value` is than `base` ("1.53x"); "-" when undefined."""
+    if value > 0 and base > 0:
+        return f"{base / value:.2f}x"
+    return "1.00x" if value == base else "-"
+
+
+# -- the tables -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grid:
+    """One table as cells of text: what both the terminal and the page show."""
+
+    title: str
+    #: column headers ("\n" breaks a header in two lines)
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    caption: str = ""
+    #: leading columns of text (the policy, ...): left-aligned; the rest are numbers
+    text_columns: int = 1
+
+    def numeric(self, column: int) -> bool:
+        return column >= self.text_columns
+
+
+def _queue_cells(q: QueueOutcome | None) -> tuple[str, str, str]:
+    if q is None or not q.submitted:
+        return "-", "-", "-"
+    done = human(q.completion_mean_s) if q.finished else "-"
+    return human(q.wait_mean_s), human(q.wait_p95_s), done
+
+
+def grids(report: SimReport) -> list[Grid]:
+    """The comparison: service and GPU use, queues and lending, and (when BASELINE ran and
+    another policy too) the ratios against the baseline."""
+    use: list[tuple[str, ...]] = []
+    queues: list[tuple[str, ...]] = []
+    for r in report.results:
+        hours = gpu_hours_by_use(r)
+        use.append(
+            (
+                r.policy,
+                nodes_text(r.pools),
+                f"{100 * r.within_share:.2f}%",
+                f"{100 * r.minutes_share:.2f}%",
+                *(f"{hours[u]:,.0f}" for u in GPU_USES),
+                f"{100 * utilisation(r):.1f}%",
+            )
+        )
+        queues.append(
+            (
+                r.policy,
+                *_queue_cells(r.queues.get("training")),
+                *_queue_cells(r.queues.get("elastic")),
+                f"{r.preemptions:,}",
+                f"{r.gpu_hours_lost:,.1f}",
+                f"{r.lends:,} / {r.returns:,}",
+            )
+        )
+    out = [
+        Grid(
+            _title(report),
+            (
+                "policy",
+                "nodes per pool",
+                "requests\nwithin SLO",
+                "minutes p99\nwithin SLO",
+                *(f"{u}\nGPU-h" for u in GPU_USES),
+                "utilisation",
+            ),
+            tuple(use),
+            _inputs(report)
+            + "idle GPU-hours include fenced (draining) GPUs; utilisation = busy / all GPU-hours",
+            text_columns=2,
+        ),
+        Grid(
+            "Job queues and lending",
+            (
+                "policy",
+                "training\nwait mean",
+                "training\nwait p95",
+                "training\ncompletion",
+                "elastic\nwait mean",
+                "elastic\nwait p95",
+                "elastic\ncompletion",
+                "preemptions",
+                "GPU-h lost",
+                "lends /\nreturns",
+            ),
+            tuple(queues),
+            "wait: submit to first start (jobs never started: to the end of the run); "
+            "completion: mean submit to end of finished jobs",
+        ),
+    ]
+    ratios = ratio_grid(report)
+    if ratios is not None:
+        out.append(ratios)
+    return out
+
+
+def ratio_grid(report: SimReport) -> Grid | None:
+    """Each policy against BASELINE, as Lyra reports: queueing and completion times as
+    "x shorter" (baseline / policy), GPU usage (utilisation) as +%, and the change of the
+    minutes whose p99 met the SLO in percentage points. None without the baseline or with
+    no other policy."""
+    base = next((r for r in report.results if r.policy == BASELINE), None)
+    if base is None or len(report.results) < 2:
+        return None
+    rows = []
+    for r in report.results:
+        base_util, util = utilisation(base), utilisation(r)
+        usage = f"{100 * (util / base_util - 1):+.1f}%" if base_util else "-"
+        rows.append(
+            (
+                r.policy,
+                _ratio(wait_mean_s(base), wait_mean_s(r)),
+                _ratio(completion_mean_s(base), completion_mean_s(r)),
+                usage,
+                f"{100 * (r.minutes_share - base.minutes_share):+.2f} pp",
+            )
+        )
+    return Grid(
+        f"Against {BASELINE}",
+        ("policy", "queueing\n(x shorter)", "JCT\n(x shorter)", "GPU usage", "SLO minutes"),
+        tuple(rows),
+        "queueing: mean wait of all jobs; JCT: mean completion of finished jobs; "
+        "GPU usage: utilisation relative to the baseline's",
+    )
+
+
+def _title(report: SimReport) -> str:
+    s = report.scenario
+    parts = []
+    if "nodes" in s:
+        parts.append(f"{s['nodes']} nodes x {s.get('gpus_per_node', '?')} GPUs")
+    if "horizon_s" in s:
+        parts.append(f"{float(s['horizon_s']) / 86400:g} days")
+    if isinstance(s.get("models"), Mapping):
+        parts.append(f"{len(s['models'])} models")
+    if "jobs" in s:
+        parts.append(f"{s['jobs']:,} jobs")
+    return "Simulated fleet" + (": " + ", ".join(parts) if parts else "")
+
+
+def _inputs(report: SimReport) -> str:
+    """The workload in one sentence (from `stb simulate`'s scenario keys), or ""."""
+    s = report.scenario
+    arrivals, jobs = s.get("arrivals"), s.get("batch_jobs")
+    if not (isinstance(arrivals, Mapping) and isinstance(jobs, Mapping)):
+        return ""
+    load = s.get("load")
+    at = f" at {100 * load:.0f}% load" if isinstance(load, int | float) else ""
+    return (
+        f"{arrivals.get('source', '?')} arrivals, {jobs.get('source', '?')} jobs{at}, "
+        f"seed {s.get('seed', '?')}. "
+    )
+
+
+def tables(report: SimReport) -> list[Table]:
+    """The comparison as rich tables, one row per policy (see `grids`)."""
+    out = []
+    for grid in grids(report):
+        table = Table(title=grid.title, caption=grid.caption or None)
+        for i, head in enumerate(grid.headers):
+            table.add_column(head, justify="right" if grid.numeric(i) else "left")
+        for row in grid.rows:
+            table.add_row(*row)
+        out.append(table)
+    return out
+
+
+# -- JSON -------------------------------------------------------------------------------
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every float that is not finite replaced by None (JSON has no inf)."""
+    if isinstance(value, Mapping):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def to_json(report: SimReport) -> str:
+    """`report.as_dict()` as JSON: keys sorted, indent 2, infinities and NaN as null."""
+    return json.dumps(_finite(report.as_dict()), sort_keys=True, indent=2, allow_nan=False) + "\n"
+
+
+# -- HTML -------------------------------------------------------------------------------
+
+#: no <metadata> block (it carries a date and URLs)
+_NO_METADATA: dict[str, Any] = {"Creator": None, "Date": None, "Format": None, "Type": None}
+
+_CSS = """
+body { font-family: "DejaVu Sans", Verdana, Arial, sans-serif; margin: 2em auto;
+       max-width: 1150px; color: #222; padding: 0 1em; }
+h1 { font-size: 1.5em; margin-bottom: .2em; }
+h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+h3 { font-size: 1em; margin: 1.5em 0 .5em; }
+dl.meta { display: grid; grid-template-columns: max-content auto; gap: .2em 1em; }
+dl.meta dt { font-weight: bold; }
+dl.meta dd { margin: 0; }
+figure { margin: 1em 0; }
+figure svg { max-width: 100%; height: auto; }
+figcaption, p.caption { font-size: .9em; color: #555; }
+table { border-collapse: collapse; font-size: .9em; }
+th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; }
+th { background: #f0f0f0; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+details { margin: .6em 0; }
+summary { cursor: pointer; }
+pre { font-size: .8em; background: #f7f7f7; padding: .6em; overflow-x: auto; }
+footer { margin-top: 2em; font-size: .85em; color: #666; }
+"""
+
+
+@dataclass(frozen=True)
+class Chart:
+    title: str
+    svg: str
+    caption: str
+
+
+def to_html(report: SimReport) -> str:
+    """The report as one self-contained HTML document; the same report, the same bytes."""
+    e = html.escape
+    title = _title(report)
+    # glyphs as paths (no font needed to read them); "$" in a policy name is no math
+    with matplotlib.rc_context({"svg.fonttype": "path", "text.parse_math": False, "font.size": 9}):
+        summary = [_slo_chart(report.results), _wait_chart(report.results)]
+        timelines = [_timeline_chart(r, i) for i, r in enumerate(report.results)]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        # belt and braces: the file may load nothing at all
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "style-src 'unsafe-inline'; img-src data:\">",
+        f"<title>{e(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+        "<h2>Scenario</h2>",
+        '<dl class="meta">',
+        *(
+            f"<dt>{e(str(k))}</dt><dd>{e(_text(v))}</dd>"
+            for k, v in sorted(report.scenario.items())
+        ),
+        "</dl>",
+        "<h2>Policies</h2>",
+        "<ul>",
+        *(f"<li><strong>{e(r.policy)}</strong>: {e(r.description)}</li>" for r in report.results),
+        "</ul>",
+        "<h2>Comparison</h2>",
+    ]
+    for grid in grids(report):
+        parts.append(_html_table(grid))
+    parts.append("<h2>Service and queues</h2>")
+    parts += [_figure(c) for c in summary]
+    parts.append("<h2>Over time</h2>")
+    parts += [_figure(c) for c in timelines]
+    parts.append("<h2>Decisions</h2>")
+    parts += [_decisions(r) for r in report.results]
+    parts += ["<footer>Generated by stb simulate.</footer>", "</body></html>"]
+    return "\n".join(parts) + "\n"
+
+
+def _text(value: Any) -> str:
+    """A scenario value as one line: mappings as "key value, ...", nested in parentheses."""
+    if isinstance(value, Mapping):
+        inner = [
+            f"{k} ({_text(v)})" if isinstance(v, Mapping) else f"{k} {_text(v)}"
+            for k, v in value.items()
+        ]
+        return ", ".join(inner) or "none"
+    if isinstance(value, list | tuple):
+        return ", ".join(_text(v) for v in value) or "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _html_table(grid: Grid) -> str:
+    e = html.escape
+
+    def head(i: int, text: str) -> str:
+        cls = ' class="num"' if grid.numeric(i) else ""
+        return f"<th{cls}>{'<br>'.join(e(line) for line in text.split(chr(10)))}</th>"
+
+    def cell(i: int, text: str) -> str:
+        return f'<td class="num">{e(text)}</td>' if grid.numeric(i) else f"<td>{e(text)}</td>"
+
+    heads = "".join(head(i, h) for i, h in enumerate(grid.headers))
+    rows = "".join(
+        "<tr>" + "".join(cell(i, c) for i, c in enumerate(row)) + "</tr>" for row in grid.rows
+    )
+    caption = f'<p class="caption">{e(grid.caption)}</p>' if grid.caption else ""
+    return (
+        f"<h3>{e(grid.title)}</h3><table><thead><tr>{heads}</tr></thead>"
+        f"<tbody>{rows}</tbody></table>{caption}"
+    )
+
+
+def _figure(chart: Chart) -> str:
+    e = html.escape
+    return (
+        f"<h3>{e(chart.title)}</h3>"
+        f"<figure>{chart.svg}<figcaption>{e(chart.caption)}</figcaption></figure>"
+    )
+
+
+def _decisions(result: PolicyResult) -> str:
+    e = html.escape
+    shown = result.decisions[:MAX_DECISIONS]
+    lines = [
+        f"{_clock(d.at_s)}  {d.kind:<8} {d.node:<8} {','.join(d.models) or '-'}  {d.reason}"
+        for d in shown
+    ]
+    more = len(result.decisions) - len(shown)
+    if more > 0:
+        lines.append(f"... and {more:,} more (the JSON has every decision the run kept)")
+    body = f"<pre>{e(chr(10).join(lines))}</pre>" if lines else "<p>no decisions</p>"
+    summary = (
+        f"{result.policy}: {len(result.decisions):,} decisions "
+        f"({result.lends:,} lends, {result.returns:,} returns)"
+    )
+    return f"<details><summary>{e(summary)}</summary>{body}</details>"
+
+
+def _clock(seconds: float) -> str:
+    """Simulated time as "Dd HH:MM:SS" from the start."""
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{days}d {hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+# -- charts -----------------------------------------------------------------------------
+
+
+def _svg(fig: Figure, salt: str) -> str:
+    buf = io.BytesIO()
+    # a salt per chart keeps the id="..." of clip paths distinct between the inline SVGs
+    with matplotlib.rc_context({"svg.hashsalt": salt}):
+        fig.savefig(buf, format="svg", metadata=_NO_METADATA)
+    text = buf.getvalue().decode("utf-8")
+    return text[text.index("<svg") :].strip()  # drop the XML prolog and doctype
+
+
+def _no_data(ax: Axes, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#888")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _grouped_bars(
+    ax: Axes, policies: Sequence[str], groups: Mapping[str, tuple[list[float], str]]
+) -> list[Any]:
+    """Bars per policy, one per group (label -> (values, colour)), side by side."""
+    width = 0.8 / max(1, len(groups))
+    containers = []
+    for i, (label, (values, colour)) in enumerate(groups.items()):
+        x = np.arange(len(policies)) + (i - (len(groups) - 1) / 2) * width
+        containers.append(ax.bar(x, values, width=width * 0.95, color=colour, label=label))
+    ax.set_xticks(range(len(policies)), list(policies))
+    ax.grid(axis="y", color="#e0e0e0")
+    ax.set_axisbelow(True)
+    return containers
+
+
+def _slo_chart(results: Sequence[PolicyResult]) -> Chart:
+    fig = Figure(figsize=(10, 3.4), layout="constrained")
+    ax = fig.subplots()
+    requests = [100 * r.within_share for r in results]
+    minutes = [100 * r.minutes_share for r in results]
+    low = min([*requests, *minutes], default=100.0)
+    # zoom in on the top of the scale (bars near 100% differ by little), on 5% steps
+    bottom = max(0.0, 5 * math.floor((low - max(1.0, (100 - low) / 2)) / 5))
+    if results:
+        bars = _grouped_bars(
+            ax,
+            [r.policy for r in results],
+            {
+                "requests within SLO": (requests, WORKLOAD_COLOURS["inference"]),
+                "minutes with p99 within SLO": (minutes, "#00695c"),
+            },
+        )
+        for container in bars:
+            ax.bar_label(container, fmt="%.2f%%", padding=2, fontsize=8)
+        ax.set_ylim(bottom, 101)
+        ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+        fig.legend(loc="outside upper right", ncols=2, frameon=False)
+    else:
+        _no_data(ax, "no policy in this report")
+    caption = (
+        "Per policy: the share of requests answered within their model's SLO, and of the "
+        "minutes (with requests) whose p99 met it, over all models."
+    )
+    if bottom > 0:
+        caption += f" The y axis starts at {bottom:g}%."
+    return Chart("Inference within SLO", _svg(fig, "slo"), caption)
+
+
+def _wait_chart(results: Sequence[PolicyResult]) -> Chart:
+    fig = Figure(figsize=(10, 3.4), layout="constrained")
+    ax = fig.subplots()
+    groups: dict[str, tuple[list[float], str]] = {}
+    for kind, colour in KIND_COLOURS.items():
+        qs = [r.queues.get(kind) for r in results]
+        groups[f"{kind} mean"] = ([q.wait_mean_s if q else 0.0 for q in qs], colour)
+        groups[f"{kind} p95"] = ([q.wait_p95_s if q else 0.0 for q in qs], colour + "80")
+    top = max((v for values, _ in groups.values() for v in values), default=0.0)
+    unit, per = (
+        ("hours", 3600.0) if top >= 3 * 3600 else ("minutes", 60.0) if top >= 180 else ("s", 1.0)
+    )
+    if results:
+        scaled = {k: ([v / per for v in values], c) for k, (values, c) in groups.items()}
+        bars = _grouped_bars(ax, [r.policy for r in results], scaled)
+        for container, values in zip(bars, (v for v, _ in groups.values()), strict=True):
+            ax.bar_label(container, labels=[human(v) for v in values], padding=2, fontsize=7)
+        ax.set_ylabel(f"wait ({unit})")
+        ax.set_ylim(0, top / per * 1.15 if top > 0 else 1.0)  # no waits at all: 0..1 s
+        fig.legend(loc="outside upper right", ncols=4, frameon=False)
+    else:
+        _no_data(ax, "no policy in this report")
+    caption = (
+        "Per policy: how long jobs waited in the queue before their first start, mean and "
+        "95th percentile (lighter), training and elastic. Jobs never started count until "
+        "the end of the run."
+    )
+    return Chart("Job queueing time", _svg(fig, "waits"), caption)
+
+
+def _timeline_chart(result: PolicyResult, index: int) -> Chart:
+    s = result.series
+    names = ("gpus_training", "gpus_elastic", "gpus_inference", "gpus_idle")
+    n = min((len(s.get(k, [])) for k in (*names, "worst_p99_over_slo", "lent_nodes")), default=0)
+    step = result.series_step_s
+    span = n * step
+    unit, per = ("days", 86400.0) if span > HOURS_UP_TO_S else ("hours", 3600.0)
+    x = (np.arange(n) + 1) * step / per  # each sample closes its step
+
+    # fixed margins, not the constrained layout: it draws every panel twice
+    fig = Figure(figsize=(10, 6.2))
+    fig.subplots_adjust(left=0.07, right=0.83, top=0.94, bottom=0.08, hspace=0.12)
+    use_ax, p99_ax, lent_ax = fig.subplots(
+        3, 1, sharex=True, gridspec_kw={"height_ratios": [2.2, 1.4, 1]}
+    )
+    if n == 0:
+        for ax in (use_ax, p99_ax, lent_ax):
+            _no_data(ax, "the run is shorter than one series step")
+    else:
+        stacks = [np.asarray(s[k][:n], dtype=float) for k in names]
+        use_ax.stackplot(
+            x,
+            *stacks,
+            colors=[WORKLOAD_COLOURS[u] for u in GPU_USES],
+            labels=list(GPU_USES),
+            linewidth=0,
+        )
+        use_ax.set_ylabel("GPUs")
+        use_ax.set_ylim(0, max(1.0, float(np.sum(stacks, axis=0).max())) * 1.02)
+        use_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        ratio = np.clip(np.asarray(s["worst_p99_over_slo"][:n], dtype=float), *RATIO_RANGE)
+        p99_ax.plot(x, ratio, color="#37474f", linewidth=0.8, label="worst p99 / SLO")
+        p99_ax.axhline(1.0, color=SLO_COLOUR, linestyle="--", linewidth=1, label="SLO")
+        p99_ax.set_yscale("log")
+        p99_ax.set_ylim(*RATIO_RANGE)
+        # plain numbers: math text is off ("$" in a name is no math), so no 10^k labels
+        p99_ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        p99_ax.yaxis.set_minor_formatter(NullFormatter())
+        p99_ax.set_ylabel("worst p99 / SLO")
+        p99_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        lent_ax.step(x, s["lent_nodes"][:n], where="post", color=LENT_COLOUR, linewidth=1)
+        lent_ax.set_ylabel("lent nodes")
+        lent_ax.set_ylim(0, max(1.0, max(s["lent_nodes"][:n])) * 1.15)
+        lent_ax.set_xlabel(f"simulated time ({unit})")
+        lent_ax.set_xlim(0, span / per)
+        for ax in (use_ax, p99_ax, lent_ax):
+            ax.grid(color="#e0e0e0")
+            ax.set_axisbelow(True)
+    fig.suptitle(f"{result.policy}: {result.description}", x=0.01, ha="left", fontsize=9)
+    caption = (
+        f"{result.policy}, one sample every {human(step)}: GPUs by use over all pools "
+        "(idle includes fenced), the worst model's p99 over its SLO (log scale, clipped to "
+        f"{RATIO_RANGE[0]:g}..{RATIO_RANGE[1]:g}; the dashed line is the SLO), and nodes "
+        "lent to inference."
+    )
+    return Chart(f"{result.policy} over time", _svg(fig, f"timeline-{index}"), caption)
