@@ -26,6 +26,7 @@ so missing metrics never cause a lend or a return.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from enum import StrEnum
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
@@ -72,12 +73,18 @@ def _severity(history: tuple[ModelSample, ...], model: ModelConfig) -> float:
     return (p99 or 0.0) / model.slo_p99_ms
 
 
-def _replicas(snapshot: Snapshot, model: str) -> int:
-    ready = sum(1 for r in snapshot.replicas if model in r.models)
-    in_flight = sum(
-        1 for lease in snapshot.leases if lease.state in IN_FLIGHT and model in lease.models
-    )
-    return ready + in_flight
+def _replica_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:
+    """Per model: the ready replicas that hold it, and the lends in flight that carry it
+    (each replica or lease counted once, however often it names the model). One pass over
+    the replicas and leases, whatever the number of models asked about."""
+    ready: Counter[str] = Counter()
+    for replica in snapshot.replicas:
+        ready.update(set(replica.models))
+    in_flight: Counter[str] = Counter()
+    for lease in snapshot.leases:
+        if lease.state in IN_FLIGHT:
+            in_flight.update(set(lease.models))
+    return ready, in_flight
 
 
 def _recently_requeued(node: NodeView, now: float, guard_s: float) -> bool:
@@ -88,13 +95,19 @@ def _recently_requeued(node: NodeView, now: float, guard_s: float) -> bool:
 
 
 def _work_lost(node: NodeView, now: float) -> float:
-    return sum(j.gpus * max(0.0, now - j.started_at) for j in node.jobs if j.started_at)
+    return sum(
+        j.gpus * max(0.0, now - j.started_at) for j in node.jobs if j.started_at is not None
+    )
 
 
 def choose_node(snapshot: Snapshot, config: BridgeConfig, now: float) -> NodeView | None:
-    """The cheapest node to lend, or None."""
+    """The cheapest node to lend, or None (the first of equal cost, as min() would).
+
+    A running minimum rather than a list of every candidate: at fleet size that list held
+    thousands of tuples alive at once, which set off full garbage collections of the whole
+    snapshot (tens of ms each) every few lending ticks."""
     leased = {lease.node for lease in snapshot.leases}
-    candidates = []
+    best: tuple[tuple[int, int, float, str], NodeView] | None = None
     for node in snapshot.nodes:
         pool = config.pools.get(node.pool)
         if pool is None or pool.lend_mode not in LENDABLE:
@@ -107,8 +120,10 @@ def choose_node(snapshot: Snapshot, config: BridgeConfig, now: float) -> NodeVie
             continue
         busy = 1 if node.jobs else 0
         lost = _work_lost(node, now) if pool.lend_mode == "preempt" else 0.0
-        candidates.append(((busy, pool.cost_rank, lost, node.name), node))
-    return min(candidates, key=lambda c: c[0])[1] if candidates else None
+        cost = (busy, pool.cost_rank, lost, node.name)
+        if best is None or cost < best[0]:
+            best = (cost, node)
+    return best[1] if best is not None else None
 
 
 def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]:
@@ -156,13 +171,15 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
             actions.append(Return(lease.lease_id, "models calm: " + ",".join(lease.models)))
             return actions  # one change per tick
 
+    breach = [name for name, st in status.items() if st == ModelStatus.BREACH]
+    # Counted once per tick (not per breaching model), and only in a tick that needs them.
+    ready, in_flight = _replica_counts(snapshot) if breach else (Counter(), Counter())
     breaching = [
         name
-        for name, st in status.items()
-        if st == ModelStatus.BREACH
-        and _replicas(snapshot, name) < config.models[name].max_replicas
+        for name in breach
+        if ready[name] + in_flight[name] < config.models[name].max_replicas
         and now - snapshot.last_lend_at.get(name, -math.inf) >= policy.scale_out_cooldown_s
-        and not any(lease.state in IN_FLIGHT and name in lease.models for lease in snapshot.leases)
+        and not in_flight[name]
     ]
     open_leases = sum(1 for lease in snapshot.leases if lease.lease_id not in abandoned)
     if breaching and open_leases < policy.max_lent_nodes:

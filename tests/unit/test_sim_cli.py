@@ -17,7 +17,7 @@ from bridge.sim.cli import ALIBABA_TRACE, AZURE_TRACE, default_trace, model_rate
 from bridge.sim.policies import POLICIES
 
 RUN = CliRunner()
-SMALL = ["simulate", "--days", "0.05", "--nodes", "16", "--models", "2"]
+SMALL = ["simulate", "--days", "0.05", "--nodes", "16", "--models", "2", "--mean-rps", "150"]
 SYNTHETIC = ["--arrivals", "synthetic", "--jobs", "synthetic"]
 TRACES = default_trace(AZURE_TRACE).is_file() and default_trace(ALIBABA_TRACE).is_file()
 

@@ -1,0 +1,373 @@
+"""The policy at fleet scale: the cost of one `bridge.policy.decide` call on a synthetic
+snapshot of `--nodes` nodes, `--instances` Triton instances and `--models` models, beside
+the floor of touching the same data once (the baseline), measured in the same run.
+
+Part `decide` builds, seeded and deterministic, a snapshot as the reconciler would:
+
+- the default pools (training: drain, elastic: preempt, inference: reserved); `--instances`
+  reserved inference nodes, each with a Triton job and a baseline replica (`ReplicaView`);
+  the other nodes split 60/40 between training and elastic, 1% of them down, 5% idle, the
+  rest running jobs (training: one 8-GPU job started up to three days ago; elastic: 1-4
+  jobs, 12% of them requeued, half of those within the preemption guard);
+- every model on 1-4 baseline replicas chosen at random (about 12 models per replica at
+  the default sizes), max_replicas 0-6 above that, an SLO of 20 ms to 1 s;
+- `max(breach_evaluations, calm_evaluations)` samples per model, 5 s apart: about 70%
+  steady (p99 between the watermarks, a few with a one-tick spike over the SLO), 20% calm
+  (p99 under the low watermark, or no requests at all), 2% without data (no scrape);
+- open leases (nodes / 500, at least 5): serving ones with steady models, in-flight ones
+  (requested, submitted, starting) carrying models that breach in case (b); `last_lend_at`
+  for about 10% of the models, within the scale-out cooldown for some breaching ones;
+- `max_lent_nodes` = nodes / 100 (at least 8), so the lend cap leaves room for a lend.
+
+Three cases share the nodes, replicas and leases and differ in the latest samples:
+  quiet   nothing breaches, no serving lease is calm: decide returns no action
+  breach  models / 200 (at least 8) models breach: some filtered (a lend in flight, the
+          cooldown, max_replicas reached), the rest go on one node: a Lend (choose_node
+          runs over every node)
+  calm    the models of one serving lease, past its scale-in cooldown, are calm: a Return
+Each is timed `--repeat` times (time.perf_counter, one untimed warm-up), alternating with
+the baseline: a plain loop that reads every node's pool, usable and has_triton and every
+model's last sample, what any decide must at least read. Printed: median and p95 of each,
+and decide's median as a ratio to the baseline's; the build time of the config and of the
+snapshot views, for context; "check: ok" when each case gave the action it was built for
+(else exit 1).
+
+No lab needed. Usage:
+    .venv/bin/python bench/simulate.py [--part all|decide] [--nodes 10000]
+        [--instances 1000] [--models 5000] [--repeat 30] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from functools import partial
+
+from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
+from bridge.policy import (
+    Action,
+    JobView,
+    LeaseView,
+    Lend,
+    ModelSample,
+    NodeView,
+    ReplicaView,
+    Return,
+    Snapshot,
+    decide,
+)
+
+NOW = 1_800_000_000.0
+TICK = 5.0
+SLOS = (20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    snapshot: Snapshot
+    #: the action the case was built to produce (None: no action at all)
+    expect: type[Action] | None
+
+
+@dataclass(frozen=True)
+class Fleet:
+    config: BridgeConfig
+    cases: tuple[Case, ...]
+    config_s: float
+    snapshot_s: float
+    jobs: int
+    samples: int
+    leases: int
+
+
+def _models(n: int, instances: int, rng: random.Random) -> dict[str, ModelConfig]:
+    models = {}
+    for i in range(n):
+        low = min(rng.choice((1, 2, 2, 3, 3, 4)), instances)
+        models[f"model-{i:05d}"] = ModelConfig(
+            slo_p99_ms=rng.choice(SLOS), min_replicas=low, max_replicas=low + rng.randint(0, 6)
+        )
+    return models
+
+
+def _history(
+    model: ModelConfig, policy: PolicyConfig, kind: str, rng: random.Random
+) -> tuple[ModelSample, ...]:
+    """`kind`: steady, spike (steady with one sample over the SLO), calm, idle (calm, no
+    requests), nodata, breach (steady, then breach_evaluations samples over the SLO)."""
+    n = max(policy.breach_evaluations, policy.calm_evaluations)
+    slo = model.slo_p99_ms
+    out = []
+    for i in range(n):
+        at = NOW - (n - 1 - i) * TICK
+        if kind == "nodata":
+            out.append(ModelSample(at, None, None))
+            continue
+        if kind == "idle":
+            out.append(ModelSample(at, None, 0.0, 0.0, None))
+            continue
+        rate = rng.uniform(1.0, 500.0)
+        if kind == "calm":
+            p99 = slo * rng.uniform(0.05, 0.45)
+        elif (kind == "breach" and i >= n - policy.breach_evaluations) or (
+            kind == "spike" and i == n - 1
+        ):
+            p99 = slo * rng.uniform(1.2, 3.0)
+        else:
+            p99 = slo * rng.uniform(0.55, 0.95)
+        out.append(ModelSample(at, p99, rate, 0.0, p99 * rng.uniform(0.55, 0.7)))
+    return tuple(out)
+
+
+def _jobs(pool: str, rng: random.Random, policy: PolicyConfig, ids: Iterator[int]) -> list[JobView]:
+    if pool == "training":
+        return [JobView(str(next(ids)), 8, NOW - rng.uniform(600, 3 * 86400))]
+    jobs = []
+    for _ in range(rng.randint(1, 4)):
+        if rng.random() < 0.12:  # requeued; half of them within the preemption guard
+            guard = policy.preempt_guard_s
+            submitted = NOW - (rng.uniform(10, guard) if rng.random() < 0.5 else guard * 2)
+            started = min(NOW, submitted + rng.uniform(5, 60))
+            restarts = rng.randint(1, 3)
+            jobs.append(JobView(str(next(ids)), rng.choice((1, 2)), started, restarts, submitted))
+        else:
+            started = NOW - rng.uniform(60, 86400)
+            jobs.append(JobView(str(next(ids)), rng.choice((1, 2, 4)), started))
+    return jobs
+
+
+def build_fleet(nodes: int, instances: int, n_models: int, seed: int) -> Fleet:
+    rng = random.Random(seed)
+    if nodes < instances + 10 or instances < 1 or n_models < 10:
+        raise SystemExit("need nodes >= instances + 10, instances >= 1, models >= 10")
+
+    start = time.perf_counter()
+    policy = PolicyConfig(max_lent_nodes=max(8, nodes // 100))
+    config = BridgeConfig(models=_models(n_models, instances, rng), policy=policy)
+    config_s = time.perf_counter() - start
+
+    names = list(config.models)
+    order = names[:]
+    rng.shuffle(order)
+    n_breach = max(8, n_models // 200)
+    n_leases = max(5, nodes // 500)
+    # The breaching models: all but one with room below max_replicas.
+    models = config.models
+    room = [m for m in order if models[m].max_replicas > models[m].min_replicas]
+    full = [m for m in order if models[m].max_replicas == models[m].min_replicas][:1]
+    breach = room[: n_breach - len(full)] + full
+    chosen = set(breach)
+    rest = [m for m in order if m not in chosen]
+    n_calm = len(rest) // 5
+    calm, rest = rest[:n_calm], rest[n_calm:]
+    n_nodata = len(rest) // 50
+    nodata, steady = set(rest[:n_nodata]), rest[n_nodata:]
+    calm_set = set(calm)
+
+    start = time.perf_counter()
+    # Nodes: the reserved ones first, then training and elastic.
+    node_list: list[NodeView] = [
+        NodeView(f"inf-{i:05d}", "inference", True, 4, has_triton=True) for i in range(instances)
+    ]
+    ids = itertools.count(1000)
+    jobs = 0
+    for i in range(nodes - instances):
+        pool = "training" if rng.random() < 0.6 else "elastic"
+        usable = rng.random() >= 0.01
+        node_jobs = _jobs(pool, rng, policy, ids) if usable and rng.random() >= 0.05 else []
+        jobs += len(node_jobs)
+        node_list.append(NodeView(f"{pool[:3]}-{i:05d}", pool, usable, 8, tuple(node_jobs)))
+
+    # Baseline replicas: each model on min_replicas reserved nodes.
+    placed: list[list[str]] = [[] for _ in range(instances)]
+    for name in names:
+        for slot in rng.sample(range(instances), config.models[name].min_replicas):
+            placed[slot].append(name)
+    replicas = [ReplicaView(node_list[i].name, tuple(placed[i])) for i in range(instances)]
+
+    # Leases on busy lendable nodes: serving ones hold steady models, in-flight ones carry
+    # models that breach in case (b) (the load rose again while the lend was on its way).
+    lendable = [i for i, n in enumerate(node_list) if n.pool != "inference" and n.usable and n.jobs]
+    lease_nodes = rng.sample(lendable, n_leases)
+    states = ("serving", "serving", "starting", "submitted", "requested")
+    leases: list[LeaseView] = []
+    last_lend_at: dict[str, float] = {
+        name: NOW - rng.uniform(600, 86400) for name in names if rng.random() < 0.1
+    }
+    steady_pool = iter(steady)
+    carried = iter(breach)
+    n_carried = 0
+    for k, idx in enumerate(lease_nodes):
+        node = node_list[idx]
+        state = states[k % len(states)]
+        mode = "drain" if node.pool == "training" else "preempt"
+        lease_id = 100 + k
+        if state == "serving":  # past its scale-in cooldown
+            on_lease = tuple(next(steady_pool) for _ in range(rng.randint(1, 3)))
+            since = NOW - policy.scale_in_cooldown_s - rng.uniform(600, 7200)
+            created = since - rng.uniform(30, 300)
+            replicas.append(ReplicaView(node.name, on_lease, lease_id))
+            node_list[idx] = replace(node, jobs=(), has_triton=True)
+        else:
+            on_lease = (next(carried),)
+            n_carried += 1
+            since = None
+            created = NOW - rng.uniform(5, min(120, policy.drain_wait_s))
+            node_list[idx] = replace(node, has_triton=state == "starting")
+        for m in on_lease:
+            last_lend_at[m] = created
+        leases.append(
+            LeaseView(lease_id, node.name, node.pool, mode, state, on_lease, created, since)
+        )
+    # Two breaching models lent to recently: inside the scale-out cooldown.
+    for m in breach[n_carried:][:2]:
+        last_lend_at[m] = NOW - policy.scale_out_cooldown_s / 2
+
+    history: dict[str, tuple[ModelSample, ...]] = {}
+    for name in names:
+        model = config.models[name]
+        if name in nodata:
+            kind = "nodata"
+        elif name in calm_set:
+            kind = "idle" if rng.random() < 0.1 else "calm"
+        else:
+            kind = "spike" if rng.random() < 0.05 else "steady"
+        history[name] = _history(model, policy, kind, rng)
+    quiet = Snapshot(tuple(node_list), tuple(replicas), history, tuple(leases), last_lend_at)
+    snapshot_s = time.perf_counter() - start
+
+    breaching = dict(history)
+    for name in breach:
+        breaching[name] = _history(config.models[name], policy, "breach", rng)
+    # Case (c) calms the lease that began serving last: decide looks at every other
+    # serving lease (oldest first) before it.
+    serving = [lease for lease in leases if lease.state == "serving"]
+    newest = max(serving, key=lambda lease: lease.serving_since or 0.0)
+    calmed = dict(history)
+    for name in newest.models:
+        calmed[name] = _history(config.models[name], policy, "calm", rng)
+    cases = (
+        Case("quiet", quiet, None),
+        Case("breach", replace(quiet, history=breaching), Lend),
+        Case("calm", replace(quiet, history=calmed), Return),
+    )
+    samples = sum(len(h) for h in history.values())
+    return Fleet(config, cases, config_s, snapshot_s, jobs, samples, len(leases))
+
+
+def floor(snapshot: Snapshot, models: list[str]) -> int:
+    """The baseline: read every node's pool, usable and has_triton, and every model's last
+    sample, once."""
+    seen = 0
+    for node in snapshot.nodes:
+        if node.pool and node.usable and not node.has_triton:
+            seen += 1
+    history = snapshot.history
+    for name in models:
+        h = history.get(name)
+        if h and h[-1].p99_ms is not None:
+            seen += 1
+    return seen
+
+
+def _time(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _p95(ts: list[float]) -> float:
+    if len(ts) < 2:
+        return ts[0]
+    return statistics.quantiles(ts, n=20, method="inclusive")[-1]
+
+
+def _describe(actions: list[Action]) -> str:
+    if not actions:
+        return "no action"
+    parts = []
+    for a in actions:
+        if isinstance(a, Lend):
+            parts.append(f"Lend {a.node} ({a.lend_mode}, {len(a.models)} models)")
+        elif isinstance(a, Return):
+            parts.append(f"Return lease {a.lease_id}")
+        else:
+            parts.append(f"StartBaseline {a.node}")
+    return ", ".join(parts)
+
+
+def part_decide(args: argparse.Namespace) -> int:
+    """Time decide on the three cases beside the floor; 0 when every case gave its action."""
+    fleet = build_fleet(args.nodes, args.instances, args.models, args.seed)
+    config = fleet.config
+    names = list(config.models)
+    quiet = fleet.cases[0].snapshot
+    print(
+        f"decide: {len(quiet.nodes):,} nodes ({args.instances:,} reserved with a baseline "
+        f"replica), {fleet.jobs:,} jobs, {len(quiet.replicas):,} replicas, {len(names):,} "
+        f"models, {fleet.leases} leases, {fleet.samples:,} samples; {args.repeat} repeats"
+    )
+    print(
+        f"build: config {fleet.config_s * 1e3:.1f} ms, snapshot views "
+        f"{fleet.snapshot_s * 1e3:.1f} ms"
+    )
+    print(
+        f"{'case':<7} {'decide median':>13} {'p95':>9} {'floor median':>13} {'p95':>9}"
+        f" {'ratio':>7}  actions"
+    )
+    bad = []
+    for case in fleet.cases:
+        snapshot = case.snapshot
+        gc.collect()  # the build's garbage is not decide's
+        actions = decide(snapshot, config, NOW)  # warm-up, and the check
+        floor(snapshot, names)
+        got = [type(a) for a in actions]
+        if got != ([case.expect] if case.expect else []):
+            bad.append(f"{case.name}: {_describe(actions)}")
+        dt: list[float] = []
+        ft: list[float] = []
+        for _ in range(args.repeat):
+            ft.append(_time(partial(floor, snapshot, names)))
+            dt.append(_time(partial(decide, snapshot, config, NOW)))
+        d, f = statistics.median(dt), statistics.median(ft)
+        print(
+            f"{case.name:<7} {d * 1e3:>10.2f} ms {_p95(dt) * 1e3:>6.2f} ms"
+            f" {f * 1e3:>10.2f} ms {_p95(ft) * 1e3:>6.2f} ms {d / f:>6.1f}x  {_describe(actions)}"
+        )
+    if bad:
+        print("check: FAILED: " + "; ".join(bad))
+        return 1
+    print("check: ok")
+    return 0
+
+
+#: the parts, in the order `--part all` runs them
+PARTS: dict[str, Callable[[argparse.Namespace], int]] = {"decide": part_decide}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--part", choices=["all", *PARTS], default="all")
+    ap.add_argument("--nodes", type=int, default=10_000)
+    ap.add_argument("--instances", type=int, default=1_000, help="reserved nodes = replicas")
+    ap.add_argument("--models", type=int, default=5_000)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    rc = 0
+    for name, part in PARTS.items():
+        if args.part in ("all", name):
+            rc = max(rc, part(args))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Smoke test of bench/simulate.py: its decide part on a tiny fleet builds the three cases,
+times them beside the baseline, and its own check (each case gave the action it was built
+for) passes."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+
+import pytest
+
+from bridge.paths import project_root
+
+
+def _bench() -> ModuleType:
+    path = project_root() / "bench" / "simulate.py"
+    spec = importlib.util.spec_from_file_location("bench_simulate", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(60)
+def test_bench_simulate_decide_small_run_checks_ok(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--part", "decide", "--nodes", "50", "--instances", "5", "--models", "20"]
+    rc = _bench().main([*argv, "--repeat", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "check: ok" in out
+    assert "build: config" in out and "snapshot views" in out
+    for case, action in (("quiet", "no action"), ("breach", "Lend "), ("calm", "Return lease")):
+        (line,) = [ln for ln in out.splitlines() if ln.startswith(case + " ")]
+        # decide median and p95, the baseline's median and p95, the ratio, the actions
+        assert line.count(" ms") == 4 and "x  " + action in line, line
