@@ -95,9 +95,7 @@ def _recently_requeued(node: NodeView, now: float, guard_s: float) -> bool:
 
 
 def _work_lost(node: NodeView, now: float) -> float:
-    return sum(
-        j.gpus * max(0.0, now - j.started_at) for j in node.jobs if j.started_at is not None
-    )
+    return sum(j.gpus * max(0.0, now - j.started_at) for j in node.jobs if j.started_at is not None)
 
 
 def choose_node(snapshot: Snapshot, config: BridgeConfig, now: float) -> NodeView | None:

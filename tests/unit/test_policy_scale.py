@@ -78,9 +78,7 @@ def ref_recently_requeued(node: NodeView, now: float, guard_s: float) -> bool:
 
 
 def ref_work_lost(node: NodeView, now: float) -> float:
-    return sum(
-        j.gpus * max(0.0, now - j.started_at) for j in node.jobs if j.started_at is not None
-    )
+    return sum(j.gpus * max(0.0, now - j.started_at) for j in node.jobs if j.started_at is not None)
 
 
 def ref_choose_node(snapshot: Snapshot, config: BridgeConfig, now: float) -> NodeView | None:
