@@ -35,3 +35,18 @@ def test_bench_simulate_decide_small_run_checks_ok(capsys: pytest.CaptureFixture
         (line,) = [ln for ln in out.splitlines() if ln.startswith(case + " ")]
         # decide median and p95, the baseline's median and p95, the ratio, the actions
         assert line.count(" ms") == 4 and "x  " + action in line, line
+
+
+@pytest.mark.timeout(120)
+def test_bench_simulate_sim_part_prints_both_policies(capsys: pytest.CaptureFixture[str]) -> None:
+    from bridge.sim.cli import AZURE_TRACE, default_trace
+
+    if not default_trace(AZURE_TRACE).is_file():
+        pytest.skip("the shared traces are not next to the checkout")
+    rc = _bench().main(["--part", "sim", "--sim-nodes", "256", "--sim-days", "0.02"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rows = [ln.split() for ln in out.splitlines() if ln.lstrip().startswith("256")]
+    assert [r[3] for r in rows] == ["separate-peak", "bridge"], out
+    assert rows[0][-1] == "1.00x" and float(rows[1][-1].rstrip("x")) > 0
+    assert float(rows[1][5]) > 0  # simulated days per wall second
