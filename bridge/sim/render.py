@@ -32,7 +32,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
 from rich.table import Table
 
 from accounting.html import WORKLOAD_COLOURS
-from bridge.sim.result import PolicyResult, QueueOutcome, SimReport
+from bridge.sim.result import USES, PolicyResult, QueueOutcome, SimReport
 
 #: the policy the others are compared against (as Lyra compares against separate pools)
 BASELINE = "separate-peak"
@@ -214,10 +214,38 @@ def grids(report: SimReport) -> list[Grid]:
             "completion: mean submit to end of finished jobs",
         ),
     ]
+    out.append(pool_grid(report))
     ratios = ratio_grid(report)
     if ratios is not None:
         out.append(ratios)
     return out
+
+
+def pool_grid(report: SimReport) -> Grid:
+    """GPU allocation by pool: one row per policy and pool, GPU-hours by use."""
+    rows = []
+    for r in report.results:
+        order = [*POOL_LABELS, *sorted(set(r.gpu_hours) - set(POOL_LABELS))]
+        for pool in (p for p in order if p in r.gpu_hours):
+            uses = r.gpu_hours[pool]
+            total = sum(uses.values())
+            busy = total - uses.get("idle", 0.0) - uses.get("fenced", 0.0)
+            rows.append(
+                (
+                    r.policy,
+                    pool,
+                    *(f"{uses.get(u, 0.0):,.0f}" for u in USES),
+                    f"{100 * busy / total:.1f}%" if total else "-",
+                )
+            )
+    return Grid(
+        "GPU allocation by pool (GPU-hours)",
+        ("policy", "pool", *USES, "busy"),
+        tuple(rows),
+        "fenced: GPUs held by the bridge's drain fence and not in use; a lent node's GPUs "
+        "count as inference in the pool that owns the node",
+        text_columns=2,
+    )
 
 
 def ratio_grid(report: SimReport) -> Grid | None:

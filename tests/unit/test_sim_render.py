@@ -26,7 +26,7 @@ from rich.console import Console
 from accounting.html import WORKLOAD_COLOURS
 from bridge.sim import render
 from bridge.sim.policies import POLICIES, Scenario, compare, size
-from bridge.sim.result import Decision, SimReport
+from bridge.sim.result import USES, Decision, SimReport
 from bridge.sim.workload import synthetic_jobs, synthetic_series
 
 HORIZON_S = 0.1 * 86400
@@ -73,8 +73,11 @@ def _text(report: SimReport) -> str:
 def test_the_tables_have_a_row_per_policy_and_the_ratios(report: SimReport) -> None:
     assert [r.policy for r in report.results] == list(POLICIES)
     tables = render.tables(report)
-    assert len(tables) == 3
-    assert all(t.row_count == len(POLICIES) for t in tables)
+    assert len(tables) == 4
+    service, queues, pools, ratios = tables
+    assert all(t.row_count == len(POLICIES) for t in (service, queues, ratios))
+    # a row per policy and pool it has
+    assert pools.row_count == sum(len(r.gpu_hours) for r in report.results)
     text = _text(report)
     for policy in POLICIES:
         assert text.count(policy) >= 3
@@ -87,7 +90,7 @@ def test_the_tables_have_a_row_per_policy_and_the_ratios(report: SimReport) -> N
 def test_no_ratio_table_without_the_baseline(report: SimReport) -> None:
     others = SimReport(report.scenario, [r for r in report.results if r.policy != "separate-peak"])
     assert render.ratio_grid(others) is None
-    assert len(render.tables(others)) == 2
+    assert len(render.tables(others)) == 3
     alone = SimReport(report.scenario, report.results[:1])
     assert render.ratio_grid(alone) is None
 
@@ -101,6 +104,12 @@ def test_the_numbers_add_up(report: SimReport) -> None:
         # the whole fleet's GPU-hours: nodes x GPUs x horizon
         assert math.isclose(every, NODES * 8 * HORIZON_S / 3600, rel_tol=1e-6)
         assert 0 < render.utilisation(r) <= 1
+    # the pool table's rows are the result's own GPU-hours, pool by pool
+    grid = render.pool_grid(report)
+    for policy, pool, *cells in grid.rows:
+        r = next(x for x in report.results if x.policy == policy)
+        for use, cell in zip(USES, cells, strict=False):
+            assert cell == f"{r.gpu_hours[pool][use]:,.0f}"
     bridge = next(r for r in report.results if r.policy == "bridge")
     assert bridge.lends > 0  # the bursts make the bridge lend
 
