@@ -212,7 +212,9 @@ def _x_ticks(ax: Axes, periods: Sequence[str], step: str) -> None:
     ax.set_xlim(-0.6, len(periods) - 0.4)
 
 
-def _svg(fig: Figure, salt: str) -> str:
+def svg(fig: Figure, salt: str) -> str:
+    """The figure as inline SVG, deterministic (no metadata, hash salt per chart); the
+    simulator's report draws with it too."""
     buf = io.BytesIO()
     # a salt per chart keeps the id="..." of clip paths distinct between the inline SVGs
     with matplotlib.rc_context({"svg.hashsalt": salt}):
@@ -221,7 +223,7 @@ def _svg(fig: Figure, salt: str) -> str:
     return text[text.index("<svg") :].strip()  # drop the XML prolog and doctype
 
 
-def _no_data(ax: Axes, text: str) -> None:
+def no_data(ax: Axes, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#888")
     ax.set_xticks([])
     ax.set_yticks([])
@@ -261,7 +263,7 @@ def _team_day_chart(engine: Engine, report: Report) -> Chart:
     fig = Figure(figsize=(10, 0.9 + 1.45 * max(1, len(groups))), layout="constrained")
     axes = fig.subplots(max(1, len(groups)), 1, sharex=True, squeeze=False)[:, 0]
     if not groups:
-        _no_data(axes[0], "no GPU-hours in this window")
+        no_data(axes[0], "no GPU-hours in this window")
     for ax, (label, per_wl) in zip(axes, groups, strict=False):
         bottom = [0.0] * len(days)
         for wl in order:
@@ -287,7 +289,7 @@ def _team_day_chart(engine: Engine, report: Report) -> Chart:
         caption += f" Teams beyond the {MAX_TEAM_PANELS} largest share one panel."
     if report.filters:
         caption += " Narrowed by the report's filters."
-    return Chart("GPU-hours per team per day, by workload", _svg(fig, "team-day"), caption)
+    return Chart("GPU-hours per team per day, by workload", svg(fig, "team-day"), caption)
 
 
 def _utilization_chart(engine: Engine, report: Report) -> Chart:
@@ -305,7 +307,7 @@ def _utilization_chart(engine: Engine, report: Report) -> Chart:
     fig = Figure(figsize=(10, 3.6), layout="constrained")
     ax = fig.subplots()
     if not by_pool:
-        _no_data(ax, "no capacity or allocation in this window")
+        no_data(ax, "no capacity or allocation in this window")
     for i, (pool, values) in enumerate(sorted(by_pool.items())):
         ax.plot(
             range(len(periods)),
@@ -330,7 +332,7 @@ def _utilization_chart(engine: Engine, report: Report) -> Chart:
     )
     if report.filters:
         caption += " The whole fleet: the report's filters do not apply to this chart."
-    return Chart(f"Utilization by pool, per {step}", _svg(fig, "utilization"), caption)
+    return Chart(f"Utilization by pool, per {step}", svg(fig, "utilization"), caption)
 
 
 def _team_cost_chart(engine: Engine, report: Report, rates: RateBook | None) -> Chart:
@@ -354,7 +356,7 @@ def _team_cost_chart(engine: Engine, report: Report, rates: RateBook | None) -> 
     fig = Figure(figsize=(10, max(2.2, 0.8 + 0.38 * len(items))), layout="constrained")
     ax = fig.subplots()
     if not items:
-        _no_data(ax, "no GPU-hours in this window")
+        no_data(ax, "no GPU-hours in this window")
     else:
         colours = [WORKLOAD_COLOURS["idle"] if idle else COST_COLOUR for _, _, idle in items]
         bars = ax.barh([label for label, _, _ in items], [v for _, v, _ in items], color=colours)
@@ -377,4 +379,4 @@ def _team_cost_chart(engine: Engine, report: Report, rates: RateBook | None) -> 
         caption = "No rates are defined, so this chart shows GPU-hours by team instead of cost."
     if report.filters:
         caption += " Narrowed by the report's filters."
-    return Chart(title, _svg(fig, "team-cost"), caption)
+    return Chart(title, svg(fig, "team-cost"), caption)

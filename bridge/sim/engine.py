@@ -182,11 +182,13 @@ class Engine:
         runs = {
             j.job_id: JobRun(j, j.kind, j.submit_s, submitted_at=j.submit_s) for j in setup.jobs
         }
-        partitions = {n.partition for n in setup.nodes if n.partition}
+        #: the run's own nodes (a Setup can be run again: its nodes are only a plan)
+        self.nodes = [SimNode(n.index, n.name, n.pool, n.partition, n.gpus) for n in setup.nodes]
+        partitions = {n.partition for n in self.nodes if n.partition}
         for run in runs.values():
             if run.partition not in partitions:
                 raise ValueError(f"job {run.job.job_id}: no {run.partition} nodes in the fleet")
-        self.by_name = {n.name: n for n in setup.nodes}
+        self.by_name = {n.name: n for n in self.nodes}
         self.arrival_order = sorted(runs.values(), key=lambda r: (r.job.submit_s, r.job.job_id))
         self.next_arrival = 0
         self.events: list[tuple[float, int, str, object]] = []
@@ -203,20 +205,20 @@ class Engine:
         self.groups: dict[tuple[str, ...], Group] = {}
         reserved = {p for p, pc in cfg.pools.items() if pc.lend_mode == "reserved"}
         self.baseline = tuple(sorted(self.models))
-        for node in setup.nodes:
+        for node in self.nodes:
             if node.pool in reserved:
                 node.triton = True
-        self.fleet = Fleet(setup.nodes, runs, setup.timing.requeue_delay_s)
+        self.fleet = Fleet(self.nodes, runs, setup.timing.requeue_delay_s)
         #: parallel model instances on one replica (one per GPU)
-        self.replica_gpus = setup.replica_servers or max((n.gpus for n in setup.nodes), default=1)
-        for node in setup.nodes:
+        self.replica_gpus = setup.replica_servers or max((n.gpus for n in self.nodes), default=1)
+        for node in self.nodes:
             if node.pool in reserved:
                 self._join(self.baseline, 1)
         self.replica_views: list[ReplicaView] = [
-            ReplicaView(n.name, self.baseline) for n in setup.nodes if n.pool in reserved
+            ReplicaView(n.name, self.baseline) for n in self.nodes if n.pool in reserved
         ]
         #: NodeViews of the nodes in the policy's pools, rebuilt only when a node changes
-        self.policy_nodes = [n for n in setup.nodes if n.pool in cfg.pools]
+        self.policy_nodes = [n for n in self.nodes if n.pool in cfg.pools]
         self.view_at = {n.index: i for i, n in enumerate(self.policy_nodes)}
         self.views: list[NodeView] = [self._node_view(n) for n in self.policy_nodes]
         self.stale: set[int] = set()
@@ -619,7 +621,7 @@ class Engine:
 
     def _result(self, wall_s: float) -> PolicyResult:
         pools: dict[str, int] = {}
-        for node in self.s.nodes:
+        for node in self.nodes:
             pools[node.pool] = pools.get(node.pool, 0) + 1
         gpu_hours = {
             pool: {use: s / 3600.0 for use, s in uses.items()}

@@ -17,7 +17,6 @@ The tables and the page show the same cells: both are drawn from `grids(report)`
 from __future__ import annotations
 
 import html
-import io
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
 from rich.table import Table
 
-from accounting.html import WORKLOAD_COLOURS
+from accounting.html import WORKLOAD_COLOURS, no_data, svg
 from bridge.sim.result import USES, PolicyResult, QueueOutcome, SimReport
 
 #: the policy the others are compared against (as Lyra compares against separate pools)
@@ -343,7 +342,6 @@ def to_json(report: SimReport) -> str:
 # -- HTML -------------------------------------------------------------------------------
 
 #: no <metadata> block (it carries a date and URLs)
-_NO_METADATA: dict[str, Any] = {"Creator": None, "Date": None, "Format": None, "Type": None}
 
 _CSS = """
 body { font-family: "DejaVu Sans", Verdana, Arial, sans-serif; margin: 2em auto;
@@ -490,21 +488,6 @@ def _clock(seconds: float) -> str:
 # -- charts -----------------------------------------------------------------------------
 
 
-def _svg(fig: Figure, salt: str) -> str:
-    buf = io.BytesIO()
-    # a salt per chart keeps the id="..." of clip paths distinct between the inline SVGs
-    with matplotlib.rc_context({"svg.hashsalt": salt}):
-        fig.savefig(buf, format="svg", metadata=_NO_METADATA)
-    text = buf.getvalue().decode("utf-8")
-    return text[text.index("<svg") :].strip()  # drop the XML prolog and doctype
-
-
-def _no_data(ax: Axes, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#888")
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
 def _grouped_bars(
     ax: Axes, policies: Sequence[str], groups: Mapping[str, tuple[list[float], str]]
 ) -> list[Any]:
@@ -543,14 +526,14 @@ def _slo_chart(results: Sequence[PolicyResult]) -> Chart:
         ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
         fig.legend(loc="outside upper right", ncols=2, frameon=False)
     else:
-        _no_data(ax, "no policy in this report")
+        no_data(ax, "no policy in this report")
     caption = (
         "Per policy: the share of requests answered within their model's SLO, and of the "
         "minutes (with requests) whose p99 met it, over all models."
     )
     if bottom > 0:
         caption += f" The y axis starts at {bottom:g}%."
-    return Chart("Inference within SLO", _svg(fig, "slo"), caption)
+    return Chart("Inference within SLO", svg(fig, "slo"), caption)
 
 
 def _wait_chart(results: Sequence[PolicyResult]) -> Chart:
@@ -574,13 +557,13 @@ def _wait_chart(results: Sequence[PolicyResult]) -> Chart:
         ax.set_ylim(0, top / per * 1.15 if top > 0 else 1.0)  # no waits at all: 0..1 s
         fig.legend(loc="outside upper right", ncols=4, frameon=False)
     else:
-        _no_data(ax, "no policy in this report")
+        no_data(ax, "no policy in this report")
     caption = (
         "Per policy: how long jobs waited in the queue before their first start, mean and "
         "95th percentile (lighter), training and elastic. Jobs never started count until "
         "the end of the run."
     )
-    return Chart("Job queueing time", _svg(fig, "waits"), caption)
+    return Chart("Job queueing time", svg(fig, "waits"), caption)
 
 
 def _timeline_chart(result: PolicyResult, index: int) -> Chart:
@@ -600,7 +583,7 @@ def _timeline_chart(result: PolicyResult, index: int) -> Chart:
     )
     if n == 0:
         for ax in (use_ax, p99_ax, lent_ax):
-            _no_data(ax, "the run is shorter than one series step")
+            no_data(ax, "the run is shorter than one series step")
     else:
         stacks = [np.asarray(s[k][:n], dtype=float) for k in names]
         use_ax.stackplot(
@@ -638,4 +621,4 @@ def _timeline_chart(result: PolicyResult, index: int) -> Chart:
         f"{RATIO_RANGE[0]:g}..{RATIO_RANGE[1]:g}; the dashed line is the SLO), and nodes "
         "lent to inference."
     )
-    return Chart(f"{result.policy} over time", _svg(fig, f"timeline-{index}"), caption)
+    return Chart(f"{result.policy} over time", svg(fig, f"timeline-{index}"), caption)

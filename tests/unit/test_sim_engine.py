@@ -183,3 +183,30 @@ def test_bad_setups_are_named() -> None:
     gpu_job = SimJob("x", "elastic", 0.0, 1.0, 1)
     with pytest.raises(ValueError, match="job x: no elastic nodes"):
         Engine(replace(setup, nodes=setup.nodes[:1] + setup.nodes[2:], jobs=[gpu_job]))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("policy", ["bridge", "idle-loan"])
+def test_quiet_ticks_skip_no_decision_on_random_workloads(seed: int, policy: str) -> None:
+    from bridge.sim.policies import Scenario, setup_for, size
+    from bridge.sim.workload import synthetic_jobs, synthetic_series
+
+    horizon = 4 * 3600.0
+    arrivals = synthetic_series(
+        {"a": 600.0, "b": 250.0}, horizon, bursts_per_day=24, burst_s=300, seed=seed
+    )
+    scenario = Scenario(
+        nodes=32,
+        gpus_per_node=8,
+        arrivals=arrivals,
+        jobs=synthetic_jobs(horizon, 20 * 8, 0.9, seed=seed),
+        models={"a": (100.0, 20.0), "b": (150.0, 30.0)},
+        horizon_s=horizon,
+        policy=PolicyConfig(calm_evaluations=6, scale_in_cooldown_s=120, drain_wait_s=300),
+    )
+    setup = setup_for(policy, scenario, size(scenario))
+    fast, _ = _run(setup)
+    slow, _ = _run(replace(setup, always_decide=True))  # a Setup runs again from scratch
+    assert fast.lends > 0, "the workload should make the policy lend"
+    assert fast.decisions == slow.decisions
+    assert fast.decide_calls < slow.decide_calls == slow.ticks
