@@ -210,7 +210,10 @@ class Engine:
                 node.triton = True
         self.fleet = Fleet(self.nodes, runs, setup.timing.requeue_delay_s)
         #: parallel model instances on one replica (one per GPU)
-        self.replica_gpus = setup.replica_servers or max((n.gpus for n in self.nodes), default=1)
+        self.node_gpus = max((n.gpus for n in self.nodes), default=1)
+        self.replica_gpus = setup.replica_servers or self.node_gpus
+        #: GPU-seconds the replicas spent serving
+        self.inference_used_s = 0.0
         for node in self.nodes:
             if node.pool in reserved:
                 self._join(self.baseline, 1)
@@ -363,6 +366,8 @@ class Engine:
                 self.replica_gpus, node_load, node_rate, group.backlog_s, dt, cv2
             )
             group.backlog_s = stepped.backlog_s
+            busy = min(node_load, self.replica_gpus) / self.replica_gpus
+            self.inference_used_s += busy * self.node_gpus * group.nodes * dt
             group.window.append((now, stepped.state))
             group.pending = stepped.pending
             group.extra_p99_s = latency.window_quantile(
@@ -635,6 +640,7 @@ class Engine:
             models=self.outcome,
             gpu_hours=gpu_hours,
             queues=queues,
+            inference_used_gpu_hours=self.inference_used_s / 3600.0,
             preemptions=self.fleet.preemptions,
             gpu_hours_lost=self.fleet.lost_gpu_s / 3600.0,
             lends=self.lends,

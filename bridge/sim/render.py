@@ -72,10 +72,13 @@ def gpu_hours_by_use(result: PolicyResult) -> dict[str, float]:
 
 
 def utilisation(result: PolicyResult) -> float:
-    """Busy GPU-hours (training, elastic, inference) / all GPU-hours; 0 for an empty run."""
+    """GPU-hours at work / all GPU-hours (0 for an empty run): jobs' GPU-hours, and of the
+    inference GPU-hours only those busy serving requests. An inference pool sized for its
+    peak holds its GPUs all day but works them only as hard as the load asks."""
     hours = gpu_hours_by_use(result)
     total = sum(hours.values())
-    return (total - hours["idle"]) / total if total else 0.0
+    work = hours["training"] + hours["elastic"] + result.inference_used_gpu_hours
+    return work / total if total else 0.0
 
 
 def wait_mean_s(result: PolicyResult) -> float:
@@ -165,6 +168,7 @@ def grids(report: SimReport) -> list[Grid]:
                 f"{100 * r.within_share:.2f}%",
                 f"{100 * r.minutes_share:.2f}%",
                 *(f"{hours[u]:,.0f}" for u in GPU_USES),
+                f"{r.inference_used_gpu_hours:,.0f}",
                 f"{100 * utilisation(r):.1f}%",
             )
         )
@@ -187,11 +191,13 @@ def grids(report: SimReport) -> list[Grid]:
                 "requests\nwithin SLO",
                 "minutes p99\nwithin SLO",
                 *(f"{u}\nGPU-h" for u in GPU_USES),
+                "inference\nserving GPU-h",
                 "utilisation",
             ),
             tuple(use),
             _inputs(report)
-            + "idle GPU-hours include fenced (draining) GPUs; utilisation = busy / all GPU-hours",
+            + "idle GPU-hours include fenced (draining) GPUs; utilisation = GPU-hours at work "
+            "(jobs, and inference GPUs busy serving) / all GPU-hours",
             text_columns=2,
         ),
         Grid(

@@ -70,6 +70,8 @@ class PolicyResult:
     #: pool -> use -> GPU-hours (USES)
     gpu_hours: dict[str, dict[str, float]]
     queues: dict[str, QueueOutcome]
+    #: of the inference GPU-hours, those busy serving requests (the latency model's load)
+    inference_used_gpu_hours: float = 0.0
     preemptions: int = 0
     gpu_hours_lost: float = 0.0
     lends: int = 0

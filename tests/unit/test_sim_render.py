@@ -104,6 +104,8 @@ def test_the_numbers_add_up(report: SimReport) -> None:
         # the whole fleet's GPU-hours: nodes x GPUs x horizon
         assert math.isclose(every, NODES * 8 * HORIZON_S / 3600, rel_tol=1e-6)
         assert 0 < render.utilisation(r) <= 1
+        # replicas serve with part of the GPUs they hold
+        assert 0 < r.inference_used_gpu_hours <= hours["inference"] + 1e-9
     # the pool table's rows are the result's own GPU-hours, pool by pool
     grid = render.pool_grid(report)
     for policy, pool, *cells in grid.rows:
