@@ -50,6 +50,7 @@ from bridge.policy import (
     decide,
     evaluate_model,
 )
+from bridge.policy.decide import IN_FLIGHT
 from bridge.sim import latency
 from bridge.sim.fleet import Fleet, JobRun, SimNode
 from bridge.sim.result import Decision, ModelOutcome, PolicyResult, QueueOutcome
@@ -523,8 +524,9 @@ class Engine:
     def _quiet(self) -> bool:
         """True when decide can only return nothing: no drain lease past its wait, no
         serving lease past its cooldown with every model calm, and no lend possible (the
-        cap reached, or no model's latest p99 over its high watermark). Mirrors decide's
-        rules; `Setup.always_decide` runs without it and the tests compare the two."""
+        cap reached, or no model in sustained breach that decide's filter would pass; only
+        the choice of a node is left to decide). Mirrors decide's rules (IN_FLIGHT is
+        decide's own); `Setup.always_decide` runs without it and the tests compare the two."""
         cfg = self.s.config
         policy = cfg.policy
         now = self.now
@@ -548,9 +550,30 @@ class Engine:
         for m in self.models:
             h = self.history[m]
             last = h[-1].p99_ms if h else None
-            if last is not None and last > policy.high_watermark * cfg.models[m].slo_p99_ms:
+            if (
+                last is not None
+                and last > policy.high_watermark * cfg.models[m].slo_p99_ms
+                and evaluate_model(tuple(h), cfg.models[m], policy) == ModelStatus.BREACH
+                and self._may_lend_for(m)
+            ):
                 return False
         return True
+
+    def _may_lend_for(self, model: str) -> bool:
+        """decide's filter of a breaching model: no lend of it in flight, below its
+        max_replicas, past its scale-out cooldown."""
+        anchor = self.last_lend_at.get(model, -math.inf)
+        for lease in self.leases.values():
+            if model in lease.models:
+                if lease.state in IN_FLIGHT:
+                    return False
+                anchor = max(
+                    anchor, lease.updated_at if lease.state == "serving" else lease.created_at
+                )
+        ready = sum(g.nodes for g in self.groups.values() if model in g.models)
+        if ready >= self.s.config.models[model].max_replicas:
+            return False
+        return self.now - anchor >= self.s.config.policy.scale_out_cooldown_s
 
     def _node_view(self, node: SimNode) -> NodeView:
         jobs = tuple(
