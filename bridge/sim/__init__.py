@@ -6,5 +6,6 @@ compared on a site's own traces at sizes the lab cannot reach. `stb simulate` ru
 Modules: `workload` (arrival series and job lists from traces and generators), `latency`
 (the replica queueing model), `fleet` (nodes, partitions, the job queue), `engine` (the
 event loop: ticks, the lease state machine, decide), `policies` (the compared set-ups and
-their sizing), `result` (what a run reports), `render` (table, JSON, HTML).
+their sizing), `result` (what a run reports), `render` (table, JSON, HTML), `cli` (the
+command), `labcheck` (the lab scenario's twin and the decision-by-decision comparison).
 """
