@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
 from rich.table import Table
 
-from accounting.html import WORKLOAD_COLOURS, no_data, svg
+from accounting.html import WORKLOAD_COLOURS, Chart, no_data, svg
 from bridge.sim.result import USES, PolicyResult, QueueOutcome, SimReport
 
 #: the policy the others are compared against (as Lyra compares against separate pools)
@@ -370,13 +370,6 @@ summary { cursor: pointer; }
 pre { font-size: .8em; background: #f7f7f7; padding: .6em; overflow-x: auto; }
 footer { margin-top: 2em; font-size: .85em; color: #666; }
 """
-
-
-@dataclass(frozen=True)
-class Chart:
-    title: str
-    svg: str
-    caption: str
 
 
 def to_html(report: SimReport) -> str:

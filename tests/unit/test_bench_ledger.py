@@ -4,29 +4,15 @@ must notice a report that disagrees with the records."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from types import ModuleType
-
 import pytest
 
 from accounting.schema import IDLE_TEAM
-from bridge.paths import project_root
-
-
-def _bench() -> ModuleType:
-    path = project_root() / "bench" / "ledger.py"
-    spec = importlib.util.spec_from_file_location("bench_ledger", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from tests.unit.helpers import load_bench
 
 
 @pytest.mark.timeout(120)
 def test_bench_ledger_small_run_checks_ok(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = _bench().main(["--records", "3000", "--backends", "sqlite"])
+    rc = load_bench("ledger").main(["--records", "3000", "--backends", "sqlite"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "check: ok" in out
@@ -34,7 +20,7 @@ def test_bench_ledger_small_run_checks_ok(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_bench_ledger_check_fails_on_a_wrong_report() -> None:
-    bench = _bench()
+    bench = load_bench("ledger")
     tally = {"month_by_team": {"nlp": 3_600_000}, "booked": 1, "skipped": 0, "job_rows": 1}
     ingest = {"tally": tally, "summary": {"new": 1, "skipped": 0, "deferred": 0}}
     report = {

@@ -4,29 +4,15 @@ for) passes."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from types import ModuleType
-
 import pytest
 
-from bridge.paths import project_root
-
-
-def _bench() -> ModuleType:
-    path = project_root() / "bench" / "simulate.py"
-    spec = importlib.util.spec_from_file_location("bench_simulate", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from tests.unit.helpers import load_bench
 
 
 @pytest.mark.timeout(60)
 def test_bench_simulate_decide_small_run_checks_ok(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--part", "decide", "--nodes", "50", "--instances", "5", "--models", "20"]
-    rc = _bench().main([*argv, "--repeat", "2"])
+    rc = load_bench("simulate").main([*argv, "--repeat", "2"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "check: ok" in out
@@ -43,7 +29,7 @@ def test_bench_simulate_sim_part_prints_both_policies(capsys: pytest.CaptureFixt
 
     if not default_trace(AZURE_TRACE).is_file():
         pytest.skip("the shared traces are not next to the checkout")
-    rc = _bench().main(["--part", "sim", "--sim-nodes", "256", "--sim-days", "0.02"])
+    rc = load_bench("simulate").main(["--part", "sim", "--sim-nodes", "256", "--sim-days", "0.02"])
     out = capsys.readouterr().out
     assert rc == 0, out
     rows = [ln.split() for ln in out.splitlines() if ln.lstrip().startswith("256")]

@@ -8,7 +8,6 @@ days (training, elastic and inference work), with rates."""
 from __future__ import annotations
 
 import io
-import re
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -27,6 +26,7 @@ from accounting.report import Report, Window, build_report
 from accounting.schema import IDLE_TEAM
 from accounting.xlsx import columns, render_xlsx
 from bridge.slurm.model import AccountingRecord
+from tests.unit.helpers import assert_refs_stay_inside
 
 T0 = datetime(2026, 3, 2, tzinfo=UTC)
 END = datetime(2026, 3, 4, tzinfo=UTC)
@@ -174,21 +174,12 @@ def test_xlsx_bad_path_is_a_clear_error(report: Report, tmp_path: Path) -> None:
     assert not missing.parent.exists()
 
 
-def _refs_stay_inside(page: str) -> None:
-    for value in re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)""", page):
-        assert value.startswith("#"), f"reference out of the page: {value!r}"
-    assert re.findall(r"url\(\s*(?!['\"]?#)", page) == []
-    assert "<script" not in page.lower() and "@import" not in page and "<link" not in page
-    without_ns = re.sub(r"""\sxmlns(?::\w+)?\s*=\s*"[^"]*\"""", "", page)
-    assert "http://" not in without_ns and "https://" not in without_ns
-
-
 def test_html_is_self_contained_with_three_charts(tmp_path: Path) -> None:
     page = render_page(tmp_path)
     assert page.startswith("<!DOCTYPE html>")
     assert page.count("<svg") == 3 and page.count("</svg>") == 3
     assert "<?xml" not in page and "<!DOCTYPE svg" not in page
-    _refs_stay_inside(page)
+    assert_refs_stay_inside(page)
     for team in ("alpha", "beta"):
         assert f"<td>{team}</td>" in page
     assert "<td>vision &amp; &lt;3d&gt;</td>" in page and "<3d>" not in page
@@ -201,7 +192,7 @@ def test_html_is_self_contained_with_three_charts(tmp_path: Path) -> None:
 def test_html_without_rates_charts_gpu_hours_and_says_so(tmp_path: Path) -> None:
     page = render_page(tmp_path, rates=False, window=Window.parse("2026-03"))
     assert page.count("<svg") == 3
-    _refs_stay_inside(page)
+    assert_refs_stay_inside(page)
     assert "GPU-hours by team (no rates)" in page
     assert "instead of cost" in page
     assert "Utilization by pool, per day" in page  # a month: daily

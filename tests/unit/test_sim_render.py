@@ -28,6 +28,7 @@ from bridge.sim import render
 from bridge.sim.policies import POLICIES, Scenario, compare, size
 from bridge.sim.result import USES, Decision, SimReport
 from bridge.sim.workload import synthetic_jobs, synthetic_series
+from tests.unit.helpers import assert_refs_stay_inside
 
 HORIZON_S = 0.1 * 86400
 NODES = 32
@@ -172,15 +173,6 @@ def test_json_writes_infinity_and_nan_as_null(report: SimReport) -> None:
     assert data["results"][0]["series"]["worst_p99_over_slo"][0] is None
 
 
-def _refs_stay_inside(page: str) -> None:
-    for value in re.findall(r"""(?:src|href)\s*=\s*["']([^"']*)""", page):
-        assert value.startswith("#"), f"reference out of the page: {value!r}"
-    assert re.findall(r"url\(\s*(?!['\"]?#)", page) == []
-    assert "<script" not in page.lower() and "@import" not in page and "<link" not in page
-    without_ns = re.sub(r"""\sxmlns(?::\w+)?\s*=\s*"[^"]*\"""", "", page)
-    assert "http://" not in without_ns and "https://" not in without_ns
-
-
 def test_html_is_self_contained_with_every_chart(report: SimReport, page: str) -> None:
     assert page.startswith("<!DOCTYPE html>")
     assert 'http-equiv="Content-Security-Policy" content="default-src \'none\';' in page
@@ -188,7 +180,7 @@ def test_html_is_self_contained_with_every_chart(report: SimReport, page: str) -
     assert page.count("<svg") == charts and page.count("</svg>") == charts
     assert "<?xml" not in page and "<!DOCTYPE svg" not in page
     assert "<metadata" not in page and "dc:date" not in page
-    _refs_stay_inside(page)
+    assert_refs_stay_inside(page)
     for policy in POLICIES:
         assert f"<td>{policy}</td>" in page
         assert f"<h3>{policy} over time</h3>" in page
