@@ -28,14 +28,15 @@ from bridge.lab import lab as lab_mod
 from bridge.lab.demo import lab_config
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.lifecycle import LeaseState as S
 from bridge.paths import default_lab_dir
 
 PHASES = [
-    ("bridge", "requested", "submitted"),
-    ("slurm", "submitted", "starting"),
-    ("triton", "starting", "serving"),
-    ("drain", "serving", "releasing"),
-    ("end", "releasing", "returned"),
+    ("bridge", S.REQUESTED, S.SUBMITTED),
+    ("slurm", S.SUBMITTED, S.STARTING),
+    ("triton", S.STARTING, S.SERVING),
+    ("drain", S.SERVING, S.RELEASING),
+    ("end", S.RELEASING, S.RETURNED),
 ]
 
 
@@ -90,7 +91,7 @@ def main() -> None:
                         rec.run_once(datetime.now(UTC))
                         tick_s += time.monotonic() - t
                         leases = rec.store.open_leases()
-                        if want_open and leases and leases[0].state.value == "serving":
+                        if want_open and leases and leases[0].state == S.SERVING:
                             lease_id = leases[0].id
                             queue.request_return(lease_id or 0, datetime.now(UTC))
                             break
@@ -99,9 +100,9 @@ def main() -> None:
                         time.sleep(1)
                     else:
                         sys.exit(f"cycle {cycle + 1} stuck; see `stb status`")
-                at = {e.to_state.value: e.at for e in rec.store.history(lease_id or 0)}
+                at = {e.to_state: e.at for e in rec.store.history(lease_id or 0)}
                 row = {name: (at[b] - at[a]).total_seconds() for name, a, b in PHASES}
-                row["total"] = (at["returned"] - at["requested"]).total_seconds()
+                row["total"] = (at[S.RETURNED] - at[S.REQUESTED]).total_seconds()
                 row["bridge ticks"] = tick_s
                 rows.append(row)
                 print(

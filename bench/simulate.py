@@ -58,6 +58,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
+from bridge.lifecycle import LeaseState
 from bridge.policy import (
     Action,
     JobView,
@@ -206,7 +207,8 @@ def build_fleet(nodes: int, instances: int, n_models: int, seed: int) -> Fleet:
     # models that breach in case (b) (the load rose again while the lend was on its way).
     lendable = [i for i, n in enumerate(node_list) if n.pool != "inference" and n.usable and n.jobs]
     lease_nodes = rng.sample(lendable, n_leases)
-    states = ("serving", "serving", "starting", "submitted", "requested")
+    S = LeaseState
+    states = (S.SERVING, S.SERVING, S.STARTING, S.SUBMITTED, S.REQUESTED)
     leases: list[LeaseView] = []
     last_lend_at: dict[str, float] = {
         name: NOW - rng.uniform(600, 86400) for name in names if rng.random() < 0.1
@@ -219,7 +221,7 @@ def build_fleet(nodes: int, instances: int, n_models: int, seed: int) -> Fleet:
         state = states[k % len(states)]
         mode = "drain" if node.pool == "training" else "preempt"
         lease_id = 100 + k
-        if state == "serving":  # past its scale-in cooldown
+        if state == S.SERVING:  # past its scale-in cooldown
             on_lease = tuple(next(steady_pool) for _ in range(rng.randint(1, 3)))
             since = NOW - policy.scale_in_cooldown_s - rng.uniform(600, 7200)
             created = since - rng.uniform(30, 300)
@@ -230,7 +232,7 @@ def build_fleet(nodes: int, instances: int, n_models: int, seed: int) -> Fleet:
             n_carried += 1
             since = None
             created = NOW - rng.uniform(5, min(120, policy.drain_wait_s))
-            node_list[idx] = replace(node, has_triton=state == "starting")
+            node_list[idx] = replace(node, has_triton=state == S.STARTING)
         for m in on_lease:
             last_lend_at[m] = created
         leases.append(
@@ -258,7 +260,7 @@ def build_fleet(nodes: int, instances: int, n_models: int, seed: int) -> Fleet:
         breaching[name] = _history(config.models[name], policy, "breach", rng)
     # Case (c) calms the lease that began serving last: decide looks at every other
     # serving lease (oldest first) before it.
-    serving = [lease for lease in leases if lease.state == "serving"]
+    serving = [lease for lease in leases if lease.state == LeaseState.SERVING]
     newest = max(serving, key=lambda lease: lease.serving_since or 0.0)
     calmed = dict(history)
     for name in newest.models:

@@ -199,6 +199,51 @@ class RoutingConfig(_Strict):
     )
 
 
+class LeaseConfig(_Strict):
+    """How long a lease may stay in one state, and how failed adapter calls are retried.
+    A lease past its deadline is failed (reason quoted), cleaned up and returned; the
+    policy may lend another node. `starting` uses `triton.ready_timeout_s`."""
+
+    requested_deadline_s: float = Field(
+        default=120,
+        gt=0,
+        description="Seconds a lend may wait for its Triton job to be submitted: sbatch "
+        "answers in under a second, so two minutes means Slurm kept refusing or timing out.",
+    )
+    submitted_deadline_s: float = Field(
+        default=600,
+        gt=0,
+        description="Seconds a submitted Triton job may stay pending. A preempting job ran "
+        "within 33 s on the lab; a drain-mode lease gets at least `policy.drain_wait_s` "
+        "+ 60 s, since it waits for the training job on its node.",
+    )
+    releasing_deadline_s: float = Field(
+        default=300,
+        gt=0,
+        description="Seconds a cancelled Triton job may take to leave the node (Triton's "
+        "exit timeout is 20-30 s); past it the lease is failed and the cleanup retried.",
+    )
+    drain_timeout_s: float = Field(
+        default=30,
+        gt=0,
+        description="Seconds a replica out of routing waits for its in-flight requests "
+        "before its models are unloaded: longer than any sane request, short enough to "
+        "give the node back promptly.",
+    )
+    retry_base_s: float = Field(
+        default=2,
+        gt=0,
+        description="First wait before a lease's step is retried after a transient error; "
+        "doubled at each further error (a restarting slurmctld is back within seconds).",
+    )
+    retry_max_s: float = Field(
+        default=60,
+        gt=0,
+        description="Longest wait between retries of one lease's step: bounded so a "
+        "recovered controller is used within a minute.",
+    )
+
+
 class DaemonConfig(_Strict):
     """The daemon process itself."""
 
@@ -307,6 +352,7 @@ class BridgeConfig(BaseSettings):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     triton: TritonJobConfig = Field(default_factory=TritonJobConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    leases: LeaseConfig = Field(default_factory=LeaseConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     accounting: AccountingConfig = Field(default_factory=AccountingConfig)
 

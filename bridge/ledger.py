@@ -34,7 +34,7 @@ from accounting.schema import NodeSpan
 from accounting.usage import ingest_usage, read_spool
 from bridge.config import BridgeConfig
 from bridge.daemon.launcher import LEASE_TAG_PREFIX, lease_tag
-from bridge.daemon.observe import pool_of
+from bridge.daemon.observation import pool_of
 from bridge.leases.models import Lease
 from bridge.leases.store import LeaseStore
 from bridge.slurm.model import AccountingRecord, Node

@@ -1,7 +1,10 @@
 """`stb daemon` and `stb status`: run the bridge, and show what it holds.
 
 `status` reads the lease store, asks Slurm for the pools, and reads the running daemon's
-own view of each model's p99 from its exporter; `--json` prints the same as one document.
+own view (each model's p99, each lease's retries, its last pass's outcome) from its
+exporter; each open lease says whether it is stuck past its state's deadline, and the
+leases that failed in the last day are listed with the reason. `--json` prints the same as
+one document.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ import getpass
 import json
 import logging
 import time
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import httpx
@@ -21,7 +25,9 @@ from rich.table import Table
 
 from bridge.config import BridgeConfig
 from bridge.config_cli import ConfigOpt, load_or_exit
-from bridge.daemon.observe import pool_of
+from bridge.daemon.actuator import record_of
+from bridge.daemon.observation import pool_of
+from bridge.daemon.planner import Settings, is_stuck
 from bridge.daemon.service import DaemonError, run_daemon
 from bridge.leases.errors import LeaseError
 from bridge.leases.requests import RequestQueue
@@ -44,17 +50,29 @@ def daemon(config: ConfigOpt = None) -> None:
         raise typer.Exit(code=1) from exc
 
 
-def _model_p99(exporter: str) -> dict[str, float] | None:
+@dataclass
+class DaemonView:
+    """What the running daemon's exporter says (None fields: not reachable)."""
+
+    p99_ms: dict[str, float] = field(default_factory=dict)
+    retries: dict[int, int] = field(default_factory=dict)
+    health: dict[str, Any] | None = None
+
+
+def _daemon_view(exporter: str) -> DaemonView | None:
     try:
         text = httpx.get(f"http://{exporter}/metrics", timeout=2).text
-    except httpx.HTTPError:
+        health = httpx.get(f"http://{exporter}/healthz", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
         return None
-    out = {}
+    view = DaemonView(health=health)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == "stb_model_p99_ms" and s.value == s.value:  # not NaN
-                out[s.labels["model"]] = float(s.value)
-    return out
+                view.p99_ms[s.labels["model"]] = float(s.value)
+            elif s.name == "stb_lease_retries" and s.labels.get("lease", "").isdigit():
+                view.retries[int(s.labels["lease"])] = int(s.value)
+    return view
 
 
 def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
@@ -62,6 +80,8 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
     engine = make_engine(cfg.database_url)
     create_schema(engine)
     store = LeaseStore(engine)
+    daemon = _daemon_view(cfg.daemon.exporter_listen)
+    settings = Settings.of(cfg)
     leases = [
         {
             "id": lease.id,
@@ -74,8 +94,22 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
             "age_s": round((now - lease.created_at).total_seconds()),
             "in_state_s": round((now - lease.updated_at).total_seconds()),
             "reason": lease.reason,
+            "stuck": is_stuck(record_of(lease), settings, now.timestamp()),
+            "retries": (daemon.retries if daemon else {}).get(lease.id or 0, 0),
         }
         for lease in store.open_leases()
+    ]
+    failed = [
+        {
+            "id": lease.id,
+            "node": lease.node,
+            "pool": lease.pool,
+            "at": event.at.isoformat(),
+            "from": event.from_state.value if event.from_state else None,
+            "reason": event.reason,
+            "state": lease.state.value,
+        }
+        for lease, event in store.failures_since(now - timedelta(days=1))
     ]
     pools: dict[str, dict[str, Any]] = {
         name: {"partition": p.partition, "mode": p.lend_mode, "nodes": [], "lent": []}
@@ -92,11 +126,10 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
                     pools[pool]["lent"].append(node.name)
     except SlurmError as exc:
         error = str(exc)
-    p99 = _model_p99(cfg.daemon.exporter_listen)
     models = {
         name: {
             "slo_p99_ms": m.slo_p99_ms,
-            "p99_ms": (p99 or {}).get(name),
+            "p99_ms": daemon.p99_ms.get(name) if daemon else None,
             "replicas": [m.min_replicas, m.max_replicas],
         }
         for name, m in cfg.models.items()
@@ -105,8 +138,10 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
         "at": now.isoformat(),
         "pools": pools,
         "leases": leases,
+        "failed": failed,
         "models": models,
-        "daemon_reachable": p99 is not None,
+        "daemon_reachable": daemon is not None,
+        "daemon_health": daemon.health if daemon else None,
         "slurm_error": error,
     }
 
@@ -132,11 +167,16 @@ def status(
     for col in ("id", "node", "pool", "state", "models", "job", "age", "in state", "reason"):
         leases.add_column(col)
     for lease in doc["leases"]:
+        state = lease["state"]
+        if lease["stuck"]:
+            state = f"[red]{state} (stuck)[/red]"
+        if lease["retries"]:
+            state += f" ({lease['retries']} retries)"
         leases.add_row(
             str(lease["id"]),
             lease["node"],
             lease["pool"],
-            lease["state"],
+            state,
             ",".join(lease["models"]),
             lease["job"] or "-",
             f"{lease['age_s']}s",
@@ -144,6 +184,26 @@ def status(
             lease["reason"],
         )
     console.print(leases)
+    if doc["failed"]:
+        failures = Table(title="leases failed in the last 24 h")
+        for col in ("id", "node", "pool", "at", "from", "now", "reason"):
+            failures.add_column(col)
+        for f in doc["failed"]:
+            failures.add_row(
+                str(f["id"]),
+                f["node"],
+                f["pool"],
+                f["at"],
+                f["from"] or "-",
+                f["state"],
+                f["reason"],
+            )
+        console.print(failures)
+    health = doc["daemon_health"]
+    if health is not None and health.get("last_outcome") not in (None, "ok"):
+        console.print(f"[yellow]daemon's last pass: {health['last_outcome']}[/yellow]")
+        for line in health.get("last_errors", []):
+            console.print(f"  {line}")
     models = Table(
         title="models" + ("" if doc["daemon_reachable"] else " (daemon not reachable: no p99)")
     )

@@ -1,11 +1,23 @@
-"""One Triton client per server address, shared by the observe step and the reconciler.
+"""Triton clients for the daemon: one per server address *and per thread*.
 
-`forget(address)` closes a server's client before the bridge stops that server: an open
-keep-alive connection makes tritonserver wait out its whole exit timeout (20 s in the lab)
-before it exits, which would hold the node that long after a return.
+tritonclient's HTTP client runs on geventhttpclient, whose connections belong to the
+thread (gevent hub) that created them: used from another thread it raises `greenlet.error:
+Cannot switch to a different thread`. The daemon's passes run on their own single-thread
+executor, but the operator commands, tests and any other scheduler job may call from other
+threads, so each thread gets its own clients (a `threading.local` cache) rather than
+relying on every caller to stay on one thread. The tick's thread lives as long as the
+daemon, so its connections stay warm between passes.
+
+`forget(address)` closes the calling thread's client for a server before the bridge stops
+it (an open keep-alive connection makes tritonserver wait out its whole exit timeout, 20 s
+in the lab, before it exits); other threads' clients for that address are dropped and
+closed by their own thread the next time it asks for that address.
 """
 
 from __future__ import annotations
+
+import contextlib
+import threading
 
 from bridge.triton.client import TritonHttpClient
 
@@ -14,20 +26,48 @@ class TritonClients:
     def __init__(self, api_key: str | None, timeout_s: float = 10.0) -> None:
         self._api_key = api_key
         self._timeout_s = timeout_s
-        self._clients: dict[str, TritonHttpClient] = {}
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        #: per address, bumped by `forget`: a thread's client of an older generation is stale
+        self._generation: dict[str, int] = {}
+        #: every thread's cache, so `close` reaches them all at shutdown
+        self._caches: list[dict[str, tuple[int, TritonHttpClient]]] = []
+
+    def _cache(self) -> dict[str, tuple[int, TritonHttpClient]]:
+        cache: dict[str, tuple[int, TritonHttpClient]] | None = getattr(self._local, "cache", None)
+        if cache is None:
+            cache = {}
+            self._local.cache = cache
+            with self._lock:
+                self._caches.append(cache)
+        return cache
 
     def __call__(self, address: str) -> TritonHttpClient:
-        client = self._clients.get(address)
-        if client is None:
-            client = TritonHttpClient(address, api_key=self._api_key, timeout_s=self._timeout_s)
-            self._clients[address] = client
+        cache = self._cache()
+        generation = self._generation.get(address, 0)
+        held = cache.get(address)
+        if held is not None and held[0] == generation:
+            return held[1]
+        if held is not None:  # forgotten by another thread: close it here, where it lives
+            with contextlib.suppress(Exception):
+                held[1].close()
+        client = TritonHttpClient(address, api_key=self._api_key, timeout_s=self._timeout_s)
+        cache[address] = (generation, client)
         return client
 
     def forget(self, address: str) -> None:
-        client = self._clients.pop(address, None)
-        if client is not None:
-            client.close()
+        with self._lock:
+            self._generation[address] = self._generation.get(address, 0) + 1
+        held = self._cache().pop(address, None)
+        if held is not None:
+            held[1].close()
 
     def close(self) -> None:
-        for address in list(self._clients):
-            self.forget(address)
+        """Close every thread's clients (at shutdown, when their threads are idle)."""
+        with self._lock:
+            caches = list(self._caches)
+        for cache in caches:
+            for _generation, client in list(cache.values()):
+                with contextlib.suppress(Exception):
+                    client.close()
+            cache.clear()

@@ -2,9 +2,9 @@
 `/healthz` (200 while the last good tick is recent, 503 otherwise, with a JSON body
 saying why) and `/sd` (the http_sd document of Triton targets, when routing provides
 one), plus the routes the daemon adds (the ledger's `/api/report`). Called by the
-reconciler (it records each tick and decision) and by `stb daemon`
-(it starts the server). One registry per exporter, so tests and several daemons in one
-process never collide.
+reconciler (it records each pass's `TickReport`: every tick metric comes from the report)
+and by `stb daemon` (it starts the server). One registry per exporter, so tests and
+several daemons in one process never collide.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from bridge.leases.states import LeaseState
+from bridge.daemon.report import Outcome, TickReport
+from bridge.lifecycle import LeaseState
 
 #: an extra GET route: query parameters -> (HTTP status, JSON body)
 Route = Callable[[Mapping[str, Sequence[str]]], tuple[int, bytes]]
@@ -63,7 +64,7 @@ class BridgeMetrics:
         )
         self.last_good_tick = Gauge(
             "stb_last_good_tick_timestamp_seconds",
-            "Unix time of the last tick that completed.",
+            "Unix time of the last tick that completed with no error.",
             registry=r,
         )
         self.tick_seconds = Histogram(
@@ -72,32 +73,95 @@ class BridgeMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
             registry=r,
         )
-        self.tick_errors = Counter(
-            "stb_tick_errors", "Ticks that failed, by error class.", ["kind"], registry=r
+        self.ticks = Counter(
+            "stb_ticks",
+            "Control passes by outcome: ok (no error), errors (completed, some step "
+            "reported an error), failed (could not complete).",
+            ["outcome"],
+            registry=r,
+        )
+        self.step_errors = Counter(
+            "stb_step_errors",
+            "Adapter errors by step and kind (transient: retried; permanent: lease failed).",
+            ["step", "kind"],
+            registry=r,
+        )
+        self.tick_exceptions = Counter(
+            "stb_tick_exceptions",
+            "Passes that raised an unexpected exception (a bug: the log has the traceback), "
+            "by error class.",
+            ["kind"],
+            registry=r,
+        )
+        self.lease_retries = Gauge(
+            "stb_lease_retries",
+            "Transient errors of an open lease's step since its last good step.",
+            ["lease"],
+            registry=r,
+        )
+        self.leases_stuck = Gauge(
+            "stb_leases_stuck",
+            "Open leases past their state's deadline (a failed lease whose cleanup does not "
+            "finish needs a person).",
+            registry=r,
         )
         self.ledger_ingests = Counter(
             "stb_ledger_ingests", "Scheduled ledger ingests, by outcome.", ["outcome"], registry=r
         )
         for state in LeaseState:
             self.leases.labels(state.value).set(0)
+        for outcome in Outcome:
+            self.ticks.labels(outcome.value)
         self._last_good: float | None = None
+        self._last_outcome: str | None = None
+        self._last_errors: list[str] = []
 
-    def record_tick(self, seconds: float, lease_states: Iterable[str]) -> None:
-        counts: dict[str, int] = {s.value: 0 for s in LeaseState}
-        for state in lease_states:
-            counts[state] = counts.get(state, 0) + 1
-        for state, n in counts.items():
-            self.leases.labels(state).set(n)
-        self.tick_seconds.observe(seconds)
-        self._last_good = self._clock()
-        self.last_good_tick.set(self._last_good)
+    def record(self, report: TickReport, slo_ms: Mapping[str, float] | None = None) -> None:
+        """Every tick metric, from the pass's report."""
+        outcome = report.outcome
+        self.ticks.labels(outcome.value).inc()
+        self.tick_seconds.observe(report.seconds)
+        self._last_outcome = outcome.value
+        self._last_errors = [e.line() for e in report.errors][:10]
+        for err in report.errors:
+            self.step_errors.labels(err.step, err.kind).inc()
+        if report.lease_states is not None:
+            for state in LeaseState:
+                self.leases.labels(state.value).set(report.lease_states.get(state.value, 0))
+        for action in report.actions:
+            self.decisions.labels(
+                type(action).__name__.lower(), action.reason.split(":")[0][:40]
+            ).inc()
+        for pool in report.lent:
+            self.lends.labels(pool).inc()
+        for pool, seconds in report.served:
+            self.lend_seconds.labels(pool).observe(seconds)
+        for _pool, how, seconds in report.returned:
+            self.returns.labels(how).inc()
+            self.return_seconds.observe(seconds)
+        if not report.failed:
+            self.lease_retries.clear()
+            for lease_id, n in report.retries.items():
+                self.lease_retries.labels(str(lease_id)).set(n)
+            self.leases_stuck.set(len(report.stuck))
+        for model, p99 in report.p99_ms.items():
+            self.model_p99.labels(model).set(float("nan") if p99 is None else p99)
+        for model, slo in (slo_ms or {}).items():
+            self.model_slo.labels(model).set(slo)
+        if outcome == Outcome.OK:
+            self._last_good = self._clock()
+            self.last_good_tick.set(self._last_good)
 
-    def record_model(self, model: str, p99_ms: float | None, slo_ms: float) -> None:
-        self.model_slo.labels(model).set(slo_ms)
-        self.model_p99.labels(model).set(float("nan") if p99_ms is None else p99_ms)
+    def record_exception(self, exc: BaseException) -> None:
+        """A pass that raised (a bug in the bridge, not an adapter error)."""
+        self.ticks.labels(Outcome.FAILED.value).inc()
+        self.tick_exceptions.labels(type(exc).__name__).inc()
+        self._last_outcome = Outcome.FAILED.value
+        self._last_errors = [f"{type(exc).__name__}: {exc}"]
 
     def health(self, tick_s: float) -> tuple[bool, dict[str, object]]:
-        """Healthy while the last good tick is younger than three tick intervals."""
+        """Healthy while the last good tick (no error) is younger than three tick intervals;
+        the body names the last pass's outcome and errors."""
         now = self._clock()
         if self._last_good is None:
             return False, {"healthy": False, "reason": "no tick has completed yet"}
@@ -106,6 +170,9 @@ class BridgeMetrics:
         body: dict[str, object] = {"healthy": ok, "last_good_tick_age_s": round(age, 3)}
         if not ok:
             body["reason"] = f"last good tick {age:.0f}s ago (limit {3 * tick_s:g}s)"
+        body["last_outcome"] = self._last_outcome
+        if self._last_errors:
+            body["last_errors"] = self._last_errors
         return ok, body
 
 

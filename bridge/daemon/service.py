@@ -1,8 +1,10 @@
 """Wiring and running the daemon: builds the adapters, the lease store, routing and the
 exporter from a `BridgeConfig`, holds the single-instance lock, and runs
 `Reconciler.run_once` every `tick_s` with APScheduler (one pass at a time; a late pass is
-coalesced, never stacked). Called by `stb daemon`; `build()` also serves the operator
-commands and tests.
+coalesced, never stacked). The passes run on an executor of their own with one thread, so
+they never wait behind a slow ledger ingest and always use the same thread (the Triton
+clients are per thread: see `bridge.daemon.clients`). Called by `stb daemon`; `build()`
+also serves the operator commands and tests.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import IO
 
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 
 from accounting.api import report_response
@@ -27,6 +31,7 @@ from bridge.daemon.clients import TritonClients
 from bridge.daemon.exporter import BridgeMetrics, ExporterServer, Route
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
+from bridge.daemon.report import Outcome, TickReport
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.ledger import LedgerFeed
@@ -117,6 +122,49 @@ def build(
     return Bridge(config, reconciler, metrics, publisher, proc, clients, feed)
 
 
+def tick_once(bridge: Bridge) -> TickReport | None:
+    """One pass as the scheduler runs it: the report's lines logged; an exception (a bug,
+    since adapter errors come back as data) counted as a failed tick with its traceback."""
+    try:
+        report = bridge.reconciler.run_once(datetime.now(UTC))
+    except Exception as exc:  # the loop never dies; the failure is counted and logged
+        bridge.metrics.record_exception(exc)
+        log.exception("tick failed")
+        return None
+    for line in report.events:
+        log.info("%s", line)
+    if report.outcome != Outcome.OK:
+        log.warning("tick %s: %d error(s)", report.outcome.value, len(report.errors))
+    return report
+
+
+def scheduler_for(
+    bridge: Bridge, scheduler_cls: type[BaseScheduler] = BlockingScheduler
+) -> BaseScheduler:
+    """The daemon's scheduler with its tick job: one pass at a time on the `tick`
+    executor's single thread, late passes coalesced; other jobs go to `ledger`."""
+    scheduler = scheduler_cls(
+        timezone=UTC,
+        executors={
+            "default": ThreadPoolExecutor(1),
+            "tick": ThreadPoolExecutor(1),
+            "ledger": ThreadPoolExecutor(1),
+        },
+    )
+    scheduler.add_job(
+        tick_once,
+        "interval",
+        args=(bridge,),
+        seconds=bridge.config.tick_s,
+        max_instances=1,
+        coalesce=True,
+        next_run_time=datetime.now(UTC),
+        id="tick",
+        executor="tick",
+    )
+    return scheduler
+
+
 @contextmanager
 def single_instance(path: os.PathLike[str]) -> Iterator[IO[str]]:
     """Hold an exclusive flock on `path` for the daemon's life (kopf's peering, simply)."""
@@ -152,27 +200,7 @@ def run_daemon(config: BridgeConfig) -> None:
         exporter = ExporterServer(
             bridge.metrics, (host, port), config.tick_s, sd, routes=routes
         ).start()
-        scheduler = BlockingScheduler(timezone=UTC)
-
-        def tick() -> None:
-            try:
-                report = bridge.reconciler.run_once(datetime.now(UTC))
-            except Exception as exc:  # the loop never dies; the failure is counted
-                bridge.metrics.tick_errors.labels(type(exc).__name__).inc()
-                log.exception("tick failed")
-                return
-            for line in [*report.events, *(f"error: {e}" for e in report.errors)]:
-                log.info("%s", line)
-
-        scheduler.add_job(
-            tick,
-            "interval",
-            seconds=config.tick_s,
-            max_instances=1,
-            coalesce=True,
-            next_run_time=datetime.now(UTC),
-            id="tick",
-        )
+        scheduler = scheduler_for(bridge)
 
         feed = bridge.ledger
         if feed is not None:
@@ -191,6 +219,7 @@ def run_daemon(config: BridgeConfig) -> None:
             scheduler.add_job(
                 ingest,
                 "interval",
+                executor="ledger",
                 seconds=config.accounting.ingest_interval_s,
                 max_instances=1,
                 coalesce=True,

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
-from bridge.leases.states import LeaseState
+from bridge.lifecycle import LeaseState
 from bridge.load.arrivals import poisson
 from bridge.load.report import Report, summarize
 from bridge.load.runner import RunConfig, parse_endpoint, run
@@ -87,10 +87,8 @@ class Scenario:
         deadline = time.monotonic() + timeout_s
         while True:
             report = self.rec.run_once(datetime.now(UTC))
-            for line in report.events:
+            for line in report.lines():
                 self.note(line)
-            for line in report.errors:
-                self.note(f"error: {line}")
             self._note_p99()
             if done():
                 return
@@ -143,10 +141,13 @@ class Scenario:
             f"{res.victim} on {lab.pool_nodes('elastic')[0].name}"
         )
         try:
-            obs = self.rec.observer
+            rec = self.rec
             self.tick_until(
                 "the baseline Triton serving",
-                lambda: any(s.ready for s in obs.triton_servers(obs.last_nodes, obs.last_jobs)),
+                lambda: (
+                    rec.last_observation is not None
+                    and any(s.ready for s in rec.last_observation.servers)
+                ),
                 120,
             )
             self.note(

@@ -23,11 +23,9 @@ from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.paths import model_repository, triton_sbatch
 from bridge.slurm.cli import SlurmCLI
+from bridge.triton.client import HTTP_PORT, METRICS_PORT
 
-TRITON_HTTP_PORT = 8000
 TRITON_GRPC_PORT = 8001
-TRITON_METRICS_PORT = 8002
-API_KEY_HEADER = "X-Stb-Key"
 
 
 class TritonLabError(RuntimeError):
@@ -73,7 +71,7 @@ class TritonJob:
 
     @property
     def http_url(self) -> str:
-        return f"{self.addr}:{TRITON_HTTP_PORT}"
+        return f"{self.addr}:{HTTP_PORT}"
 
     @property
     def grpc_url(self) -> str:
@@ -81,7 +79,7 @@ class TritonJob:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.addr}:{TRITON_METRICS_PORT}/metrics"
+        return f"http://{self.addr}:{METRICS_PORT}/metrics"
 
 
 def job_config(spec: LabSpec) -> TritonJobConfig:

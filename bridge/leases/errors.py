@@ -1,4 +1,5 @@
-"""Typed lease errors, raised by `states.check_transition` and by `store.LeaseStore`.
+"""Typed lease errors, raised by `store.LeaseStore` (an illegal move against
+`bridge.lifecycle.TRANSITIONS` is an `IllegalTransition`).
 
 Every one is permanent for the call that raised it: retrying the same call gives the same
 answer. Callers (the reconciler, the operator CLI) decide from the type, never from the text.

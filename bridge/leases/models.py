@@ -17,7 +17,7 @@ from sqlalchemy import Enum as SAEnum
 from sqlmodel import Field, SQLModel
 
 from bridge.db import UTCDateTime
-from bridge.leases.states import LeaseState
+from bridge.lifecycle import LeaseState
 
 
 class LendMode(StrEnum):

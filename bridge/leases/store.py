@@ -6,9 +6,9 @@ CLI (`stb lend`, `stb return`, `stb status`). Every write is one transaction:
 - `create` is idempotent by `request_key` (a retry after a crash returns the lease the
   first attempt made) and keeps at most one open lease per node.
 - `set_status` re-reads the row under a lock (`SELECT ... FOR UPDATE` on PostgreSQL,
-  `BEGIN IMMEDIATE` on SQLite), checks the move against `states.TRANSITIONS`, updates the
-  row and appends a `LeaseEvent`. Asking for the state the lease is already in is a no-op;
-  an illegal move raises and writes nothing.
+  `BEGIN IMMEDIATE` on SQLite), checks the move against `bridge.lifecycle.TRANSITIONS`,
+  updates the row and appends a `LeaseEvent`. Asking for the state the lease is already in
+  is a no-op; an illegal move raises `IllegalTransition` and writes nothing.
 
 Leases returned are detached copies: changing one changes nothing in the database.
 
@@ -29,13 +29,14 @@ from sqlmodel import Session, SQLModel, and_, col, or_, select
 
 from bridge.db import WRITE_OPTION, configure_sqlite, make_engine
 from bridge.leases.errors import (
+    IllegalTransition,
     LeaseNotFound,
     NodeAlreadyLeased,
     RequestKeyConflict,
     UnexpectedState,
 )
 from bridge.leases.models import Lease, LeaseEvent, LendMode
-from bridge.leases.states import LeaseState, check_transition
+from bridge.lifecycle import LeaseState, allowed
 
 __all__ = ["LeaseFields", "LeaseStore", "create_schema", "make_engine"]
 
@@ -223,7 +224,8 @@ class LeaseStore:
                 return lease
             if expected is not None and old != expected:
                 raise UnexpectedState(lease_id, LeaseState(expected).value, old.value, new_state)
-            check_transition(old, new_state, lease_id=lease_id)
+            if not allowed(old, new_state):
+                raise IllegalTransition(old.value, new_state.value, lease_id=lease_id)
             lease.state = new_state
             lease.reason = reason
             lease.updated_at = now
@@ -280,6 +282,20 @@ class LeaseStore:
         with self._read() as session:
             query = select(Lease).where(Lease.slurm_job_id == job_id)
             return session.exec(query.order_by(col(Lease.id).desc())).first()
+
+    def failures_since(self, since: datetime) -> list[tuple[Lease, LeaseEvent]]:
+        """Every move into `failed` at or after `since`, with its lease, oldest first:
+        what `stb status` shows as recent failures (the event's reason quotes the cause)."""
+        with self._read() as session:
+            query = (
+                select(Lease, LeaseEvent)
+                .where(LeaseEvent.lease_id == Lease.id)
+                .where(LeaseEvent.to_state == LeaseState.FAILED)
+                .where(col(LeaseEvent.at) >= since)
+            )
+            return [
+                (lease, event) for lease, event in session.exec(query.order_by(col(LeaseEvent.id)))
+            ]
 
     def history(self, lease_id: int) -> list[LeaseEvent]:
         """The lease's status changes in the order they happened, creation first."""

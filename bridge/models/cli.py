@@ -17,11 +17,11 @@ from rich.table import Table
 from bridge.config import BridgeConfig
 from bridge.config_cli import ConfigOpt, fail, load_or_exit
 from bridge.daemon.launcher import BASELINE_TAG
-from bridge.daemon.observe import TRITON_HTTP_PORT
 from bridge.models.publish import PublishError, Server, publish, retire, rollback
 from bridge.models.repo import ModelRepository, RepositoryError
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.select import open_backend
+from bridge.triton.client import HTTP_PORT as TRITON_HTTP_PORT
 from bridge.triton.client import TritonHttpClient
 from bridge.triton.errors import TritonError
 from bridge.triton.repository import ModelConfigError, check_model, read_config

@@ -30,12 +30,13 @@ from collections import Counter
 from enum import StrEnum
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
+from bridge.lifecycle import IN_FLIGHT, LeaseState
 from bridge.policy.actions import Action, Lend, Return, StartBaseline
 from bridge.policy.snapshot import ModelSample, NodeView, Snapshot
 
 LENDABLE = ("preempt", "drain")
-#: lease states in which a lend is still on its way to serving
-IN_FLIGHT = ("requested", "submitted", "starting")
+#: a drain lend still waiting for its node: decided, or its Triton job pending
+WAITING = frozenset({LeaseState.REQUESTED, LeaseState.SUBMITTED})
 
 
 class ModelStatus(StrEnum):
@@ -151,7 +152,7 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
     for lease in snapshot.leases:
         if (
             lease.lend_mode == "drain"
-            and lease.state in ("requested", "submitted")
+            and lease.state in WAITING
             and now - lease.created_at > policy.drain_wait_s
         ):
             actions.append(Return(lease.lease_id, f"drain wait over {policy.drain_wait_s:g}s"))
@@ -166,7 +167,7 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
         (
             lease
             for lease in snapshot.leases
-            if lease.state == "serving"
+            if lease.state == LeaseState.SERVING
             and lease.lease_id not in abandoned
             and lease.serving_since is not None
         ),

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from bridge.lifecycle import LeaseState
+
 
 @dataclass(frozen=True)
 class JobView:
@@ -66,11 +68,15 @@ class LeaseView:
     node: str
     pool: str
     lend_mode: str
-    state: str
+    #: a plain string naming a state is accepted and made a `LeaseState` (so a typo fails)
+    state: LeaseState
     models: tuple[str, ...]
     created_at: float
     #: when it entered `serving`; None before
     serving_since: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", LeaseState(self.state))
 
 
 @dataclass(frozen=True)

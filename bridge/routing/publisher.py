@@ -8,7 +8,8 @@ of an earlier daemon may have left a file nginx never loaded.
 
 Errors (from `bridge.routing.errors`): `NginxConfigRejected` (permanent: the previous
 routing keeps serving; the document is not written either, so the two never disagree),
-`NginxUnavailable` (transient: retry next tick; the next publish reloads again).
+`NginxUnavailable` (transient: retry next tick; the next publish reloads again),
+`RoutingFilesUnwritable` (transient: a file could not be written; nothing reloaded).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge.routing import http_sd, nginx
+from bridge.routing.errors import RoutingFilesUnwritable
 from bridge.routing.nginxctl import NginxControl
 from bridge.routing.table import RoutingTable
 
@@ -74,10 +76,16 @@ class RoutingPublisher:
         reload_s: float | None = None
         nginx_changed = text != self._published_nginx
         if nginx_changed:
-            self.control.install(self.nginx_conf_path, text)
+            try:
+                self.control.install(self.nginx_conf_path, text)
+            except OSError as exc:
+                raise RoutingFilesUnwritable(f"cannot write {self.nginx_conf_path}: {exc}") from exc
             reload_s = self.control.reload()
             self._published_nginx = text
         data = http_sd.render(table, self.bridge_metrics)
-        sd_changed = http_sd.write(self.sd_path, data)
+        try:
+            sd_changed = http_sd.write(self.sd_path, data)
+        except OSError as exc:
+            raise RoutingFilesUnwritable(f"cannot write {self.sd_path}: {exc}") from exc
         self._document = data
         return PublishResult(table.version, nginx_changed, sd_changed, reload_s)

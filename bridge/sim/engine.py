@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -35,6 +35,7 @@ from typing import cast
 import numpy as np
 
 from bridge.config import BridgeConfig
+from bridge.lifecycle import IN_FLIGHT, LeaseState, check
 from bridge.policy import (
     Action,
     JobView,
@@ -50,7 +51,7 @@ from bridge.policy import (
     decide,
     evaluate_model,
 )
-from bridge.policy.decide import IN_FLIGHT
+from bridge.policy.decide import WAITING
 from bridge.sim import latency
 from bridge.sim.fleet import Fleet, JobRun, SimNode
 from bridge.sim.result import Decision, ModelOutcome, PolicyResult, QueueOutcome
@@ -121,13 +122,18 @@ class Setup:
 
 @dataclass(eq=False)
 class SimLease:
+    """A simulated lease. It is born `submitted`: the simulated act step records the lend
+    and submits its Triton job in the same instant (the reconciler's requested ->
+    submitted, which takes no simulated time). It then changes state only through
+    `Engine._move`, which checks each move against `bridge.lifecycle.TRANSITIONS`."""
+
     lease_id: int
     node: SimNode
     pool: str
     lend_mode: str
     models: tuple[str, ...]
     created_at: float
-    state: str = "submitted"
+    state: LeaseState = LeaseState.SUBMITTED
     updated_at: float = 0.0
     #: when its Triton job runs / is ready / is gone (None: not yet known)
     running_at: float | None = None
@@ -145,7 +151,7 @@ class SimLease:
             self.state,
             self.models,
             self.created_at,
-            self.updated_at if self.state == "serving" else None,
+            self.updated_at if self.state == LeaseState.SERVING else None,
         )
 
 
@@ -235,6 +241,8 @@ class Engine:
         self.returns = 0
         self.lends_by_pool: dict[str, int] = {}
         self.decide_calls = 0
+        #: (old, new) -> how many times a lease made that move in this run
+        self.moves: Counter[tuple[LeaseState, LeaseState]] = Counter()
         self.series: dict[str, list[float]] = {k: [] for k in SERIES}
         self._tick_requests = 0.0
         self._tick_worst = 0.0
@@ -284,7 +292,7 @@ class Engine:
         elif kind == "triton_run":
             lease = payload
             assert isinstance(lease, SimLease)
-            if lease.state not in ("submitted",) or lease.running_at is not None:
+            if lease.state != LeaseState.SUBMITTED or lease.running_at is not None:
                 return
             node = lease.node
             for run in list(self.fleet.running_on(node)):
@@ -308,7 +316,7 @@ class Engine:
         for lease in self.leases.values():
             if (
                 lease.lend_mode == "drain"
-                and lease.state == "submitted"
+                and lease.state == LeaseState.SUBMITTED
                 and lease.running_at is None
                 and not lease.node.jobs
                 and not lease.queued
@@ -436,32 +444,38 @@ class Engine:
         now = self.now
         for lease in list(self.leases.values()):
             state = lease.state
-            if state == "submitted":
+            if state == LeaseState.SUBMITTED:
                 if lease.running_at is not None and lease.running_at <= now:
-                    self._move(lease, "starting")
-            elif state == "starting":
+                    self._move(lease, LeaseState.STARTING)
+            elif state == LeaseState.STARTING:
                 if lease.ready_at is not None and lease.ready_at <= now:
                     self._join(lease.models, 1)
                     self.replica_views.append(
                         ReplicaView(lease.node.name, lease.models, lease.lease_id)
                     )
-                    self._move(lease, "serving")
-            elif state == "draining":
+                    self._move(lease, LeaseState.SERVING)
+            elif state == LeaseState.DRAINING:
                 # no request is left after a tick (the lab's drain took 1.3 s)
                 self._cancel(lease)
-                self._move(lease, "releasing")
-            elif state == "releasing" and (lease.gone_at is None or lease.gone_at <= now):
+                self._move(lease, LeaseState.RELEASING)
+            elif state == LeaseState.RELEASING and (lease.gone_at is None or lease.gone_at <= now):
                 if lease.node.fenced:
                     self.fleet.unfence(lease.node, now)
                     self._touch([lease.node])
                     self.dirty_sched = True
-                self._move(lease, "returned")
+                self._move(lease, LeaseState.RETURNED)
                 del self.leases[lease.lease_id]
                 self._touch([lease.node])
 
-    def _move(self, lease: SimLease, state: str) -> None:
+    def _move(self, lease: SimLease, state: LeaseState) -> None:
+        """The one place a simulated lease changes state: a move the lifecycle table
+        forbids raises `IllegalMove` (the simulator would be modelling a bridge that cannot
+        exist); each move made is counted in `moves`."""
+        old = lease.state
+        check(old, state, lease_id=lease.lease_id)
         lease.state = state
         lease.updated_at = self.now
+        self.moves[old, state] += 1
 
     def _cancel(self, lease: SimLease) -> None:
         if lease.running_at is not None:
@@ -501,13 +515,13 @@ class Engine:
         elif isinstance(action, Return):
             lease = self.leases[action.lease_id]
             self.returns += 1
-            if lease.state == "serving":
+            if lease.state == LeaseState.SERVING:
                 self._join(lease.models, -1)
                 self.replica_views = [r for r in self.replica_views if r.lease_id != lease.lease_id]
-                self._move(lease, "draining")
-            elif lease.state in ("submitted", "starting"):
+                self._move(lease, LeaseState.DRAINING)
+            elif lease.state in (LeaseState.SUBMITTED, LeaseState.STARTING):
                 self._cancel(lease)
-                self._move(lease, "releasing")
+                self._move(lease, LeaseState.RELEASING)
         elif isinstance(action, StartBaseline):  # the sim starts with every baseline up
             raise AssertionError(f"baseline requested for {action.node}")
         if len(self.decisions) < self.s.max_decisions:
@@ -525,17 +539,18 @@ class Engine:
         """True when decide can only return nothing: no drain lease past its wait, no
         serving lease past its cooldown with every model calm, and no lend possible (the
         cap reached, or no model in sustained breach that decide's filter would pass; only
-        the choice of a node is left to decide). Mirrors decide's rules (IN_FLIGHT is
-        decide's own); `Setup.always_decide` runs without it and the tests compare the two."""
+        the choice of a node is left to decide). Mirrors decide's rules (WAITING is
+        decide's own, IN_FLIGHT the lifecycle's); `Setup.always_decide` runs without it
+        and the tests compare the two."""
         cfg = self.s.config
         policy = cfg.policy
         now = self.now
         for lease in self.leases.values():
-            if lease.lend_mode == "drain" and lease.state in ("requested", "submitted"):
+            if lease.lend_mode == "drain" and lease.state in WAITING:
                 if now - lease.created_at > policy.drain_wait_s:
                     return False
             elif (
-                lease.state == "serving"
+                lease.state == LeaseState.SERVING
                 and now - lease.updated_at >= policy.scale_in_cooldown_s
                 and lease.models
                 and all(
@@ -568,7 +583,8 @@ class Engine:
                 if lease.state in IN_FLIGHT:
                     return False
                 anchor = max(
-                    anchor, lease.updated_at if lease.state == "serving" else lease.created_at
+                    anchor,
+                    lease.updated_at if lease.state == LeaseState.SERVING else lease.created_at,
                 )
         ready = sum(g.nodes for g in self.groups.values() if model in g.models)
         if ready >= self.s.config.models[model].max_replicas:
@@ -590,7 +606,7 @@ class Engine:
                 self.views[at] = self._node_view(self.policy_nodes[at])
         self.stale.clear()
         for lease in self.leases.values():
-            anchor = lease.updated_at if lease.state == "serving" else lease.created_at
+            anchor = lease.updated_at if lease.state == LeaseState.SERVING else lease.created_at
             for m in lease.models:
                 self.last_lend_at[m] = max(self.last_lend_at.get(m, 0.0), anchor)
         return Snapshot(

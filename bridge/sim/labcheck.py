@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from bridge.config import BridgeConfig
 from bridge.lab.spec import LabSpec
+from bridge.lifecycle import LeaseState
 from bridge.paths import model_repository
 from bridge.policy import Action, Lend, Return, StartBaseline
 from bridge.sim.engine import Engine, Setup, SimLease, Timing
@@ -194,7 +195,11 @@ class Transition:
     at_s: float
     lease: int
     node: str
-    state: str
+    #: a plain string naming a state (the lab's history) is made a `LeaseState`
+    state: LeaseState
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", LeaseState(self.state))
 
 
 @dataclass(frozen=True)
@@ -234,11 +239,11 @@ class TracingEngine(Engine):
             self._rank[lease_id] = len(self._rank) + 1
             self._note(lease, lease.state)
 
-    def _move(self, lease: SimLease, state: str) -> None:
+    def _move(self, lease: SimLease, state: LeaseState) -> None:
         super()._move(lease, state)
         self._note(lease, state)
 
-    def _note(self, lease: SimLease, state: str) -> None:
+    def _note(self, lease: SimLease, state: LeaseState) -> None:
         rank = self._rank.get(lease.lease_id, lease.lease_id)
         self.transitions.append(Transition(self.now, rank, lease.node.name, state))
 
@@ -267,19 +272,20 @@ def replayed_timing(
     gone a tick before `returned` (`cancel_s`). Steps the lease did not reach keep
     `base`'s values (default: the bench's `Timing()`)."""
     base = base or Timing()
-    seen: dict[str, float] = {}
+    seen: dict[LeaseState, float] = {}
     for t in transitions:
         if t.lease == lease:
             seen.setdefault(t.state, t.at_s)
     half = tick_s / 2.0
     changes: dict[str, float] = {}
-    if "submitted" in seen and "starting" in seen:
-        start = max(0.0, seen["starting"] - seen["submitted"] - half)
+    S = LeaseState
+    if S.SUBMITTED in seen and S.STARTING in seen:
+        start = max(0.0, seen[S.STARTING] - seen[S.SUBMITTED] - half)
         changes["preempt_start_s" if preempted else "slurm_start_s"] = start
-        if "serving" in seen:
-            changes["triton_ready_s"] = max(0.0, seen["serving"] - seen["starting"])
-    if "releasing" in seen and "returned" in seen:
-        changes["cancel_s"] = max(0.0, seen["returned"] - seen["releasing"] - half)
+        if S.SERVING in seen:
+            changes["triton_ready_s"] = max(0.0, seen[S.SERVING] - seen[S.STARTING])
+    if S.RELEASING in seen and S.RETURNED in seen:
+        changes["cancel_s"] = max(0.0, seen[S.RETURNED] - seen[S.RELEASING] - half)
     return replace(base, **changes)
 
 
@@ -429,26 +435,30 @@ def format_decisions(rows: Sequence[Row]) -> str:
     return _table(header, body)
 
 
+#: a lease's states in the order a report lists them (`failed` just before the end)
+_STATE_ORDER = (
+    LeaseState.REQUESTED,
+    LeaseState.SUBMITTED,
+    LeaseState.STARTING,
+    LeaseState.SERVING,
+    LeaseState.DRAINING,
+    LeaseState.RELEASING,
+    LeaseState.FAILED,
+    LeaseState.RETURNED,
+)
+
+
 def format_transitions(lab: Sequence[Transition], sim: Sequence[Transition]) -> str:
     """Each lease's states, lab time and simulator time side by side (paired by the
     lease's rank and the state)."""
-    keys: list[tuple[int, str]] = []
+    keys: list[tuple[int, LeaseState]] = []
     for t in [*lab, *sim]:
         if (t.lease, t.state) not in keys:
             keys.append((t.lease, t.state))
     first_lab = {(t.lease, t.state): t for t in reversed(lab)}
     first_sim = {(t.lease, t.state): t for t in reversed(sim)}
-    order = {
-        "requested": 0,
-        "submitted": 1,
-        "starting": 2,
-        "serving": 3,
-        "draining": 4,
-        "releasing": 5,
-        "failed": 6,
-        "returned": 7,
-    }
-    keys.sort(key=lambda k: (k[0], order.get(k[1], 9)))
+    order = {state: i for i, state in enumerate(_STATE_ORDER)}
+    keys.sort(key=lambda k: (k[0], order[k[1]]))
     body = []
     for lease, state in keys:
         a, b = first_lab.get((lease, state)), first_sim.get((lease, state))

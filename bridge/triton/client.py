@@ -24,6 +24,9 @@ from bridge.triton.protocol import Array, ModelStatistics, RepositoryModel, Serv
 DEFAULT_API_KEY_HEADER = "X-Stb-Key"
 """The header the bridge's Triton servers expect the model-repository key in."""
 
+HTTP_PORT = 8000
+"""Triton's HTTP port, where the bridge's servers listen (deploy/slurm/triton-server.sbatch)."""
+
 METRICS_PORT = 8002
 """Triton's default metrics port; the page is http://HOST:8002/metrics."""
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 
 class TritonError(Exception):
-    """Base of the adapter's errors; `address` is the instance (host:port) it concerns."""
+    """Base of the adapter's errors; `address` is the instance (host:port) it concerns.
+    `transient` says whether the same call may succeed later (the control loop reads it)."""
+
+    transient = False
 
     def __init__(self, address: str, operation: str, message: str) -> None:
         self.address = address
@@ -23,6 +26,8 @@ class TritonUnreachable(TritonError):
 
     The server may be starting, restarting or draining; try again later.
     """
+
+    transient = True
 
 
 class TritonRejected(TritonError):

@@ -22,8 +22,8 @@ from bridge.leases.errors import (
     UnexpectedState,
 )
 from bridge.leases.models import Lease, LendMode
-from bridge.leases.states import LeaseState
 from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.lifecycle import LeaseState
 
 S = LeaseState
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

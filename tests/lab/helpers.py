@@ -88,7 +88,7 @@ def tick_until(
     deadline = time.monotonic() + timeout_s
     while True:
         report = rec.run_once(datetime.now(UTC))
-        log += report.events + [f"error: {e}" for e in report.errors]
+        log += report.lines()
         if cond():
             return
         assert time.monotonic() < deadline, "\n".join(log)

@@ -12,7 +12,7 @@ import pytest
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
-from bridge.leases.states import LeaseState
+from bridge.lifecycle import LeaseState
 
 from .helpers import tick_until
 

@@ -10,7 +10,7 @@ import pytest
 
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.spec import LabSpec
-from bridge.leases.states import LeaseState
+from bridge.lifecycle import LeaseState
 
 from .helpers import tick_until
 
@@ -24,12 +24,11 @@ def test_operator_lend_and_return(lab: LabSpec, bridge: tuple[Reconciler, str]) 
     elastic = lab.pool_nodes("elastic")[0].name
     reserved = lab.pool_nodes("infer")[0].name
     log: list[str] = []
-    obs = rec.observer
     tick_until(
         rec,
-        lambda: any(
-            s.ready and s.node == reserved
-            for s in obs.triton_servers(obs.last_nodes, obs.last_jobs)
+        lambda: (
+            rec.last_observation is not None
+            and any(s.ready and s.node == reserved for s in rec.last_observation.servers)
         ),
         120,
         log,

@@ -21,8 +21,8 @@ from sqlalchemy import text as sql
 
 from bridge.lab.spec import LabSpec
 from bridge.leases.requests import RequestQueue
-from bridge.leases.states import LeaseState
 from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.lifecycle import LeaseState
 from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
 

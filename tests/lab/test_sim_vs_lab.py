@@ -43,7 +43,7 @@ import pytest
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
-from bridge.leases.states import LeaseState
+from bridge.lifecycle import LeaseState
 from bridge.load.arrivals import Schedule, poisson
 from bridge.load.runner import Counters, RunConfig, parse_endpoint, run
 from bridge.sim import labcheck
@@ -167,7 +167,7 @@ def test_simulator_decides_as_the_lab_does(lab: LabSpec, bridge: tuple[Reconcile
             now = datetime.now(UTC)
             at = now.timestamp() - t0
             report = rec.run_once(now)
-            log += [f"{at:6.1f}s {line}" for line in report.events + report.errors]
+            log += [f"{at:6.1f}s {line}" for line in report.lines()]
             lab_decisions += [labcheck.decision_of(a, at, lease_of) for a in report.actions]
             s = rec.observer.latest(MODEL)
             if s is not None:

@@ -15,16 +15,26 @@ DEPLOY = project_root() / "deploy"
 
 
 def _exported() -> set[str]:
+    from datetime import UTC, datetime
+
     from prometheus_client import generate_latest
 
+    from bridge.daemon.report import StepError, TickReport
+
     metrics = BridgeMetrics()
-    metrics.record_tick(0.1, ["serving"])
-    metrics.record_model("busy", 10.0, 100.0)
-    metrics.lends.labels("elastic").inc()
-    metrics.returns.labels("returned").inc()
-    metrics.lend_seconds.labels("elastic").observe(3)
+    report = TickReport(
+        datetime(2027, 1, 1, tzinfo=UTC),
+        errors=[StepError("submit", "permanent", "x", 1)],
+        lease_states={"serving": 1},
+        p99_ms={"busy": 10.0},
+        retries={1: 1},
+        lent=["elastic"],
+        served=[("elastic", 3.0)],
+        returned=[("elastic", "returned", 9.0)],
+    )
+    metrics.record(report, {"busy": 100.0})
     metrics.decisions.labels("lend", "x").inc()
-    metrics.tick_errors.labels("X").inc()
+    metrics.record_exception(RuntimeError("x"))
     text = generate_latest(metrics.registry).decode()
     return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
 

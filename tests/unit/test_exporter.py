@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.daemon.exporter import BridgeMetrics, ExporterServer
+from bridge.daemon.report import StepError, TickReport
+from bridge.policy import Lend
 
 
 class Clock:
@@ -44,32 +47,74 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+def _report(**kw: object) -> TickReport:
+    report = TickReport(datetime(2027, 1, 1, tzinfo=UTC), seconds=0.2)
+    for name, value in kw.items():
+        setattr(report, name, value)
+    return report
+
+
 def test_health_follows_the_last_good_tick(served: tuple[Clock, BridgeMetrics, str]) -> None:
     clock, metrics, url = served
     r = httpx.get(f"{url}/healthz")
     assert r.status_code == 503 and "no tick" in r.json()["reason"]
-    metrics.record_tick(0.2, ["serving", "starting"])
+    metrics.record(_report(lease_states={"serving": 1, "starting": 1}))
     assert httpx.get(f"{url}/healthz").status_code == 200
     clock.now += 16  # more than three 5 s ticks without a good one
     r = httpx.get(f"{url}/healthz")
     assert r.status_code == 503 and "16s ago" in r.json()["reason"]
 
 
+def test_a_tick_with_errors_is_not_a_good_tick(served: tuple[Clock, BridgeMetrics, str]) -> None:
+    clock, metrics, url = served
+    metrics.record(_report())
+    good_at = clock.now
+    clock.now += 10
+    metrics.record(_report(errors=[StepError("submit", "permanent", "sbatch: no", 3)]))
+    clock.now += 1
+    metrics.record(_report(errors=[StepError("observe", "transient", "down")], failed=True))
+    body = httpx.get(f"{url}/healthz").json()
+    assert body["last_outcome"] == "failed" and "observe (transient): down" in body["last_errors"]
+    samples = _samples(httpx.get(f"{url}/metrics").text)
+    assert samples[("stb_last_good_tick_timestamp_seconds", ())] == good_at
+    assert samples[("stb_ticks_total", (("outcome", "ok"),))] == 1
+    assert samples[("stb_ticks_total", (("outcome", "errors"),))] == 1
+    assert samples[("stb_ticks_total", (("outcome", "failed"),))] == 1
+    assert samples[("stb_step_errors_total", (("kind", "permanent"), ("step", "submit")))] == 1
+    assert samples[("stb_step_errors_total", (("kind", "transient"), ("step", "observe")))] == 1
+    metrics.record_exception(RuntimeError("bug"))
+    samples = _samples(httpx.get(f"{url}/metrics").text)
+    assert samples[("stb_ticks_total", (("outcome", "failed"),))] == 2
+    assert samples[("stb_tick_exceptions_total", (("kind", "RuntimeError"),))] == 1
+
+
 def test_metrics_page(served: tuple[Clock, BridgeMetrics, str]) -> None:
     clock, metrics, url = served
-    metrics.record_tick(0.2, ["serving", "serving", "draining"])
-    metrics.lends.labels("elastic").inc()
-    metrics.decisions.labels("lend", "breach").inc()
-    metrics.record_model("busy", 152.0, 100.0)
-    metrics.record_model("echo", None, 50.0)
+    metrics.record(
+        _report(
+            lease_states={"serving": 2, "draining": 1},
+            actions=[Lend("n3", "elastic", "preempt", ("busy",), "breach: busy")],
+            lent=["elastic"],
+            p99_ms={"busy": 152.0, "echo": None},
+            retries={7: 3},
+            stuck={8: "releasing: cancelling"},
+        ),
+        {"busy": 100.0, "echo": 50.0},
+    )
     samples = _samples(httpx.get(f"{url}/metrics").text)
     assert samples[("stb_leases", (("state", "serving"),))] == 2
     assert samples[("stb_leases", (("state", "draining"),))] == 1
     assert samples[("stb_leases", (("state", "returned"),))] == 0
     assert samples[("stb_lends_total", (("pool", "elastic"),))] == 1
+    assert samples[("stb_decisions_total", (("action", "lend"), ("reason", "breach")))] == 1
     assert samples[("stb_model_p99_ms", (("model", "busy"),))] == 152.0
     assert samples[("stb_model_slo_p99_ms", (("model", "busy"),))] == 100.0
+    assert samples[("stb_lease_retries", (("lease", "7"),))] == 3
+    assert samples[("stb_leases_stuck", ())] == 1
     assert samples[("stb_last_good_tick_timestamp_seconds", ())] == clock.now
+    metrics.record(_report(lease_states={}))  # lease 7 retried fine: its series goes
+    samples = _samples(httpx.get(f"{url}/metrics").text)
+    assert ("stb_lease_retries", (("lease", "7"),)) not in samples
 
 
 def test_sd_and_unknown_paths(served: tuple[Clock, BridgeMetrics, str]) -> None:

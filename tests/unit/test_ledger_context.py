@@ -12,8 +12,8 @@ from accounting.db import open_ledger
 from accounting.ingest import SAMPLES, prune_serving
 from bridge.config import BridgeConfig
 from bridge.leases.models import Lease, LendMode
-from bridge.leases.states import LeaseState
 from bridge.ledger import LedgerFeed, context, inventory
+from bridge.lifecycle import LeaseState
 from bridge.slurm.model import Node
 from bridge.triton.metrics import parse_page
 

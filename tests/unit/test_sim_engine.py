@@ -1,6 +1,7 @@
 """The simulator's event loop with the real `decide`: lends and returns happen when and
 where the policy says, with the lab's timings; preemption requeues with Slurm's delay;
-drain never kills; GPU-hours add up; the quiet-tick shortcut changes nothing."""
+drain never kills; GPU-hours add up; the quiet-tick shortcut changes nothing; every lease
+moves only along the lifecycle's table."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig, PoolConfig
-from bridge.sim.engine import Engine, Setup
+from bridge.lifecycle import IllegalMove, LeaseState, allowed
+from bridge.sim.engine import Engine, Setup, SimLease
 from bridge.sim.fleet import SimNode
 from bridge.sim.result import PolicyResult
 from bridge.sim.workload import ArrivalSeries, SimJob
@@ -210,3 +212,79 @@ def test_quiet_ticks_skip_no_decision_on_random_workloads(seed: int, policy: str
     assert fast.lends > 0, "the workload should make the policy lend"
     assert fast.decisions == slow.decisions
     assert fast.decide_calls < slow.decide_calls == slow.ticks
+
+
+# ---- the lease lifecycle ---------------------------------------------------------------
+
+S = LeaseState
+
+
+def test_the_engine_refuses_a_move_the_table_forbids() -> None:
+    engine = Engine(_setup())
+    lease = SimLease(1, engine.nodes[1], "elastic", "preempt", ("busy",), 0.0, updated_at=0.0)
+    assert lease.state == S.SUBMITTED
+    engine.now = 10.0
+    # serving straight from submitted skips starting (Triton cannot be ready before its
+    # job runs); draining a lease that never served; anything out of returned
+    for new in (S.SERVING, S.DRAINING, S.REQUESTED):
+        with pytest.raises(IllegalMove, match=f"lease 1: illegal lease move submitted -> {new}"):
+            engine._move(lease, new)
+    assert (lease.state, lease.updated_at, engine.moves) == (S.SUBMITTED, 0.0, {})
+    for new in (S.STARTING, S.SERVING, S.DRAINING, S.RELEASING, S.RETURNED):
+        engine._move(lease, new)
+    assert lease.updated_at == 10.0
+    with pytest.raises(IllegalMove, match="returned -> failed"):
+        engine._move(lease, S.FAILED)
+    assert sum(engine.moves.values()) == 5
+
+
+#: the moves a simulated lease makes: the preempt/drain lend carried to serving and given
+#: back, and a drain lend abandoned while its Triton job pends
+SIM_MOVES = {
+    (S.SUBMITTED, S.STARTING),
+    (S.STARTING, S.SERVING),
+    (S.SERVING, S.DRAINING),
+    (S.DRAINING, S.RELEASING),
+    (S.RELEASING, S.RETURNED),
+    (S.SUBMITTED, S.RELEASING),
+}
+
+
+def test_every_move_of_simulated_runs_is_in_the_table() -> None:
+    from bridge.sim.policies import Scenario, setup_for, size
+    from bridge.sim.workload import synthetic_jobs, synthetic_series
+
+    abandon = PolicyConfig(max_lent_nodes=1, drain_wait_s=120, calm_evaluations=6)
+    drain_jobs = (SimJob("t1", "training", 0.0, 5000.0, 1), SimJob("t2", "training", 10.0, 60.0, 1))
+    horizon = 3 * 3600.0
+    scenario = Scenario(
+        nodes=24,
+        gpus_per_node=8,
+        arrivals=synthetic_series(
+            {"a": 600.0, "b": 250.0}, horizon, bursts_per_day=24, burst_s=300, seed=4
+        ),
+        jobs=synthetic_jobs(horizon, 16 * 8, 0.9, seed=4),
+        models={"a": (100.0, 20.0), "b": (150.0, 30.0)},
+        horizon_s=horizon,
+        policy=PolicyConfig(calm_evaluations=6, scale_in_cooldown_s=120, drain_wait_s=300),
+    )
+    setups = [
+        _setup(jobs=LONG),
+        _setup(pools=("training",), jobs=(SimJob("t1", "training", 0.0, 500.0, 1),)),
+        _setup(pools=("training",), jobs=drain_jobs, policy=abandon),
+        setup_for("bridge", scenario, size(scenario)),
+    ]
+    seen: set[tuple[LeaseState, LeaseState]] = set()
+    for setup in setups:
+        result, engine = _run(setup)
+        assert result.lends > 0
+        for old, new in engine.moves:
+            assert allowed(old, new), (setup.name, old, new)
+        # every lend starts one lease's path (born submitted) and each lease left the
+        # fleet through releasing -> returned, or is still open at the end
+        out_of_submitted = engine.moves[S.SUBMITTED, S.STARTING]
+        out_of_submitted += engine.moves[S.SUBMITTED, S.RELEASING]
+        assert out_of_submitted <= result.lends
+        assert engine.moves[S.RELEASING, S.RETURNED] + len(engine.leases) == result.lends
+        seen |= set(engine.moves)
+    assert seen == SIM_MOVES

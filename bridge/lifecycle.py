@@ -1,7 +1,14 @@
-"""The lease state machine: states, the transition table, and the one legality check.
+"""The lease lifecycle: states, the transition table, and the legality check.
 
-Pure: no I/O, no SQL. `store.LeaseStore.set_status` calls `check_transition` inside its
-transaction; the policy and the reconciler read `LeaseState`, `OPEN_STATES` and `is_final`.
+Pure and standalone: no I/O, no SQL, and nothing imported from `bridge` (an import-linter
+contract checks it), so every layer can share this one copy of the state machine:
+
+- the lease store (`bridge.leases.store.LeaseStore.set_status`) asks `allowed` inside its
+  transaction and raises its own `IllegalTransition`; the tables store `LeaseState`;
+- the reconciler and the operator CLI read `LeaseState`, `OPEN_STATES` and `is_final`;
+- the pure policy (`bridge.policy`) reads `LeaseState` and `IN_FLIGHT`;
+- the simulator (`bridge.sim.engine`) moves its leases through `check`, which raises
+  `IllegalMove` for a move the table forbids.
 
 A lease is one node lent to Triton. It moves only forward:
 
@@ -16,8 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
-
-from bridge.leases.errors import IllegalTransition
 
 
 class LeaseState(StrEnum):
@@ -110,18 +115,36 @@ TRANSITIONS: Mapping[LeaseState, frozenset[LeaseState]] = {
 OPEN_STATES: frozenset[LeaseState] = frozenset(s for s in LeaseState if TRANSITIONS[s])
 
 
+#: states in which a lend is still on its way to serving (decided, submitted or starting):
+#: the policy counts them as replicas to come, so a breach is not answered twice
+IN_FLIGHT: frozenset[LeaseState] = frozenset(
+    {LeaseState.REQUESTED, LeaseState.SUBMITTED, LeaseState.STARTING}
+)
+
+
 def is_final(state: LeaseState) -> bool:
     """True for a state that never changes again (`returned`)."""
     return not TRANSITIONS[LeaseState(state)]
 
 
 def allowed(old: LeaseState, new: LeaseState) -> bool:
+    """True when the table allows old -> new. A same-state pair is not a transition: False."""
     return LeaseState(new) in TRANSITIONS[LeaseState(old)]
 
 
-def check_transition(old: LeaseState, new: LeaseState, *, lease_id: int | None = None) -> None:
-    """Raise `IllegalTransition` (naming both states) unless the table allows old -> new.
-    A same-state pair is refused here too: it is not a transition (the store answers a
-    repeated request with a no-op before calling this)."""
+class IllegalMove(ValueError):
+    """A move the transition table does not allow; names both states (and the lease, when
+    given). Raised by `check`; the store raises its own `IllegalTransition` instead."""
+
+    def __init__(self, old: LeaseState, new: LeaseState, *, lease_id: int | None = None) -> None:
+        self.old = LeaseState(old)
+        self.new = LeaseState(new)
+        self.lease_id = lease_id
+        where = f"lease {lease_id}: " if lease_id is not None else ""
+        super().__init__(f"{where}illegal lease move {self.old.value} -> {self.new.value}")
+
+
+def check(old: LeaseState, new: LeaseState, *, lease_id: int | None = None) -> None:
+    """Raise `IllegalMove` unless the table allows old -> new (a same-state pair too)."""
     if not allowed(old, new):
-        raise IllegalTransition(LeaseState(old).value, LeaseState(new).value, lease_id=lease_id)
+        raise IllegalMove(old, new, lease_id=lease_id)

@@ -1,0 +1,321 @@
+"""The actuator: carries out the planner's steps through the adapters and the lease store,
+and reports what happened as data.
+
+Called by the reconciler, one pass at a time. For each `Step` it runs the commands in
+order; when all succeed it applies the step's move through `LeaseStore.set_status` (the one
+place that changes a lease). When a command fails, the adapter's error becomes a
+`StepError` in the tick report:
+- transient (controller or server not answering, nginx restarting): the lease's step is
+  retried on a later tick after a bounded exponential backoff (`[leases] retry_base_s`,
+  `retry_max_s`), counted per lease;
+- permanent (Slurm rejected the job, Triton refused the model): the lease moves to
+  `failed` with the adapter's words as its reason; the planner then cleans it up to
+  `returned`, and the policy may lend another node.
+A database error is not caught: without its lease store the pass cannot go on (the
+reconciler reports the tick as failed).
+
+It keeps, for the pass, the current copy of every open lease (read once per pass by the
+reconciler), so routing and the policy see the moves made earlier in the same pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from bridge.config import BridgeConfig
+from bridge.daemon import launcher
+from bridge.daemon.observation import Observation
+from bridge.daemon.planner import (
+    Adopt,
+    Cancel,
+    Command,
+    Fence,
+    LeaseRecord,
+    Move,
+    Resume,
+    RouteIn,
+    RouteOut,
+    Step,
+    Submit,
+    SubmitBaseline,
+    Unfence,
+    Unload,
+)
+from bridge.daemon.report import TickReport, kind_of
+from bridge.leases.errors import LeaseError
+from bridge.leases.models import Lease
+from bridge.leases.store import LeaseStore
+from bridge.lifecycle import LeaseState
+from bridge.routing.errors import RoutingError
+from bridge.routing.table import BASELINE, MetricsTarget, RoutingTable
+from bridge.slurm.errors import SlurmError
+from bridge.slurm.model import JobSpec
+from bridge.slurm.protocol import SlurmProtocol
+from bridge.triton.client import METRICS_PORT
+from bridge.triton.errors import TritonError
+from bridge.triton.protocol import TritonInstance
+
+S = LeaseState
+#: every error an adapter (or the launcher, or a refused store write) raises as data
+ADAPTER_ERRORS: tuple[type[BaseException], ...] = (
+    SlurmError,
+    TritonError,
+    RoutingError,
+    LeaseError,
+    launcher.LauncherError,
+)
+
+
+class Router(Protocol):
+    """What the actuator needs from routing (`bridge.routing.RoutingPublisher`): make
+    `table` what clients reach, in effect when the call returns."""
+
+    def publish(self, table: RoutingTable) -> object: ...
+
+
+def record_of(lease: Lease) -> LeaseRecord:
+    """The planner's copy of a stored lease."""
+    assert lease.id is not None
+    return LeaseRecord(
+        lease.id,
+        lease.node,
+        lease.pool,
+        lease.lend_mode.value,
+        LeaseState(lease.state),
+        tuple(lease.models),
+        lease.slurm_job_id,
+        lease.created_at.timestamp(),
+        lease.updated_at.timestamp(),
+        lease.reason,
+    )
+
+
+@dataclass
+class Backoff:
+    errors: int = 0
+    not_before: float = 0.0
+
+
+class Actuator:
+    def __init__(
+        self,
+        config: BridgeConfig,
+        slurm: SlurmProtocol,
+        store: LeaseStore,
+        triton_for: Callable[[str], TritonInstance],
+        router: Router | None = None,
+        forget_triton: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.slurm = slurm
+        self.store = store
+        self.triton_for = triton_for
+        self.router = router
+        #: closes the bridge's own connection to a server before it is stopped
+        self.forget_triton = forget_triton
+        #: per lease: transient errors since its last good step, and when to retry
+        self.backoff: dict[int, Backoff] = {}
+        #: the pass's copy of every lease it has seen, by id
+        self.leases: dict[int, LeaseRecord] = {}
+        self._obs: Observation | None = None
+
+    # ---- the pass -----------------------------------------------------------------
+
+    def begin(self, obs: Observation, leases: Iterable[LeaseRecord]) -> None:
+        self._obs = obs
+        self.leases = {lease.id: lease for lease in leases}
+        for gone in set(self.backoff) - set(self.leases):
+            del self.backoff[gone]
+
+    def open_leases(self) -> list[LeaseRecord]:
+        return sorted(
+            (x for x in self.leases.values() if x.state != S.RETURNED), key=lambda x: x.id
+        )
+
+    def not_before(self) -> dict[int, float]:
+        return {lid: b.not_before for lid, b in self.backoff.items()}
+
+    def run(self, step: Step, now: datetime, report: TickReport) -> bool:
+        """Carry out one step; True when every command succeeded and its move was made."""
+        job_id: str | None = None
+        for command in step.commands:
+            try:
+                result = self._execute(command, now, report)
+            except ADAPTER_ERRORS as exc:
+                self._failed(step, command.step, exc, now, report)
+                return False
+            if isinstance(command, Submit):
+                job_id = result
+        if step.lease_id is not None and step.commands:
+            self.backoff.pop(step.lease_id, None)
+        if step.note:
+            report.events.append(step.note)
+        if step.move is not None:
+            move = step.move
+            if job_id is not None:
+                move = Move(
+                    move.lease_id, move.old, move.new, f"Triton job {job_id} submitted", job_id
+                )
+            try:
+                self.apply(move, now, report)
+            except LeaseError as exc:
+                report.error("store", exc, move.lease_id)
+                return False
+        return True
+
+    def _failed(
+        self, step: Step, what: str, exc: BaseException, now: datetime, report: TickReport
+    ) -> None:
+        err = report.error(what, exc, step.lease_id)
+        lease = self.leases.get(step.lease_id) if step.lease_id is not None else None
+        if lease is None:
+            return
+        if err.kind == "transient":
+            b = self.backoff.setdefault(lease.id, Backoff())
+            b.errors += 1
+            lc = self.config.leases
+            wait = min(lc.retry_max_s, lc.retry_base_s * 2 ** (b.errors - 1))
+            b.not_before = now.timestamp() + wait
+        elif step.fails_lease and lease.state not in (S.FAILED, S.RETURNED):
+            move = Move(lease.id, lease.state, S.FAILED, f"{what}: {exc}")
+            try:
+                self.apply(move, now, report)
+            except LeaseError as store_exc:
+                report.error("store", store_exc, lease.id)
+
+    def apply(self, move: Move, now: datetime, report: TickReport) -> LeaseRecord:
+        """Make one move in the store (compare-and-set on the planned old state)."""
+        fields = {"slurm_job_id": move.slurm_job_id} if move.slurm_job_id else {}
+        stored = self.store.set_status(
+            move.lease_id, move.new, now, move.reason, expected=move.old, **fields
+        )
+        before = self.leases.get(move.lease_id)
+        after = record_of(stored)
+        self.leases[after.id] = after
+        report.events.append(
+            f"lease {after.id} {after.node}: {move.old.value} -> {move.new.value} ({move.reason})"
+        )
+        if move.new == S.SERVING:
+            report.served.append((after.pool, now.timestamp() - after.created_at))
+        elif move.new == S.RETURNED and before is not None:
+            outcome = {S.RELEASING: "returned", S.FAILED: "failed"}.get(move.old, "abandoned")
+            report.returned.append((after.pool, outcome, now.timestamp() - after.created_at))
+        if move.new in (S.FAILED, S.RETURNED):
+            self.backoff.pop(after.id, None)
+        return after
+
+    def create(
+        self,
+        node: str,
+        pool: str,
+        mode: str,
+        models: tuple[str, ...],
+        key: str,
+        now: datetime,
+        reason: str,
+    ) -> LeaseRecord:
+        lease = record_of(
+            self.store.create(node, pool, mode, list(models), key, now, reason=reason)
+        )
+        self.leases[lease.id] = lease
+        return lease
+
+    # ---- commands -----------------------------------------------------------------
+
+    def _execute(self, command: Command, now: datetime, report: TickReport) -> str | None:
+        match command:
+            case Fence(reservation, node, duration_s):
+                self.slurm.create_reservation(
+                    reservation,
+                    [node],
+                    duration_s=duration_s,
+                    users=["root"],
+                    flags=("IGNORE_JOBS",),
+                )
+                report.events.append(f"{node}: fenced by reservation {reservation}")
+            case Submit():
+                return self.slurm.submit(self._lease_job(command))
+            case SubmitBaseline(node):
+                job_id = self.slurm.submit(launcher.triton_job(self.config.triton, node=node))
+                report.events.append(f"baseline Triton job {job_id} on {node}")
+                return job_id
+            case Cancel(job_id):
+                self.slurm.cancel(job_id)
+            case Unload(address, models):
+                client = self.triton_for(address)
+                for model in models:
+                    client.unload_model(model)
+                if self.forget_triton is not None:
+                    self.forget_triton(address)
+            case Unfence(reservation):
+                self.slurm.delete_reservation(reservation)
+            case Resume(node):
+                self.slurm.resume(node)
+            case RouteIn(lease_id):
+                self.route(report, include=lease_id)
+            case RouteOut(lease_id):
+                self.route(report, exclude=lease_id)
+            case Adopt(job_id, node, pool, mode):
+                lease = self.create(node, pool, mode, (), f"adopt:{job_id}", now, "adopted")
+                self.apply(
+                    Move(lease.id, S.REQUESTED, S.SUBMITTED, f"adopted job {job_id}", job_id),
+                    now,
+                    report,
+                )
+        return None
+
+    def _lease_job(self, submit: Submit) -> JobSpec:
+        assert self._obs is not None
+        node = self._obs.nodes.get(submit.node)
+        pool = self.config.pools[submit.pool]
+        return launcher.triton_job(
+            self.config.triton,
+            node=submit.node,
+            models=submit.models,
+            lease=submit.ref,
+            exclusive=True,
+            gpus=node.gpus if node else 1,
+            partition=pool.partition if submit.reservation else None,
+            reservation=submit.reservation,
+        )
+
+    # ---- routing ------------------------------------------------------------------
+
+    def route(
+        self, report: TickReport, *, include: int | None = None, exclude: int | None = None
+    ) -> None:
+        """Publish baselines and serving leases (plus `include`, minus `exclude`)."""
+        if self.router is None or self._obs is None:
+            return
+        serving = {
+            lease.slurm_job_id
+            for lease in self.leases.values()
+            if (lease.state == S.SERVING or lease.id == include) and lease.id != exclude
+        }
+        # Every configured model has a route (none ready: nginx answers 503); a model
+        # published to the repository and loaded on a replica is routed too.
+        routes: dict[str, list[str]] = {m: [] for m in self.config.models}
+        targets = []
+        for s in self._obs.servers:
+            ref = launcher.lease_of(s.job.tags)
+            if not s.ready or (ref is not None and s.job.job_id not in serving):
+                continue
+            for m in s.models:
+                routes.setdefault(m, []).append(s.address)
+            host = s.address.rsplit(":", 1)[0]
+            targets.append(
+                MetricsTarget(
+                    f"{host}:{METRICS_PORT}",
+                    s.node,
+                    s.job.job_id,
+                    str(ref[0]) if ref is not None else BASELINE,
+                    tuple(s.models),
+                )
+            )
+        self.router.publish(RoutingTable.build(routes, targets))
+
+
+__all__ = ["ADAPTER_ERRORS", "Actuator", "Backoff", "Router", "kind_of", "record_of"]

@@ -1,0 +1,122 @@
+"""The tick's view of the outside world as plain values: `Observation` (what Slurm and
+Triton said this tick), `TritonServer` (one running Triton job and its server's answers),
+and `snapshot()`, the policy's view of an observation and the open leases.
+
+Pure: no I/O. Built by `bridge.daemon.observe.Observer`; read by the planner, the policy
+(through `snapshot`), routing and `stb status`. Nothing reads the adapters any other way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bridge.config import BridgeConfig
+from bridge.daemon.launcher import TRITON_TAG
+from bridge.policy.snapshot import (
+    JobView,
+    LeaseView,
+    ModelSample,
+    NodeView,
+    ReplicaView,
+    Snapshot,
+)
+from bridge.slurm.model import Job, Node
+
+_UNUSABLE = ("down", "fail", "unknown", "future", "inval")
+
+
+@dataclass(frozen=True)
+class TritonServer:
+    """A Triton job Slurm runs, and what its server said this tick."""
+
+    job: Job
+    node: str
+    address: str
+    ready: bool
+    #: models the server holds READY
+    models: tuple[str, ...]
+    #: requests in flight per model (from the metrics page; empty when not scraped)
+    pending: Mapping[str, float] = field(default_factory=dict)
+    #: models the server tried and failed to load, with Triton's reason
+    unavailable: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything one tick knows about the outside world; the planner's and the policy's
+    only input besides the leases. `at` is epoch seconds."""
+
+    at: float
+    nodes: Mapping[str, Node]
+    #: jobs in an active state (running, pending, configuring, completing)
+    jobs: tuple[Job, ...]
+    #: names of the Slurm reservations that exist now
+    reservations: frozenset[str]
+    #: the running Triton jobs' servers
+    servers: tuple[TritonServer, ...]
+    #: per model, its recent samples, oldest first
+    history: Mapping[str, tuple[ModelSample, ...]]
+
+    def triton_jobs(self) -> dict[str, Job]:
+        """The Triton jobs (tagged `stb:triton`) by job id."""
+        return {j.job_id: j for j in self.jobs if TRITON_TAG in j.tags}
+
+    def server_of(self, job_id: str | None) -> TritonServer | None:
+        return next((s for s in self.servers if s.job.job_id == job_id), None)
+
+
+def pool_of(node: Node, config: BridgeConfig) -> str | None:
+    """The configured pool of a node: the one whose partition holds it; a lendable pool
+    wins over the reserved one (the elastic nodes are also in the inference partition)."""
+    matches = [
+        (pool.lend_mode == "reserved", name)
+        for name, pool in config.pools.items()
+        if pool.partition in node.partitions
+    ]
+    return min(matches)[1] if matches else None
+
+
+def _ts(job: Job, name: str) -> float | None:
+    value = getattr(job, name)
+    return value.timestamp() if value is not None else None
+
+
+def snapshot(
+    obs: Observation,
+    config: BridgeConfig,
+    leases: Sequence[LeaseView],
+    last_lend_at: Mapping[str, float],
+) -> Snapshot:
+    """The policy's view of an observation and the open leases. Pure."""
+    lease_of = {lease.node: lease.lease_id for lease in leases}
+    on_node: dict[str, list[Job]] = {}
+    triton_bound: set[str] = set()
+    for j in obs.jobs:
+        for n in j.nodes:
+            on_node.setdefault(n, []).append(j)
+        if TRITON_TAG in j.tags:
+            # a pending Triton job asked for its node: it is on its way there
+            triton_bound.update(j.nodes or j.requested_nodes)
+    views = []
+    for node in obs.nodes.values():
+        pool = pool_of(node, config)
+        if pool is None:
+            continue
+        work = tuple(
+            JobView(j.job_id, j.gpus, _ts(j, "start_time"), j.restarts, _ts(j, "submit_time"))
+            for j in on_node.get(node.name, ())
+            if TRITON_TAG not in j.tags and j.state == "RUNNING"
+        )
+        usable = not node.state.startswith(_UNUSABLE) and (
+            not node.drained or node.fenced_by_bridge
+        )
+        views.append(
+            NodeView(node.name, pool, usable, node.gpus, work, has_triton=node.name in triton_bound)
+        )
+    replicas = tuple(
+        ReplicaView(s.node, s.models, lease_of.get(s.node))
+        for s in obs.servers
+        if s.ready and s.models
+    )
+    return Snapshot(tuple(views), replicas, obs.history, tuple(leases), dict(last_lend_at))

@@ -1,0 +1,502 @@
+"""The sync planner: what each open lease needs next, from one observation. Pure.
+
+`plan(obs, leases, now, settings, not_before)` folds in what Slurm and Triton say (a job
+running, a server ready, a job gone) and returns `Step`s: the commands a lease needs
+(submit its Triton job, cancel it, unload its models, lift its fence, put it in or out of
+routing) and the move its state makes once they have all succeeded. `plan_orphans`
+handles what no open lease holds (tagged Triton jobs to adopt or cancel, bridge fences to
+lift); `plan_return` gives a lease back. The actuator (`bridge.daemon.actuator`) carries
+steps out through the adapters; errors come back as data, and a lease whose command failed
+permanently is failed by the actuator with the adapter's words.
+
+No I/O, no clock: `now` is a parameter (epoch seconds), so every case is a unit test with
+literal inputs (tests/unit/test_planner.py).
+
+Deadlines (`deadline`): a lease that stays in one state longer than its deadline is failed
+("stuck in <state> ..."), except `draining`, whose deadline only ends the wait for in-flight
+requests, and `failed`, which cannot fail again (it is reported as stuck, for a person).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bridge.config import BridgeConfig
+from bridge.daemon import launcher
+from bridge.daemon.observation import Observation, pool_of
+from bridge.lifecycle import LeaseState
+from bridge.slurm.model import Job
+
+S = LeaseState
+RESERVATION_PREFIX = "stb-lease-"
+#: a reservation of a drain-mode lend lasts this much past the bounded drain wait
+RESERVATION_SLACK_S = 7 * 24 * 3600
+#: Slurm's reasons for a pending job that will not run without a person
+HELD_REASONS = ("JobHeldAdmin", "JobHeldUser", "launch failed requeued held", "BadConstraints")
+
+
+def reservation_name(lease_id: int) -> str:
+    return f"{RESERVATION_PREFIX}{lease_id}"
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """What the planner knows of a lease (a plain copy of the stored row)."""
+
+    id: int
+    node: str
+    pool: str
+    lend_mode: str
+    state: LeaseState
+    models: tuple[str, ...]
+    slurm_job_id: str | None
+    created_at: float
+    #: when it entered its current state
+    updated_at: float
+    reason: str = ""
+
+    @property
+    def ref(self) -> launcher.LeaseRef:
+        """How the lease's Triton job names it (see `launcher.lease_tag`)."""
+        return self.id, int(self.created_at)
+
+
+# ---- commands: what the actuator does through an adapter ---------------------------------
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Create the drain-mode reservation that holds `node` for the lease."""
+
+    step = "fence"
+    reservation: str
+    node: str
+    duration_s: int
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Submit the lease's Triton job on its node; its job id goes into the move."""
+
+    step = "submit"
+    node: str
+    models: tuple[str, ...]
+    ref: launcher.LeaseRef
+    pool: str
+    reservation: str | None
+
+
+@dataclass(frozen=True)
+class SubmitBaseline:
+    """Submit a reserved node's baseline Triton job (no lease)."""
+
+    step = "baseline"
+    node: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    step = "cancel"
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Unload:
+    """Unload the lease's models from its server, then forget the bridge's connection."""
+
+    step = "unload"
+    address: str
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Unfence:
+    """Delete a bridge reservation."""
+
+    step = "unfence"
+    reservation: str
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Resume a node the bridge drained (an `stb:` drain reason) that no lease holds."""
+
+    step = "unfence"
+    node: str
+
+
+@dataclass(frozen=True)
+class RouteIn:
+    """Publish routing with the lease's replica in it (before it counts as serving)."""
+
+    step = "route"
+    lease_id: int
+
+
+@dataclass(frozen=True)
+class RouteOut:
+    """Publish routing without the lease's replica (before it drains)."""
+
+    step = "route"
+    lease_id: int
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """Record a lease for a tagged Triton job that no lease holds (a lend whose record was
+    lost), as submitted with that job."""
+
+    step = "adopt"
+    job_id: str
+    node: str
+    pool: str
+    lend_mode: str
+
+
+Command = (
+    Fence
+    | Submit
+    | SubmitBaseline
+    | Cancel
+    | Unload
+    | Unfence
+    | Resume
+    | RouteIn
+    | RouteOut
+    | Adopt
+)
+
+
+@dataclass(frozen=True)
+class Move:
+    """A state change of a lease: `old` is the state the plan was made from (the store
+    refuses the move if another writer got there first)."""
+
+    lease_id: int
+    old: LeaseState
+    new: LeaseState
+    reason: str
+    slurm_job_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """Commands, in order, then the move they lead to (None: no move yet). `lease_id` is
+    None for steps no lease holds (orphans, baselines). `note` is a line for the tick's
+    events when the step carries no move."""
+
+    lease_id: int | None
+    commands: tuple[Command, ...] = ()
+    move: Move | None = None
+    note: str = ""
+    #: a failure of this step fails the lease (False for routing steps, whose failure
+    #: says nothing about the lease)
+    fails_lease: bool = True
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The deadlines and waits the planner needs, in seconds."""
+
+    requested_deadline_s: float = 120
+    submitted_deadline_s: float = 600
+    starting_deadline_s: float = 300
+    releasing_deadline_s: float = 300
+    drain_timeout_s: float = 30
+    drain_wait_s: float = 120
+    gpus_default: int = 1
+    lendable_pools: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, config: BridgeConfig) -> Settings:
+        leases = config.leases
+        return cls(
+            requested_deadline_s=leases.requested_deadline_s,
+            submitted_deadline_s=leases.submitted_deadline_s,
+            starting_deadline_s=config.triton.ready_timeout_s,
+            releasing_deadline_s=leases.releasing_deadline_s,
+            drain_timeout_s=leases.drain_timeout_s,
+            drain_wait_s=config.policy.drain_wait_s,
+            lendable_pools={
+                name: p.lend_mode
+                for name, p in config.pools.items()
+                if p.lend_mode in ("preempt", "drain")
+            },
+        )
+
+
+def deadline(lease: LeaseRecord, settings: Settings) -> float | None:
+    """Seconds the lease may stay in its state, or None (no deadline)."""
+    if lease.state == S.REQUESTED:
+        return settings.requested_deadline_s
+    if lease.state == S.SUBMITTED:
+        if lease.lend_mode == "drain":
+            return max(settings.submitted_deadline_s, settings.drain_wait_s + 60)
+        return settings.submitted_deadline_s
+    if lease.state == S.STARTING:
+        return settings.starting_deadline_s
+    if lease.state in (S.RELEASING, S.FAILED):
+        return settings.releasing_deadline_s
+    return None
+
+
+def is_stuck(lease: LeaseRecord, settings: Settings, now: float) -> bool:
+    """Past its state's deadline (a `failed` lease whose cleanup does not finish)."""
+    limit = deadline(lease, settings)
+    return limit is not None and now - lease.updated_at > limit
+
+
+def _job_of(lease: LeaseRecord, jobs: Mapping[str, Job]) -> Job | None:
+    if lease.slurm_job_id:
+        return jobs.get(lease.slurm_job_id)
+    return next((j for j in jobs.values() if launcher.lease_of(j.tags) == lease.ref), None)
+
+
+def _unfence(lease: LeaseRecord, obs: Observation) -> tuple[Command, ...]:
+    name = reservation_name(lease.id)
+    return (Unfence(name),) if lease.lend_mode == "drain" and name in obs.reservations else ()
+
+
+def _fail(lease: LeaseRecord, reason: str) -> Step:
+    return Step(lease.id, move=Move(lease.id, lease.state, S.FAILED, reason))
+
+
+def _held(job: Job) -> bool:
+    return job.state == "PENDING" and any(r.lower() in job.reason.lower() for r in HELD_REASONS)
+
+
+def plan_lease(lease: LeaseRecord, obs: Observation, now: float, settings: Settings) -> Step | None:
+    """The next step of one open lease, or None when it waits."""
+    jobs = obs.triton_jobs()
+    job = _job_of(lease, jobs)
+    server = obs.server_of(job.job_id) if job else None
+    state = lease.state
+    limit = deadline(lease, settings)
+    overdue = limit is not None and now - lease.updated_at > limit
+    overdue_reason = (
+        f"stuck in {state.value} for {now - lease.updated_at:.0f} s (deadline {limit:g} s)"
+    )
+
+    if state == S.REQUESTED:
+        if job is not None:  # submitted before a crash, not yet recorded
+            return Step(
+                lease.id,
+                move=Move(lease.id, state, S.SUBMITTED, "found its Triton job", job.job_id),
+            )
+        if overdue:
+            return _fail(lease, overdue_reason)
+        if lease.node not in obs.nodes:
+            return _fail(lease, f"node {lease.node} vanished from Slurm")
+        return _submit_step(lease, obs, settings)
+    if state == S.SUBMITTED:
+        if job is None:
+            return _fail(lease, "Triton job vanished before it ran")
+        if job.state == "RUNNING":
+            return Step(
+                lease.id, move=Move(lease.id, state, S.STARTING, f"job {job.job_id} running")
+            )
+        if _held(job):
+            return _fail(lease, f"Slurm holds Triton job {job.job_id}: {job.reason}")
+        if lease.node not in obs.nodes:
+            return _fail(lease, f"node {lease.node} vanished from Slurm")
+        return _fail(lease, overdue_reason) if overdue else None
+    if state == S.STARTING:
+        if job is None:
+            return _fail(lease, "Triton job ended while starting")
+        if server is not None and server.ready:
+            refused = {m: server.unavailable[m] for m in lease.models if m in server.unavailable}
+            if refused:
+                why = "; ".join(f"{m}: {r}" for m, r in sorted(refused.items()))
+                return _fail(lease, f"Triton refused to load {why}")
+            if set(lease.models) <= set(server.models):
+                return Step(
+                    lease.id,
+                    (RouteIn(lease.id),),
+                    Move(lease.id, state, S.SERVING, "Triton ready, in routing"),
+                    fails_lease=False,
+                )
+        return _fail(lease, f"Triton not ready in time ({overdue_reason})") if overdue else None
+    if state == S.SERVING:
+        if job is None or server is None or not server.ready:
+            return _fail(lease, "Triton job or server gone while serving")
+        return None
+    if state == S.DRAINING:
+        if job is None or server is None:
+            return Step(
+                lease.id, move=Move(lease.id, state, S.RELEASING, "server gone while draining")
+            )
+        pending = sum(server.pending.get(m, 0.0) for m in lease.models)
+        if pending > 0 and now - lease.updated_at < settings.drain_timeout_s:
+            return None
+        why = "no request in flight" if pending == 0 else f"drain timeout, {pending:g} pending"
+        return Step(
+            lease.id,
+            (Unload(server.address, lease.models), Cancel(job.job_id)),
+            Move(lease.id, state, S.RELEASING, f"{why}; unloaded, job cancelled"),
+        )
+    if state == S.RELEASING:
+        if job is None:
+            return Step(
+                lease.id,
+                _unfence(lease, obs),
+                Move(lease.id, state, S.RETURNED, "job gone, node back with Slurm"),
+            )
+        if overdue:
+            return _fail(lease, f"{overdue_reason}; job {job.job_id} still {job.state}")
+        return Step(lease.id, (Cancel(job.job_id),), note=f"cancelling job {job.job_id}")
+    if state == S.FAILED:
+        if job is not None:
+            return Step(lease.id, (Cancel(job.job_id),), note=f"cancelling job {job.job_id}")
+        return Step(
+            lease.id,
+            _unfence(lease, obs),
+            Move(lease.id, state, S.RETURNED, "cleaned up after failure"),
+        )
+    return None
+
+
+def _submit_step(lease: LeaseRecord, obs: Observation, settings: Settings) -> Step:
+    commands: list[Command] = []
+    reservation = None
+    if lease.lend_mode == "drain":
+        # The gentle fence: a reservation holds the node for the bridge; running jobs go
+        # on, nothing new starts there, and Triton starts when the node is free.
+        reservation = reservation_name(lease.id)
+        if reservation not in obs.reservations:
+            duration = int(settings.drain_wait_s + RESERVATION_SLACK_S)
+            commands.append(Fence(reservation, lease.node, duration))
+    commands.append(Submit(lease.node, lease.models, lease.ref, lease.pool, reservation))
+    return Step(lease.id, tuple(commands), Move(lease.id, S.REQUESTED, S.SUBMITTED, "submitted"))
+
+
+def plan(
+    obs: Observation,
+    leases: Sequence[LeaseRecord],
+    now: float,
+    settings: Settings,
+    not_before: Mapping[int, float] | None = None,
+) -> list[Step]:
+    """The steps of every open lease. A lease in retry backoff (`not_before[id] > now`)
+    gets only moves that need no command (e.g. its job started) and its deadline."""
+    waits = not_before or {}
+    steps = []
+    for lease in leases:
+        if lease.state == S.RETURNED:
+            continue
+        step = plan_lease(lease, obs, now, settings)
+        if step is None:
+            continue
+        if step.commands and waits.get(lease.id, 0.0) > now:
+            continue
+        steps.append(step)
+    return steps
+
+
+def plan_return(lease: LeaseRecord, reason: str, obs: Observation) -> Step | None:
+    """Give a lease back: out of routing then drain (serving), cancel (on its way), or
+    abandon (not yet submitted). None for a lease already leaving."""
+    why = f"return: {reason}"
+    if lease.state == S.SERVING:
+        return Step(
+            lease.id,
+            (RouteOut(lease.id),),
+            Move(lease.id, lease.state, S.DRAINING, why),
+            fails_lease=False,
+        )
+    if lease.state in (S.SUBMITTED, S.STARTING):
+        cancel = (Cancel(lease.slurm_job_id),) if lease.slurm_job_id else ()
+        return Step(lease.id, cancel, Move(lease.id, lease.state, S.RELEASING, why))
+    if lease.state == S.REQUESTED:
+        return Step(
+            lease.id,
+            _unfence(lease, obs),
+            Move(lease.id, lease.state, S.RETURNED, f"abandoned: {reason}"),
+        )
+    return None
+
+
+def plan_orphans(
+    obs: Observation,
+    leases: Sequence[LeaseRecord],
+    closed: Mapping[int, launcher.LeaseRef],
+    config: BridgeConfig,
+) -> list[Step]:
+    """What no open lease holds: a tagged Triton job of a closed lease still queued or
+    running (a leak: cancel it); a running tagged job of a lease the database never saw
+    (adopt it); a bridge reservation or drain no open lease holds (lift it). `closed`
+    maps lease ids of the tagged jobs' refs that are not open to the stored lease's ref."""
+    open_leases = [lease for lease in leases if lease.state != S.RETURNED]
+    open_refs = {lease.ref for lease in open_leases}
+    open_jobs = {lease.slurm_job_id for lease in open_leases if lease.slurm_job_id}
+    open_ids = {lease.id for lease in open_leases}
+    open_nodes = {lease.node for lease in open_leases}
+    steps: list[Step] = []
+    for job in obs.triton_jobs().values():
+        ref = launcher.lease_of(job.tags)
+        if ref is None or ref in open_refs or job.job_id in open_jobs:
+            continue
+        if closed.get(ref[0]) == ref:
+            if job.state in ("RUNNING", "PENDING"):
+                steps.append(
+                    Step(
+                        None,
+                        (Cancel(job.job_id),),
+                        note=f"cancel job {job.job_id} of finished lease {ref[0]}",
+                    )
+                )
+        elif job.state == "RUNNING" and len(job.nodes) == 1:
+            node = obs.nodes.get(job.nodes[0])
+            pool = pool_of(node, config) if node else None
+            if pool is None or config.pools[pool].lend_mode == "reserved":
+                continue
+            mode = config.pools[pool].lend_mode
+            steps.append(Step(None, (Adopt(job.job_id, job.nodes[0], pool, mode),)))
+    for name in sorted(obs.reservations):
+        suffix = name.removeprefix(RESERVATION_PREFIX)
+        if name.startswith(RESERVATION_PREFIX) and suffix.isdigit() and int(suffix) not in open_ids:
+            steps.append(
+                Step(None, (Unfence(name),), note=f"lifted fence {name}: no open lease holds it")
+            )
+    for node in obs.nodes.values():
+        if node.fenced_by_bridge and node.name not in open_nodes:
+            steps.append(
+                Step(
+                    None, (Resume(node.name),), note=f"resumed {node.name}: bridge drain, no lease"
+                )
+            )
+    return steps
+
+
+def lease_refs_to_check(obs: Observation, leases: Sequence[LeaseRecord]) -> set[int]:
+    """Lease ids named by tagged Triton jobs that no open lease holds: the actuator looks
+    these up in the store (one query) before `plan_orphans`."""
+    open_refs = {lease.ref for lease in leases if lease.state != S.RETURNED}
+    ids = set()
+    for job in obs.triton_jobs().values():
+        ref = launcher.lease_of(job.tags)
+        if ref is not None and ref not in open_refs:
+            ids.add(ref[0])
+    return ids
+
+
+def check_operator_lend(
+    node: str,
+    models: Sequence[str],
+    obs: Observation,
+    leases: Sequence[LeaseRecord],
+    config: BridgeConfig,
+) -> tuple[str, str, tuple[str, ...]] | str:
+    """An operator's lend, validated: (pool, lend mode, models), or the refusal's text."""
+    known = obs.nodes.get(node)
+    if known is None:
+        return f"refused: Slurm has no node {node!r}"
+    pool = pool_of(known, config)
+    if pool is None or config.pools[pool].lend_mode not in ("preempt", "drain"):
+        return f"refused: {node} is in no lendable pool (pool {pool})"
+    if any(lease.node == node and lease.state != S.RETURNED for lease in leases):
+        return f"refused: {node} is already lent"
+    unknown = sorted(set(models) - set(config.models))
+    if unknown:
+        return f"refused: unknown models {', '.join(unknown)}"
+    return pool, config.pools[pool].lend_mode, tuple(models) or tuple(config.models)
