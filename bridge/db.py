@@ -37,7 +37,10 @@ def make_engine(url: str | URL = DEFAULT_DATABASE_URL, *, echo: bool = False) ->
     if parsed.get_backend_name() == "postgresql" and parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed, echo=echo, pool_pre_ping=True)
+        # A database that does not answer must fail the daemon's pass within seconds, not
+        # hang it: connect_timeout bounds each new connection (the URL may set its own).
+        args = {} if "connect_timeout" in parsed.query else {"connect_timeout": 5}
+        return create_engine(parsed, echo=echo, pool_pre_ping=True, connect_args=args)
     kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30.0}}
     database = parsed.database or ""
     if database in ("", ":memory:"):

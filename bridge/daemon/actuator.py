@@ -118,6 +118,8 @@ class Actuator:
         self.forget_triton = forget_triton
         #: per lease: transient errors since its last good step, and when to retry
         self.backoff: dict[int, Backoff] = {}
+        #: reservations deleted this pass (the pass's observation still lists them)
+        self.unfenced: set[str] = set()
         #: the pass's copy of every lease it has seen, by id
         self.leases: dict[int, LeaseRecord] = {}
         self._obs: Observation | None = None
@@ -127,6 +129,7 @@ class Actuator:
     def begin(self, obs: Observation, leases: Iterable[LeaseRecord]) -> None:
         self._obs = obs
         self.leases = {lease.id: lease for lease in leases}
+        self.unfenced.clear()
         for gone in set(self.backoff) - set(self.leases):
             del self.backoff[gone]
 
@@ -173,18 +176,28 @@ class Actuator:
         lease = self.leases.get(step.lease_id) if step.lease_id is not None else None
         if lease is None:
             return
-        if err.kind == "transient":
-            b = self.backoff.setdefault(lease.id, Backoff())
-            b.errors += 1
-            lc = self.config.leases
-            wait = min(lc.retry_max_s, lc.retry_base_s * 2 ** (b.errors - 1))
-            b.not_before = now.timestamp() + wait
-        elif step.fails_lease and lease.state not in (S.FAILED, S.RETURNED):
+        if (
+            err.kind == "permanent"
+            and step.fails_lease
+            and lease.state
+            not in (
+                S.FAILED,
+                S.RETURNED,
+            )
+        ):
             move = Move(lease.id, lease.state, S.FAILED, f"{what}: {exc}")
             try:
                 self.apply(move, now, report)
             except LeaseError as store_exc:
                 report.error("store", store_exc, lease.id)
+            return
+        # transient, or nothing left to fail (a failed lease's cleanup refused, a routing
+        # error): the lease's step waits, longer after each error, and its deadline runs
+        b = self.backoff.setdefault(lease.id, Backoff())
+        b.errors += 1
+        lc = self.config.leases
+        wait = min(lc.retry_max_s, lc.retry_base_s * 2 ** (b.errors - 1))
+        b.not_before = now.timestamp() + wait
 
     def apply(self, move: Move, now: datetime, report: TickReport) -> LeaseRecord:
         """Make one move in the store (compare-and-set on the planned old state)."""
@@ -252,6 +265,7 @@ class Actuator:
                     self.forget_triton(address)
             case Unfence(reservation):
                 self.slurm.delete_reservation(reservation)
+                self.unfenced.add(reservation)
             case Resume(node):
                 self.slurm.resume(node)
             case RouteIn(lease_id):

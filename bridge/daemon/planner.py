@@ -13,14 +13,15 @@ No I/O, no clock: `now` is a parameter (epoch seconds), so every case is a unit 
 literal inputs (tests/unit/test_planner.py).
 
 Deadlines (`deadline`): a lease that stays in one state longer than its deadline is failed
-("stuck in <state> ..."), except `draining`, whose deadline only ends the wait for in-flight
-requests, and `failed`, which cannot fail again (it is reported as stuck, for a person).
+("stuck in <state> ..."), except `failed`, which cannot fail again (it is reported as
+stuck, for a person). `draining` first waits up to `drain_timeout_s` for in-flight
+requests, then unloads and cancels; its deadline catches an unload that never succeeds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from bridge.config import BridgeConfig
 from bridge.daemon import launcher
@@ -205,8 +206,6 @@ class Settings:
     releasing_deadline_s: float = 300
     drain_timeout_s: float = 30
     drain_wait_s: float = 120
-    gpus_default: int = 1
-    lendable_pools: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, config: BridgeConfig) -> Settings:
@@ -218,11 +217,6 @@ class Settings:
             releasing_deadline_s=leases.releasing_deadline_s,
             drain_timeout_s=leases.drain_timeout_s,
             drain_wait_s=config.policy.drain_wait_s,
-            lendable_pools={
-                name: p.lend_mode
-                for name, p in config.pools.items()
-                if p.lend_mode in ("preempt", "drain")
-            },
         )
 
 
@@ -236,6 +230,8 @@ def deadline(lease: LeaseRecord, settings: Settings) -> float | None:
         return settings.submitted_deadline_s
     if lease.state == S.STARTING:
         return settings.starting_deadline_s
+    if lease.state == S.DRAINING:  # the wait for requests, then an unload that must end
+        return settings.drain_timeout_s + settings.releasing_deadline_s
     if lease.state in (S.RELEASING, S.FAILED):
         return settings.releasing_deadline_s
     return None
@@ -276,6 +272,8 @@ def plan_lease(lease: LeaseRecord, obs: Observation, now: float, settings: Setti
     overdue = limit is not None and now - lease.updated_at > limit
     overdue_reason = (
         f"stuck in {state.value} for {now - lease.updated_at:.0f} s (deadline {limit:g} s)"
+        if limit is not None
+        else ""
     )
 
     if state == S.REQUESTED:
@@ -304,6 +302,8 @@ def plan_lease(lease: LeaseRecord, obs: Observation, now: float, settings: Setti
     if state == S.STARTING:
         if job is None:
             return _fail(lease, "Triton job ended while starting")
+        if lease.node not in obs.nodes:
+            return _fail(lease, f"node {lease.node} vanished from Slurm")
         if server is not None and server.ready:
             refused = {m: server.unavailable[m] for m in lease.models if m in server.unavailable}
             if refused:
@@ -325,6 +325,14 @@ def plan_lease(lease: LeaseRecord, obs: Observation, now: float, settings: Setti
         if job is None or server is None:
             return Step(
                 lease.id, move=Move(lease.id, state, S.RELEASING, "server gone while draining")
+            )
+        if overdue:  # the unload keeps failing: fail it, and the failed path cancels
+            return _fail(lease, overdue_reason)
+        if not server.ready:  # it answers nothing: no request to wait for, nothing to unload
+            return Step(
+                lease.id,
+                (Cancel(job.job_id),),
+                Move(lease.id, state, S.RELEASING, "server not answering; job cancelled"),
             )
         pending = sum(server.pending.get(m, 0.0) for m in lease.models)
         if pending > 0 and now - lease.updated_at < settings.drain_timeout_s:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -168,6 +169,8 @@ class Reconciler:
                 closed[lease_id] = record_of(self.store.get(lease_id)).ref
             except LeaseError:
                 continue
+        # the fences this pass already lifted are gone, though the observation lists them
+        obs = replace(obs, reservations=obs.reservations - act.unfenced)
         for step in planner.plan_orphans(obs, act.open_leases(), closed, self.config):
             act.run(step, now, report)
 
@@ -197,7 +200,11 @@ class Reconciler:
                 outcome = f"refused: malformed {req.kind!r} request"
             new_errors = report.errors[errors_before:]
             if new_errors and not outcome.startswith(("refused", "failed")):
-                outcome = f"failed: {new_errors[-1].message} ({outcome})"
+                last = new_errors[-1]
+                if last.kind == "transient":  # the lease goes on; its step is retried
+                    outcome = f"{outcome} (retrying: {last.message})"
+                else:
+                    outcome = f"failed: {last.message} ({outcome})"
             self.requests.finish(req.id, now, outcome)
             report.events.append(f"operator request {req.id} ({req.kind}): {outcome}")
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from sqlalchemy import JSON, Column, Engine, Integer, String, Text
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from bridge.db import UTCDateTime
+from bridge.db import WRITE_OPTION, UTCDateTime, configure_sqlite
 
 KINDS = ("lend", "return")
 
@@ -36,10 +36,15 @@ class OperatorRequest(SQLModel, table=True):
 
 class RequestQueue:
     def __init__(self, engine: Engine) -> None:
+        configure_sqlite(engine)
         self._engine = engine
+        # Writes begin IMMEDIATE on SQLite (bridge.db): a read-then-write transaction
+        # started as a reader would fail at once ("database is locked") when another
+        # process inserted a request in between, instead of waiting its busy timeout.
+        self._writer = engine.execution_options(**{WRITE_OPTION: True})
 
     def _add(self, req: OperatorRequest) -> OperatorRequest:
-        with Session(self._engine, expire_on_commit=False) as session, session.begin():
+        with Session(self._writer, expire_on_commit=False) as session, session.begin():
             session.add(req)
         return req
 
@@ -73,7 +78,7 @@ class RequestQueue:
             return session.get(OperatorRequest, request_id)
 
     def finish(self, request_id: int, now: datetime, outcome: str) -> None:
-        with Session(self._engine, expire_on_commit=False) as session, session.begin():
+        with Session(self._writer, expire_on_commit=False) as session, session.begin():
             req = session.get(OperatorRequest, request_id)
             if req is not None and req.done_at is None:
                 req.done_at = now
