@@ -16,7 +16,12 @@ from datetime import UTC, datetime
 
 from bridge.hostlist import compress
 from bridge.slurm import parse
-from bridge.slurm.errors import CommandRejected, ControllerUnreachable, UnparseableOutput
+from bridge.slurm.errors import (
+    CommandRejected,
+    ControllerUnreachable,
+    UnparseableOutput,
+    from_message,
+)
 from bridge.slurm.model import (
     BRIDGE_TAG,
     AccountingRecord,
@@ -27,16 +32,6 @@ from bridge.slurm.model import (
     Reservation,
 )
 
-#: Phrases with which Slurm's clients say the controller or slurmdbd did not answer.
-_UNREACHABLE = (
-    "unable to contact slurm controller",
-    "connection refused",
-    "socket timed out",
-    "zero bytes were transmitted",
-    "problem talking to the database",
-    "connection timed out",
-    "communication connection failure",
-)
 #: Phrases that mean "already done" for idempotent writes.
 _ALREADY = (
     "job/step already completing or completed",
@@ -71,9 +66,7 @@ class SlurmCLI:
             raise CommandRejected(command, f"{argv[0]} is not installed") from exc
         if done.returncode != 0:
             message = done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}"
-            if any(p in message.lower() for p in _UNREACHABLE):
-                raise ControllerUnreachable(f"{command}: {message}")
-            raise CommandRejected(command, message)
+            raise from_message(command, message)
         return done.stdout
 
     def _run_idempotent(self, *argv: str) -> None:

@@ -33,3 +33,23 @@ class UnparseableOutput(SlurmError):
         super().__init__(f"cannot parse {what}: {shown!r}")
         self.what = what
         self.raw = raw
+
+
+#: Phrases with which Slurm's clients say the controller or slurmdbd did not answer.
+UNREACHABLE_PHRASES = (
+    "unable to contact slurm controller",
+    "connection refused",
+    "socket timed out",
+    "zero bytes were transmitted",
+    "problem talking to the database",
+    "connection timed out",
+    "communication connection failure",
+)
+
+
+def from_message(command: str, message: str) -> SlurmError:
+    """The typed error for Slurm's own words: unreachable when they say the controller or
+    the database did not answer, else a rejection quoting them."""
+    if any(p in message.lower() for p in UNREACHABLE_PHRASES):
+        return ControllerUnreachable(f"{command}: {message}")
+    return CommandRejected(command, message)

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bridge.hostlist import HostlistError, expand
-from bridge.slurm.errors import UnparseableOutput
+from bridge.slurm.errors import UnparseableOutput, from_message
 from bridge.slurm.model import AccountingRecord, Job, Node, Partition, Reservation
 
 _FIELD_START = re.compile(r"\s+(?=[A-Za-z][A-Za-z0-9_/:.]*=)")
@@ -305,11 +305,24 @@ def parse_reservations(text: str) -> list[Reservation]:
 
 
 def _load_json(text: str, what: str, key: str) -> list[dict[str, Any]]:
+    """The `key` list of a Slurm JSON document. A document whose `errors` list is not
+    empty raises the typed error of its first message: with the controller down,
+    `squeue --json` exits 0 with no jobs and the error only there, and an empty job list
+    must never be taken for "every job is gone"."""
     try:
         data = json.loads(text)
+        errors = data.get("errors") or []
         items = data[key]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise UnparseableOutput(what, text) from exc
+    if errors:
+        first = errors[0]
+        message = (
+            str(first.get("error") or first.get("description") or first)
+            if isinstance(first, dict)
+            else str(first)
+        )
+        raise from_message(what, message)
     if not isinstance(items, list):
         raise UnparseableOutput(what, text)
     return items

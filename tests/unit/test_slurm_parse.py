@@ -260,3 +260,27 @@ def test_backend_selection_names_the_problem() -> None:
     except ImportError:
         with pytest.raises(ValueError, match="pyslurm does not import"):
             open_backend("pyslurm")
+
+
+def test_a_json_document_with_errors_raises_their_typed_error() -> None:
+    """With slurmctld down, squeue --json exits 0 with no jobs and the error only in its
+    `errors` list: that must not read as "no job runs" (every lease would seem gone)."""
+    from bridge.slurm.errors import CommandRejected, ControllerUnreachable
+
+    down = {
+        "meta": {"Slurm": {"version": {"major": 22, "micro": 8, "minor": 5}}},
+        "errors": [
+            {
+                "error": "slurm_load_jobs error: Unable to contact slurm controller "
+                "(connect failure)",
+                "error_number": 1007,
+            }
+        ],
+        "jobs": [],
+    }
+    with pytest.raises(ControllerUnreachable, match="Unable to contact slurm controller"):
+        parse_squeue_json(json.dumps(down))
+    odd = {**down, "errors": [{"error": "Invalid user for SlurmUser", "error_number": 2001}]}
+    with pytest.raises(CommandRejected, match="Invalid user"):
+        parse_squeue_json(json.dumps(odd))
+    assert parse_squeue_json(json.dumps({**down, "errors": []})) == []
