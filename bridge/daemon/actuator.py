@@ -191,8 +191,10 @@ class Actuator:
             except LeaseError as store_exc:
                 report.error("store", store_exc, lease.id)
             return
-        # transient, or nothing left to fail (a failed lease's cleanup refused, a routing
-        # error): the lease's step waits, longer after each error, and its deadline runs
+        if what == "route":  # local and idempotent: tried again on the very next tick
+            return
+        # transient, or nothing left to fail (a failed lease's cleanup refused): the lease's
+        # step waits, longer after each error, and its deadline runs
         b = self.backoff.setdefault(lease.id, Backoff())
         b.errors += 1
         lc = self.config.leases

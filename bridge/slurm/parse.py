@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bridge.hostlist import HostlistError, expand
-from bridge.slurm.errors import UnparseableOutput, from_message
+from bridge.slurm.errors import ControllerUnreachable, UnparseableOutput
 from bridge.slurm.model import AccountingRecord, Job, Node, Partition, Reservation
 
 _FIELD_START = re.compile(r"\s+(?=[A-Za-z][A-Za-z0-9_/:.]*=)")
@@ -304,25 +304,36 @@ def parse_reservations(text: str) -> list[Reservation]:
 # --- JSON ----------------------------------------------------------------------------
 
 
+#: `error_number`s of a JSON answer's `errors` that are no failure: sacct over a window
+#: with no job answers 9003 "Nothing found with query" (and an empty job list)
+_BENIGN_ERRORS = frozenset({9003})
+
+
 def _load_json(text: str, what: str, key: str) -> list[dict[str, Any]]:
-    """The `key` list of a Slurm JSON document. A document whose `errors` list is not
-    empty raises the typed error of its first message: with the controller down,
-    `squeue --json` exits 0 with no jobs and the error only there, and an empty job list
-    must never be taken for "every job is gone"."""
+    """The `key` list of a Slurm JSON document. A document whose `errors` list holds a
+    real error raises `ControllerUnreachable` quoting it: with the controller down,
+    `squeue --json` exits 0 with no jobs and {"error": "Unspecified error", "source":
+    "slurm_load_jobs"} only there, and an empty job list must never be taken for "every
+    job is gone". A read that failed is retried on a later tick (reads are idempotent),
+    so every such error counts as transient."""
     try:
         data = json.loads(text)
-        errors = data.get("errors") or []
+        errors = [
+            e
+            for e in data.get("errors") or []
+            if not (isinstance(e, dict) and e.get("error_number") in _BENIGN_ERRORS)
+        ]
         items = data[key]
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise UnparseableOutput(what, text) from exc
     if errors:
         first = errors[0]
-        message = (
-            str(first.get("error") or first.get("description") or first)
-            if isinstance(first, dict)
-            else str(first)
-        )
-        raise from_message(what, message)
+        if isinstance(first, dict):
+            words = [str(first[k]) for k in ("error", "description", "source") if first.get(k)]
+            message = "; ".join(words) or json.dumps(first)
+        else:
+            message = str(first)
+        raise ControllerUnreachable(f"{what}: {message}")
     if not isinstance(items, list):
         raise UnparseableOutput(what, text)
     return items
