@@ -30,10 +30,9 @@ from datetime import datetime
 from accounting.buckets import even_split, floor_hour, largest_remainder, split_ms, utc
 from accounting.errors import IngestError
 from accounting.schema import IDLE_TEAM, UNATTRIBUTED, WORKLOADS
-from bridge.slurm.model import AccountingRecord
+from bridge.slurm.model import TRITON_TAG, AccountingRecord
 
 _TAG = re.compile(r"stb:(workload|lease|team)=([A-Za-z0-9_.:-]+)")
-TRITON_TAG = "stb:triton"
 
 
 @dataclass(frozen=True, slots=True)

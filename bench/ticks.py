@@ -31,15 +31,15 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.daemon import launcher
 from bridge.lab import lab as lab_mod
-from bridge.lab import triton
+from bridge.lab.demo import daemon_toml
 from bridge.lab.spec import LabSpec
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
 from bridge.paths import default_lab_dir, project_root
 from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.model import TRITON_TAG
 
 ROOT = project_root()
 BASELINE_REV = "b4934eb"
@@ -55,37 +55,13 @@ def _port() -> int:
 
 def write_config(spec: LabSpec, work: Path, tick_s: float) -> tuple[Path, str, str]:
     """A daemon configuration under `work`: (path, nginx listen, exporter address)."""
-    cfg = triton.job_config(spec)
     listen, exporter = f"127.0.0.1:{_port()}", f"127.0.0.1:{_port()}"
     path = work / "bridge.toml"
-    path.write_text(f"""
-tick_s = {tick_s}
-database_url = "sqlite:///{work / "bridge.db"}"
-[models.busy]
-slo_p99_ms = 100
-[models.echo]
-slo_p99_ms = 50
-[policy]
-max_lent_nodes = 1
-[triton]
-sbatch_script = "{cfg.sbatch_script}"
-model_repository = "{cfg.model_repository}"
-key_file = "{cfg.key_file}"
-backend_directory = "{cfg.backend_directory}"
-log_dir = "{cfg.log_dir}"
-[routing]
-nginx_conf = "{work / "routing" / "upstreams.conf"}"
-http_sd_file = "{work / "routing" / "http_sd.json"}"
-listen = "{listen}"
-managed_nginx_prefix = "{work / "nginx"}"
-[daemon]
-exporter_listen = "{exporter}"
-lock_file = "{work / "bridge.lock"}"
-[accounting]
-ledger_url = "sqlite:///{work / "ledger.db"}"
-cluster = "{spec.cluster}"
-ingest_interval_s = 30
-""")
+    path.write_text(
+        daemon_toml(
+            spec, work, listen=listen, exporter=exporter, tick_s=tick_s, ingest_interval_s=30
+        )
+    )
     return path, listen, exporter
 
 
@@ -218,7 +194,7 @@ def run_variant(
 
 def cleanup(spec: LabSpec) -> None:
     cli = SlurmCLI(env=spec.env())
-    for job in cli.jobs(tag=launcher.TRITON_TAG):
+    for job in cli.jobs(tag=TRITON_TAG):
         cli.cancel(job.job_id)
     for resv in cli.reservations():
         if resv.name.startswith("stb-lease-"):

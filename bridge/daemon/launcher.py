@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bridge.config import TritonJobConfig
-from bridge.slurm.model import JobSpec
+from bridge.slurm.model import TRITON_TAG, JobSpec
 
-TRITON_TAG = "stb:triton"
 BASELINE_TAG = "stb:baseline"
 LEASE_TAG_PREFIX = "stb:lease="
 

@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bridge.config import BridgeConfig
-from bridge.daemon.launcher import TRITON_TAG
 from bridge.policy.snapshot import (
     JobView,
     LeaseView,
@@ -21,7 +20,7 @@ from bridge.policy.snapshot import (
     ReplicaView,
     Snapshot,
 )
-from bridge.slurm.model import Job, Node
+from bridge.slurm.model import TRITON_TAG, Job, Node
 
 _UNUSABLE = ("down", "fail", "unknown", "future", "inval")
 

@@ -20,10 +20,9 @@ from collections import deque
 from collections.abc import Callable
 
 from bridge.config import BridgeConfig
-from bridge.daemon.launcher import TRITON_TAG
 from bridge.daemon.observation import Observation, TritonServer
 from bridge.policy.snapshot import ModelSample
-from bridge.slurm.model import Job, Node
+from bridge.slurm.model import TRITON_TAG, Job, Node
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.client import HTTP_PORT
 from bridge.triton.errors import TritonError

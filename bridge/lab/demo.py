@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -53,6 +54,49 @@ def lab_config(spec: LabSpec) -> BridgeConfig:
             ),
         }
     )
+
+
+def daemon_toml(
+    spec: LabSpec,
+    work: Path,
+    *,
+    listen: str,
+    exporter: str,
+    tick_s: float = 1,
+    ingest_interval_s: float = 2,
+) -> str:
+    """A bridge TOML for a `stb daemon` on this lab with everything of its own (database,
+    nginx, routing, exporter, lock, ledger) under `work`: for tests and benches that run
+    the real daemon beside the lab's."""
+    cfg = triton.job_config(spec)
+    return f"""
+tick_s = {tick_s}
+database_url = "sqlite:///{work / "bridge.db"}"
+[models.busy]
+slo_p99_ms = 100
+[models.echo]
+slo_p99_ms = 50
+[policy]
+max_lent_nodes = 1
+[triton]
+sbatch_script = "{cfg.sbatch_script}"
+model_repository = "{cfg.model_repository}"
+key_file = "{cfg.key_file}"
+backend_directory = "{cfg.backend_directory}"
+log_dir = "{cfg.log_dir}"
+[routing]
+nginx_conf = "{work / "routing" / "upstreams.conf"}"
+http_sd_file = "{work / "routing" / "http_sd.json"}"
+listen = "{listen}"
+managed_nginx_prefix = "{work / "nginx"}"
+[daemon]
+exporter_listen = "{exporter}"
+lock_file = "{work / "bridge.lock"}"
+[accounting]
+ledger_url = "sqlite:///{work / "ledger.db"}"
+cluster = "{spec.cluster}"
+ingest_interval_s = {ingest_interval_s}
+"""
 
 
 def _report_row(name: str, rep: object) -> list[str]:

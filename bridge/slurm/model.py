@@ -9,6 +9,9 @@ from datetime import datetime
 #: Prefix of every drain reason and reservation name the bridge sets, so the reconciler
 #: can tell its own fences from an administrator's.
 BRIDGE_TAG = "stb:"
+#: The comment tag of every Triton job the bridge runs (a server, baseline or lent): how the
+#: daemon finds its servers and the ledger books serving time.
+TRITON_TAG = "stb:triton"
 
 
 @dataclass(frozen=True)

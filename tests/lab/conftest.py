@@ -14,6 +14,7 @@ from bridge.daemon.clients import TritonClients
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab import triton
+from bridge.lab.demo import daemon_toml
 from bridge.lab.spec import LabSpec
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
@@ -103,36 +104,12 @@ def daemon_config(lab: LabSpec, tmp_path: Path) -> Iterator[Path]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         exporter_port = s.getsockname()[1]
-    cfg = triton.job_config(lab)
     path = tmp_path / "bridge.toml"
-    path.write_text(f"""
-tick_s = 1
-database_url = "sqlite:///{tmp_path / "bridge.db"}"
-[models.busy]
-slo_p99_ms = 100
-[models.echo]
-slo_p99_ms = 50
-[policy]
-max_lent_nodes = 1
-[triton]
-sbatch_script = "{cfg.sbatch_script}"
-model_repository = "{cfg.model_repository}"
-key_file = "{cfg.key_file}"
-backend_directory = "{cfg.backend_directory}"
-log_dir = "{cfg.log_dir}"
-[routing]
-nginx_conf = "{tmp_path / "routing" / "upstreams.conf"}"
-http_sd_file = "{tmp_path / "routing" / "http_sd.json"}"
-listen = "127.0.0.1:{nginx_port}"
-managed_nginx_prefix = "{tmp_path / "nginx"}"
-[daemon]
-exporter_listen = "127.0.0.1:{exporter_port}"
-lock_file = "{tmp_path / "bridge.lock"}"
-[accounting]
-ledger_url = "sqlite:///{tmp_path / "ledger.db"}"
-cluster = "{lab.cluster}"
-ingest_interval_s = 2
-""")
+    path.write_text(
+        daemon_toml(
+            lab, tmp_path, listen=f"127.0.0.1:{nginx_port}", exporter=f"127.0.0.1:{exporter_port}"
+        )
+    )
     yield path
     nginx_pid = tmp_path / "nginx" / "run" / "nginx.pid"
     if nginx_pid.exists():
