@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
+from bridge.daemon.observation import snapshot
 from bridge.daemon.observe import Observer
 from bridge.lab import triton
 from bridge.lab.slurmctl import slurm
@@ -65,7 +66,8 @@ def test_snapshot_of_the_lab(lab: LabSpec, baseline: triton.TritonJob) -> None:
         while "RUNNING" not in slurm(lab, "squeue", "-h", "-j", work, "-o", "%T"):
             assert time.monotonic() < deadline, "the elastic job never started"
             time.sleep(0.5)
-        snap, servers = observer.observe([], time.time())
+        obs = observer.observe(time.time())
+        snap, servers = snapshot(obs, CONFIG, [], {}), obs.servers
         pools = {n.name: n.pool for n in snap.nodes}
         assert pools == {
             n.name: {"train": "training", "elastic": "elastic", "infer": "inference"}[n.pool]
@@ -93,7 +95,7 @@ def test_snapshot_of_the_lab(lab: LabSpec, baseline: triton.TritonJob) -> None:
         )
         asyncio.run(run(poisson(20, 4, seed=3), config, target_rate=20))
         time.sleep(1)
-        snap, _ = observer.observe([], time.time())
+        snap = snapshot(observer.observe(time.time()), CONFIG, [], {})
         latest = snap.history["busy"][-1]
         assert latest.request_rate is not None and latest.request_rate > 5
         assert latest.p99_ms is not None and latest.p99_ms >= 20  # busy serves in 20 ms

@@ -14,6 +14,7 @@ import tritonclient.http as httpclient
 from bridge.lab import triton
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.paths import triton_sbatch
 from bridge.triton.client import DEFAULT_API_KEY_HEADER, TritonHttpClient
 from bridge.triton.errors import TritonRejected, TritonUnreachable
 from bridge.triton.metrics import parse_page
@@ -96,7 +97,9 @@ def scrape(c: TritonHttpClient, incarnation: str, *, busy_at_least: float = 0) -
 
 def test_client_satisfies_the_protocol_and_uses_the_lab_header(client: TritonHttpClient) -> None:
     assert isinstance(client, TritonInstance)
-    assert DEFAULT_API_KEY_HEADER == triton.API_KEY_HEADER
+    # the header the servers are started with is the one the client sends
+    script = triton_sbatch().read_text()
+    assert f"model-repository:{DEFAULT_API_KEY_HEADER}=$key" in script
 
 
 def test_live_and_ready(client: TritonHttpClient) -> None:

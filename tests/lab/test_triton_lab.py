@@ -15,6 +15,7 @@ from tritonclient.utils import InferenceServerException
 from bridge.lab import triton
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.triton.client import DEFAULT_API_KEY_HEADER
 
 from .helpers import (
     gpu_count,
@@ -83,7 +84,7 @@ def test_model_repository_api_needs_the_key(lab: LabSpec, served: triton.TritonJ
     with pytest.raises(InferenceServerException, match="restricted"):
         client.unload_model("echo")
     assert client.is_model_ready("echo")
-    key = {triton.API_KEY_HEADER: triton.api_key(lab)}
+    key = {DEFAULT_API_KEY_HEADER: triton.api_key(lab)}
     names = {m["name"] for m in client.get_model_repository_index(headers=key)}
     assert {"echo", "busy"} <= names
     client.unload_model("echo", headers=key)
@@ -95,7 +96,7 @@ def test_model_repository_api_needs_the_key(lab: LabSpec, served: triton.TritonJ
     assert client.is_model_ready("echo")
     # A wrong key is refused too.
     with pytest.raises(InferenceServerException, match="restricted"):
-        client.load_model("echo", headers={triton.API_KEY_HEADER: "wrong"})
+        client.load_model("echo", headers={DEFAULT_API_KEY_HEADER: "wrong"})
     client.close()
 
 
