@@ -121,6 +121,10 @@ def main() -> None:
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     share = med["bridge ticks"] / med["total"]
     print(f"  the bridge's own ticks: {share:.1%} of the lend-to-return time")
+    figures = " ".join(f"{k.replace(' ', '_')}_s={v:.2f}" for k, v in med.items())
+    print(
+        f"RESULT cycles={len(rows)} preempt={int(args.preempt)} {figures} bridge_share={share:.4f}"
+    )
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ from functools import partial
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
 from bridge.lifecycle import LeaseState
+from bridge.paths import project_root
 from bridge.policy import (
     Action,
     JobView,
@@ -73,6 +74,9 @@ from bridge.policy import (
 )
 from bridge.sim import cli as sim_cli
 from bridge.sim.policies import compare
+
+#: the public traces of the project workspace (development material beside the checkout)
+TRACES = project_root().parent / "shared" / "traces"
 
 NOW = 1_800_000_000.0
 TICK = 5.0
@@ -315,8 +319,9 @@ def _describe(actions: list[Action]) -> str:
     return ", ".join(parts)
 
 
-def part_decide(args: argparse.Namespace) -> int:
-    """Time decide on the three cases beside the floor; 0 when every case gave its action."""
+def part_decide(args: argparse.Namespace, result: dict[str, str]) -> int:
+    """Time decide on the three cases beside the floor; 0 when every case gave its action.
+    Its figures go into `result` (the RESULT line)."""
     fleet = build_fleet(args.nodes, args.instances, args.models, args.seed)
     config = fleet.config
     names = list(config.models)
@@ -349,6 +354,9 @@ def part_decide(args: argparse.Namespace) -> int:
             ft.append(_time(partial(floor, snapshot, names)))
             dt.append(_time(partial(decide, snapshot, config, NOW)))
         d, f = statistics.median(dt), statistics.median(ft)
+        result[f"decide_{case.name}_ms"] = f"{d * 1e3:.2f}"
+        result[f"floor_{case.name}_ms"] = f"{f * 1e3:.2f}"
+        result[f"decide_{case.name}_ratio"] = f"{d / f:.2f}"
         print(
             f"{case.name:<7} {d * 1e3:>10.2f} ms {_p95(dt) * 1e3:>6.2f} ms"
             f" {f * 1e3:>10.2f} ms {_p95(ft) * 1e3:>6.2f} ms {d / f:>6.1f}x  {_describe(actions)}"
@@ -360,7 +368,7 @@ def part_decide(args: argparse.Namespace) -> int:
     return 0
 
 
-def part_sim(args: argparse.Namespace) -> int:
+def part_sim(args: argparse.Namespace, result: dict[str, str]) -> int:
     """Simulated days per wall second of the bridge policy at each fleet size, beside the
     same run with separate pools sized for peak (the baseline: the queue and the latency
     model alone, decide never acts), on the shared traces."""
@@ -383,9 +391,9 @@ def part_sim(args: argparse.Namespace) -> int:
             slo_ms=100.0,
             service_ms=20.0,
             arrivals="azure",
-            arrivals_trace=None,
+            arrivals_trace=TRACES / sim_cli.AZURE_TRACE,
             jobs="alibaba",
-            jobs_trace=None,
+            jobs_trace=TRACES / sim_cli.ALIBABA_TRACE,
             load=0.9,
             policies=["separate-peak", "bridge"],
             seed=args.seed,
@@ -404,11 +412,17 @@ def part_sim(args: argparse.Namespace) -> int:
                 f" {per_decide:>9} {r.wall_s / base.wall_s:>9.2f}x"
             )
         print(f"        (workload generation {built:.1f} s, not counted)")
+        result[f"sim_{nodes}_baseline_days_per_s"] = f"{d / base.wall_s:.4f}"
+        result[f"sim_{nodes}_bridge_days_per_s"] = f"{d / bridge.wall_s:.4f}"
+        result[f"sim_{nodes}_ratio"] = f"{bridge.wall_s / base.wall_s:.2f}"
     return 0
 
 
 #: the parts, in the order `--part all` runs them
-PARTS: dict[str, Callable[[argparse.Namespace], int]] = {"decide": part_decide, "sim": part_sim}
+PARTS: dict[str, Callable[[argparse.Namespace, dict[str, str]], int]] = {
+    "decide": part_decide,
+    "sim": part_sim,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -429,9 +443,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     rc = 0
+    result: dict[str, str] = {}
     for name, part in PARTS.items():
         if args.part in ("all", name):
-            rc = max(rc, part(args))
+            rc = max(rc, part(args, result))
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()))
     return rc
 
 

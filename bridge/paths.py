@@ -42,6 +42,14 @@ def model_repository() -> Path:
     return project_root() / "triton_repo"
 
 
+def traces_dir() -> Path | None:
+    """`$STB_TRACES_DIR`: a folder of arrival and job traces (the formats of
+    `bridge.load.arrivals` and `bridge.sim.workload`) where a bare trace name is looked
+    up; None when unset (the product ships no traces: give a path, or use a generator)."""
+    env = os.environ.get("STB_TRACES_DIR")
+    return Path(env) if env else None
+
+
 def default_lab_dir() -> Path:
     """`$STB_LAB_DIR`, else `.lab` in the checkout (ignored by git)."""
     env = os.environ.get("STB_LAB_DIR")

@@ -14,7 +14,14 @@ import pytest
 
 from bridge.lab import lab as lab_mod
 from bridge.lab.spec import LabSpec
-from bridge.paths import default_lab_dir
+from bridge.paths import default_lab_dir, project_root
+
+# The public traces of the workspace (development material beside the checkout, see
+# shared/traces/SOURCES.md): the product finds traces only through $STB_TRACES_DIR, so the
+# tests point it there when it exists; tests that need a trace skip without it.
+_SHARED_TRACES = project_root().parent / "shared" / "traces"
+if _SHARED_TRACES.is_dir():
+    os.environ.setdefault("STB_TRACES_DIR", str(_SHARED_TRACES))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

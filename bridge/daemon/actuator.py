@@ -44,7 +44,7 @@ from bridge.daemon.planner import (
     Unfence,
     Unload,
 )
-from bridge.daemon.report import TickReport, kind_of
+from bridge.daemon.report import TickReport
 from bridge.leases.errors import LeaseError
 from bridge.leases.models import Lease
 from bridge.leases.store import LeaseStore
@@ -334,4 +334,4 @@ class Actuator:
         self.router.publish(RoutingTable.build(routes, targets))
 
 
-__all__ = ["ADAPTER_ERRORS", "Actuator", "Backoff", "Router", "kind_of", "record_of"]
+__all__ = ["ADAPTER_ERRORS", "Actuator", "Backoff", "Router", "record_of"]

@@ -34,7 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from bridge.config import BridgeConfig
 from bridge.daemon import planner
-from bridge.daemon.actuator import ADAPTER_ERRORS, Actuator, Router, record_of
+from bridge.daemon.actuator import Actuator, Router, record_of
 from bridge.daemon.exporter import BridgeMetrics
 from bridge.daemon.observation import Observation, snapshot
 from bridge.daemon.observe import Observer
@@ -54,8 +54,6 @@ from bridge.triton.protocol import TritonInstance
 log = logging.getLogger(__name__)
 
 S = LeaseState
-#: kept for callers of the old module: the reservation that fences a drain-mode lend
-reservation_name = planner.reservation_name
 
 
 def lease_view(lease: LeaseRecord) -> LeaseView:
@@ -267,4 +265,4 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-__all__ = ["ADAPTER_ERRORS", "Reconciler", "TickReport", "lease_view", "reservation_name"]
+__all__ = ["Reconciler", "TickReport", "lease_view"]

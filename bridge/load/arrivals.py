@@ -3,7 +3,7 @@ the start of a run. Pure: no clock, no network; the only I/O is `load_trace` rea
 
 Two sources, both bounded in count:
 - `poisson(rate, duration, seed)`: a Poisson process (exponential inter-arrival times).
-- a replayed arrival trace in the formats of ../shared/traces/ (`parse_trace` on its
+- a replayed arrival trace in the public Azure LLM / Alibaba GPU formats (`parse_trace` on its
   lines or `read_trace` on a path, then `replay` to shift, speed up and cap it).
 
 Called by `bridge.load.cli` to build the schedule that `bridge.load.runner` sends, and by

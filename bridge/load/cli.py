@@ -19,23 +19,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bridge.load import arrivals, report, runner
-from bridge.paths import project_root
+from bridge.paths import traces_dir
 
 load_app = typer.Typer(help="Open-loop load against Triton on this machine.")
 out = Console()
 err = Console(stderr=True)
 
 
-def traces_dir() -> Path:
-    """The shared trace files: ../shared/traces beside the checkout."""
-    return project_root().parent / "shared" / "traces"
-
-
 def resolve_trace(path: Path) -> Path:
-    """`path` as given if it exists, else the file of that name in traces_dir()."""
-    if path.exists() or path.is_absolute():
+    """`path` as given if it exists, else the file of that name in `$STB_TRACES_DIR`."""
+    folder = traces_dir()
+    if path.exists() or path.is_absolute() or folder is None:
         return path
-    return traces_dir() / path
+    return folder / path
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -130,7 +126,7 @@ def load(
         Path | None,
         typer.Option(
             help="Replay an arrival trace (CSV: Azure LLM or Alibaba GPU format); a bare "
-            "name is looked up in ../shared/traces.",
+            "name is looked up in $STB_TRACES_DIR.",
         ),
     ] = None,
     speedup: Annotated[float, typer.Option(help="Play the trace this many times faster.")] = 1.0,

@@ -32,7 +32,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from bridge.config import PolicyConfig
 from bridge.config_cli import ConfigOpt, fail, load_or_exit
-from bridge.paths import ProjectLayoutError, project_root
+from bridge.paths import traces_dir
 from bridge.sim import workload
 from bridge.sim.policies import POLICIES, Scenario, compare, setup_for, size
 from bridge.sim.result import SimReport
@@ -90,16 +90,19 @@ def parse_policies(text: str) -> list[str]:
     return names
 
 
-def default_trace(name: str) -> Path:
-    """`<checkout>/../shared/traces/NAME`: where the public traces are kept."""
-    try:
-        return project_root().parent / "shared" / "traces" / name
-    except ProjectLayoutError as exc:
-        raise BadInput(f"no default trace {name} ({exc}); pass its path") from exc
+def default_trace(name: str) -> Path | None:
+    """`$STB_TRACES_DIR/NAME`, or None when that folder is not set."""
+    folder = traces_dir()
+    return folder / name if folder is not None else None
 
 
 def _trace(path: Path | None, name: str, option: str) -> Path:
     trace = path if path is not None else default_trace(name)
+    if trace is None:
+        raise BadInput(
+            f"{option}: give the {name} file, or set STB_TRACES_DIR to the folder that "
+            "holds it (or choose the synthetic generator)"
+        )
     if not trace.is_file():
         raise BadInput(f"{option}: trace file {trace} not found")
     return trace
@@ -316,12 +319,12 @@ def simulate(
     arrivals: Annotated[str, typer.Option(help="|".join(ARRIVALS))] = "azure",
     arrivals_trace: Annotated[
         Path | None,
-        typer.Option(help=f"Azure LLM trace (default: <checkout>/../shared/traces/{AZURE_TRACE})."),
+        typer.Option(help=f"Azure LLM trace (default: $STB_TRACES_DIR/{AZURE_TRACE})."),
     ] = None,
     jobs: Annotated[str, typer.Option(help="|".join(JOBS))] = "alibaba",
     jobs_trace: Annotated[
         Path | None,
-        typer.Option(help=f"Alibaba GPU trace (default: .../shared/traces/{ALIBABA_TRACE})."),
+        typer.Option(help=f"Alibaba GPU trace (default: $STB_TRACES_DIR/{ALIBABA_TRACE})."),
     ] = None,
     load: Annotated[
         float,

@@ -25,14 +25,14 @@ def test_bench_simulate_decide_small_run_checks_ok(capsys: pytest.CaptureFixture
 
 @pytest.mark.timeout(120)
 def test_bench_simulate_sim_part_prints_both_policies(capsys: pytest.CaptureFixture[str]) -> None:
-    from bridge.sim.cli import AZURE_TRACE, default_trace
-
-    if not default_trace(AZURE_TRACE).is_file():
+    bench = load_bench("simulate")
+    if not (bench.TRACES / "azure_llm_conv_2023.csv").is_file():
         pytest.skip("the shared traces are not next to the checkout")
-    rc = load_bench("simulate").main(["--part", "sim", "--sim-nodes", "256", "--sim-days", "0.02"])
+    rc = bench.main(["--part", "sim", "--sim-nodes", "256", "--sim-days", "0.02"])
     out = capsys.readouterr().out
     assert rc == 0, out
     rows = [ln.split() for ln in out.splitlines() if ln.lstrip().startswith("256")]
     assert [r[3] for r in rows] == ["separate-peak", "bridge"], out
     assert rows[0][-1] == "1.00x" and float(rows[1][-1].rstrip("x")) > 0
     assert float(rows[1][5]) > 0  # simulated days per wall second
+    assert out.splitlines()[-1].startswith("RESULT sim_256_baseline_days_per_s=")

@@ -17,7 +17,7 @@ from bridge.load.arrivals import (
     read_trace,
     replay,
 )
-from bridge.load.cli import traces_dir
+from bridge.paths import traces_dir
 
 # --- Poisson ------------------------------------------------------------------------
 # The count of a Poisson process over T seconds at rate r is Poisson(rT): sd sqrt(rT).
@@ -211,7 +211,8 @@ def test_read_trace_names_a_missing_file(tmp_path: Path) -> None:
 
 
 def test_the_real_azure_trace_parses_whole() -> None:
-    path = traces_dir() / "azure_llm_conv_2023.csv"
+    folder = traces_dir()
+    path = (folder or Path("$STB_TRACES_DIR")) / "azure_llm_conv_2023.csv"
     if not path.exists():
         pytest.skip(f"{path} not present in this workspace")
     trace = read_trace(path)

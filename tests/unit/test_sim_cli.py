@@ -19,7 +19,10 @@ from bridge.sim.policies import POLICIES
 RUN = CliRunner()
 SMALL = ["simulate", "--days", "0.05", "--nodes", "16", "--models", "2", "--mean-rps", "150"]
 SYNTHETIC = ["--arrivals", "synthetic", "--jobs", "synthetic"]
-TRACES = default_trace(AZURE_TRACE).is_file() and default_trace(ALIBABA_TRACE).is_file()
+TRACES = all(
+    (path := default_trace(name)) is not None and path.is_file()
+    for name in (AZURE_TRACE, ALIBABA_TRACE)
+)
 
 
 def test_model_rates_fall_like_zipf() -> None:
@@ -138,3 +141,15 @@ def test_bad_output_exits_2_before_simulating(
     assert res.exit_code == 2, res.output
     assert message in res.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_without_a_traces_folder_the_trace_defaults_say_what_to_give(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The product ships no traces: from a clone alone the default arrivals name the
+    missing file and the ways out, and the synthetic generators need nothing."""
+    monkeypatch.delenv("STB_TRACES_DIR", raising=False)
+    res = RUN.invoke(app, SMALL)
+    assert res.exit_code == 2
+    assert AZURE_TRACE in res.output and "STB_TRACES_DIR" in res.output
+    assert RUN.invoke(app, [*SMALL, *SYNTHETIC, "--policies", "bridge"]).exit_code == 0

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bridge.paths import traces_dir
 from bridge.sim import workload
 from bridge.sim.workload import (
     DAY_S,
@@ -27,14 +28,14 @@ from bridge.sim.workload import (
     synthetic_series,
 )
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+TRACES = traces_dir() or Path("$STB_TRACES_DIR")
 WEEK_S = 7 * DAY_S
 
 
 def _shared_trace(name: str) -> Path:
     path = TRACES / name
     if not path.is_file():
-        pytest.skip(f"public trace {name} not in shared/traces beside the checkout")
+        pytest.skip(f"public trace {name} not in {TRACES}")
     return path
 
 
