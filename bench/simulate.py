@@ -71,6 +71,7 @@ from bridge.policy import (
     Return,
     Snapshot,
     decide,
+    history_depth,
 )
 from bridge.sim import cli as sim_cli
 from bridge.sim.policies import compare
@@ -113,11 +114,12 @@ def _models(n: int, instances: int, rng: random.Random) -> dict[str, ModelConfig
 
 
 def _history(
-    model: ModelConfig, policy: PolicyConfig, kind: str, rng: random.Random
+    model: ModelConfig, policy: PolicyConfig, kind: str, rng: random.Random, n: int
 ) -> tuple[ModelSample, ...]:
-    """`kind`: steady, spike (steady with one sample over the SLO), calm, idle (calm, no
-    requests), nodata, breach (steady, then breach_evaluations samples over the SLO)."""
-    n = max(policy.breach_evaluations, policy.calm_evaluations)
+    """`n` samples of `kind`: steady, spike (steady with one sample over the SLO), calm,
+    idle (calm, no requests), nodata, breach (steady, then breach_evaluations samples over
+    the SLO). A request's compute time is 50 us: the capacity model sees no deficit, so
+    the cases exercise the measured-latency rules."""
     slo = model.slo_p99_ms
     out = []
     for i in range(n):
@@ -137,7 +139,7 @@ def _history(
             p99 = slo * rng.uniform(1.2, 3.0)
         else:
             p99 = slo * rng.uniform(0.55, 0.95)
-        out.append(ModelSample(at, p99, rate, 0.0, p99 * rng.uniform(0.55, 0.7)))
+        out.append(ModelSample(at, p99, rate, 0.0, p99 * rng.uniform(0.55, 0.7), 0.05))
     return tuple(out)
 
 
@@ -247,6 +249,7 @@ def build_fleet(nodes: int, instances: int, n_models: int, seed: int) -> Fleet:
         last_lend_at[m] = NOW - policy.scale_out_cooldown_s / 2
 
     history: dict[str, tuple[ModelSample, ...]] = {}
+    depth = history_depth(config)
     for name in names:
         model = config.models[name]
         if name in nodata:
@@ -255,20 +258,20 @@ def build_fleet(nodes: int, instances: int, n_models: int, seed: int) -> Fleet:
             kind = "idle" if rng.random() < 0.1 else "calm"
         else:
             kind = "spike" if rng.random() < 0.05 else "steady"
-        history[name] = _history(model, policy, kind, rng)
+        history[name] = _history(model, policy, kind, rng, depth)
     quiet = Snapshot(tuple(node_list), tuple(replicas), history, tuple(leases), last_lend_at)
     snapshot_s = time.perf_counter() - start
 
     breaching = dict(history)
     for name in breach:
-        breaching[name] = _history(config.models[name], policy, "breach", rng)
+        breaching[name] = _history(config.models[name], policy, "breach", rng, depth)
     # Case (c) calms the lease that began serving last: decide looks at every other
     # serving lease (oldest first) before it.
     serving = [lease for lease in leases if lease.state == LeaseState.SERVING]
     newest = max(serving, key=lambda lease: lease.serving_since or 0.0)
     calmed = dict(history)
     for name in newest.models:
-        calmed[name] = _history(config.models[name], policy, "calm", rng)
+        calmed[name] = _history(config.models[name], policy, "calm", rng, depth)
     cases = (
         Case("quiet", quiet, None),
         Case("breach", replace(quiet, history=breaching), Lend),

@@ -65,6 +65,13 @@ class ModelConfig(_Strict):
         description="Upper bound of replicas, lent ones included; bounds what one model's "
         "burst can take from training.",
     )
+    instances: int | None = Field(
+        default=None,
+        ge=1,
+        description="Parallel executions of the model on one replica: its config.pbtxt "
+        "instance_group count. Unset: the model shares its node's GPUs with the other "
+        "models there, one execution per GPU. The capacity model sizes replicas by it.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> ModelConfig:
@@ -131,6 +138,64 @@ class PolicyConfig(_Strict):
         description="Seconds a drained training node may take to become free before the "
         "lend is abandoned and the node resumed (bounded wait).",
     )
+    capacity_headroom: float = Field(
+        default=1.25,
+        ge=1.0,
+        description="Lend when the replicas could not carry this multiple of the current "
+        "or forecast request rate within the SLO (capacity model): 1.25 covers the "
+        "tick-to-tick noise of the rate and the model's own error.",
+    )
+    return_headroom: float = Field(
+        default=1.5,
+        ge=1.0,
+        description="Return a lease only if the replicas left carry this multiple of the "
+        "highest rate of the last return_dwell_s and of the forecast within the "
+        "SLO; above capacity_headroom, so a return never sets off the next lend.",
+    )
+    return_dwell_s: float = Field(
+        default=600,
+        ge=0,
+        description="Seconds a lease's models must have been quiet (p99 under "
+        "low_watermark x SLO) before it goes back; the return's rate is the highest of "
+        "that span. Long against the rate's noise, so one quiet minute on a busy day "
+        "does not cost a lend-return cycle (each cycle requeues elastic work).",
+    )
+    forecast_window_s: float = Field(
+        default=180,
+        gt=0,
+        description="Seconds of recent request rates whose trend is extrapolated over a "
+        "lend's lead time (a ramp is met before it arrives).",
+    )
+    lend_lead_s: float = Field(
+        default=30,
+        ge=0,
+        description="Seconds from a lend to its replica serving, for a pool without a "
+        "measured estimate yet (the bridge keeps one per pool from its leases).",
+    )
+    service_cv2: float = Field(
+        default=0.0,
+        ge=0,
+        description="Squared coefficient of variation of a request's compute time, for "
+        "the capacity model's queueing (0: constant, 1: exponential).",
+    )
+    max_requeues_per_job: int = Field(
+        default=2,
+        ge=0,
+        description="A job Slurm has requeued this many times is never preempted by the "
+        "bridge again (Slurm holds a job after MaxBatchRequeue requeues).",
+    )
+    max_preemptions_per_hour: int = Field(
+        default=30,
+        ge=0,
+        description="Most jobs the bridge requeues in any hour, all nodes together: a "
+        "budget against thrash while the capacity model is wrong.",
+    )
+    reservation_lookahead_s: float = Field(
+        default=3600,
+        ge=0,
+        description="A node in a site reservation that is active or starts within this "
+        "many seconds is never lent (maintenance windows, a team's booked nodes).",
+    )
 
     @model_validator(mode="after")
     def _hysteresis(self) -> PolicyConfig:
@@ -138,6 +203,12 @@ class PolicyConfig(_Strict):
             raise ValueError(
                 f"low_watermark ({self.low_watermark}) must be below high_watermark "
                 f"({self.high_watermark}), or lending and returning would flap"
+            )
+        if self.return_headroom < self.capacity_headroom:
+            raise ValueError(
+                f"return_headroom ({self.return_headroom}) must be at least "
+                f"capacity_headroom ({self.capacity_headroom}), or a return would set off "
+                "the next lend"
             )
         return self
 

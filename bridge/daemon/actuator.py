@@ -20,6 +20,7 @@ reconciler), so routing and the policy see the moves made earlier in the same pa
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,6 +36,7 @@ from bridge.daemon.planner import (
     Fence,
     LeaseRecord,
     Move,
+    Requeue,
     Resume,
     RouteIn,
     RouteOut,
@@ -123,6 +125,9 @@ class Actuator:
         #: the pass's copy of every lease it has seen, by id
         self.leases: dict[int, LeaseRecord] = {}
         self._obs: Observation | None = None
+        #: when each job the bridge requeued was requeued (the hour's preemption budget;
+        #: kept in memory: a restart forgets it, and Slurm's own MaxBatchRequeue stays)
+        self.requeued: deque[float] = deque()
 
     # ---- the pass -----------------------------------------------------------------
 
@@ -253,6 +258,8 @@ class Actuator:
                 report.events.append(f"{node}: fenced by reservation {reservation}")
             case Submit():
                 return self.slurm.submit(self._lease_job(command))
+            case Requeue(node, job_ids):
+                self._requeue(node, job_ids, now, report)
             case SubmitBaseline(node):
                 job_id = self.slurm.submit(launcher.triton_job(self.config.triton, node=node))
                 report.events.append(f"baseline Triton job {job_id} on {node}")
@@ -282,6 +289,29 @@ class Actuator:
                     report,
                 )
         return None
+
+    def _requeue(
+        self, node: str, job_ids: tuple[str, ...], now: datetime, report: TickReport
+    ) -> None:
+        """Requeue a lend's victims. A victim that ended meanwhile is no failure (Slurm
+        refuses to requeue it: the node is free anyway); a transient error fails the step,
+        and slurmctld's own preemption pass still frees the node, later."""
+        for job_id in job_ids:
+            try:
+                self.slurm.requeue(job_id)
+            except SlurmError as exc:
+                if exc.transient:
+                    raise
+                report.events.append(f"{node}: job {job_id} not requeued: {exc}")
+                continue
+            self.requeued.append(now.timestamp())
+            report.events.append(f"{node}: requeued job {job_id} for the lend")
+
+    def preemptions_since(self, since: float) -> int:
+        """Jobs the bridge requeued at or after `since` (epoch seconds)."""
+        while self.requeued and self.requeued[0] < since:
+            self.requeued.popleft()
+        return len(self.requeued)
 
     def _lease_job(self, submit: Submit) -> JobSpec:
         assert self._obs is not None

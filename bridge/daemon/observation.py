@@ -9,7 +9,7 @@ Pure: no I/O. Built by `bridge.daemon.observe.Observer`; read by the planner, th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bridge.config import BridgeConfig
 from bridge.policy.snapshot import (
@@ -20,9 +20,11 @@ from bridge.policy.snapshot import (
     ReplicaView,
     Snapshot,
 )
-from bridge.slurm.model import TRITON_TAG, Job, Node
+from bridge.slurm.model import TRITON_TAG, Job, Node, Reservation
 
 _UNUSABLE = ("down", "fail", "unknown", "future", "inval")
+#: the bridge's own reservations (a drain-mode lend's fence) are named this way
+RESERVATION_PREFIX = "stb-lease-"
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Observation:
     servers: tuple[TritonServer, ...]
     #: per model, its recent samples, oldest first
     history: Mapping[str, tuple[ModelSample, ...]]
+    #: the site's own reservations (not the bridge's fences), with nodes and times
+    site_reservations: tuple[Reservation, ...] = ()
 
     def triton_jobs(self) -> dict[str, Job]:
         """The Triton jobs (tagged `stb:triton`) by job id."""
@@ -81,14 +85,48 @@ def _ts(job: Job, name: str) -> float | None:
     return value.timestamp() if value is not None else None
 
 
+#: how a job reports a checkpoint: `stb:ckpt=<epoch seconds>` in its comment, e.g.
+#: `scontrol update JobId=$SLURM_JOB_ID Comment=stb:ckpt=$(date +%s)` after each save
+CHECKPOINT_TAG = "stb:ckpt="
+
+
+def checkpoint_of(job: Job) -> float | None:
+    """When the job last reported a checkpoint, or None (see CHECKPOINT_TAG)."""
+    for tag in job.tags:
+        if tag.startswith(CHECKPOINT_TAG):
+            try:
+                return float(tag[len(CHECKPOINT_TAG) :])
+            except ValueError:
+                return None
+    return None
+
+
+def reserved_nodes(
+    reservations: Sequence[Reservation], now: float, lookahead_s: float
+) -> frozenset[str]:
+    """Nodes of site reservations active now or starting within `lookahead_s`."""
+    out: set[str] = set()
+    for r in reservations:
+        start = r.start.timestamp() if r.start is not None else None
+        end = r.end.timestamp() if r.end is not None else None
+        if end is not None and end <= now:
+            continue
+        if start is None or start <= now + lookahead_s:
+            out.update(r.nodes)
+    return frozenset(out)
+
+
 def snapshot(
     obs: Observation,
     config: BridgeConfig,
     leases: Sequence[LeaseView],
     last_lend_at: Mapping[str, float],
+    lend_s: Mapping[str, float] | None = None,
+    preemptions_last_hour: int = 0,
 ) -> Snapshot:
     """The policy's view of an observation and the open leases. Pure."""
     lease_of = {lease.node: lease.lease_id for lease in leases}
+    reserved = reserved_nodes(obs.site_reservations, obs.at, config.policy.reservation_lookahead_s)
     on_node: dict[str, list[Job]] = {}
     triton_bound: set[str] = set()
     for j in obs.jobs:
@@ -103,7 +141,14 @@ def snapshot(
         if pool is None:
             continue
         work = tuple(
-            JobView(j.job_id, j.gpus, _ts(j, "start_time"), j.restarts, _ts(j, "submit_time"))
+            JobView(
+                j.job_id,
+                j.gpus,
+                _ts(j, "start_time"),
+                j.restarts,
+                _ts(j, "submit_time"),
+                checkpoint_of(j),
+            )
             for j in on_node.get(node.name, ())
             if TRITON_TAG not in j.tags and j.state == "RUNNING"
         )
@@ -111,11 +156,42 @@ def snapshot(
             not node.drained or node.fenced_by_bridge
         )
         views.append(
-            NodeView(node.name, pool, usable, node.gpus, work, has_triton=node.name in triton_bound)
+            NodeView(
+                node.name,
+                pool,
+                usable,
+                node.gpus,
+                work,
+                has_triton=node.name in triton_bound,
+                reserved=node.name in reserved,
+            )
         )
+    gpus = {name: n.gpus for name, n in obs.nodes.items()}
     replicas = tuple(
-        ReplicaView(s.node, s.models, lease_of.get(s.node))
+        ReplicaView(s.node, s.models, lease_of.get(s.node), gpus.get(s.node, 1))
         for s in obs.servers
         if s.ready and s.models
     )
-    return Snapshot(tuple(views), replicas, obs.history, tuple(leases), dict(last_lend_at))
+    busy = {
+        n
+        for j in obs.jobs
+        if TRITON_TAG not in j.tags and j.state in ("RUNNING", "COMPLETING")
+        for n in j.nodes
+    }
+    views_of_leases = tuple(
+        replace(
+            lease,
+            gpus=gpus.get(lease.node, 1),
+            waiting=lease.lend_mode == "drain" and lease.node in busy,
+        )
+        for lease in leases
+    )
+    return Snapshot(
+        tuple(views),
+        replicas,
+        obs.history,
+        views_of_leases,
+        dict(last_lend_at),
+        dict(lend_s or {}),
+        preemptions_last_hour,
+    )

@@ -20,7 +20,8 @@ from collections import deque
 from collections.abc import Callable
 
 from bridge.config import BridgeConfig
-from bridge.daemon.observation import Observation, TritonServer
+from bridge.daemon.observation import RESERVATION_PREFIX, Observation, TritonServer
+from bridge.policy import history_depth
 from bridge.policy.snapshot import ModelSample
 from bridge.slurm.model import TRITON_TAG, Job, Node
 from bridge.slurm.protocol import SlurmProtocol
@@ -55,7 +56,7 @@ class Observer:
         self._config = config
         self._triton_for = triton_for
         self._clock = clock
-        depth = max(config.policy.breach_evaluations, config.policy.calm_evaluations)
+        depth = history_depth(config)
         self._history: dict[str, deque[ModelSample]] = {
             m: deque(maxlen=depth) for m in config.models
         }
@@ -97,7 +98,9 @@ class Observer:
         """Read Slurm and every running Triton server; raises the Slurm adapter's errors."""
         nodes = {n.name: n for n in self._slurm.nodes()}
         jobs = tuple(self._slurm.jobs(states=ACTIVE_STATES))
-        reservations = frozenset(r.name for r in self._slurm.reservations())
+        all_reservations = self._slurm.reservations()
+        reservations = frozenset(r.name for r in all_reservations)
+        site = tuple(r for r in all_reservations if not r.name.startswith(RESERVATION_PREFIX))
         servers = []
         signals = []
         for job in jobs:
@@ -124,6 +127,7 @@ class Observer:
                     sig.request_rate if sig else None,
                     sig.pending if sig else None,
                     sig.mean_latency_ms if sig else None,
+                    sig.mean_compute_ms if sig else None,
                 )
             )
         return Observation(
@@ -133,4 +137,5 @@ class Observer:
             reservations,
             tuple(servers),
             {m: tuple(h) for m, h in self._history.items()},
+            site,
         )

@@ -25,12 +25,11 @@ from dataclasses import dataclass
 
 from bridge.config import BridgeConfig
 from bridge.daemon import launcher
-from bridge.daemon.observation import Observation, pool_of
+from bridge.daemon.observation import RESERVATION_PREFIX, Observation, pool_of
 from bridge.lifecycle import LeaseState
-from bridge.slurm.model import Job
+from bridge.slurm.model import TRITON_TAG, Job
 
 S = LeaseState
-RESERVATION_PREFIX = "stb-lease-"
 #: a reservation of a drain-mode lend lasts this much past the bounded drain wait
 RESERVATION_SLACK_S = 7 * 24 * 3600
 #: Slurm's reasons for a pending job that will not run without a person
@@ -86,6 +85,18 @@ class Submit:
     ref: launcher.LeaseRef
     pool: str
     reservation: str | None
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Requeue the jobs running on a preempt-mode lend's node, right after its Triton job
+    is submitted there: Slurm's own requeue (the job gets SIGTERM and KillWait to
+    checkpoint, then runs again), without waiting for slurmctld's periodic preemption
+    pass (18-33 s on the lab, 3.8 s this way)."""
+
+    step = "requeue"
+    node: str
+    job_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -158,6 +169,7 @@ class Adopt:
 Command = (
     Fence
     | Submit
+    | Requeue
     | SubmitBaseline
     | Cancel
     | Unload
@@ -375,6 +387,16 @@ def _submit_step(lease: LeaseRecord, obs: Observation, settings: Settings) -> St
             duration = int(settings.drain_wait_s + RESERVATION_SLACK_S)
             commands.append(Fence(reservation, lease.node, duration))
     commands.append(Submit(lease.node, lease.models, lease.ref, lease.pool, reservation))
+    if lease.lend_mode == "preempt":
+        victims = tuple(
+            sorted(
+                j.job_id
+                for j in obs.jobs
+                if lease.node in j.nodes and TRITON_TAG not in j.tags and j.state == "RUNNING"
+            )
+        )
+        if victims:
+            commands.append(Requeue(lease.node, victims))
     return Step(lease.id, tuple(commands), Move(lease.id, S.REQUESTED, S.SUBMITTED, "submitted"))
 
 

@@ -45,7 +45,7 @@ from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 from bridge.policy import Lend, Return, StartBaseline, decide
-from bridge.policy.snapshot import LeaseView
+from bridge.policy.snapshot import LeaseView, Snapshot
 from bridge.routing.errors import RoutingError
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.protocol import SlurmProtocol
@@ -93,6 +93,10 @@ class Reconciler:
         self.actuator = Actuator(config, slurm, store, triton_for, router, forget_triton)
         #: per model, when a lend carrying it was last made (scale-out cooldown anchor)
         self.last_lend_at: dict[str, float] = {}
+        #: per pool, seconds from a lend to its replica serving (see `_measure_lends`)
+        self.lend_s: dict[str, float] = {}
+        self._timed: set[int] = set()
+        self._waited: set[int] = set()
         #: the last pass's observation (for tools and tests that want the same view)
         self.last_observation: Observation | None = None
 
@@ -129,7 +133,15 @@ class Reconciler:
         self._operator_requests(obs, now, report)
         open_now = act.open_leases()
         self._anchor_lends(open_now)
-        snap = snapshot(obs, self.config, [lease_view(x) for x in open_now], self.last_lend_at)
+        snap = snapshot(
+            obs,
+            self.config,
+            [lease_view(x) for x in open_now],
+            self.last_lend_at,
+            self.lend_s,
+            act.preemptions_since(t - 3600.0),
+        )
+        self._measure_lends(open_now, snap)
         report.actions = decide(snap, self.config, t)
         for action in report.actions:
             self._act(action, obs, now, report)
@@ -149,6 +161,27 @@ class Reconciler:
             if planner.is_stuck(lease, self.settings, t)
         }
         report.p99_ms = {m: (h[-1].p99_ms if h else None) for m, h in obs.history.items()}
+
+    def _measure_lends(self, leases: Sequence[LeaseRecord], snap: Snapshot) -> None:
+        """The running estimate, per pool, of seconds from a lend to its replica serving
+        (the forecast's lead time). A drain lend that waited for its node's jobs says
+        nothing about actuation and is left out. Kept in memory: after a restart the
+        policy starts again from `lend_lead_s`."""
+        for view in snap.leases:
+            if view.waiting:
+                self._waited.add(view.lease_id)
+        for lease in leases:
+            if lease.state != S.SERVING or lease.id in self._timed:
+                continue
+            self._timed.add(lease.id)
+            if lease.id in self._waited:
+                continue
+            took = max(0.0, lease.updated_at - lease.created_at)
+            old = self.lend_s.get(lease.pool)
+            self.lend_s[lease.pool] = took if old is None else 0.8 * old + 0.2 * took
+        live = {lease.id for lease in leases}
+        self._timed &= live
+        self._waited &= live
 
     def _anchor_lends(self, leases: Sequence[LeaseRecord]) -> None:
         # The scale-out cooldown runs from when a lend's replica began serving (or from

@@ -74,8 +74,10 @@ tick_s = {tick_s}
 database_url = "sqlite:///{work / "bridge.db"}"
 [models.busy]
 slo_p99_ms = 100
+instances = 1
 [models.echo]
 slo_p99_ms = 50
+instances = 1
 [policy]
 max_lent_nodes = 1
 [triton]

@@ -1,9 +1,17 @@
 """The policy: a pure `decide(snapshot, config, now) -> list[Action]`. No I/O, no clock,
 no adapters (import-linter checks it); the reconciler builds the snapshot and carries out
-the actions. See `decide.py`."""
+the actions. See `decide.py`; the capacity model (`capacity.py`) and the rate forecast
+(`forecast.py`) are shared with the simulator."""
 
 from bridge.policy.actions import Action, Lend, Return, StartBaseline
-from bridge.policy.decide import ModelStatus, decide, evaluate_model
+from bridge.policy.decide import (
+    Assessment,
+    ModelStatus,
+    assess,
+    decide,
+    evaluate_model,
+    history_depth,
+)
 from bridge.policy.snapshot import (
     JobView,
     LeaseView,
@@ -15,6 +23,7 @@ from bridge.policy.snapshot import (
 
 __all__ = [
     "Action",
+    "Assessment",
     "JobView",
     "LeaseView",
     "Lend",
@@ -25,6 +34,8 @@ __all__ = [
     "Return",
     "Snapshot",
     "StartBaseline",
+    "assess",
     "decide",
     "evaluate_model",
+    "history_depth",
 ]

@@ -1,37 +1,54 @@
-"""decide(snapshot, config, now) -> actions: when to lend a node, which node, when to give
-one back. Pure: the same inputs give the same actions, so tests move the clock instead of
-sleeping and the simulator can drive it.
+"""decide(snapshot, config, now) -> actions: when to lend nodes, which nodes, when to give
+them back. Pure: the same inputs give the same actions, so tests move the clock instead of
+sleeping and the simulator drives the very same code.
 
 Rules, in order, each tick:
 1. Every usable reserved node without a Triton job gets its baseline server back (it holds
    every model's minimum replicas).
 2. A drain-mode lend still waiting for its training node after `drain_wait_s` is
    abandoned (returned): a training job is never killed, the wait is bounded.
-3. Scale in (at most one return per tick): the longest-serving lease whose models have all
-   been calm for `calm_evaluations` ticks, once it has served `scale_in_cooldown_s`.
-4. Scale out (at most one lend per tick, none in the tick of a scale-in): models that
-   breached for `breach_evaluations` consecutive ticks, below `max_replicas` (lends in
-   flight count), past their `scale_out_cooldown_s`, while fewer than `max_lent_nodes`
-   leases are open. The node is the cheapest: idle before busy, lower `cost_rank` first
-   (elastic before training), then the least work lost (GPU-seconds of the jobs a
-   preemption would requeue), never a node with a job requeued within `preempt_guard_s`.
-   All such models go on that one node.
+3. Capacity-aware return (`assess`): a serving lease past `scale_in_cooldown_s` whose
+   models were quiet (p99 under low_watermark x SLO) for `return_dwell_s` goes
+   back when the replicas left would still carry `return_headroom` x the larger of the
+   highest rate of those ticks and the forecast rate, by the capacity model. Several in
+   one tick when load fell far; the most expensive pool first (training before elastic),
+   then the longest serving.
+4. Capacity-aware lend: each model's demand is `capacity_headroom` x the larger of its
+   current rate and its forecast at the lend's lead time (`bridge.policy.forecast`), its
+   service time Triton's measured compute time per request. Lends in flight count as
+   replicas (a drain lend still waiting for its node's jobs does not: it serves no time
+   soon). While a feasible model is predicted over its SLO, a node is added holding the
+   models still over it (`capacity.plan_nodes`): the whole deficit in one tick, up to
+   `max_lent_nodes` leases and each model's `max_replicas`.
+5. Backstop: a model in sustained breach of its measured p99 (`breach_evaluations` ticks,
+   what the capacity model missed) that no lend of this tick covers, with no lend of it in
+   flight and past its `scale_out_cooldown_s`, gets one more node.
 
-Hysteresis: breach above high_watermark x SLO (with the tick's mean latency above the low
-watermark: Triton's p99 window lags a minute behind), calm below low_watermark x SLO with
-nothing pending; between the two nothing happens. A tick without data is neither breach nor calm,
-so missing metrics never cause a lend or a return.
+Nodes are taken cheapest first: idle before busy, lower `cost_rank` first (elastic before
+training), then the least work lost (GPU-seconds since each job's start or last reported
+checkpoint). Never a node in a site reservation, never one with a job requeued within
+`preempt_guard_s` or requeued `max_requeues_per_job` times, and never more victims than
+the hour's `max_preemptions_per_hour` budget leaves.
+
+Measured-latency hysteresis (the backstop and the return's quiet check): breach above
+high_watermark x SLO with the tick's mean latency above the low watermark (Triton's p99
+window lags a minute behind), quiet below low_watermark x SLO. A tick without data is
+neither, so missing metrics never cause a lend or a return.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
 from bridge.lifecycle import IN_FLIGHT, LeaseState
+from bridge.policy import capacity
 from bridge.policy.actions import Action, Lend, Return, StartBaseline
+from bridge.policy.forecast import forecast_rate
 from bridge.policy.snapshot import ModelSample, NodeView, Snapshot
 
 LENDABLE = ("preempt", "drain")
@@ -45,47 +62,257 @@ class ModelStatus(StrEnum):
     STEADY = "steady"
 
 
+def history_depth(config: BridgeConfig) -> int:
+    """Samples per model the policy reads: its consecutive counts and the forecast's
+    window. The observer and the simulator keep this many."""
+    policy = config.policy
+    span = max(policy.forecast_window_s, policy.return_dwell_s)
+    return max(policy.breach_evaluations, policy.calm_evaluations, _ticks(span, config) + 1)
+
+
+def _ticks(seconds: float, config: BridgeConfig) -> int:
+    return max(1, math.ceil(seconds / config.tick_s))
+
+
 def evaluate_model(
-    history: tuple[ModelSample, ...], model: ModelConfig, policy: PolicyConfig
+    history: Sequence[ModelSample], model: ModelConfig, policy: PolicyConfig
 ) -> ModelStatus:
     """Sustained breach, sustained calm, or neither, from the recent samples."""
     high = policy.high_watermark * model.slo_p99_ms
     low = policy.low_watermark * model.slo_p99_ms
-    # Both need the latest sample to qualify: most ticks end here (5,000 models: a third
-    # of a quiet tick's time at fleet scale went into the two full checks below).
     last = history[-1] if history else None
     if last is None or not (
         (last.p99_ms is not None and last.p99_ms > high)
         or (last.request_rate is not None and (last.p99_ms is None or last.p99_ms < low))
     ):
         return ModelStatus.STEADY
-    recent = history[-policy.breach_evaluations :]
+    n = len(history)
     # Triton's p99 covers its last 60 s, so it lags: after a burst it stays high for a
     # minute. A breach counts only while the tick's own mean latency confirms that
     # requests are slow now (above the low watermark).
-    if len(recent) == policy.breach_evaluations and all(
+    k = policy.breach_evaluations
+    if n >= k and all(
         s.p99_ms is not None and s.p99_ms > high and s.mean_ms is not None and s.mean_ms > low
-        for s in recent
+        for s in (history[i] for i in range(n - k, n))
     ):
         return ModelStatus.BREACH
-    recent = history[-policy.calm_evaluations :]
-    if len(recent) == policy.calm_evaluations and all(
-        s.request_rate is not None and (s.p99_ms is None or s.p99_ms < low) and not s.pending
-        for s in recent
+    k = policy.calm_evaluations
+    if n >= k and all(
+        s.request_rate is not None and (s.p99_ms is None or s.p99_ms < low)
+        for s in (history[i] for i in range(n - k, n))
     ):
         return ModelStatus.CALM
     return ModelStatus.STEADY
 
 
-def _severity(history: tuple[ModelSample, ...], model: ModelConfig) -> float:
+def service_s(history: Sequence[ModelSample]) -> float | None:
+    """The model's latest measured compute time per request, in seconds."""
+    for s in reversed(history):
+        if s.compute_ms is not None and s.compute_ms > 0:
+            return s.compute_ms / 1000.0
+    return None
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """What the capacity model and the measured latency ask for, before any node is
+    chosen: the leases to return, the models of each node to add, the models in breach
+    that the backstop would serve. `acts` is False when decide can only answer nothing
+    (the simulator skips such ticks)."""
+
+    returns: list[Return] = field(default_factory=list)
+    #: models of each node wanted, in the order they are to be taken
+    wanted: list[tuple[str, ...]] = field(default_factory=list)
+    backstop: list[str] = field(default_factory=list)
+    #: the capacity demand per model (req/s to carry), for the lend's reason
+    demand: dict[str, capacity.Demand] = field(default_factory=dict)
+    abandoned: frozenset[int] = frozenset()
+
+    @property
+    def acts(self) -> bool:
+        return bool(self.returns or self.wanted or self.backstop)
+
+
+def lead_s(snapshot: Snapshot, config: BridgeConfig) -> float:
+    """Seconds a lend takes to serve: the fastest lendable pool's measured estimate (the
+    cheapest-first choice takes idle nodes first), else `lend_lead_s`."""
+    leads = [
+        snapshot.lend_s.get(name, config.policy.lend_lead_s)
+        for name, pool in config.pools.items()
+        if pool.lend_mode in LENDABLE
+    ]
+    return min(leads) if leads else config.policy.lend_lead_s
+
+
+def _demand(
+    snapshot: Snapshot, config: BridgeConfig, now: float, horizon: float, returning: bool
+) -> dict[str, capacity.Demand]:
+    """Per model with a known service time: the rate to carry. Lending: headroom x max(now,
+    forecast). Returning: return_headroom x max(the dwell's highest, forecast)."""
+    policy = config.policy
+    out: dict[str, capacity.Demand] = {}
+    for name, model in config.models.items():
+        history = snapshot.history.get(name, ())
+        if not history:
+            continue
+        svc = service_s(history)
+        if returning:
+            recent = [s.request_rate for s in history[-_ticks(policy.return_dwell_s, config) :]]
+            rates = [r for r in recent if r is not None]
+            base = max(rates) if rates else 0.0
+            factor = policy.return_headroom
+        else:
+            base = history[-1].request_rate or 0.0
+            factor = policy.capacity_headroom
+        if svc is None:
+            if base > 0:  # load but no compute time measured yet: cannot size it
+                continue
+            svc = 0.0
+        ahead = forecast_rate(history, now, policy.forecast_window_s, horizon)
+        rate = max(base, ahead or 0.0) * factor
+        out[name] = capacity.Demand(rate, svc, model.slo_p99_ms / 1000.0, model.instances)
+    return out
+
+
+def _replica_count(snapshot: Snapshot, leaving: set[int]) -> Counter[tuple[tuple[str, ...], int]]:
+    """The replicas by (models, GPUs): ready ones (less the leases leaving) and the lends in
+    flight that will serve soon (not a drain lend still waiting for its node's jobs)."""
+    count: Counter[tuple[tuple[str, ...], int]] = Counter()
+    for r in snapshot.replicas:
+        if r.lease_id is not None and r.lease_id in leaving:
+            continue
+        count[tuple(sorted(set(r.models))), r.gpus] += 1
+    for lease in snapshot.leases:
+        if lease.state in IN_FLIGHT and lease.lease_id not in leaving and not lease.waiting:
+            count[tuple(sorted(set(lease.models))), lease.gpus] += 1
+    return count
+
+
+def _groups(count: Counter[tuple[tuple[str, ...], int]]) -> list[capacity.Group]:
+    return [capacity.Group(models, n, gpus) for (models, gpus), n in count.items() if n > 0]
+
+
+def _quiet(history: Sequence[ModelSample], model: ModelConfig, config: BridgeConfig) -> bool:
+    low = config.policy.low_watermark * model.slo_p99_ms
+    n = _ticks(config.policy.return_dwell_s, config)
+    recent = history[-n:]
+    return len(recent) == n and all(
+        s.request_rate is not None and (s.p99_ms is None or s.p99_ms < low) for s in recent
+    )
+
+
+def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
+    """Rules 2-5 without choosing nodes: reads the history, the replicas and the leases,
+    never `snapshot.nodes` (the simulator calls it with none to skip quiet ticks)."""
+    policy = config.policy
+    returns: list[Return] = []
+    for lease in snapshot.leases:
+        if (
+            lease.lend_mode == "drain"
+            and lease.state in WAITING
+            and now - lease.created_at > policy.drain_wait_s
+        ):
+            returns.append(Return(lease.lease_id, f"drain wait over {policy.drain_wait_s:g}s"))
+    abandoned = frozenset(r.lease_id for r in returns)
+    horizon = lead_s(snapshot, config)
+
+    quiet: dict[str, bool] = {}
+
+    def is_quiet(m: str) -> bool:
+        if m not in quiet:
+            model = config.models.get(m)
+            quiet[m] = model is not None and _quiet(snapshot.history.get(m, ()), model, config)
+        return quiet[m]
+
+    serving = [
+        lease
+        for lease in snapshot.leases
+        if lease.state == LeaseState.SERVING
+        and lease.lease_id not in abandoned
+        and lease.serving_since is not None
+        and now - lease.serving_since >= policy.scale_in_cooldown_s
+        and lease.models
+        and all(is_quiet(m) for m in lease.models)
+    ]
+    leaving = set(abandoned)
+    count = _replica_count(snapshot, leaving)
+    if serving:
+        rank = {name: pool.cost_rank for name, pool in config.pools.items()}
+        serving.sort(key=lambda s: (rank.get(s.pool, 0), s.serving_since or 0.0, s.lease_id))
+        keep = _demand(snapshot, config, now, horizon, returning=True)
+        replica_of = {
+            r.lease_id: (tuple(sorted(set(r.models))), r.gpus)
+            for r in snapshot.replicas
+            if r.lease_id is not None
+        }
+        for lease in serving:
+            key = replica_of.get(lease.lease_id)  # None: it serves nothing now
+            if key is not None:
+                count[key] -= 1
+            if not capacity.carries(_groups(count), keep, policy.service_cv2):
+                if key is not None:
+                    count[key] += 1
+                continue
+            leaving.add(lease.lease_id)
+            returns.append(Return(lease.lease_id, _return_reason(keep, lease.models, policy)))
+
+    demand = _demand(snapshot, config, now, horizon, returning=False)
+    groups = _groups(count)
+    open_leases = sum(1 for lease in snapshot.leases if lease.lease_id not in leaving)
+    slots = max(0, policy.max_lent_nodes - open_leases)
+    wanted: list[tuple[str, ...]] = []
+    if slots and capacity.over(groups, demand, policy.service_cv2):
+        gpus = max((r.gpus for r in snapshot.replicas), default=1)
+        wanted = capacity.plan_nodes(
+            groups,
+            demand,
+            [gpus] * slots,
+            lambda m, n: n < config.models[m].max_replicas,
+            policy.service_cv2,
+        )
+
+    backstop: list[str] = []
+    if slots > len(wanted):
+        covered = {m for models in wanted for m in models}
+        breach = [
+            name
+            for name, model in config.models.items()
+            if name not in covered
+            and evaluate_model(snapshot.history.get(name, ()), model, policy) == ModelStatus.BREACH
+        ]
+        if breach:
+            ready, in_flight = _replica_counts(snapshot)
+            backstop = [
+                name
+                for name in breach
+                if ready[name] + in_flight[name] < config.models[name].max_replicas
+                and now - snapshot.last_lend_at.get(name, -math.inf) >= policy.scale_out_cooldown_s
+                and not in_flight[name]
+            ]
+            backstop.sort(key=lambda m: -_severity(snapshot.history.get(m, ()), config.models[m]))
+    return Assessment(returns, wanted, backstop, demand, abandoned)
+
+
+def _return_reason(
+    keep: Mapping[str, capacity.Demand], models: Sequence[str], policy: PolicyConfig
+) -> str:
+    rates = _rates(keep, models)
+    carried = f"; the other replicas carry {rates}" if rates else ""
+    return f"quiet for {policy.return_dwell_s:g}s: {','.join(models)}{carried}"
+
+
+def _rates(demand: Mapping[str, capacity.Demand], models: Sequence[str]) -> str:
+    return ", ".join(f"{m} {demand[m].rate:.0f} req/s" for m in models if m in demand)
+
+
+def _severity(history: Sequence[ModelSample], model: ModelConfig) -> float:
     p99 = history[-1].p99_ms if history else None
     return (p99 or 0.0) / model.slo_p99_ms
 
 
 def _replica_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:
     """Per model: the ready replicas that hold it, and the lends in flight that carry it
-    (each replica or lease counted once, however often it names the model). One pass over
-    the replicas and leases, whatever the number of models asked about."""
+    (each replica or lease counted once, however often it names the model)."""
     ready: Counter[str] = Counter()
     for replica in snapshot.replicas:
         ready.update(set(replica.models))
@@ -96,7 +323,7 @@ def _replica_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:
     return ready, in_flight
 
 
-def _recently_requeued(node: NodeView, now: float, guard_s: float) -> bool:
+def _requeued_recently(node: NodeView, now: float, guard_s: float) -> bool:
     return any(
         j.restarts > 0 and j.submitted_at is not None and now - j.submitted_at < guard_s
         for j in node.jobs
@@ -104,107 +331,106 @@ def _recently_requeued(node: NodeView, now: float, guard_s: float) -> bool:
 
 
 def _work_lost(node: NodeView, now: float) -> float:
-    return sum(j.gpus * max(0.0, now - j.started_at) for j in node.jobs if j.started_at is not None)
+    """GPU-seconds a preemption of the node's jobs would throw away: since each job's start
+    or its last reported checkpoint, whichever is later."""
+    lost = 0.0
+    for j in node.jobs:
+        if j.started_at is None:
+            continue
+        since = max(j.started_at, j.checkpoint_at or j.started_at)
+        lost += j.gpus * max(0.0, now - since)
+    return lost
 
 
-def choose_node(snapshot: Snapshot, config: BridgeConfig, now: float) -> NodeView | None:
-    """The cheapest node to lend, or None (the first of equal cost, as min() would).
-
-    A running minimum rather than a list of every candidate: at fleet size that list held
-    thousands of tuples alive at once, which set off full garbage collections of the whole
-    snapshot (tens of ms each) every few lending ticks."""
-    leased = {lease.node for lease in snapshot.leases}
-    best: tuple[tuple[int, int, float, str], NodeView] | None = None
+def choose_nodes(
+    snapshot: Snapshot,
+    config: BridgeConfig,
+    now: float,
+    count: int,
+    *,
+    waiting: bool = False,
+    taken: frozenset[str] = frozenset(),
+) -> list[NodeView]:
+    """Up to `count` nodes to lend, cheapest first (see the module docstring). A busy
+    drain-mode node serves only once its jobs end (hours, maybe): it is a candidate only
+    with `waiting` (the backstop), never for a capacity deficit that must be met now."""
+    if count <= 0:
+        return []
+    policy = config.policy
+    leased = {lease.node for lease in snapshot.leases} | taken
+    budget = policy.max_preemptions_per_hour - snapshot.preemptions_last_hour
+    idle: list[tuple[int, str, NodeView]] = []
+    busy: list[tuple[int, float, str, NodeView]] = []
     for node in snapshot.nodes:
         pool = config.pools.get(node.pool)
         if pool is None or pool.lend_mode not in LENDABLE:
             continue
-        if not node.usable or node.has_triton or node.name in leased:
+        if not node.usable or node.reserved or node.has_triton or node.name in leased:
             continue
-        busy = 1 if node.jobs else 0
-        if best is not None and (busy, pool.cost_rank) > best[0][:2]:
-            continue  # cannot beat the best whatever its jobs: skip the per-job sums
-        if pool.lend_mode == "preempt" and _recently_requeued(
-            node, now, config.policy.preempt_guard_s
-        ):
-            continue
-        lost = _work_lost(node, now) if pool.lend_mode == "preempt" else 0.0
-        cost = (busy, pool.cost_rank, lost, node.name)
-        if best is None or cost < best[0]:
-            best = (cost, node)
-    return best[1] if best is not None else None
+        if not node.jobs:
+            idle.append((pool.cost_rank, node.name, node))
+        elif pool.lend_mode == "preempt":
+            if len(node.jobs) > budget or _requeued_recently(node, now, policy.preempt_guard_s):
+                continue
+            if any(j.restarts >= policy.max_requeues_per_job for j in node.jobs):
+                continue
+            busy.append((pool.cost_rank, _work_lost(node, now), node.name, node))
+        elif waiting:
+            busy.append((pool.cost_rank, 0.0, node.name, node))
+    idle.sort(key=lambda t: (t[0], t[1]))
+    chosen = [t[2] for t in idle[:count]]
+    if len(chosen) < count:
+        busy.sort(key=lambda t: (t[0], t[1], t[2]))
+        for _, _, _, node in busy:
+            if len(chosen) == count:
+                break
+            victims = len(node.jobs) if config.pools[node.pool].lend_mode == "preempt" else 0
+            if victims > budget:
+                continue
+            budget -= victims
+            chosen.append(node)
+    return chosen
+
+
+def choose_node(snapshot: Snapshot, config: BridgeConfig, now: float) -> NodeView | None:
+    """The cheapest node to lend, or None."""
+    chosen = choose_nodes(snapshot, config, now, 1)
+    return chosen[0] if chosen else None
 
 
 def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]:
     policy = config.policy
     actions: list[Action] = []
-
     for node in snapshot.nodes:
         pool = config.pools.get(node.pool)
         if (
             pool is not None
             and pool.lend_mode == "reserved"
             and node.usable
+            and not node.reserved
             and not node.has_triton
         ):
             actions.append(StartBaseline(node.name, "no Triton job on reserved node"))
 
-    for lease in snapshot.leases:
-        if (
-            lease.lend_mode == "drain"
-            and lease.state in WAITING
-            and now - lease.created_at > policy.drain_wait_s
-        ):
-            actions.append(Return(lease.lease_id, f"drain wait over {policy.drain_wait_s:g}s"))
-
-    status = {
-        name: evaluate_model(snapshot.history.get(name, ()), model, policy)
-        for name, model in config.models.items()
-    }
-
-    abandoned = {a.lease_id for a in actions if isinstance(a, Return)}
-    serving = sorted(
-        (
-            lease
-            for lease in snapshot.leases
-            if lease.state == LeaseState.SERVING
-            and lease.lease_id not in abandoned
-            and lease.serving_since is not None
-        ),
-        key=lambda lease: (lease.serving_since or 0.0, lease.lease_id),
-    )
-    for lease in serving:
-        if now - (lease.serving_since or now) < policy.scale_in_cooldown_s:
-            continue
-        if lease.models and all(status.get(m) == ModelStatus.CALM for m in lease.models):
-            actions.append(Return(lease.lease_id, "models calm: " + ",".join(lease.models)))
-            return actions  # one change per tick
-
-    breach = [name for name, st in status.items() if st == ModelStatus.BREACH]
-    # Counted once per tick (not per breaching model), and only in a tick that needs them.
-    ready, in_flight = _replica_counts(snapshot) if breach else (Counter(), Counter())
-    breaching = [
-        name
-        for name in breach
-        if ready[name] + in_flight[name] < config.models[name].max_replicas
-        and now - snapshot.last_lend_at.get(name, -math.inf) >= policy.scale_out_cooldown_s
-        and not in_flight[name]
-    ]
-    open_leases = sum(1 for lease in snapshot.leases if lease.lease_id not in abandoned)
-    if breaching and open_leases < policy.max_lent_nodes:
-        target = choose_node(snapshot, config, now)
-        if target is not None:
-            breaching.sort(key=lambda m: -_severity(snapshot.history.get(m, ()), config.models[m]))
-            pool = config.pools[target.pool]
-            worst = snapshot.history[breaching[0]][-1].p99_ms or 0.0
+    plan = assess(snapshot, config, now)
+    actions.extend(plan.returns)
+    targets = choose_nodes(snapshot, config, now, len(plan.wanted))
+    for node, models in zip(targets, plan.wanted, strict=False):
+        reason = "capacity: " + _rates(plan.demand, models)
+        actions.append(
+            Lend(node.name, node.pool, config.pools[node.pool].lend_mode, models, reason)
+        )
+    if plan.backstop and len(targets) == len(plan.wanted):
+        taken = frozenset(n.name for n in targets)
+        spare = choose_nodes(snapshot, config, now, 1, waiting=True, taken=taken)
+        if spare:
+            node, models = spare[0], tuple(plan.backstop)
+            worst = snapshot.history[models[0]][-1].p99_ms or 0.0
+            reason = (
+                f"p99 {worst:.0f} ms over SLO {config.models[models[0]].slo_p99_ms:g} ms "
+                f"for {policy.breach_evaluations} ticks"
+            )
             actions.append(
-                Lend(
-                    target.name,
-                    target.pool,
-                    pool.lend_mode,
-                    tuple(breaching),
-                    f"p99 {worst:.0f} ms over SLO {config.models[breaching[0]].slo_p99_ms:g} ms "
-                    f"for {policy.breach_evaluations} ticks",
-                )
+                Lend(node.name, node.pool, config.pools[node.pool].lend_mode, models, reason)
             )
     return actions

@@ -21,6 +21,9 @@ class JobView:
     #: recently preempted job
     restarts: int = 0
     submitted_at: float | None = None
+    #: when the job last reported a checkpoint (`stb:ckpt=<epoch>` in its comment): a
+    #: preemption loses only the work since then
+    checkpoint_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,9 @@ class NodeView:
     jobs: tuple[JobView, ...] = ()
     #: a Triton job (baseline or lease) runs or is starting here
     has_triton: bool = False
+    #: in a site reservation (maintenance, a team's) that is active or starts soon: never
+    #: lent, however cheap
+    reserved: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class ReplicaView:
     models: tuple[str, ...]
     #: None for a baseline server on a reserved node
     lease_id: int | None = None
+    #: GPUs of its node (the parallel executions of the models that share them)
+    gpus: int = 1
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,9 @@ class ModelSample:
     pending: float | None = None
     #: mean latency over the tick's own window (counter deltas); None without requests
     mean_ms: float | None = None
+    #: mean compute time per request over the tick's window (Triton's compute counters):
+    #: the capacity model's service time; None without requests
+    compute_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,10 @@ class LeaseView:
     created_at: float
     #: when it entered `serving`; None before
     serving_since: float | None = None
+    #: GPUs of its node
+    gpus: int = 1
+    #: its node still runs jobs it waits for (a drain-mode lend): not capacity soon
+    waiting: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", LeaseState(self.state))
@@ -90,3 +105,8 @@ class Snapshot:
     leases: tuple[LeaseView, ...]
     #: per model, the time of the last lend that carried it (from the lease history)
     last_lend_at: Mapping[str, float] = field(default_factory=dict)
+    #: per pool, the measured seconds from a lend to its replica serving (a running
+    #: estimate from the lease history); a pool without one uses `policy.lend_lead_s`
+    lend_s: Mapping[str, float] = field(default_factory=dict)
+    #: victims the bridge requeued in the last hour (the preemption budget)
+    preemptions_last_hour: int = 0

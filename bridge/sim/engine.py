@@ -35,23 +35,22 @@ from typing import cast
 import numpy as np
 
 from bridge.config import BridgeConfig
-from bridge.lifecycle import IN_FLIGHT, LeaseState, check
+from bridge.lifecycle import LeaseState, check
 from bridge.policy import (
     Action,
     JobView,
     LeaseView,
     Lend,
     ModelSample,
-    ModelStatus,
     NodeView,
     ReplicaView,
     Return,
     Snapshot,
     StartBaseline,
+    assess,
     decide,
-    evaluate_model,
+    history_depth,
 )
-from bridge.policy.decide import WAITING
 from bridge.sim import latency
 from bridge.sim.fleet import Fleet, JobRun, SimNode
 from bridge.sim.result import Decision, ModelOutcome, PolicyResult, QueueOutcome
@@ -84,8 +83,9 @@ class Timing:
 
     #: sbatch of a Triton job to running, on a free node
     slurm_start_s: float = 1.37
-    #: the same when it must preempt: GraceTime plus slurmctld's periodic enforcement
-    preempt_start_s: float = 33.0
+    #: the same when the node's jobs must go first: the bridge requeues them itself and
+    #: submits with -w (waiting for slurmctld's own preemption pass took 18-33 s)
+    preempt_start_s: float = 3.8
     #: job running to Triton ready with its models loaded
     triton_ready_s: float = 2.08
     #: scancel of a Triton job to the node free in Slurm
@@ -141,8 +141,10 @@ class SimLease:
     gone_at: float | None = None
     #: a drain lease's Triton job has been given its start (the node became free)
     queued: bool = False
+    #: a drain lease found its node busy when it was made (it waited for the jobs)
+    waited: bool = False
 
-    def view(self) -> LeaseView:
+    def view(self, gpus: int) -> LeaseView:
         return LeaseView(
             self.lease_id,
             self.node.name,
@@ -152,6 +154,8 @@ class SimLease:
             self.models,
             self.created_at,
             self.updated_at if self.state == LeaseState.SERVING else None,
+            gpus,
+            self.lend_mode == "drain" and self.running_at is None and bool(self.node.jobs),
         )
 
 
@@ -204,7 +208,7 @@ class Engine:
         self.leases: dict[int, SimLease] = {}
         self.next_lease = 1
         self.last_lend_at: dict[str, float] = {}
-        depth = max(cfg.policy.breach_evaluations, cfg.policy.calm_evaluations)
+        depth = history_depth(cfg)
         self.history: dict[str, deque[ModelSample]] = {m: deque(maxlen=depth) for m in self.models}
         self.rate_window: dict[str, deque[float]] = {
             m: deque(maxlen=self.window_ticks) for m in self.models
@@ -225,7 +229,9 @@ class Engine:
             if node.pool in reserved:
                 self._join(self.baseline, 1)
         self.replica_views: list[ReplicaView] = [
-            ReplicaView(n.name, self.baseline) for n in self.nodes if n.pool in reserved
+            ReplicaView(n.name, self.baseline, gpus=self.replica_gpus)
+            for n in self.nodes
+            if n.pool in reserved
         ]
         #: NodeViews of the nodes in the policy's pools, rebuilt only when a node changes
         self.policy_nodes = [n for n in self.nodes if n.pool in cfg.pools]
@@ -240,6 +246,10 @@ class Engine:
         self.lends = 0
         self.returns = 0
         self.lends_by_pool: dict[str, int] = {}
+        #: per pool, the running estimate of lend-to-serving seconds (as the daemon keeps)
+        self.lend_s: dict[str, float] = {}
+        #: when the bridge requeued each victim (the last hour's are the budget's)
+        self.victims: deque[float] = deque()
         self.decide_calls = 0
         #: (old, new) -> how many times a lease made that move in this run
         self.moves: Counter[tuple[LeaseState, LeaseState]] = Counter()
@@ -297,6 +307,7 @@ class Engine:
             node = lease.node
             for run in list(self.fleet.running_on(node)):
                 self._touch(self.fleet.preempt(run, self.now))
+                self.victims.append(self.now)
                 self._at(self.now + self.s.timing.requeue_delay_s, "eligible", None)
             self.fleet.take(node, self.now)
             self._touch([node])
@@ -424,7 +435,14 @@ class Engine:
             elif n > 0 and not parts:
                 worst = max(worst, math.inf)
             self.history[m].append(
-                ModelSample(now, p99, lam if parts else None, pending if parts else None, mean)
+                ModelSample(
+                    now,
+                    p99,
+                    lam if parts else None,
+                    pending if parts else None,
+                    mean,
+                    s_m * 1000.0 if mean is not None else None,
+                )
             )
         self._tick_requests = requests_total
         self._tick_worst = worst
@@ -451,9 +469,15 @@ class Engine:
                 if lease.ready_at is not None and lease.ready_at <= now:
                     self._join(lease.models, 1)
                     self.replica_views.append(
-                        ReplicaView(lease.node.name, lease.models, lease.lease_id)
+                        ReplicaView(
+                            lease.node.name, lease.models, lease.lease_id, self.replica_gpus
+                        )
                     )
                     self._move(lease, LeaseState.SERVING)
+                    took = now - lease.created_at
+                    if lease.lend_mode == "preempt" or not lease.waited:
+                        old = self.lend_s.get(lease.pool)
+                        self.lend_s[lease.pool] = took if old is None else 0.8 * old + 0.2 * took
             elif state == LeaseState.DRAINING:
                 # no request is left after a tick (the lab's drain took 1.3 s)
                 self._cancel(lease)
@@ -499,6 +523,7 @@ class Engine:
                 updated_at=now,
             )
             self.next_lease += 1
+            lease.waited = action.lend_mode == "drain" and bool(node.jobs)
             self.leases[lease.lease_id] = lease
             for m in action.models:
                 self.last_lend_at[m] = now
@@ -536,60 +561,11 @@ class Engine:
     # ---- decide ----------------------------------------------------------------------
 
     def _quiet(self) -> bool:
-        """True when decide can only return nothing: no drain lease past its wait, no
-        serving lease past its cooldown with every model calm, and no lend possible (the
-        cap reached, or no model in sustained breach that decide's filter would pass; only
-        the choice of a node is left to decide). Mirrors decide's rules (WAITING is
-        decide's own, IN_FLIGHT the lifecycle's); `Setup.always_decide` runs without it
-        and the tests compare the two."""
-        cfg = self.s.config
-        policy = cfg.policy
-        now = self.now
-        for lease in self.leases.values():
-            if lease.lend_mode == "drain" and lease.state in WAITING:
-                if now - lease.created_at > policy.drain_wait_s:
-                    return False
-            elif (
-                lease.state == LeaseState.SERVING
-                and now - lease.updated_at >= policy.scale_in_cooldown_s
-                and lease.models
-                and all(
-                    evaluate_model(tuple(self.history[m]), cfg.models[m], policy)
-                    == ModelStatus.CALM
-                    for m in lease.models
-                )
-            ):
-                return False
-        if len(self.leases) >= policy.max_lent_nodes:
-            return True
-        for m in self.models:
-            h = self.history[m]
-            last = h[-1].p99_ms if h else None
-            if (
-                last is not None
-                and last > policy.high_watermark * cfg.models[m].slo_p99_ms
-                and evaluate_model(tuple(h), cfg.models[m], policy) == ModelStatus.BREACH
-                and self._may_lend_for(m)
-            ):
-                return False
-        return True
-
-    def _may_lend_for(self, model: str) -> bool:
-        """decide's filter of a breaching model: no lend of it in flight, below its
-        max_replicas, past its scale-out cooldown."""
-        anchor = self.last_lend_at.get(model, -math.inf)
-        for lease in self.leases.values():
-            if model in lease.models:
-                if lease.state in IN_FLIGHT:
-                    return False
-                anchor = max(
-                    anchor,
-                    lease.updated_at if lease.state == LeaseState.SERVING else lease.created_at,
-                )
-        ready = sum(g.nodes for g in self.groups.values() if model in g.models)
-        if ready >= self.s.config.models[model].max_replicas:
-            return False
-        return self.now - anchor >= self.s.config.policy.scale_out_cooldown_s
+        """True when decide can only return nothing: `bridge.policy.assess` (decide's own
+        rules, which never read the nodes) on a snapshot without nodes finds nothing to
+        return or lend. Reserved nodes always have their baseline here. `Setup.always_decide`
+        runs without it and the tests compare the two."""
+        return not assess(self._snapshot(()), self.s.config, self.now).acts
 
     def _node_view(self, node: SimNode) -> NodeView:
         jobs = tuple(
@@ -605,16 +581,23 @@ class Engine:
             if at is not None:
                 self.views[at] = self._node_view(self.policy_nodes[at])
         self.stale.clear()
+        return self._snapshot(tuple(self.views))
+
+    def _snapshot(self, nodes: tuple[NodeView, ...]) -> Snapshot:
         for lease in self.leases.values():
             anchor = lease.updated_at if lease.state == LeaseState.SERVING else lease.created_at
             for m in lease.models:
                 self.last_lend_at[m] = max(self.last_lend_at.get(m, 0.0), anchor)
+        while self.victims and self.now - self.victims[0] >= 3600.0:
+            self.victims.popleft()
         return Snapshot(
-            tuple(self.views),
+            nodes,
             tuple(self.replica_views),
             {m: tuple(h) for m, h in self.history.items()},
-            tuple(lease.view() for lease in self.leases.values()),
+            tuple(lease.view(self.replica_gpus) for lease in self.leases.values()),
             dict(self.last_lend_at),
+            dict(self.lend_s),
+            len(self.victims),
         )
 
     # ---- the run ---------------------------------------------------------------------

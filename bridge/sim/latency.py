@@ -7,10 +7,8 @@ measured service time `s_m` (the lab's `busy` model: 20 ms). A model's traffic i
 evenly over its ready replicas (nginx). Per tick of length `dt`, with offered load
 `a = sum(rate_m * s_m)` busy servers per node:
 
-- below saturation (a < c): M/G/c waiting, Erlang C for the chance to wait and an
-  exponential tail whose mean is the Allen-Cunneen approximation
-  `Wq = C / (c/s - rate) * (1 + cv2) / 2` (cv2: squared coefficient of variation of the
-  service time; 0 deterministic, 1 exponential);
+- below saturation (a < c): the stationary M/G/c queue of `bridge.policy.capacity`, the
+  very model the policy sizes replicas with;
 - at or above saturation the excess work piles up as a backlog (a fluid queue) that every
   later request waits behind, and drains at the spare rate once load falls.
 
@@ -25,21 +23,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-#: the quantile the SLO is stated on
-Q = 0.99
+from bridge.policy import capacity
 
-
-def erlang_c(c: int, a: float) -> float:
-    """Probability that an arrival waits in M/M/c with offered load `a` Erlangs (a < c)."""
-    if a <= 0.0:
-        return 0.0
-    if a >= c:
-        return 1.0
-    b = 1.0  # Erlang B by the stable recursion
-    for k in range(1, c + 1):
-        b = a * b / (k + a * b)
-    rho = a / c
-    return b / (1.0 - rho * (1.0 - b))
+Q = capacity.Q
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,15 +111,12 @@ def step(
     mean_service = load / rate if rate > 0 else 0.0
     # the fluid backlog: excess work piles up, spare capacity drains it
     new_backlog = max(0.0, backlog_s + (load - servers) / servers * dt)
-    if load < servers and rate > 0:
-        p = erlang_c(servers, load)
-        spare = servers / mean_service - rate  # requests/s the node could still take
-        tail = spare * 2.0 / (1.0 + cv2) if cv2 >= 0 else spare
+    stationary = capacity.queue(servers, load, rate, cv2)
+    if stationary is not None and rate > 0:
+        p, tail = stationary.wait_p, stationary.tail
         queued = p * load / (servers - load)
     else:
         # saturated: the backlog carries the waiting; the stationary part is not defined
-        p, tail, queued = (0.0, math.inf, 0.0)
-    if rate <= 0:
         p, tail, queued = (0.0, math.inf, 0.0)
     pending = queued + (new_backlog * servers / mean_service if mean_service > 0 else 0.0)
     return GroupStep(
@@ -160,11 +143,3 @@ def window_quantile(states: list[TickState], q: float = Q) -> float | None:
         if seen >= budget:
             return extra
     return 0.0
-
-
-def steady_p99_s(servers: int, load: float, rate: float, cv2: float = 0.0) -> float:
-    """Stationary p99 of delay + wait at a constant load (inf at or past saturation):
-    used to size a pool."""
-    if load >= servers:
-        return math.inf
-    return step(servers, load, rate, 0.0, 1.0, cv2).state.wait_quantile()

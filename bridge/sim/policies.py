@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig, PoolConfig
-from bridge.sim import latency
+from bridge.policy import capacity
 from bridge.sim.engine import Engine, Setup, Timing
 from bridge.sim.fleet import SimNode
 from bridge.sim.result import PolicyResult, SimReport
@@ -71,45 +71,47 @@ class Sizing:
     mean_load: float
 
 
-def _load_series(scenario: Scenario) -> np.ndarray[Any, np.dtype[np.float64]]:
-    """Busy GPUs of inference over time (sum of rate x service time), per step."""
+def _rates_by_minute(scenario: Scenario) -> dict[str, np.ndarray[Any, np.dtype[np.float64]]]:
+    """Each model's mean request rate per minute of the arrivals."""
     steps = max(len(r) for r in scenario.arrivals.rates.values())
-    load = np.zeros(steps)
-    for model, (_slo, service_ms) in scenario.models.items():
-        rates = np.asarray(scenario.arrivals.rates[model], dtype=float)
-        load[: len(rates)] += rates * service_ms / 1000.0
-    return load
+    per_minute = max(1, round(60.0 / scenario.arrivals.step_s))
+    minutes = max(1, steps // per_minute)
+    out = {}
+    for model in scenario.models:
+        rates = np.zeros(minutes * per_minute)
+        given = np.asarray(scenario.arrivals.rates[model], dtype=float)[: len(rates)]
+        rates[: len(given)] = given
+        out[model] = rates.reshape(minutes, per_minute).mean(axis=1)
+    return out
 
 
-def nodes_for(scenario: Scenario, load: float) -> int:
-    """Fewest nodes holding every model whose stationary p99 meets every SLO at `load`
-    busy GPUs (the load spread evenly)."""
-    g = scenario.gpus_per_node
-    service = {m: ms / 1000.0 for m, (_, ms) in scenario.models.items()}
-    rate_per_load = 1.0 / (sum(service.values()) / len(service))  # requests per busy GPU-s
-    n = 1
-    while n <= scenario.nodes:
-        per_node = load / n
-        extra = latency.steady_p99_s(g, per_node, per_node * rate_per_load, scenario.service_cv2)
-        if all(
-            s + extra <= slo / 1000.0
-            for (slo, _), s in zip(scenario.models.values(), service.values(), strict=True)
-        ):
+def nodes_for(scenario: Scenario, rates: Mapping[str, float]) -> int:
+    """Fewest nodes holding every model whose p99 meets every SLO at these request rates,
+    by the policy's own capacity model (`bridge.policy.capacity`)."""
+    demand = {
+        m: capacity.Demand(rates[m], service_ms / 1000.0, slo / 1000.0)
+        for m, (slo, service_ms) in scenario.models.items()
+    }
+    models = tuple(sorted(scenario.models))
+    for n in range(1, scenario.nodes + 1):
+        group = capacity.Group(models, n, scenario.gpus_per_node)
+        if capacity.carries([group], demand, scenario.service_cv2):
             return n
-        n += 1
     return scenario.nodes
 
 
 def size(scenario: Scenario) -> Sizing:
-    load = _load_series(scenario)
-    per_minute = max(1, round(60.0 / scenario.arrivals.step_s))
-    usable = len(load) // per_minute * per_minute
-    minutes = load[:usable].reshape(-1, per_minute).mean(axis=1) if usable else load
-    peak = float(minutes.max()) if len(minutes) else 0.0
-    mean = float(load.mean()) if len(load) else 0.0
-    peak_nodes = nodes_for(scenario, peak)
-    mean_nodes = min(nodes_for(scenario, mean), peak_nodes)
-    return Sizing(peak_nodes, mean_nodes, peak, mean)
+    per_minute = _rates_by_minute(scenario)
+    service = {m: ms / 1000.0 for m, (_, ms) in scenario.models.items()}
+    load = np.zeros_like(next(iter(per_minute.values())))
+    for m in scenario.models:
+        load += per_minute[m] * service[m]
+    peak_at = int(np.argmax(load))
+    peak_rates = {m: float(r[peak_at]) for m, r in per_minute.items()}
+    mean_rates = {m: float(r.mean()) for m, r in per_minute.items()}
+    peak_nodes = nodes_for(scenario, peak_rates)
+    mean_nodes = min(nodes_for(scenario, mean_rates), peak_nodes)
+    return Sizing(peak_nodes, mean_nodes, float(load[peak_at]), float(load.mean()))
 
 
 def _split(rest: int, jobs: Sequence[SimJob]) -> tuple[int, int]:

@@ -125,6 +125,9 @@ class ModelSignal:
     failure_rate: float | None
     mean_latency_ms: float | None
     mean_queue_ms: float | None
+    #: compute time per successful request (input + infer + output), the capacity
+    #: model's service time
+    mean_compute_ms: float | None
     queue_compute_ratio: float | None
     pending: float | None
     p50_ms: float | None
@@ -274,6 +277,7 @@ def _aggregate(model: str, ws: list[ModelWindow]) -> ModelSignal:
         failure_rate=total("failure_rate", data),
         mean_latency_ms=_ms(ratio("request_us_delta", "success_delta")),
         mean_queue_ms=_ms(ratio("queue_us_delta", "success_delta")),
+        mean_compute_ms=_ms(ratio("compute_us_delta", "success_delta")),
         queue_compute_ratio=ratio("queue_us_delta", "compute_us_delta"),
         pending=total("pending", ws),
         p50_ms=worst("p50_ms"),

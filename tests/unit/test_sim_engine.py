@@ -12,7 +12,7 @@ import pytest
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig, PoolConfig
 from bridge.lifecycle import IllegalMove, LeaseState, allowed
-from bridge.sim.engine import Engine, Setup, SimLease
+from bridge.sim.engine import Engine, Setup, SimLease, Timing
 from bridge.sim.fleet import SimNode
 from bridge.sim.result import PolicyResult
 from bridge.sim.workload import ArrivalSeries, SimJob
@@ -51,7 +51,11 @@ def _setup(
         models={"busy": ModelConfig(slo_p99_ms=100, min_replicas=1, max_replicas=2)},
         policy=policy
         or PolicyConfig(
-            max_lent_nodes=1, calm_evaluations=6, scale_in_cooldown_s=60, scale_out_cooldown_s=60
+            max_lent_nodes=1,
+            calm_evaluations=6,
+            return_dwell_s=6 * TICK,
+            scale_in_cooldown_s=60,
+            scale_out_cooldown_s=60,
         ),
     )
     return Setup(
@@ -90,7 +94,8 @@ def test_a_burst_lends_the_elastic_node_and_calm_returns_it() -> None:
     e1 = engine.fleet.runs["e1"]
     assert e1.restarts == 1
     assert result.preemptions == 1
-    assert result.gpu_hours_lost == pytest.approx((lend.at_s + 33.0) / 3600.0, abs=1e-6)
+    lost = lend.at_s + Timing().preempt_start_s
+    assert result.gpu_hours_lost == pytest.approx(lost / 3600.0, abs=1e-6)
     assert e1.started_at is not None and e1.started_at >= ret.at_s
     # the training job was never touched
     assert engine.fleet.runs["t1"].restarts == 0
@@ -130,7 +135,9 @@ def test_drain_waits_for_the_training_job_and_never_kills_it() -> None:
 
 def test_a_drain_that_waits_too_long_is_abandoned_and_the_fence_lifted() -> None:
     jobs = (SimJob("t1", "training", 0.0, 5000.0, 1), SimJob("t2", "training", 10.0, 60.0, 1))
-    policy = PolicyConfig(max_lent_nodes=1, drain_wait_s=120, calm_evaluations=6)
+    policy = PolicyConfig(
+        max_lent_nodes=1, drain_wait_s=120, calm_evaluations=6, return_dwell_s=6 * TICK
+    )
     result, engine = _run(_setup(pools=("training",), jobs=jobs, policy=policy))
     assert [d.kind for d in result.decisions[:2]] == ["lend", "return"]
     assert result.decisions[1].reason.startswith("drain wait over")
@@ -169,7 +176,7 @@ def test_requeued_job_waits_for_slurms_requeue_delay() -> None:
     result, engine = _run(setup)
     lend = result.decisions[0]
     e1 = engine.fleet.runs["e1"]
-    preempted_at = lend.at_s + 33.0
+    preempted_at = lend.at_s + Timing().preempt_start_s
     assert e1.restarts == 1
     assert e1.started_at is not None
     assert e1.started_at >= preempted_at + 121.0
@@ -204,7 +211,9 @@ def test_quiet_ticks_skip_no_decision_on_random_workloads(seed: int, policy: str
         jobs=synthetic_jobs(horizon, 20 * 8, 0.9, seed=seed),
         models={"a": (100.0, 20.0), "b": (150.0, 30.0)},
         horizon_s=horizon,
-        policy=PolicyConfig(calm_evaluations=6, scale_in_cooldown_s=120, drain_wait_s=300),
+        policy=PolicyConfig(
+            calm_evaluations=6, return_dwell_s=6 * TICK, scale_in_cooldown_s=120, drain_wait_s=300
+        ),
     )
     setup = setup_for(policy, scenario, size(scenario))
     fast, _ = _run(setup)
@@ -254,7 +263,9 @@ def test_every_move_of_simulated_runs_is_in_the_table() -> None:
     from bridge.sim.policies import Scenario, setup_for, size
     from bridge.sim.workload import synthetic_jobs, synthetic_series
 
-    abandon = PolicyConfig(max_lent_nodes=1, drain_wait_s=120, calm_evaluations=6)
+    abandon = PolicyConfig(
+        max_lent_nodes=1, drain_wait_s=120, calm_evaluations=6, return_dwell_s=6 * TICK
+    )
     drain_jobs = (SimJob("t1", "training", 0.0, 5000.0, 1), SimJob("t2", "training", 10.0, 60.0, 1))
     horizon = 3 * 3600.0
     scenario = Scenario(
@@ -266,7 +277,9 @@ def test_every_move_of_simulated_runs_is_in_the_table() -> None:
         jobs=synthetic_jobs(horizon, 16 * 8, 0.9, seed=4),
         models={"a": (100.0, 20.0), "b": (150.0, 30.0)},
         horizon_s=horizon,
-        policy=PolicyConfig(calm_evaluations=6, scale_in_cooldown_s=120, drain_wait_s=300),
+        policy=PolicyConfig(
+            calm_evaluations=6, return_dwell_s=6 * TICK, scale_in_cooldown_s=120, drain_wait_s=300
+        ),
     )
     setups = [
         _setup(jobs=LONG),

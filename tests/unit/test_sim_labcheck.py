@@ -32,6 +32,7 @@ def config() -> BridgeConfig:
                 update={
                     "breach_evaluations": 2,
                     "calm_evaluations": 3,
+                    "return_dwell_s": 6,
                     "scale_out_cooldown_s": 0,
                     "scale_in_cooldown_s": 6,
                     "max_lent_nodes": 1,
@@ -155,8 +156,8 @@ def test_the_traced_run_lends_the_elastic_node_and_returns_it(
         ("lend", "n3", ("busy",)),
         ("return", "n3", ("busy",)),
     ]
-    # two breaching ticks (t = 2, 4), then the lend
-    assert decisions[0].at_s == 4.0
+    # the first tick that sees 60 req/s: one instance of 20 ms cannot carry it (capacity)
+    assert decisions[0].at_s == 2.0
     states = [(t.lease, t.node, t.state) for t in trace.transitions]
     assert states == [
         (1, "n3", s)
@@ -165,7 +166,7 @@ def test_the_traced_run_lends_the_elastic_node_and_returns_it(
     at = {t.state: t.at_s for t in trace.transitions}
     timing = Timing()
     # the Triton job runs after the preemption delay, each state seen at the next tick
-    assert at["starting"] == 2.0 * -(-(4.0 + timing.preempt_start_s) // 2.0)
+    assert at["starting"] == 2.0 * -(-(decisions[0].at_s + timing.preempt_start_s) // 2.0)
     assert at["serving"] == at["starting"] + 2.0
     assert at["draining"] == decisions[1].at_s
     assert len(trace.samples["busy"]) == trace.result.ticks == 100
@@ -197,7 +198,7 @@ def test_replayed_timing_puts_each_state_on_the_labs_tick(
     setup = _step_setup(spec, config)
     setup.timing = timing
     at = {t.state: t.at_s for t in labcheck.simulate(setup).transitions}
-    assert (at["submitted"], at["starting"], at["serving"]) == (4.0, 24.0, 28.0)
+    assert (at["submitted"], at["starting"], at["serving"]) == (2.0, 22.0, 26.0)
     assert at["returned"] - at["releasing"] == 4.0
 
 

@@ -10,15 +10,6 @@ import pytest
 from bridge.sim import latency
 
 
-def test_erlang_c_known_values() -> None:
-    assert latency.erlang_c(1, 0.5) == pytest.approx(0.5)  # M/M/1: P(wait) = rho
-    assert latency.erlang_c(2, 1.0) == pytest.approx(1 / 3)
-    assert latency.erlang_c(8, 0.0) == 0.0
-    assert latency.erlang_c(8, 8.0) == 1.0
-    # more servers at the same utilisation wait less often
-    assert latency.erlang_c(16, 12.0) < latency.erlang_c(4, 3.0)
-
-
 def test_share_within_matches_the_quantile_without_backlog() -> None:
     st = latency.step(8, 6.0, 300.0, 0.0, 5.0).state
     q99 = st.wait_quantile(0.99)
@@ -59,9 +50,3 @@ def test_window_quantile_keeps_a_burst_while_it_is_over_one_percent() -> None:
     tiny = latency.TickState(5.0, 0.0, 2.0, 0.0, math.inf)  # 5 of 1105 requests
     assert latency.window_quantile([calm] * 11 + [tiny]) == 0.0
     assert latency.window_quantile([latency.TickState(0, 0, 0, 0, math.inf)]) is None
-
-
-def test_steady_p99_grows_towards_saturation() -> None:
-    values = [latency.steady_p99_s(8, a, a / 0.02) for a in (2.0, 6.0, 7.5, 7.9)]
-    assert values == sorted(values)
-    assert latency.steady_p99_s(8, 8.0, 400.0) == math.inf

@@ -1,0 +1,57 @@
+"""A short-horizon forecast of a model's request rate: the least-squares trend of its recent
+samples, extrapolated over the lead time a lend needs. Pure (the samples carry their
+times; tests pass literal series), called by `decide` once per model and tick.
+
+Why a trend and not the last value: a lend takes tens of seconds to serve (Slurm start,
+Triton start, model load). On a ramp, sizing for the rate seen now leaves the replica
+late by exactly that lead; sizing for where the trend will be when it serves does not.
+The trend is fitted over `window_s` so one noisy tick does not swing it; it is never
+negative, and on a falling rate it is below the current rate (the caller takes the larger
+of the two for lending, so a fall never delays a lend).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bridge.policy.snapshot import ModelSample
+
+
+def trend(
+    samples: Sequence[ModelSample], now: float, window_s: float
+) -> tuple[float, float] | None:
+    """(rate at `now` on the fitted line, slope per second) over the samples of the last
+    `window_s` seconds with a rate; None without any. One sample: its rate, no slope."""
+    n = 0
+    sx = sy = sxx = sxy = 0.0
+    for s in reversed(samples):
+        if now - s.at > window_s:
+            break
+        if s.request_rate is None:
+            continue
+        x = s.at - now
+        n += 1
+        sx += x
+        sy += s.request_rate
+        sxx += x * x
+        sxy += x * s.request_rate
+    if n == 0:
+        return None
+    den = n * sxx - sx * sx
+    if n < 3 or den <= 1e-9:
+        return sy / n, 0.0
+    slope = (n * sxy - sx * sy) / den
+    level = (sy - slope * sx) / n  # the line at x = 0, i.e. at `now`
+    return level, slope
+
+
+def forecast_rate(
+    samples: Sequence[ModelSample], now: float, window_s: float, horizon_s: float
+) -> float | None:
+    """The rate the trend reaches `horizon_s` after `now` (never negative); None without
+    data."""
+    fit = trend(samples, now, window_s)
+    if fit is None:
+        return None
+    level, slope = fit
+    return max(0.0, level + slope * horizon_s)
