@@ -275,6 +275,13 @@ class LeaseConfig(_Strict):
     A lease past its deadline is failed (reason quoted), cleaned up and returned; the
     policy may lend another node. `starting` uses `triton.ready_timeout_s`."""
 
+    requeue_victims: bool = Field(
+        default=True,
+        description="A preempt-mode lend requeues the node's jobs itself right after "
+        "submitting its Triton job there (Slurm's requeue: SIGTERM, KillWait to "
+        "checkpoint, the job runs again); false: wait for slurmctld's own preemption "
+        "pass, which enforces GraceTime in the background (18-33 s on the lab vs 3.8 s).",
+    )
     requested_deadline_s: float = Field(
         default=120,
         gt=0,

@@ -218,6 +218,8 @@ class Settings:
     releasing_deadline_s: float = 300
     drain_timeout_s: float = 30
     drain_wait_s: float = 120
+    #: a preempt-mode lend requeues its node's jobs itself (`[leases] requeue_victims`)
+    requeue_victims: bool = True
 
     @classmethod
     def of(cls, config: BridgeConfig) -> Settings:
@@ -229,6 +231,7 @@ class Settings:
             releasing_deadline_s=leases.releasing_deadline_s,
             drain_timeout_s=leases.drain_timeout_s,
             drain_wait_s=config.policy.drain_wait_s,
+            requeue_victims=leases.requeue_victims,
         )
 
 
@@ -387,7 +390,7 @@ def _submit_step(lease: LeaseRecord, obs: Observation, settings: Settings) -> St
             duration = int(settings.drain_wait_s + RESERVATION_SLACK_S)
             commands.append(Fence(reservation, lease.node, duration))
     commands.append(Submit(lease.node, lease.models, lease.ref, lease.pool, reservation))
-    if lease.lend_mode == "preempt":
+    if lease.lend_mode == "preempt" and settings.requeue_victims:
         victims = tuple(
             sorted(
                 j.job_id

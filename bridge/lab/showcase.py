@@ -23,7 +23,7 @@ from bridge.lab.spec import LabSpec
 from bridge.lifecycle import LeaseState
 from bridge.load.arrivals import poisson
 from bridge.load.report import Report, summarize
-from bridge.load.runner import RunConfig, parse_endpoint, run
+from bridge.load.runner import RequestRecord, RunConfig, parse_endpoint, run
 
 TICK_S = 2.0
 
@@ -49,9 +49,15 @@ class Load(threading.Thread):
         self.schedule = poisson(rate, duration, seed)
         self.rate = rate
         self.report: Report | None = None
+        #: every request's record, and the wall time (epoch s) its times count from
+        self.records: list[RequestRecord] = []
+        self.started_at: float | None = None
 
     def run(self) -> None:
-        self.report = summarize(asyncio.run(run(self.schedule, self.config, target_rate=self.rate)))
+        self.started_at = time.time()
+        result = asyncio.run(run(self.schedule, self.config, target_rate=self.rate))
+        self.records = list(result.records)
+        self.report = summarize(result)
 
 
 @dataclass
@@ -62,6 +68,9 @@ class ScenarioResult:
     lease_states: list[str] = field(default_factory=list)
     heavy: Report | None = None
     light: Report | None = None
+    #: the load step's requests, and when it began (epoch s): latency over time
+    heavy_records: list[RequestRecord] = field(default_factory=list)
+    step_at: float | None = None
     victim: str = ""
     victim_restarts: int = 0
     victim_ran_again: bool | None = None
@@ -165,7 +174,11 @@ class Scenario:
             res.lease_id, res.lease_node = lease.id, lease.node
             # The bridge keeps ticking while the load step runs on two replicas.
             self.tick_until("the load step to end", lambda: not heavy.is_alive(), 180)
-            res.heavy = heavy.report
+            res.heavy, res.heavy_records, res.step_at = (
+                heavy.report,
+                heavy.records,
+                heavy.started_at,
+            )
             self.note("load falls to 4 req/s")
             light = Load(self.endpoint, rate=4, duration=60, seed=12)
             light.start()

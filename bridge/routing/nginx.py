@@ -7,7 +7,8 @@ configuration includes it): one `upstream stb_<model>` per model with ready repl
 health endpoints, and one `server` on a loopback address that routes Triton's HTTP API:
 
 - `/v2/models/<model>` and `/v2/models/<model>/...` (metadata, ready, infer, versions)
-  go to that model's upstream, round robin;
+  go to that model's upstream, to the replica with the fewest requests in flight
+  (`least_conn`);
 - a known model with no ready replica answers 503 with a JSON error and `Retry-After`;
 - `/v2/health/ready` and `/v2/health/live` answer from any routed replica;
 - anything else answers 404 with a JSON error; an upstream that cannot be reached gives
@@ -83,7 +84,12 @@ def _json_return(status: int, message: str) -> str:
 
 
 def _upstream(name: str, endpoints: tuple[str, ...], keepalive: int) -> list[str]:
-    lines = [f"upstream {name} {{"]
+    # least_conn: each request goes to the replica with the fewest requests in flight
+    # (join the shortest queue), so a replica that joins while the others hold a backlog
+    # takes the new requests until the queues are even, instead of half of them; nginx
+    # wants the balancing method before `keepalive`. The zone shares the counts between
+    # nginx's worker processes.
+    lines = [f"upstream {name} {{", f"    zone {name} 64k;", "    least_conn;"]
     lines += [f"    server {validate_endpoint(e)};" for e in endpoints]
     lines += [f"    keepalive {keepalive};", "}", ""]
     return lines

@@ -39,7 +39,7 @@ from bridge.sim.result import SimReport
 from bridge.sim.workload import ArrivalSeries, SimJob
 
 FORMATS = ("table", "json", "html")
-ARRIVALS = ("azure", "synthetic")
+ARRIVALS = ("azure", "synthetic", "ramps")
 JOBS = ("alibaba", "synthetic")
 AZURE_TRACE = "azure_llm_conv_2023.csv"
 ALIBABA_TRACE = "alibaba_gpu2023_tasks.csv"
@@ -54,6 +54,16 @@ SYNTHETIC_SERIES_PARAMS: Mapping[str, float] = {
     "burst_factor": 3.0,
     "burst_s": 600.0,
     "noise": 0.1,
+}
+#: steep ramps (5x in 30 min) and sudden steps (3x in a minute) on a flat base
+RAMP_PARAMS: Mapping[str, float] = {
+    "ramps_per_day": 3.0,
+    "ramp_factor": 5.0,
+    "ramp_s": 1800.0,
+    "steps_per_day": 3.0,
+    "step_factor": 3.0,
+    "step_rise_s": 60.0,
+    "noise": 0.05,
 }
 SYNTHETIC_JOBS_PARAMS: Mapping[str, float] = {"elastic_share": 0.4, "multi_node_share": 0.1}
 ALL = ",".join(POLICIES)
@@ -171,6 +181,9 @@ def _arrivals(
         about.update(trace=path.name, **AZURE_PARAMS)
         series = workload.azure_series(path, rates, horizon_s, STEP_S, seed=seed, **AZURE_PARAMS)
         return series, about
+    if kind == "ramps":
+        about.update(RAMP_PARAMS)
+        return workload.ramp_series(rates, horizon_s, STEP_S, seed=seed, **RAMP_PARAMS), about
     about.update(SYNTHETIC_SERIES_PARAMS)
     return workload.synthetic_series(
         rates, horizon_s, STEP_S, seed=seed, **SYNTHETIC_SERIES_PARAMS
@@ -209,6 +222,8 @@ def build_scenario(
     load: float,
     policies: list[str],
     seed: int = 0,
+    checkpoint_s: float | None = None,
+    reserve: str = "mean",
     policy: PolicyConfig | None = None,
     tick_s: float = STEP_S,
     about: Mapping[str, object] | None = None,
@@ -229,6 +244,8 @@ def build_scenario(
         horizon_s=horizon,
         policy=policy or PolicyConfig(),
         tick_s=tick_s,
+        checkpoint_s=checkpoint_s,
+        reserve=reserve,
     )
     sizing = size(probe)
     rest = nodes - sizing.peak_nodes
@@ -333,6 +350,20 @@ def simulate(
     policies: Annotated[str, typer.Option(help="Set-ups to compare, comma-separated.")] = ALL,
     config: ConfigOpt = None,
     seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 0,
+    checkpoint_s: Annotated[
+        float,
+        typer.Option(
+            help="Elastic jobs checkpoint every this many seconds of run time and report it "
+            "(stb:ckpt=): a requeue loses only the work since. 0: never."
+        ),
+    ] = 0.0,
+    reserve: Annotated[
+        str,
+        typer.Option(
+            help="The bridge's reserved inference nodes: mean, peak, pNN (a percentile of the "
+            "per-minute load) or a number of nodes."
+        ),
+    ] = "mean",
     fmt: Annotated[str, typer.Option("--format", help="|".join(FORMATS))] = "table",
     output: Annotated[
         Path | None,
@@ -349,6 +380,8 @@ def simulate(
             arrivals=arrivals, jobs=jobs, fmt=fmt, output=output,
         )  # fmt: skip
         chosen = parse_policies(policies)
+        if not checkpoint_s >= 0:
+            raise BadInput(f"--checkpoint-s must be >= 0 seconds, got {checkpoint_s}")
     except BadInput as exc:
         raise _bad(exc) from exc
     try:
@@ -360,7 +393,8 @@ def simulate(
             days=days, nodes=nodes, gpus_per_node=gpus_per_node,
             rates=model_rates(models, mean_rps), slo_ms=slo_ms, service_ms=service_ms,
             arrivals=arrivals, arrivals_trace=arrivals_trace, jobs=jobs, jobs_trace=jobs_trace,
-            load=load, policies=chosen, seed=seed,
+            load=load, policies=chosen, seed=seed, reserve=reserve,
+            checkpoint_s=checkpoint_s or None,
             policy=cfg.policy if cfg else None, tick_s=cfg.tick_s if cfg else STEP_S,
             about={"config": config.name if config else "none (policy defaults, 5 s ticks)"},
         )  # fmt: skip

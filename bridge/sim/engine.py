@@ -118,6 +118,9 @@ class Setup:
     always_decide: bool = False
     #: parallel model instances on one replica; None: one per GPU of the node
     replica_servers: int | None = None
+    #: elastic jobs checkpoint every this many seconds of run time and report it (the
+    #: bridge's `stb:ckpt=` tag); a requeued run resumes there. None: no checkpoints
+    checkpoint_s: float | None = None
 
 
 @dataclass(eq=False)
@@ -219,7 +222,9 @@ class Engine:
         for node in self.nodes:
             if node.pool in reserved:
                 node.triton = True
-        self.fleet = Fleet(self.nodes, runs, setup.timing.requeue_delay_s)
+        self.fleet = Fleet(
+            self.nodes, runs, setup.timing.requeue_delay_s, checkpoint_s=setup.checkpoint_s
+        )
         #: parallel model instances on one replica (one per GPU)
         self.node_gpus = max((n.gpus for n in self.nodes), default=1)
         self.replica_gpus = setup.replica_servers or self.node_gpus
@@ -341,7 +346,7 @@ class Engine:
         self.dirty_sched = False
         for run in self.fleet.schedule(self.now):
             self._touch([self.fleet.nodes[i] for i in run.nodes])
-            self._at(self.now + run.job.duration_s, "end", (run, run.run))
+            self._at(self.now + run.remaining_s, "end", (run, run.run))
 
     def _touch(self, nodes: Sequence[SimNode]) -> None:
         for node in nodes:
@@ -568,14 +573,24 @@ class Engine:
         return not assess(self._snapshot(()), self.s.config, self.now).acts
 
     def _node_view(self, node: SimNode) -> NodeView:
+        every = self.s.checkpoint_s
         jobs = tuple(
-            JobView(r.job.job_id, r.job.gpus, r.started_at, r.restarts, r.submitted_at)
+            JobView(
+                r.job.job_id,
+                r.job.gpus,
+                r.started_at,
+                r.restarts,
+                r.submitted_at,
+                r.checkpoint_at(self.now, every if r.job.kind == "elastic" else None),
+            )
             for r in self.fleet.running_on(node)
         )
         leased = any(lease.node is node for lease in self.leases.values())
         return NodeView(node.name, node.pool, True, node.gpus, jobs, node.triton or leased)
 
     def snapshot(self) -> Snapshot:
+        if self.s.checkpoint_s:  # checkpoints move with time: a node with jobs is stale
+            self.stale.update(n.index for n in self.policy_nodes if n.jobs)
         for index in self.stale:
             at = self.view_at.get(index)
             if at is not None:

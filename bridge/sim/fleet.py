@@ -9,7 +9,8 @@ The queue is Slurm's behaviour in the parts the bridge touches:
   modelled, the same for every policy);
 - a single-node job goes on the node with the fewest free GPUs that fits it (best fit);
   a multi-node job takes whole free nodes;
-- preemption requeues a job: its run is lost (no checkpoint), it may start again after
+- preemption requeues a job: its run is lost back to its last checkpoint (elastic jobs,
+  when `checkpoint_s` is set; else all of it), it may start again after
   `requeue_delay_s` (Slurm 22.05: 121 s, measured on the lab);
 - a drain fence (the bridge's reservation) keeps new jobs off a node, running ones go on;
 - a node lent to Triton holds no batch job.
@@ -65,6 +66,18 @@ class JobRun:
     run: int = 0
     #: time spent pending before the first start
     wait_s: float | None = None
+    #: run time saved by checkpoints of earlier runs (a requeued run resumes from there)
+    done_s: float = 0.0
+
+    @property
+    def remaining_s(self) -> float:
+        return self.job.duration_s - self.done_s
+
+    def checkpoint_at(self, now: float, every_s: float | None) -> float | None:
+        """The last checkpoint of the current run (every `every_s` of run time)."""
+        if not every_s or self.started_at is None or now - self.started_at < every_s:
+            return None
+        return self.started_at + (now - self.started_at) // every_s * every_s
 
 
 class Usage:
@@ -98,10 +111,13 @@ class Fleet:
         jobs: dict[str, JobRun],
         requeue_delay_s: float = 121.0,
         max_job_test: int = 500,
+        checkpoint_s: float | None = None,
     ) -> None:
         self.nodes = nodes
         self.runs = jobs
         self.requeue_delay_s = requeue_delay_s
+        #: elastic jobs checkpoint every this many seconds of run time (None: never)
+        self.checkpoint_s = checkpoint_s
         self.max_job_test = max_job_test
         self.usage = Usage(sorted({n.pool for n in nodes}))
         self.partitions = sorted({n.partition for n in nodes if n.partition})
@@ -217,7 +233,11 @@ class Fleet:
         """Requeue a running job (its run is lost); the nodes it freed."""
         assert run.started_at is not None
         self.preemptions += 1
-        self.lost_gpu_s += run.job.gpus * (now - run.started_at)
+        every = self.checkpoint_s if run.job.kind == "elastic" else None
+        saved_at = run.checkpoint_at(now, every)
+        saved = saved_at - run.started_at if saved_at is not None else 0.0
+        run.done_s += saved
+        self.lost_gpu_s += run.job.gpus * (now - run.started_at - saved)
         freed = self._release(run, now)
         run.restarts += 1
         run.submitted_at = now

@@ -8,11 +8,14 @@ Every set-up has the same number of nodes; what differs is who owns them and who
 - `idle-loan` (Lyra-like): inference owns its peak, but the nodes above its mean serve
   elastic jobs while inference does not need them; the bridge's policy takes them back by
   preemption (a `loan` pool of lend mode preempt). Training and elastic keep the rest.
-- `bridge`: inference owns its mean; the bridge lends from the elastic pool (preempt) and
+- `bridge`: inference owns its mean (or what `Scenario.reserve` says: a percentile of
+  the per-minute load, the peak, a node count); the bridge lends from the elastic pool (preempt) and
   the training pool (drain), at most as many nodes as the peak needs above the mean.
 
-The non-inference nodes are split between training and elastic in proportion to their
-offered GPU-hours. Every set-up is driven by the real `decide`; the separate ones have
+The nodes outside peak inference are split between training and elastic in proportion
+to their offered GPU-hours, the same in every set-up (training's guarantee); the nodes a
+set-up reserves below the peak go to elastic (the bridge lends from there first). Every
+set-up is driven by the real `decide`; the separate ones have
 `max_lent_nodes = 0`.
 """
 
@@ -60,6 +63,11 @@ class Scenario:
     series_step_s: float = 300.0
     #: what the report says about the inputs (trace names, seeds, load)
     about: Mapping[str, object] = field(default_factory=dict)
+    #: elastic jobs checkpoint every this many seconds of run time (None: never)
+    checkpoint_s: float | None = None
+    #: the bridge's reserved inference pool: "mean" (the mean load), "pNN" (the NN-th
+    #: percentile of the per-minute load), "peak", or a number of nodes
+    reserve: str = "mean"
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,12 @@ class Sizing:
     #: offered inference load, busy GPUs: peak minute and mean
     peak_load: float
     mean_load: float
+    #: the bridge's reserved inference nodes (`Scenario.reserve`; the mean by default)
+    reserved_nodes: int = 0
+
+    @property
+    def bridge_nodes(self) -> int:
+        return self.reserved_nodes or self.mean_nodes
 
 
 def _rates_by_minute(scenario: Scenario) -> dict[str, np.ndarray[Any, np.dtype[np.float64]]]:
@@ -111,7 +125,25 @@ def size(scenario: Scenario) -> Sizing:
     mean_rates = {m: float(r.mean()) for m, r in per_minute.items()}
     peak_nodes = nodes_for(scenario, peak_rates)
     mean_nodes = min(nodes_for(scenario, mean_rates), peak_nodes)
-    return Sizing(peak_nodes, mean_nodes, float(load[peak_at]), float(load.mean()))
+    reserve = scenario.reserve
+    if reserve == "mean":
+        reserved = mean_nodes
+    elif reserve == "peak":
+        reserved = peak_nodes
+    elif reserve.startswith("p") and reserve[1:].isdigit() and 0 <= int(reserve[1:]) <= 100:
+        level = float(np.percentile(load, int(reserve[1:])))
+        at = int(np.argmin(np.abs(load - level)))  # the minute nearest that load
+        reserved = min(
+            nodes_for(scenario, {m: float(r[at]) for m, r in per_minute.items()}), peak_nodes
+        )
+    elif reserve.isdigit() and 1 <= int(reserve) <= scenario.nodes:
+        reserved = int(reserve)
+    else:
+        raise ValueError(
+            f"reserve {reserve!r}: give mean, peak, pNN (a percentile of the per-minute "
+            f"load) or a number of nodes from 1 to {scenario.nodes}"
+        )
+    return Sizing(peak_nodes, mean_nodes, float(load[peak_at]), float(load.mean()), reserved)
 
 
 def _split(rest: int, jobs: Sequence[SimJob]) -> tuple[int, int]:
@@ -128,7 +160,9 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     n, g = scenario.nodes, scenario.gpus_per_node
-    infer = sizing.peak_nodes if policy == "separate-peak" else sizing.mean_nodes
+    infer = {"separate-peak": sizing.peak_nodes, "bridge": sizing.bridge_nodes}.get(
+        policy, sizing.mean_nodes
+    )
     loan = sizing.peak_nodes - sizing.mean_nodes if policy == "idle-loan" else 0
     rest = n - infer - loan
     if rest < 2:
@@ -136,7 +170,12 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
             f"{n} nodes leave {rest} for training and elastic after inference's "
             f"{infer + loan} ({policy}): give the fleet more nodes or the models less load"
         )
-    training, elastic = _split(rest, scenario.jobs)
+    # Training keeps its share of the fleet outside peak inference in every set-up (the
+    # guarantee a separate fleet gives it); the nodes inference no longer reserves (the
+    # bridge's peak - mean) go to the elastic pool, the requeueable work the bridge lends
+    # from first, as the loan pool of idle-loan runs elastic work.
+    training, elastic = _split(n - sizing.peak_nodes, scenario.jobs)
+    elastic += rest - training - elastic
     nodes: list[SimNode] = []
     layout = [
         ("inference", None, infer),
@@ -149,7 +188,10 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
             i = len(nodes)
             nodes.append(SimNode(i, f"n{i:05d}", pool, partition, g))
     pools = {"inference": PoolConfig(partition="infer", lend_mode="reserved", cost_rank=0)}
-    lendable = max(1, sizing.peak_nodes - sizing.mean_nodes)
+    lendable = max(
+        1,
+        sizing.peak_nodes - infer if policy == "bridge" else sizing.peak_nodes - sizing.mean_nodes,
+    )
     if policy == "idle-loan":
         pools["loan"] = PoolConfig(partition="elastic", lend_mode="preempt", cost_rank=1)
     elif policy == "bridge":
@@ -181,6 +223,7 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
         timing=scenario.timing,
         service_cv2=scenario.service_cv2,
         series_step_s=scenario.series_step_s,
+        checkpoint_s=scenario.checkpoint_s,
     )
 
 
@@ -213,6 +256,9 @@ def compare(
         inference_load_mean_gpus=round(sizing.mean_load, 2),
         inference_nodes_peak=sizing.peak_nodes,
         inference_nodes_mean=sizing.mean_nodes,
+        inference_nodes_reserved=sizing.bridge_nodes,
+        reserve=scenario.reserve,
         timing=asdict(scenario.timing),
+        checkpoint_s=scenario.checkpoint_s,
     )
     return SimReport(about, results)

@@ -223,6 +223,62 @@ def synthetic_series(
     return ArrivalSeries(step_s=step_s, rates=rates)
 
 
+def ramp_series(
+    models: Mapping[str, float],
+    horizon_s: float,
+    step_s: float = 5.0,
+    *,
+    ramps_per_day: float = 3.0,
+    ramp_factor: float = 5.0,
+    ramp_s: float = 1800.0,
+    ramp_hold_s: float = 1800.0,
+    steps_per_day: float = 3.0,
+    step_factor: float = 3.0,
+    step_rise_s: float = 60.0,
+    step_hold_s: float = 600.0,
+    noise: float = 0.05,
+    seed: int = 0,
+) -> ArrivalSeries:
+    """Per model (name -> base req/s), the hard case for a lending policy: a flat base
+    (lognormal noise `noise`) with steep ramps (x `ramp_factor` over `ramp_s`, held
+    `ramp_hold_s`, down over `ramp_s`) and sudden steps (x `step_factor` within
+    `step_rise_s`, held `step_hold_s`, then back at once), each at Poisson times
+    (`ramps_per_day`, `steps_per_day`), independent per model. Events that overlap take
+    the larger factor. The mean is above the base by the events' share."""
+    steps = _check_series(models, horizon_s, step_s, 0.0, 0.0)
+    for name, value in (("ramp_factor", ramp_factor), ("step_factor", step_factor)):
+        if not (math.isfinite(value) and value >= 1):
+            raise ValueError(f"{name} must be a finite number >= 1, got {value!r}")
+    for name, value in (("ramps_per_day", ramps_per_day), ("steps_per_day", steps_per_day)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    for name, value in (
+        ("ramp_s", ramp_s),
+        ("ramp_hold_s", ramp_hold_s),
+        ("step_rise_s", step_rise_s),
+        ("step_hold_s", step_hold_s),
+    ):
+        _positive(name, value)
+    t = np.arange(steps) * step_s
+    rng = np.random.default_rng(seed)
+    rates: dict[str, FloatArray] = {}
+    for name, rate in models.items():
+        factor = np.ones(steps)
+        span = 2 * ramp_s + ramp_hold_s
+        for start in rng.uniform(-span, horizon_s, rng.poisson(ramps_per_day * horizon_s / DAY_S)):
+            x = t - start
+            up = np.clip(x / ramp_s, 0.0, 1.0)
+            down = np.clip((span - x) / ramp_s, 0.0, 1.0)
+            factor = np.maximum(factor, 1.0 + (ramp_factor - 1.0) * np.minimum(up, down))
+        span = step_rise_s + step_hold_s
+        for start in rng.uniform(-span, horizon_s, rng.poisson(steps_per_day * horizon_s / DAY_S)):
+            x = t - start
+            up = np.clip(x / step_rise_s, 0.0, 1.0) * (x < span)
+            factor = np.maximum(factor, 1.0 + (step_factor - 1.0) * up)
+        rates[name] = rate * factor * np.exp(noise * rng.standard_normal(steps))
+    return ArrivalSeries(step_s=step_s, rates=rates)
+
+
 # --- batch jobs -----------------------------------------------------------------------
 
 

@@ -93,3 +93,17 @@ def tick_until(
             return
         assert time.monotonic() < deadline, "\n".join(log)
         time.sleep(1)
+
+
+def tick_until_baseline(rec: Reconciler, lab: LabSpec, log: list[str] | None = None) -> None:
+    """Tick until the reserved node's baseline Triton server is ready."""
+    reserved = lab.pool_nodes("infer")[0].name
+    tick_until(
+        rec,
+        lambda: (
+            rec.last_observation is not None
+            and any(s.ready and s.node == reserved for s in rec.last_observation.servers)
+        ),
+        120,
+        log,
+    )

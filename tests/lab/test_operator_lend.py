@@ -12,7 +12,7 @@ from bridge.daemon.reconciler import Reconciler
 from bridge.lab.spec import LabSpec
 from bridge.lifecycle import LeaseState
 
-from .helpers import tick_until
+from .helpers import tick_until, tick_until_baseline
 
 pytestmark = pytest.mark.lab
 
@@ -24,15 +24,7 @@ def test_operator_lend_and_return(lab: LabSpec, bridge: tuple[Reconciler, str]) 
     elastic = lab.pool_nodes("elastic")[0].name
     reserved = lab.pool_nodes("infer")[0].name
     log: list[str] = []
-    tick_until(
-        rec,
-        lambda: (
-            rec.last_observation is not None
-            and any(s.ready and s.node == reserved for s in rec.last_observation.servers)
-        ),
-        120,
-        log,
-    )
+    tick_until_baseline(rec, lab, log)
     now = datetime.now(UTC)
     bad = [queue.request_lend(reserved, [], now), queue.request_lend("n99", [], now)]
     good = queue.request_lend(elastic, ["busy"], now)

@@ -2,8 +2,9 @@
 
 Each test starts its own nginx (`NginxProcess`, every file under tmp_path, listening on a
 free port of 127.0.0.1) and small stdlib HTTP servers on 127.0.2.x that answer Triton's
-inference path with their own name. Checks: requests reach the right model's replicas,
-round robin; a publish without a replica removes it after a graceful reload with no failed
+inference path with their own name. Checks: requests reach the right model's replicas
+(least_conn: one at a time they alternate, a replica with requests in flight is passed
+over); a publish without a replica removes it after a graceful reload with no failed
 request across the reloads; a configuration nginx refuses leaves the old one serving and
 raises nginx's words; the http_sd document served over HTTP. Needs the nginx binary (not
 root); each test takes about a second; all traffic stays on 127.x.
@@ -46,6 +47,9 @@ class Backend:
 
     def __init__(self, name: str, host: str) -> None:
         me = name
+        #: seconds each inference takes (a replica holding a backlog)
+        self.delay_s = 0.0
+        backend = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -63,6 +67,7 @@ class Backend:
                 self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 parts = self.path.split("/")  # "", v2, models, <m>, infer
                 if len(parts) == 5 and parts[1:3] == ["v2", "models"] and parts[4] == "infer":
+                    time.sleep(backend.delay_s)
                     self._answer(200, {"backend": me, "model": parts[3]})
                 else:
                     self._answer(404, {"error": f"{me}: no {self.path}"})
@@ -131,7 +136,28 @@ def _infer(client: httpx.Client, base: str, model: str) -> httpx.Response:
     return client.post(f"{base}/v2/models/{model}/infer", json=INFER_BODY, timeout=5)
 
 
-def test_requests_reach_the_models_replicas_round_robin(rig: Rig) -> None:
+def test_a_slow_replica_gets_fewer_of_the_concurrent_requests(rig: Rig) -> None:
+    """least_conn: a replica with requests in flight (a backlog) is passed over while
+    another has fewer; round robin would give each half."""
+    rig.publisher.publish(RoutingTable.build({"echo": [rig.ep("b1"), rig.ep("b2")]}))
+    rig.backends["b1"].delay_s = 1.0
+    names: list[str] = []
+
+    def one() -> None:
+        with httpx.Client() as client:
+            names.append(_infer(client, rig.base_url, "echo").json()["backend"])
+
+    threads = [threading.Thread(target=one) for _ in range(20)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    assert len(names) == 20
+    assert names.count("b1") <= 3, names
+
+
+def test_requests_reach_the_models_replicas_in_turn(rig: Rig) -> None:
     table = RoutingTable.build({"echo": [rig.ep("b1"), rig.ep("b2")], "busy": [rig.ep("b3")]})
     first = rig.publisher.publish(table)
     assert first.nginx_changed and first.reload_s is not None

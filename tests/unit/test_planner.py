@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 import pytest
 
@@ -19,6 +20,7 @@ from bridge.daemon.planner import (
     Fence,
     LeaseRecord,
     Move,
+    Requeue,
     Resume,
     RouteIn,
     RouteOut,
@@ -188,6 +190,40 @@ def test_requested_preempt_submits_its_job() -> None:
         (Submit("n3", ("busy",), (1, int(CREATED)), "elastic", None),),
         Move(1, S.REQUESTED, S.SUBMITTED, "submitted"),
     )
+
+
+def victim(job_id: str, on: str, state: str = "RUNNING", comment: str = "stb:elastic") -> Job:
+    return Job(
+        job_id, "train", "elastic", "team-nlp", "u", state, "None", (on,), comment, 4, 0, None,
+        None,
+    )  # fmt: skip
+
+
+def test_requested_preempt_requeues_the_nodes_jobs_after_submitting() -> None:
+    lse = lease(S.REQUESTED, job_id=None)
+    jobs = [
+        victim("7", "n3"),
+        victim("8", "n3"),
+        victim("9", "n1"),  # another node
+        victim("10", "n3", state="COMPLETING"),  # leaving anyway
+        job("11", on="n3"),  # a Triton job is never a victim
+    ]
+    step = one(lse, observe(jobs=jobs))
+    assert step.commands == (
+        Submit("n3", ("busy",), (1, int(CREATED)), "elastic", None),
+        Requeue("n3", ("7", "8")),
+    )
+    # the site may leave it to slurmctld's preemption pass
+    waits = plan_lease(lse, observe(jobs=jobs), NOW, replace(SETTINGS, requeue_victims=False))
+    assert waits is not None and waits.commands == (
+        Submit("n3", ("busy",), (1, int(CREATED)), "elastic", None),
+    )
+
+
+def test_requested_drain_never_requeues() -> None:
+    lse = lease(S.REQUESTED, on="n5", mode="drain", job_id=None)
+    step = one(lse, observe(jobs=[victim("7", "n5")]))
+    assert not [c for c in step.commands if isinstance(c, Requeue)]
 
 
 def test_requested_drain_fences_then_submits_into_the_reservation() -> None:

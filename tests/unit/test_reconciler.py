@@ -29,6 +29,7 @@ from bridge.leases.store import make_engine
 from bridge.lifecycle import LeaseState, allowed
 from bridge.routing.errors import NginxConfigRejected, NginxUnavailable, RoutingFilesUnwritable
 from bridge.slurm.errors import CommandRejected, ControllerUnreachable, UnparseableOutput
+from bridge.slurm.model import Job
 from tests.unit.fakes import N3, N5, Harness, address_of, at, make_harness
 
 S = LeaseState
@@ -605,3 +606,38 @@ def test_tick_once_counts_an_unexpected_exception_as_a_failed_tick(h: Harness) -
     assert tick_once(bridge) is None
     assert sample(h, "stb_ticks_total", outcome="failed") == 1
     assert sample(h, "stb_tick_exceptions_total", kind="KeyError") == 1
+
+
+def _elastic_job(job_id: str, node: str) -> Job:
+    return Job(
+        job_id, "exp", "elastic", "team-nlp", "u", "RUNNING", "None", (node,), "", 4, 0, None,
+        None,
+    )  # fmt: skip
+
+
+def test_a_preempt_lend_requeues_the_victims_and_one_that_ended_is_no_failure(
+    h: Harness,
+) -> None:
+    h.slurm.add_job(_elastic_job("7", "n3"))
+    h.slurm.add_job(_elastic_job("8", "n3"))
+    h.slurm.fail("requeue", CommandRejected("scontrol requeue 7", "Job has already finished"), 1)
+    lend(h, "n3", 0)
+    r = h.tick(0)
+    assert h.lease(1).state == S.SUBMITTED
+    assert h.slurm.ops("submit") and h.slurm.ops("requeue") == [("7",), ("8",)]
+    # the submit came first, so the Triton job is first in line when the node frees
+    assert next(op for op, _ in h.slurm.calls if op in ("submit", "requeue")) == "submit"
+    assert any("job 7 not requeued" in e for e in r.events)
+    assert any("requeued job 8 for the lend" in e for e in r.events)
+    assert h.reconciler.actuator.preemptions_since(0.0) == 1
+
+
+def test_a_transient_requeue_error_leaves_the_lend_to_slurmctld(h: Harness) -> None:
+    h.slurm.add_job(_elastic_job("7", "n3"))
+    h.slurm.fail("requeue", ControllerUnreachable("scontrol requeue 7", "timed out"), 1)
+    lend(h, "n3", 0)
+    h.tick(0)
+    assert h.lease(1).state == S.REQUESTED  # the step failed after its submit...
+    h.tick(100)
+    assert h.lease(1).state == S.SUBMITTED  # ...and the next tick finds its Triton job
+    assert len(h.slurm.ops("submit")) == 1

@@ -57,6 +57,17 @@ def test_one_model() -> None:
     assert "keepalive_timeout 0s;" in text  # no client keepalive: reloads lose nothing
 
 
+def test_requests_go_to_the_replica_with_the_fewest_in_flight() -> None:
+    """least_conn in every upstream, before keepalive (nginx requires that order)."""
+    text = nginx.render(RoutingTable.build({"echo": [A]}))
+    blocks = text.split("upstream ")[1:]
+    assert len(blocks) == 2
+    for block in blocks:
+        body = [line.strip() for line in block.split("}")[0].splitlines()[1:]]
+        assert body[0].startswith("zone stb") and body[1] == "least_conn;"
+        assert body.index("least_conn;") < body.index("keepalive 32;")
+
+
 def test_two_models_and_health_from_any() -> None:
     text = nginx.render(
         RoutingTable.build({"echo": [A, B], "busy": [B, C]}),

@@ -301,3 +301,17 @@ def test_every_move_of_simulated_runs_is_in_the_table() -> None:
         assert engine.moves[S.RELEASING, S.RETURNED] + len(engine.leases) == result.lends
         seen |= set(engine.moves)
     assert seen == SIM_MOVES
+
+
+def test_a_checkpointing_job_loses_only_the_work_since_its_checkpoint() -> None:
+    """The elastic job has run about 300 s when its node is lent; checkpointing every
+    120 s it loses only what it did since its last checkpoint, and resumes from there."""
+    without, engine_without = _run(_setup(jobs=LONG))
+    with_ckpt, engine_ckpt = _run(replace(_setup(jobs=LONG), checkpoint_s=120.0))
+    lend = with_ckpt.decisions[0]
+    ran = lend.at_s + Timing().preempt_start_s
+    assert without.gpu_hours_lost == pytest.approx(ran / 3600.0, abs=1e-6)
+    assert with_ckpt.gpu_hours_lost == pytest.approx((ran - ran // 120 * 120) / 3600.0, abs=1e-6)
+    e1 = engine_ckpt.fleet.runs["e1"]
+    assert e1.done_s == ran // 120 * 120 and e1.remaining_s == 5000.0 - e1.done_s
+    assert engine_without.fleet.runs["e1"].done_s == 0.0

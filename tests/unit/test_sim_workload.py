@@ -490,3 +490,23 @@ def test_alibaba_jobs_rejects_bad_arguments(alibaba_sample: Path) -> None:
         alibaba_jobs(alibaba_sample, DAY_S, 8, 0.5, max_duration_s=0.0)
     with pytest.raises(ValueError, match="capacity_gpus"):
         alibaba_jobs(alibaba_sample, DAY_S, -8, 0.5)
+
+
+def test_ramp_series_has_steep_ramps_and_sudden_steps() -> None:
+    day = 86_400.0
+    series = workload.ramp_series(
+        {"m": 100.0}, 2 * day, 5.0, ramps_per_day=4, steps_per_day=4, noise=0.0, seed=3
+    )
+    rates = np.asarray(series.rates["m"])
+    assert rates.min() == pytest.approx(100.0)  # the base, between events
+    assert rates.max() == pytest.approx(500.0)  # a ramp's plateau: 5x
+    # the steepest rise over one minute is a step's (2x the base in 60 s), and over 30
+    # minutes a ramp's (4x the base)
+    per_min = 12
+    assert (rates[per_min:] - rates[:-per_min]).max() == pytest.approx(200.0, rel=0.02)
+    half_hour = 360
+    assert (rates[half_hour:] - rates[:-half_hour]).max() == pytest.approx(400.0, rel=0.02)
+    with pytest.raises(ValueError, match="ramp_factor"):
+        workload.ramp_series({"m": 1.0}, day, ramp_factor=0.5)
+    with pytest.raises(ValueError, match="step_hold_s"):
+        workload.ramp_series({"m": 1.0}, day, step_hold_s=0)
