@@ -153,12 +153,14 @@ class PolicyConfig(_Strict):
         "SLO; above capacity_headroom, so a return never sets off the next lend.",
     )
     return_dwell_s: float = Field(
-        default=600,
+        default=300,
         ge=0,
         description="Seconds a lease's models must have been quiet (p99 under "
         "low_watermark x SLO) before it goes back; the return's rate is the highest of "
         "that span. Long against the rate's noise, so one quiet minute on a busy day "
-        "does not cost a lend-return cycle (each cycle requeues elastic work).",
+        "does not cost a lend-return cycle (each cycle requeues elastic work); short "
+        "enough to give nodes back within minutes (simulated, 3 days: 180, 300, 600 and "
+        "900 s kept the same SLO; 300 s gave the shortest job waits).",
     )
     forecast_window_s: float = Field(
         default=180,

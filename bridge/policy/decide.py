@@ -145,7 +145,12 @@ def lead_s(snapshot: Snapshot, config: BridgeConfig) -> float:
 
 
 def _demand(
-    snapshot: Snapshot, config: BridgeConfig, now: float, horizon: float, returning: bool
+    snapshot: Snapshot,
+    config: BridgeConfig,
+    now: float,
+    horizon: float,
+    returning: bool,
+    ahead: dict[str, float | None],
 ) -> dict[str, capacity.Demand]:
     """Per model with a known service time: the rate to carry. Lending: headroom x max(now,
     forecast). Returning: return_headroom x max(the dwell's highest, forecast)."""
@@ -168,8 +173,9 @@ def _demand(
             if base > 0:  # load but no compute time measured yet: cannot size it
                 continue
             svc = 0.0
-        ahead = forecast_rate(history, now, policy.forecast_window_s, horizon)
-        rate = max(base, ahead or 0.0) * factor
+        if name not in ahead:  # one fit per model and tick, for lending and returning
+            ahead[name] = forecast_rate(history, now, policy.forecast_window_s, horizon)
+        rate = max(base, ahead[name] or 0.0) * factor
         out[name] = capacity.Demand(rate, svc, model.slo_p99_ms / 1000.0, model.instances)
     return out
 
@@ -215,6 +221,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             returns.append(Return(lease.lease_id, f"drain wait over {policy.drain_wait_s:g}s"))
     abandoned = frozenset(r.lease_id for r in returns)
     horizon = lead_s(snapshot, config)
+    ahead: dict[str, float | None] = {}
 
     quiet: dict[str, bool] = {}
 
@@ -239,7 +246,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     if serving:
         rank = {name: pool.cost_rank for name, pool in config.pools.items()}
         serving.sort(key=lambda s: (rank.get(s.pool, 0), s.serving_since or 0.0, s.lease_id))
-        keep = _demand(snapshot, config, now, horizon, returning=True)
+        keep = _demand(snapshot, config, now, horizon, True, ahead)
         replica_of = {
             r.lease_id: (tuple(sorted(set(r.models))), r.gpus)
             for r in snapshot.replicas
@@ -256,7 +263,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             leaving.add(lease.lease_id)
             returns.append(Return(lease.lease_id, _return_reason(keep, lease.models, policy)))
 
-    demand = _demand(snapshot, config, now, horizon, returning=False)
+    demand = _demand(snapshot, config, now, horizon, False, ahead)
     groups = _groups(count)
     open_leases = sum(1 for lease in snapshot.leases if lease.lease_id not in leaving)
     slots = max(0, policy.max_lent_nodes - open_leases)

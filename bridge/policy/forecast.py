@@ -21,20 +21,22 @@ def trend(
     samples: Sequence[ModelSample], now: float, window_s: float
 ) -> tuple[float, float] | None:
     """(rate at `now` on the fitted line, slope per second) over the samples of the last
-    `window_s` seconds with a rate; None without any. One sample: its rate, no slope."""
+    `window_s` seconds with a rate; None without any. One or two samples: their mean, no
+    slope."""
     n = 0
     sx = sy = sxx = sxy = 0.0
     for s in reversed(samples):
         if now - s.at > window_s:
             break
-        if s.request_rate is None:
+        rate = s.request_rate
+        if rate is None:
             continue
         x = s.at - now
         n += 1
         sx += x
-        sy += s.request_rate
+        sy += rate
         sxx += x * x
-        sxy += x * s.request_rate
+        sxy += x * rate
     if n == 0:
         return None
     den = n * sxx - sx * sx
