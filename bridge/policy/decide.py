@@ -11,7 +11,8 @@ Rules, in order, each tick:
    models were quiet (p99 under low_watermark x SLO) for `return_dwell_s` goes
    back when the replicas left would still carry `return_headroom` x the larger of the
    highest rate of those ticks and the forecast rate, by the capacity model. Several in
-   one tick when load fell far; the most expensive pool first (training before elastic),
+   one tick when load fell far; the lowest `cost_rank` first (elastic before training:
+   requeued elastic work waits to run again, a drained training node was idle when lent),
    then the longest serving.
 4. Capacity-aware lend: each model's demand is `capacity_headroom` x the larger of its
    current rate and its forecast at the lend's lead time (`bridge.policy.forecast`), its
