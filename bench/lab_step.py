@@ -16,29 +16,12 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
 from bridge.daemon.service import build, single_instance
 from bridge.lab import lab as lab_mod
 from bridge.lab.demo import lab_config
-from bridge.lab.showcase import Scenario, ScenarioResult
+from bridge.lab.showcase import Scenario
 from bridge.lab.spec import LabSpec
-from bridge.lifecycle import LeaseState as S
 from bridge.paths import default_lab_dir
-
-WINDOW_S = 5.0
-
-
-def recovered_after(res: ScenarioResult, slo_ms: float) -> tuple[float, float]:
-    """(seconds after the step from which every 5 s window's p99 stays under the SLO,
-    the worst window's p99 in ms)."""
-    windows: dict[int, list[float]] = {}
-    for r in res.heavy_records:
-        if r.ok and r.latency_s is not None:
-            windows.setdefault(int(r.scheduled_s // WINDOW_S), []).append(r.latency_s * 1000)
-    p99 = {w: float(np.percentile(v, 99)) for w, v in sorted(windows.items())}
-    late = [w for w, v in p99.items() if v > slo_ms]
-    return ((max(late) + 1) * WINDOW_S if late else 0.0), max(p99.values(), default=0.0)
 
 
 def one(spec: LabSpec, requeue: bool) -> dict[str, float]:
@@ -56,14 +39,13 @@ def one(spec: LabSpec, requeue: bool) -> dict[str, float]:
                 if "stb:baseline" not in job.tags:
                     bridge.reconciler.slurm.cancel(job.job_id)
             bridge.close()
-    assert res.step_at is not None and res.lease_id is not None and res.heavy is not None
-    at = {e.to_state: e.at.timestamp() for e in rec.store.history(res.lease_id)}
-    recovered, worst = recovered_after(res, config.models["busy"].slo_p99_ms)
+    times = res.step_times(config.models["busy"].slo_p99_ms)
+    assert times is not None and res.heavy is not None
     row = {
-        "lend": at[S.REQUESTED] - res.step_at,
-        "serving": at[S.SERVING] - res.step_at,
-        "p99 under SLO": recovered,
-        "worst 5s p99 ms": worst,
+        "lend": times.lend_s,
+        "serving": times.serving_s,
+        "p99 under SLO": times.p99_under_slo_s,
+        "worst 5s p99 ms": times.worst_p99_ms,
         "failed": float(sum(res.heavy.total.errors.values()) + res.heavy.total.dropped),
     }
     print(

@@ -23,7 +23,7 @@ from accounting.report import Window, build_report
 from bridge.config import BridgeConfig, load_config
 from bridge.daemon.service import build, single_instance
 from bridge.lab import triton
-from bridge.lab.showcase import Scenario, ScenarioResult
+from bridge.lab.showcase import P99_WINDOW_S, Scenario, ScenarioResult
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.leases.store import LeaseStore
@@ -148,6 +148,13 @@ def run(spec: LabSpec, console: Console, *, wait_requeued: bool = True) -> Scena
     if res.light:
         table.add_row(*_report_row("trickle during return, 4/s", res.light))
     console.print(table)
+    times = res.step_times(config.models["busy"].slo_p99_ms)
+    if times is not None:
+        console.print(
+            f"after the step: lend decided at {times.lend_s:.1f} s, the lent replica serving "
+            f"at {times.serving_s:.1f} s, the requests' p99 (per {P99_WINDOW_S:g} s) under "
+            f"the SLO from {times.p99_under_slo_s:.0f} s (worst {times.worst_p99_ms:.0f} ms)"
+        )
     console.print(f"lease {res.lease_id} on {res.lease_node}: {' -> '.join(res.lease_states)}")
     console.print(
         f"elastic job {res.victim}: requeued {res.victim_restarts}x by Slurm"

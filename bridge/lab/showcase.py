@@ -60,6 +60,23 @@ class Load(threading.Thread):
         self.report = summarize(result)
 
 
+#: the span over which the load step's own p99 is measured (client side)
+P99_WINDOW_S = 5.0
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """The load step as its requests saw it, in seconds after the step."""
+
+    #: the lend was decided / its replica was serving
+    lend_s: float
+    serving_s: float
+    #: from here on every 5 s window's p99 is under the SLO (0: it never went over)
+    p99_under_slo_s: float
+    #: the worst 5 s window's p99, in ms
+    worst_p99_ms: float
+
+
 @dataclass
 class ScenarioResult:
     timeline: list[str] = field(default_factory=list)
@@ -71,11 +88,36 @@ class ScenarioResult:
     #: the load step's requests, and when it began (epoch s): latency over time
     heavy_records: list[RequestRecord] = field(default_factory=list)
     step_at: float | None = None
+    #: when the first lease was decided and began serving (epoch s)
+    lend_at: float | None = None
+    serving_at: float | None = None
     victim: str = ""
     victim_restarts: int = 0
     victim_ran_again: bool | None = None
     training_jobs: list[str] = field(default_factory=list)
     training_untouched: bool = False
+
+    def step_times(self, slo_ms: float) -> StepTimes | None:
+        """How fast the step was met, from the step's requests and the first lease."""
+        if self.step_at is None or self.lend_at is None or self.serving_at is None:
+            return None
+        windows: dict[int, list[float]] = {}
+        for r in self.heavy_records:
+            if r.ok and r.latency_s is not None:
+                windows.setdefault(int(r.scheduled_s // P99_WINDOW_S), []).append(r.latency_s)
+        p99 = {w: _p99(v) * 1000.0 for w, v in windows.items()}
+        late = [w for w, v in p99.items() if v > slo_ms]
+        return StepTimes(
+            self.lend_at - self.step_at,
+            self.serving_at - self.step_at,
+            (max(late) + 1) * P99_WINDOW_S if late else 0.0,
+            max(p99.values(), default=0.0),
+        )
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 class Scenario:
@@ -172,6 +214,8 @@ class Scenario:
             )
             lease = store.open_leases()[0]  # the first lend; more may follow under load
             res.lease_id, res.lease_node = lease.id, lease.node
+            at = {e.to_state: e.at.timestamp() for e in store.history(lease.id or 0)}
+            res.lend_at, res.serving_at = at.get(LeaseState.REQUESTED), at.get(LeaseState.SERVING)
             # The bridge keeps ticking while the load step runs on two replicas.
             self.tick_until("the load step to end", lambda: not heavy.is_alive(), 180)
             res.heavy, res.heavy_records, res.step_at = (
