@@ -11,7 +11,8 @@ Part `decide` builds, seeded and deterministic, a snapshot as the reconciler wou
   jobs, 12% of them requeued, half of those within the preemption guard);
 - every model on 1-4 baseline replicas chosen at random (about 12 models per replica at
   the default sizes), max_replicas 0-6 above that, an SLO of 20 ms to 1 s;
-- `max(breach_evaluations, calm_evaluations)` samples per model, 5 s apart: about 70%
+- `history_depth(config)` samples per model, 5 s apart (a request takes 50 us, so the
+  capacity model sees no deficit and the cases exercise the latency rules): about 70%
   steady (p99 between the watermarks, a few with a one-tick spike over the SLO), 20% calm
   (p99 under the low watermark, or no requests at all), 2% without data (no scrape);
 - open leases (nodes / 500, at least 5): serving ones with steady models, in-flight ones
@@ -22,7 +23,7 @@ Part `decide` builds, seeded and deterministic, a snapshot as the reconciler wou
 Three cases share the nodes, replicas and leases and differ in the latest samples:
   quiet   nothing breaches, no serving lease is calm: decide returns no action
   breach  models / 200 (at least 8) models breach: some filtered (a lend in flight, the
-          cooldown, max_replicas reached), the rest go on one node: a Lend (choose_node
+          cooldown, max_replicas reached), the rest go on one node: a Lend (choose_nodes
           runs over every node)
   calm    the models of one serving lease, past its scale-in cooldown, are calm: a Return
 Each is timed `--repeat` times (time.perf_counter, one untimed warm-up), alternating with

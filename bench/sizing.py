@@ -63,8 +63,8 @@ def main() -> None:
         scenario = dataclasses.replace(base, reserve=level)
         sizing = size(scenario)
         (bridge,) = compare(scenario, ["bridge"]).results
-        rows.append((level, sizing.bridge_nodes, bridge))
-        print(f"  {level}: {sizing.bridge_nodes} reserved nodes done", file=sys.stderr)
+        rows.append((level, sizing.reserved_nodes, bridge))
+        print(f"  {level}: {sizing.reserved_nodes} reserved nodes done", file=sys.stderr)
     sizing = size(base)
     print(
         f"{args.days:g} days, {args.nodes} nodes, load {args.load}, arrivals {args.arrivals}, "

@@ -104,11 +104,6 @@ class PolicyConfig(_Strict):
         description="Consecutive breaching ticks before a lend (3 ticks of 5 s: 15 s, "
         "long enough to ignore one slow request, short against a minutes-long burst).",
     )
-    calm_evaluations: int = Field(
-        default=12,
-        ge=1,
-        description="Consecutive calm ticks before a return (12 x 5 s = 1 min).",
-    )
     scale_out_cooldown_s: float = Field(
         default=60,
         ge=0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from bridge.config import BridgeConfig
 from bridge.policy.snapshot import (
@@ -67,6 +68,17 @@ class Observation:
 
     def server_of(self, job_id: str | None) -> TritonServer | None:
         return next((s for s in self.servers if s.job.job_id == job_id), None)
+
+    @cached_property
+    def work(self) -> Mapping[str, tuple[Job, ...]]:
+        """Per node, the running jobs that are not the bridge's (Triton): what a
+        preemption would requeue, what a drain waits for."""
+        out: dict[str, list[Job]] = {}
+        for j in self.jobs:
+            if TRITON_TAG not in j.tags and j.state == "RUNNING":
+                for n in j.nodes:
+                    out.setdefault(n, []).append(j)
+        return {n: tuple(js) for n, js in out.items()}
 
 
 def pool_of(node: Node, config: BridgeConfig) -> str | None:
@@ -127,11 +139,8 @@ def snapshot(
     """The policy's view of an observation and the open leases. Pure."""
     lease_of = {lease.node: lease.lease_id for lease in leases}
     reserved = reserved_nodes(obs.site_reservations, obs.at, config.policy.reservation_lookahead_s)
-    on_node: dict[str, list[Job]] = {}
     triton_bound: set[str] = set()
     for j in obs.jobs:
-        for n in j.nodes:
-            on_node.setdefault(n, []).append(j)
         if TRITON_TAG in j.tags:
             # a pending Triton job asked for its node: it is on its way there
             triton_bound.update(j.nodes or j.requested_nodes)
@@ -149,8 +158,7 @@ def snapshot(
                 _ts(j, "submit_time"),
                 checkpoint_of(j),
             )
-            for j in on_node.get(node.name, ())
-            if TRITON_TAG not in j.tags and j.state == "RUNNING"
+            for j in obs.work.get(node.name, ())
         )
         usable = not node.state.startswith(_UNUSABLE) and (
             not node.drained or node.fenced_by_bridge
@@ -172,17 +180,11 @@ def snapshot(
         for s in obs.servers
         if s.ready and s.models
     )
-    busy = {
-        n
-        for j in obs.jobs
-        if TRITON_TAG not in j.tags and j.state in ("RUNNING", "COMPLETING")
-        for n in j.nodes
-    }
     views_of_leases = tuple(
         replace(
             lease,
             gpus=gpus.get(lease.node, 1),
-            waiting=lease.lend_mode == "drain" and lease.node in busy,
+            waiting=lease.lend_mode == "drain" and lease.node in obs.work,
         )
         for lease in leases
     )

@@ -27,7 +27,7 @@ from bridge.config import BridgeConfig
 from bridge.daemon import launcher
 from bridge.daemon.observation import RESERVATION_PREFIX, Observation, pool_of
 from bridge.lifecycle import LeaseState
-from bridge.slurm.model import TRITON_TAG, Job
+from bridge.slurm.model import Job
 
 S = LeaseState
 #: a reservation of a drain-mode lend lasts this much past the bounded drain wait
@@ -391,13 +391,7 @@ def _submit_step(lease: LeaseRecord, obs: Observation, settings: Settings) -> St
             commands.append(Fence(reservation, lease.node, duration))
     commands.append(Submit(lease.node, lease.models, lease.ref, lease.pool, reservation))
     if lease.lend_mode == "preempt" and settings.requeue_victims:
-        victims = tuple(
-            sorted(
-                j.job_id
-                for j in obs.jobs
-                if lease.node in j.nodes and TRITON_TAG not in j.tags and j.state == "RUNNING"
-            )
-        )
+        victims = tuple(sorted(j.job_id for j in obs.work.get(lease.node, ())))
         if victims:
             commands.append(Requeue(lease.node, victims))
     return Step(lease.id, tuple(commands), Move(lease.id, S.REQUESTED, S.SUBMITTED, "submitted"))

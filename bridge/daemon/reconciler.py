@@ -45,6 +45,7 @@ from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 from bridge.policy import Lend, Return, StartBaseline, decide
+from bridge.policy.forecast import next_lead
 from bridge.policy.snapshot import LeaseView, Snapshot
 from bridge.routing.errors import RoutingError
 from bridge.slurm.errors import SlurmError
@@ -177,8 +178,7 @@ class Reconciler:
             if lease.id in self._waited:
                 continue
             took = max(0.0, lease.updated_at - lease.created_at)
-            old = self.lend_s.get(lease.pool)
-            self.lend_s[lease.pool] = took if old is None else 0.8 * old + 0.2 * took
+            self.lend_s[lease.pool] = next_lead(self.lend_s.get(lease.pool), took)
         live = {lease.id for lease in leases}
         self._timed &= live
         self._waited &= live

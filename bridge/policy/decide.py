@@ -8,7 +8,7 @@ Rules, in order, each tick:
 2. A drain-mode lend still waiting for its training node after `drain_wait_s` is
    abandoned (returned): a training job is never killed, the wait is bounded.
 3. Capacity-aware return (`assess`): a serving lease past `scale_in_cooldown_s` whose
-   models were quiet (p99 under low_watermark x SLO) for `return_dwell_s` goes
+   models were calm (p99 under low_watermark x SLO) for `return_dwell_s` goes
    back when the replicas left would still carry `return_headroom` x the larger of the
    highest rate of those ticks and the forecast rate, by the capacity model. Several in
    one tick when load fell far; the lowest `cost_rank` first (elastic before training:
@@ -31,10 +31,11 @@ checkpoint). Never a node in a site reservation, never one with a job requeued w
 `preempt_guard_s` or requeued `max_requeues_per_job` times, and never more victims than
 the hour's `max_preemptions_per_hour` budget leaves.
 
-Measured-latency hysteresis (the backstop and the return's quiet check): breach above
-high_watermark x SLO with the tick's mean latency above the low watermark (Triton's p99
-window lags a minute behind), quiet below low_watermark x SLO. A tick without data is
-neither, so missing metrics never cause a lend or a return.
+Measured-latency hysteresis (`evaluate_model`, for the backstop and the return): breach
+above high_watermark x SLO for `breach_evaluations` ticks with the tick's mean latency
+above the low watermark (Triton's p99 window lags a minute behind), calm below
+low_watermark x SLO for `return_dwell_s`. A tick without data is neither, so missing
+metrics never cause a lend or a return.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def history_depth(config: BridgeConfig) -> int:
     window. The observer and the simulator keep this many."""
     policy = config.policy
     span = max(policy.forecast_window_s, policy.return_dwell_s)
-    return max(policy.breach_evaluations, policy.calm_evaluations, _ticks(span, config) + 1)
+    return max(policy.breach_evaluations, _ticks(span, config) + 1)
 
 
 def _ticks(seconds: float, config: BridgeConfig) -> int:
@@ -76,9 +77,11 @@ def _ticks(seconds: float, config: BridgeConfig) -> int:
 
 
 def evaluate_model(
-    history: Sequence[ModelSample], model: ModelConfig, policy: PolicyConfig
+    history: Sequence[ModelSample], model: ModelConfig, config: BridgeConfig
 ) -> ModelStatus:
-    """Sustained breach, sustained calm, or neither, from the recent samples."""
+    """Sustained breach (`breach_evaluations` ticks), calm (quiet for `return_dwell_s`), or
+    neither, from the recent samples."""
+    policy = config.policy
     high = policy.high_watermark * model.slo_p99_ms
     low = policy.low_watermark * model.slo_p99_ms
     last = history[-1] if history else None
@@ -97,7 +100,7 @@ def evaluate_model(
         for s in (history[i] for i in range(n - k, n))
     ):
         return ModelStatus.BREACH
-    k = policy.calm_evaluations
+    k = _ticks(policy.return_dwell_s, config)
     if n >= k and all(
         s.request_rate is not None and (s.p99_ms is None or s.p99_ms < low)
         for s in (history[i] for i in range(n - k, n))
@@ -127,7 +130,6 @@ class Assessment:
     backstop: list[str] = field(default_factory=list)
     #: the capacity demand per model (req/s to carry), for the lend's reason
     demand: dict[str, capacity.Demand] = field(default_factory=dict)
-    abandoned: frozenset[int] = frozenset()
 
     @property
     def acts(self) -> bool:
@@ -181,7 +183,7 @@ def _demand(
     return out
 
 
-def _replica_count(snapshot: Snapshot, leaving: set[int]) -> Counter[tuple[tuple[str, ...], int]]:
+def _replica_groups(snapshot: Snapshot, leaving: set[int]) -> Counter[tuple[tuple[str, ...], int]]:
     """The replicas by (models, GPUs): ready ones (less the leases leaving) and the lends in
     flight that will serve soon (not a drain lend still waiting for its node's jobs)."""
     count: Counter[tuple[tuple[str, ...], int]] = Counter()
@@ -197,15 +199,6 @@ def _replica_count(snapshot: Snapshot, leaving: set[int]) -> Counter[tuple[tuple
 
 def _groups(count: Counter[tuple[tuple[str, ...], int]]) -> list[capacity.Group]:
     return [capacity.Group(models, n, gpus) for (models, gpus), n in count.items() if n > 0]
-
-
-def _quiet(history: Sequence[ModelSample], model: ModelConfig, config: BridgeConfig) -> bool:
-    low = config.policy.low_watermark * model.slo_p99_ms
-    n = _ticks(config.policy.return_dwell_s, config)
-    recent = history[-n:]
-    return len(recent) == n and all(
-        s.request_rate is not None and (s.p99_ms is None or s.p99_ms < low) for s in recent
-    )
 
 
 def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
@@ -224,13 +217,16 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     horizon = lead_s(snapshot, config)
     ahead: dict[str, float | None] = {}
 
-    quiet: dict[str, bool] = {}
+    calm: dict[str, bool] = {}
 
-    def is_quiet(m: str) -> bool:
-        if m not in quiet:
+    def is_calm(m: str) -> bool:
+        if m not in calm:
             model = config.models.get(m)
-            quiet[m] = model is not None and _quiet(snapshot.history.get(m, ()), model, config)
-        return quiet[m]
+            calm[m] = (
+                model is not None
+                and evaluate_model(snapshot.history.get(m, ()), model, config) == ModelStatus.CALM
+            )
+        return calm[m]
 
     serving = [
         lease
@@ -240,10 +236,10 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
         and lease.serving_since is not None
         and now - lease.serving_since >= policy.scale_in_cooldown_s
         and lease.models
-        and all(is_quiet(m) for m in lease.models)
+        and all(is_calm(m) for m in lease.models)
     ]
     leaving = set(abandoned)
-    count = _replica_count(snapshot, leaving)
+    count = _replica_groups(snapshot, leaving)
     if serving:
         rank = {name: pool.cost_rank for name, pool in config.pools.items()}
         serving.sort(key=lambda s: (rank.get(s.pool, 0), s.serving_since or 0.0, s.lease_id))
@@ -286,7 +282,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             name
             for name, model in config.models.items()
             if name not in covered
-            and evaluate_model(snapshot.history.get(name, ()), model, policy) == ModelStatus.BREACH
+            and evaluate_model(snapshot.history.get(name, ()), model, config) == ModelStatus.BREACH
         ]
         if breach:
             ready, in_flight = _replica_counts(snapshot)
@@ -298,7 +294,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
                 and not in_flight[name]
             ]
             backstop.sort(key=lambda m: -_severity(snapshot.history.get(m, ()), config.models[m]))
-    return Assessment(returns, wanted, backstop, demand, abandoned)
+    return Assessment(returns, wanted, backstop, demand)
 
 
 def _return_reason(
@@ -398,12 +394,6 @@ def choose_nodes(
             budget -= victims
             chosen.append(node)
     return chosen
-
-
-def choose_node(snapshot: Snapshot, config: BridgeConfig, now: float) -> NodeView | None:
-    """The cheapest node to lend, or None."""
-    chosen = choose_nodes(snapshot, config, now, 1)
-    return chosen[0] if chosen else None
 
 
 def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]:

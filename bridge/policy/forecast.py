@@ -57,3 +57,15 @@ def forecast_rate(
         return None
     level, slope = fit
     return max(0.0, level + slope * horizon_s)
+
+
+#: weight of the newest lend in a pool's running estimate of its lend time
+LEAD_WEIGHT = 0.2
+
+
+def next_lead(estimate: float | None, seconds: float) -> float:
+    """A pool's lend-time estimate after a lend that took `seconds` from the decision to
+    its replica serving (an exponential average; the first lend sets it)."""
+    if estimate is None:
+        return seconds
+    return (1.0 - LEAD_WEIGHT) * estimate + LEAD_WEIGHT * seconds

@@ -51,6 +51,7 @@ from bridge.policy import (
     decide,
     history_depth,
 )
+from bridge.policy.forecast import next_lead
 from bridge.sim import latency
 from bridge.sim.fleet import Fleet, JobRun, SimNode
 from bridge.sim.result import Decision, ModelOutcome, PolicyResult, QueueOutcome
@@ -479,10 +480,9 @@ class Engine:
                         )
                     )
                     self._move(lease, LeaseState.SERVING)
-                    took = now - lease.created_at
-                    if lease.lend_mode == "preempt" or not lease.waited:
-                        old = self.lend_s.get(lease.pool)
-                        self.lend_s[lease.pool] = took if old is None else 0.8 * old + 0.2 * took
+                    if not lease.waited:  # a drain lend that waited for jobs: no actuation
+                        took = now - lease.created_at
+                        self.lend_s[lease.pool] = next_lead(self.lend_s.get(lease.pool), took)
             elif state == LeaseState.DRAINING:
                 # no request is left after a tick (the lab's drain took 1.3 s)
                 self._cancel(lease)

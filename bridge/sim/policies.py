@@ -9,8 +9,9 @@ Every set-up has the same number of nodes; what differs is who owns them and who
   elastic jobs while inference does not need them; the bridge's policy takes them back by
   preemption (a `loan` pool of lend mode preempt). Training and elastic keep the rest.
 - `bridge`: inference owns its mean (or what `Scenario.reserve` says: a percentile of
-  the per-minute load, the peak, a node count); the bridge lends from the elastic pool (preempt) and
-  the training pool (drain), at most as many nodes as the peak needs above the mean.
+  the per-minute load, the peak, a node count); the bridge lends from the elastic pool
+  (preempt) and the training pool (drain), at most as many nodes as the peak needs above
+  what it reserves.
 
 The nodes outside peak inference are split between training and elastic in proportion
 to their offered GPU-hours, the same in every set-up (training's guarantee); the nodes a
@@ -78,11 +79,7 @@ class Sizing:
     peak_load: float
     mean_load: float
     #: the bridge's reserved inference nodes (`Scenario.reserve`; the mean by default)
-    reserved_nodes: int = 0
-
-    @property
-    def bridge_nodes(self) -> int:
-        return self.reserved_nodes or self.mean_nodes
+    reserved_nodes: int
 
 
 def _rates_by_minute(scenario: Scenario) -> dict[str, np.ndarray[Any, np.dtype[np.float64]]]:
@@ -160,7 +157,7 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     n, g = scenario.nodes, scenario.gpus_per_node
-    infer = {"separate-peak": sizing.peak_nodes, "bridge": sizing.bridge_nodes}.get(
+    infer = {"separate-peak": sizing.peak_nodes, "bridge": sizing.reserved_nodes}.get(
         policy, sizing.mean_nodes
     )
     loan = sizing.peak_nodes - sizing.mean_nodes if policy == "idle-loan" else 0
@@ -172,10 +169,10 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
         )
     # Training keeps its share of the fleet outside peak inference in every set-up (the
     # guarantee a separate fleet gives it); the nodes inference no longer reserves (the
-    # bridge's peak - mean) go to the elastic pool, the requeueable work the bridge lends
+    # bridge's peak - reserved) go to the elastic pool, the requeueable work the bridge lends
     # from first, as the loan pool of idle-loan runs elastic work.
-    training, elastic = _split(n - sizing.peak_nodes, scenario.jobs)
-    elastic += rest - training - elastic
+    training, _ = _split(n - sizing.peak_nodes, scenario.jobs)
+    elastic = rest - training
     nodes: list[SimNode] = []
     layout = [
         ("inference", None, infer),
@@ -188,10 +185,7 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
             i = len(nodes)
             nodes.append(SimNode(i, f"n{i:05d}", pool, partition, g))
     pools = {"inference": PoolConfig(partition="infer", lend_mode="reserved", cost_rank=0)}
-    lendable = max(
-        1,
-        sizing.peak_nodes - infer if policy == "bridge" else sizing.peak_nodes - sizing.mean_nodes,
-    )
+    lendable = max(1, sizing.peak_nodes - infer)
     if policy == "idle-loan":
         pools["loan"] = PoolConfig(partition="elastic", lend_mode="preempt", cost_rank=1)
     elif policy == "bridge":
@@ -256,7 +250,7 @@ def compare(
         inference_load_mean_gpus=round(sizing.mean_load, 2),
         inference_nodes_peak=sizing.peak_nodes,
         inference_nodes_mean=sizing.mean_nodes,
-        inference_nodes_reserved=sizing.bridge_nodes,
+        inference_nodes_reserved=sizing.reserved_nodes,
         reserve=scenario.reserve,
         timing=asdict(scenario.timing),
         checkpoint_s=scenario.checkpoint_s,

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.lab
 
 CONFIG = BridgeConfig(
     models={"busy": ModelConfig(slo_p99_ms=100), "echo": ModelConfig(slo_p99_ms=50)},
-    policy=PolicyConfig(breach_evaluations=2, calm_evaluations=3),
+    policy=PolicyConfig(breach_evaluations=2),
 )
 
 

@@ -23,7 +23,7 @@ Tolerances (either way), and why:
   forgets a request 48 to 60 s after it completed, in steps of 12 s; the simulator keeps
   exactly 60 s of ticks. busy answers a request in about 22 ms on the lab, not the 20 ms
   the simulator takes from its configuration, so the lab's backlog clears a few seconds
-  later. The calm then needs `calm_evaluations` clean ticks on both.
+  later. The calm then needs `return_dwell_s` of clean ticks on both.
 
 `pytest -s` prints both timelines side by side: the decisions, each lease's states, and
 busy's per-tick p99 / mean / rate / pending as each run's policy saw them.

@@ -34,7 +34,6 @@ CONFIG = BridgeConfig(
     },
     policy=PolicyConfig(
         breach_evaluations=3,
-        calm_evaluations=4,
         scale_out_cooldown_s=60,
         scale_in_cooldown_s=120,
         max_lent_nodes=2,
@@ -125,7 +124,7 @@ def test_a_lagging_p99_without_slow_requests_now_is_no_breach() -> None:
 
 def test_no_data_is_never_a_breach_nor_calm() -> None:
     hist = samples(None, None, None, None, rate=None)
-    assert evaluate_model(hist, CONFIG.models["busy"], CONFIG.policy) == ModelStatus.STEADY
+    assert evaluate_model(hist, CONFIG.models["busy"], CONFIG) == ModelStatus.STEADY
 
 
 def test_idle_node_before_busy_elastic_before_training_least_work_lost() -> None:
@@ -281,7 +280,7 @@ def test_decide_is_pure() -> None:
 def test_breach_is_strictly_above_the_high_watermark(p99: float) -> None:
     hist = samples(p99, p99, p99)
     want = ModelStatus.BREACH if p99 > 100 else ModelStatus.STEADY
-    assert evaluate_model(hist, CONFIG.models["busy"], CONFIG.policy) == want
+    assert evaluate_model(hist, CONFIG.models["busy"], CONFIG) == want
 
 
 def test_a_job_started_at_time_zero_counts_as_work_lost() -> None:
@@ -302,7 +301,6 @@ SIZED = BridgeConfig(
         capacity_headroom=1.25,
         return_headroom=1.5,
         return_dwell_s=20,
-        calm_evaluations=4,
         scale_in_cooldown_s=120,
         forecast_window_s=60,
         lend_lead_s=30,

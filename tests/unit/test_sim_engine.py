@@ -52,7 +52,6 @@ def _setup(
         policy=policy
         or PolicyConfig(
             max_lent_nodes=1,
-            calm_evaluations=6,
             return_dwell_s=6 * TICK,
             scale_in_cooldown_s=60,
             scale_out_cooldown_s=60,
@@ -135,9 +134,7 @@ def test_drain_waits_for_the_training_job_and_never_kills_it() -> None:
 
 def test_a_drain_that_waits_too_long_is_abandoned_and_the_fence_lifted() -> None:
     jobs = (SimJob("t1", "training", 0.0, 5000.0, 1), SimJob("t2", "training", 10.0, 60.0, 1))
-    policy = PolicyConfig(
-        max_lent_nodes=1, drain_wait_s=120, calm_evaluations=6, return_dwell_s=6 * TICK
-    )
+    policy = PolicyConfig(max_lent_nodes=1, drain_wait_s=120, return_dwell_s=6 * TICK)
     result, engine = _run(_setup(pools=("training",), jobs=jobs, policy=policy))
     assert [d.kind for d in result.decisions[:2]] == ["lend", "return"]
     assert result.decisions[1].reason.startswith("drain wait over")
@@ -211,9 +208,7 @@ def test_quiet_ticks_skip_no_decision_on_random_workloads(seed: int, policy: str
         jobs=synthetic_jobs(horizon, 20 * 8, 0.9, seed=seed),
         models={"a": (100.0, 20.0), "b": (150.0, 30.0)},
         horizon_s=horizon,
-        policy=PolicyConfig(
-            calm_evaluations=6, return_dwell_s=6 * TICK, scale_in_cooldown_s=120, drain_wait_s=300
-        ),
+        policy=PolicyConfig(return_dwell_s=6 * TICK, scale_in_cooldown_s=120, drain_wait_s=300),
     )
     setup = setup_for(policy, scenario, size(scenario))
     fast, _ = _run(setup)
@@ -263,9 +258,7 @@ def test_every_move_of_simulated_runs_is_in_the_table() -> None:
     from bridge.sim.policies import Scenario, setup_for, size
     from bridge.sim.workload import synthetic_jobs, synthetic_series
 
-    abandon = PolicyConfig(
-        max_lent_nodes=1, drain_wait_s=120, calm_evaluations=6, return_dwell_s=6 * TICK
-    )
+    abandon = PolicyConfig(max_lent_nodes=1, drain_wait_s=120, return_dwell_s=6 * TICK)
     drain_jobs = (SimJob("t1", "training", 0.0, 5000.0, 1), SimJob("t2", "training", 10.0, 60.0, 1))
     horizon = 3 * 3600.0
     scenario = Scenario(
@@ -277,9 +270,7 @@ def test_every_move_of_simulated_runs_is_in_the_table() -> None:
         jobs=synthetic_jobs(horizon, 16 * 8, 0.9, seed=4),
         models={"a": (100.0, 20.0), "b": (150.0, 30.0)},
         horizon_s=horizon,
-        policy=PolicyConfig(
-            calm_evaluations=6, return_dwell_s=6 * TICK, scale_in_cooldown_s=120, drain_wait_s=300
-        ),
+        policy=PolicyConfig(return_dwell_s=6 * TICK, scale_in_cooldown_s=120, drain_wait_s=300),
     )
     setups = [
         _setup(jobs=LONG),

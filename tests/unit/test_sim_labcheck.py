@@ -31,7 +31,6 @@ def config() -> BridgeConfig:
             "policy": base.policy.model_copy(
                 update={
                     "breach_evaluations": 2,
-                    "calm_evaluations": 3,
                     "return_dwell_s": 6,
                     "scale_out_cooldown_s": 0,
                     "scale_in_cooldown_s": 6,
