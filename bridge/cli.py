@@ -7,7 +7,7 @@ import typer
 
 from bridge.accounting_cli import accounting_app, report
 from bridge.config_cli import config_app
-from bridge.daemon.cli import daemon, lend, return_, status
+from bridge.daemon.cli import daemon, drain, lend, resume, return_, status, token
 from bridge.lab.cli import lab_app
 from bridge.load.cli import load_app
 from bridge.models.cli import models_app
@@ -28,6 +28,9 @@ app.command()(daemon)
 app.command()(status)
 app.command()(lend)
 app.command("return")(return_)
+app.command()(drain)
+app.command()(resume)
+app.command()(token)
 app.command()(simulate)
 
 

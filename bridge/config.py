@@ -328,8 +328,44 @@ class DaemonConfig(_Strict):
     )
     lock_file: Path = Field(
         default=Path("stb-bridge.lock"),
-        description="Held (flock) while a daemon runs: two copies never act at once.",
+        description="Held (flock) while a daemon runs on SQLite: two copies never act at "
+        "once. On PostgreSQL the leader row decides instead (several hosts, one active).",
     )
+    instance: str = Field(
+        default="",
+        max_length=200,
+        description="This daemon's name in the leader row, the metrics and `stb status` "
+        "(empty: host:pid).",
+    )
+    leader_ttl_s: float = Field(
+        default=0,
+        ge=0,
+        description="PostgreSQL only: seconds a leader's lease lasts unrenewed; renewed "
+        "every third of it, so a standby takes over within this plus a third of it after "
+        "the leader dies or loses the database (0: tick_s, which keeps takeover within two "
+        "ticks).",
+    )
+
+
+class ApiConfig(_Strict):
+    """Who may use the HTTP API (every path but /metrics and /healthz), and TLS."""
+
+    tokens_file: Path | None = Field(
+        default=None,
+        description="File of bearer tokens, one per line: `name roles token` (roles "
+        "comma-separated: finance, operator, metrics); mode 0600 or stricter. Without "
+        "it every path but /metrics and /healthz answers 401.",
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="PEM certificate: serve HTTPS (needs tls_key)."
+    )
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert.")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ApiConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("api.tls_cert and api.tls_key go together: set both or neither")
+        return self
 
 
 class AccountingConfig(_Strict):
@@ -429,6 +465,7 @@ class BridgeConfig(BaseSettings):
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     leases: LeaseConfig = Field(default_factory=LeaseConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig)
     accounting: AccountingConfig = Field(default_factory=AccountingConfig)
 
     @model_validator(mode="after")

@@ -15,7 +15,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
@@ -26,9 +27,11 @@ from rich.table import Table
 from bridge.config import BridgeConfig
 from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.daemon.actuator import record_of
+from bridge.daemon.auth import TokensError, add_token
 from bridge.daemon.observation import pool_of
 from bridge.daemon.planner import Settings, is_stuck
 from bridge.daemon.service import DaemonError, run_daemon
+from bridge.leases import leader
 from bridge.leases.errors import LeaseError
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
@@ -134,8 +137,22 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
         }
         for name, m in cfg.models.items()
     }
+    holder = leader.current(engine)
+    holds = RequestQueue(engine).holds()
     return {
         "at": now.isoformat(),
+        "leader": None
+        if holder is None
+        else {
+            "instance": holder.holder,
+            "epoch": holder.epoch,
+            "expires_in_s": round(holder.expires_in_s, 1),
+            "since": holder.acquired_at.isoformat(),
+        },
+        "holds": {
+            pool: {"by": h.held_by, "since": h.held_at.isoformat(), "reason": h.reason}
+            for pool, h in holds.items()
+        },
         "pools": pools,
         "leases": leases,
         "failed": failed,
@@ -163,6 +180,24 @@ def status(
             name, p["partition"], p["mode"], " ".join(p["nodes"]), " ".join(p["lent"]) or "-"
         )
     console.print(pools)
+    lead = doc["leader"]
+    if lead is not None:
+        alive = lead["expires_in_s"] > 0
+        console.print(
+            f"active bridge: {lead['instance']} (epoch {lead['epoch']}, since {lead['since']})"
+            if alive
+            else f"[red]no active bridge: {lead['instance']}'s lease ran out "
+            f"{-lead['expires_in_s']:.0f}s ago[/red]"
+        )
+    health = doc["daemon_health"]
+    if health is not None and "role" in health:
+        console.print(f"this host's daemon ({health['instance']}): {health['role']}")
+    for pool, hold in doc["holds"].items():
+        console.print(
+            f"[yellow]pool {pool} held by {hold['by']} since {hold['since']}"
+            + (f": {hold['reason']}" if hold["reason"] else "")
+            + "[/yellow]"
+        )
     leases = Table(title="open leases")
     for col in ("id", "node", "pool", "state", "models", "job", "age", "in state", "reason"):
         leases.add_column(col)
@@ -199,7 +234,6 @@ def status(
                 f["reason"],
             )
         console.print(failures)
-    health = doc["daemon_health"]
     if health is not None and health.get("last_outcome") not in (None, "ok"):
         console.print(f"[yellow]daemon's last pass: {health['last_outcome']}[/yellow]")
         for line in health.get("last_errors", []):
@@ -230,14 +264,128 @@ def _queue(cfg: BridgeConfig) -> tuple[RequestQueue, LeaseStore]:
     return RequestQueue(engine), LeaseStore(engine)
 
 
-def _wait(queue: RequestQueue, request_id: int, timeout_s: float) -> None:
+WaitOpt = Annotated[float, typer.Option(help="Seconds to wait for the daemon (0: don't).")]
+ApiOpt = Annotated[
+    str,
+    typer.Option(
+        "--api",
+        envvar="STB_API",
+        help="The daemon's API (https://host:9108): send the request there, with a token, "
+        "instead of writing the bridge's database.",
+    ),
+]
+TokenOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--token-file", envvar="STB_TOKEN_FILE", help="File holding your API token (--api)."
+    ),
+]
+CaOpt = Annotated[
+    Path | None,
+    typer.Option("--ca", envvar="STB_CA", help="CA bundle that signed the API's certificate."),
+]
+
+
+@dataclass
+class Channel:
+    """Where an operator's request goes: the bridge's database, or its HTTP API."""
+
+    cfg: BridgeConfig
+    api: str = ""
+    token_file: Path | None = None
+    ca: Path | None = None
+
+    def _client(self) -> httpx.Client:
+        if self.token_file is None:
+            _fail("--api needs --token-file (or STB_TOKEN_FILE)")
+        try:
+            token = self.token_file.read_text().strip()
+        except OSError as exc:
+            _fail(f"cannot read the token file {self.token_file}: {exc.strerror}")
+        verify: str | bool = str(self.ca) if self.ca is not None else True
+        return httpx.Client(
+            base_url=self.api.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+            verify=verify,
+        )
+
+    def call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        with self._client() as client:
+            try:
+                reply = client.request(method, path, **kwargs)
+            except httpx.HTTPError as exc:
+                _fail(f"the API at {self.api} did not answer: {exc}")
+        try:
+            doc = reply.json()
+        except ValueError:
+            doc = {"error": reply.text[:200]}
+        if reply.status_code >= 400:
+            _fail(f"{reply.status_code}: {doc.get('error', doc)}")
+        return dict(doc)
+
+    def lend(self, node: str, models: list[str]) -> int:
+        if self.api:
+            doc = self.call("POST", "/api/lend", json={"node": node, "models": models})
+            return int(doc["request"])
+        queue, _ = _queue(self.cfg)
+        req = queue.request_lend(node, models, datetime.now(UTC), requested_by=getpass.getuser())
+        assert req.id is not None
+        return req.id
+
+    def return_(self, lease: int) -> int:
+        if self.api:
+            return int(self.call("POST", "/api/return", json={"lease": lease})["request"])
+        queue, store = _queue(self.cfg)
+        try:
+            state = store.get(lease).state.value
+        except LeaseError as exc:
+            _fail(str(exc))
+        if state == "returned":
+            _fail(f"lease {lease} is already returned")
+        req = queue.request_return(lease, datetime.now(UTC), requested_by=getpass.getuser())
+        assert req.id is not None
+        return req.id
+
+    def outcome(self, request_id: int) -> str | None:
+        if self.api:
+            doc = self.call("GET", "/api/request", params={"id": request_id})
+            return str(doc["outcome"]) if doc["done"] else None
+        queue, _ = _queue(self.cfg)
+        req = queue.get(request_id)
+        return req.outcome if req is not None and req.done_at is not None else None
+
+    def hold(self, pool: str, reason: str, on: bool) -> str:
+        if self.api:
+            path = "/api/drain" if on else "/api/resume"
+            body = {"pool": pool, "reason": reason} if on else {"pool": pool}
+            doc = self.call("POST", path, json=body)
+            return f"pool {doc['pool']} " + ("held" if on else "resumed")
+        if pool not in self.cfg.pools:
+            _fail(f"no pool {pool!r}; configured: {', '.join(self.cfg.pools)}")
+        queue, _ = _queue(self.cfg)
+        now, who = datetime.now(UTC), getpass.getuser()
+        if on:
+            hold = queue.hold(pool, now, who, reason)
+            return f"pool {pool} held by {hold.held_by} since {hold.held_at:%Y-%m-%d %H:%M:%S}"
+        if queue.release(pool, now, who) is None:
+            _fail(f"pool {pool} is not held")
+        return f"pool {pool} resumed"
+
+
+def _fail(message: str) -> NoReturn:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code=1)
+
+
+def _wait(channel: Channel, request_id: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        req = queue.get(request_id)
-        if req is not None and req.done_at is not None:
-            bad = req.outcome.startswith(("refused", "failed"))
+        outcome = channel.outcome(request_id)
+        if outcome is not None:
+            bad = outcome.startswith(("refused", "failed"))
             console.print(
-                ("[red]" if bad else "[green]") + req.outcome + ("[/red]" if bad else "[/green]")
+                ("[red]" if bad else "[green]") + outcome + ("[/red]" if bad else "[/green]")
             )
             if bad:
                 raise typer.Exit(code=1)
@@ -250,9 +398,6 @@ def _wait(queue: RequestQueue, request_id: int, timeout_s: float) -> None:
     raise typer.Exit(code=2)
 
 
-WaitOpt = Annotated[float, typer.Option(help="Seconds to wait for the daemon (0: don't).")]
-
-
 def lend(
     node: Annotated[str, typer.Argument(help="Slurm node to lend to Triton.")],
     models: Annotated[
@@ -261,41 +406,79 @@ def lend(
     ] = "",
     config: ConfigOpt = None,
     wait: WaitOpt = 30,
+    api: ApiOpt = "",
+    token_file: TokenOpt = None,
+    ca: CaOpt = None,
 ) -> None:
     """Ask the running daemon to lend NODE (through the lease state machine)."""
     cfg = load_or_exit(config)
     names = [m for m in models.split(",") if m]
     unknown = sorted(set(names) - set(cfg.models))
     if unknown:
-        console.print(
-            f"[red]error:[/red] unknown models {', '.join(unknown)}; configured: "
-            f"{', '.join(cfg.models)}"
-        )
-        raise typer.Exit(code=1)
-    queue, _ = _queue(cfg)
-    req = queue.request_lend(node, names, datetime.now(UTC), requested_by=getpass.getuser())
-    console.print(f"request {req.id}: lend {node}")
-    if wait > 0 and req.id is not None:
-        _wait(queue, req.id, wait)
+        _fail(f"unknown models {', '.join(unknown)}; configured: {', '.join(cfg.models)}")
+    channel = Channel(cfg, api, token_file, ca)
+    request_id = channel.lend(node, names)
+    console.print(f"request {request_id}: lend {node}")
+    if wait > 0:
+        _wait(channel, request_id, wait)
 
 
 def return_(
     lease: Annotated[int, typer.Argument(help="Lease id (see `stb status`).")],
     config: ConfigOpt = None,
     wait: WaitOpt = 30,
+    api: ApiOpt = "",
+    token_file: TokenOpt = None,
+    ca: CaOpt = None,
 ) -> None:
     """Ask the running daemon to return LEASE: out of routing, drained, given back."""
-    cfg = load_or_exit(config)
-    queue, store = _queue(cfg)
+    channel = Channel(load_or_exit(config), api, token_file, ca)
+    request_id = channel.return_(lease)
+    console.print(f"request {request_id}: return lease {lease}")
+    if wait > 0:
+        _wait(channel, request_id, wait)
+
+
+def drain(
+    pool: Annotated[str, typer.Argument(help="Pool to hold (see `stb status`).")],
+    reason: Annotated[str, typer.Option(help="Why, for the record.")] = "",
+    config: ConfigOpt = None,
+    api: ApiOpt = "",
+    token_file: TokenOpt = None,
+    ca: CaOpt = None,
+) -> None:
+    """Hold POOL: the daemon lends none of its nodes and returns its leases, until
+    `stb resume POOL`."""
+    console.print(Channel(load_or_exit(config), api, token_file, ca).hold(pool, reason, True))
+
+
+def resume(
+    pool: Annotated[str, typer.Argument(help="Held pool to open again.")],
+    config: ConfigOpt = None,
+    api: ApiOpt = "",
+    token_file: TokenOpt = None,
+    ca: CaOpt = None,
+) -> None:
+    """Lift the hold `stb drain POOL` put on POOL."""
+    console.print(Channel(load_or_exit(config), api, token_file, ca).hold(pool, "", False))
+
+
+def token(
+    name: Annotated[str, typer.Argument(help="Who the token is for (recorded with requests).")],
+    roles: Annotated[
+        str, typer.Option(help="Comma-separated roles: finance, operator, metrics.")
+    ],
+    tokens_file: Annotated[
+        Path | None, typer.Option("--file", help="Tokens file (default: [api] tokens_file).")
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Add a new API token for NAME to the tokens file and print it (once: the file keeps
+    it, nothing else does)."""
+    path = tokens_file or load_or_exit(config).api.tokens_file
+    if path is None:
+        _fail("no tokens file: pass --file or set [api] tokens_file")
     try:
-        state = store.get(lease).state.value
-    except LeaseError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(code=1) from exc
-    if state == "returned":
-        console.print(f"[red]error:[/red] lease {lease} is already returned")
-        raise typer.Exit(code=1)
-    req = queue.request_return(lease, datetime.now(UTC), requested_by=getpass.getuser())
-    console.print(f"request {req.id}: return lease {lease} (now {state})")
-    if wait > 0 and req.id is not None:
-        _wait(queue, req.id, wait)
+        print(add_token(path, name, {r for r in roles.split(",") if r}))
+    except (TokensError, OSError) as exc:
+        _fail(str(exc))

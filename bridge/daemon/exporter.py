@@ -1,40 +1,88 @@
-"""The bridge's own metrics and health, over HTTP: `/metrics` (Prometheus text),
-`/healthz` (200 while the last good tick is recent, 503 otherwise, with a JSON body
-saying why) and `/sd` (the http_sd document of Triton targets, when routing provides
-one), plus the routes the daemon adds (the ledger's `/api/report`). Called by the
-reconciler (it records each pass's `TickReport`: every tick metric comes from the report)
-and by `stb daemon` (it starts the server). One registry per exporter, so tests and
-several daemons in one process never collide.
+"""The bridge's own metrics and health, and its API, over HTTP or HTTPS: `/metrics`
+(Prometheus text) and `/healthz` (200 while the last good tick is recent, 503 otherwise,
+with a JSON body saying why) are open; `/sd` (the http_sd document of Triton targets,
+role `metrics`) and the routes the daemon adds (the ledger's `/api/report`, the operator
+requests of `bridge.daemon.api`) need a bearer token with the route's role
+(`bridge.daemon.auth`: 401 without one, 403 without the role). Requests are bounded
+(query string, body, time to send them) and refused with a JSON `{"error": ...}`.
+
+Called by the reconciler (it records each pass's `TickReport`: every tick metric comes
+from the report) and by `stb daemon` (it starts the server). One registry per exporter,
+so tests and several daemons in one process never collide.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from bridge.daemon.auth import Principal, TokenTable
 from bridge.daemon.report import Outcome, TickReport
 from bridge.lifecycle import LeaseState
 
-#: an extra GET route: query parameters -> (HTTP status, JSON body)
-Route = Callable[[Mapping[str, Sequence[str]]], tuple[int, bytes]]
+#: longest query string and POST body an API request may carry
+MAX_QUERY_CHARS = 4096
+MAX_BODY_BYTES = 64 * 1024
+#: seconds a client may take to send its request
+REQUEST_TIMEOUT_S = 10
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    """One authenticated request, as a route's handler sees it."""
+
+    path: str
+    query: Mapping[str, Sequence[str]]
+    body: bytes
+    principal: Principal
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An API path: its method, the role a caller needs, and its handler, which answers
+    (HTTP status, JSON body)."""
+
+    method: str
+    role: str
+    handler: Callable[[ApiRequest], tuple[int, bytes]]
 
 
 class BridgeMetrics:
     """The metrics the daemon keeps about itself."""
 
     def __init__(
-        self, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time
+        self,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.time,
+        instance: str = "",
     ) -> None:
         self.registry = registry or CollectorRegistry()
         self._clock = clock
+        self.instance = instance
         r = self.registry
+        self.active = Gauge(
+            "stb_active",
+            "1 on the instance that acts (the leader, or the only daemon), 0 on a standby.",
+            ["instance"],
+            registry=r,
+        )
+        self.leader_epoch = Gauge(
+            "stb_leader_epoch",
+            "The leader row's epoch this instance holds (0: standing by or not PostgreSQL).",
+            registry=r,
+        )
+        self.active.labels(instance).set(1)
+        self._role = "active"
         self.leases = Gauge("stb_leases", "Leases by state.", ["state"], registry=r)
         self.lends = Counter("stb_lends", "Nodes lent, by pool.", ["pool"], registry=r)
         self.returns = Counter(
@@ -152,6 +200,12 @@ class BridgeMetrics:
             self._last_good = self._clock()
             self.last_good_tick.set(self._last_good)
 
+    def record_role(self, active: bool, epoch: int | None) -> None:
+        """The leader election's latest answer for this instance."""
+        self._role = "active" if active else "standby"
+        self.active.labels(self.instance).set(1 if active else 0)
+        self.leader_epoch.set(epoch or 0)
+
     def record_exception(self, exc: BaseException) -> None:
         """A pass that raised (a bug in the bridge, not an adapter error)."""
         self.ticks.labels(Outcome.FAILED.value).inc()
@@ -167,7 +221,12 @@ class BridgeMetrics:
             return False, {"healthy": False, "reason": "no tick has completed yet"}
         age = now - self._last_good
         ok = age <= 3 * tick_s
-        body: dict[str, object] = {"healthy": ok, "last_good_tick_age_s": round(age, 3)}
+        body: dict[str, object] = {
+            "healthy": ok,
+            "last_good_tick_age_s": round(age, 3),
+            "role": self._role,
+            "instance": self.instance,
+        }
         if not ok:
             body["reason"] = f"last good tick {age:.0f}s ago (limit {3 * tick_s:g}s)"
         body["last_outcome"] = self._last_outcome
@@ -177,7 +236,8 @@ class BridgeMetrics:
 
 
 class ExporterServer:
-    """`/metrics`, `/healthz`, `/sd` on a loopback address, in a background thread."""
+    """`/metrics` and `/healthz` (open), `/sd` and the added routes (bearer token with
+    the route's role), over HTTP or HTTPS, in a background thread."""
 
     def __init__(
         self,
@@ -185,15 +245,24 @@ class ExporterServer:
         address: tuple[str, int],
         tick_s: float,
         sd_document: Callable[[], bytes] | None = None,
-        routes: Mapping[str, Route] | None = None,
+        routes: Mapping[str, Endpoint] | None = None,
+        *,
+        tokens: TokenTable | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         exporter = self
-        #: more GET paths: path -> handler(query parameters) -> (status, JSON body)
+        #: more paths: path -> endpoint (method, role, handler)
         self.routes = dict(routes or {})
+        self.tokens = tokens or TokenTable(None)
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = REQUEST_TIMEOUT_S  # a client that stalls mid-request is dropped
+
             def do_GET(self) -> None:
-                exporter._serve(self)
+                exporter._serve(self, "GET")
+
+            def do_POST(self) -> None:
+                exporter._serve(self, "POST")
 
             def log_message(self, format: str, *args: object) -> None:
                 return
@@ -202,6 +271,14 @@ class ExporterServer:
         self.tick_s = tick_s
         self.sd_document = sd_document
         self._server = ThreadingHTTPServer(address, Handler)
+        self._server.daemon_threads = True
+        self.scheme = "http"
+        if tls is not None:
+            # the handshake runs in the request's own thread, not in the accept loop
+            self._server.socket = tls.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
+            self.scheme = "https"
         self._thread = threading.Thread(
             target=self._server.serve_forever, daemon=True, name="stb-exporter"
         )
@@ -211,6 +288,11 @@ class ExporterServer:
         host, port = self._server.server_address[:2]
         return str(host), int(port)
 
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"{self.scheme}://{host}:{port}"
+
     def start(self) -> ExporterServer:
         self._thread.start()
         return self
@@ -219,26 +301,71 @@ class ExporterServer:
         self._server.shutdown()
         self._server.server_close()
 
-    def _serve(self, req: BaseHTTPRequestHandler) -> None:
-        path = req.path.split("?", 1)[0]
-        if path == "/metrics":
+    def _serve(self, req: BaseHTTPRequestHandler, method: str) -> None:
+        target = urlsplit(req.path)
+        path = target.path
+        if method == "GET" and path == "/metrics":
             self._reply(req, 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry))
-        elif path == "/healthz":
-            ok, body = self.metrics.health(self.tick_s)
-            self._reply(req, 200 if ok else 503, "application/json", json.dumps(body).encode())
-        elif path == "/sd" and self.sd_document is not None:
-            self._reply(req, 200, "application/json", self.sd_document())
-        elif path in self.routes:
-            query = parse_qs(urlsplit(req.path).query, keep_blank_values=True)
-            code, payload = self.routes[path](query)
-            self._reply(req, code, "application/json", payload)
-        else:
-            self._reply(req, 404, "text/plain", b"not found\n")
+            return
+        if method == "GET" and path == "/healthz":
+            ok, health = self.metrics.health(self.tick_s)
+            self._reply(req, 200 if ok else 503, "application/json", json.dumps(health).encode())
+            return
+        endpoint = self.routes.get(path)
+        if path == "/sd" and self.sd_document is not None:
+            document = self.sd_document
+            endpoint = Endpoint("GET", "metrics", lambda _r: (200, document()))
+        if endpoint is None:
+            self._error(req, 404, f"no such path: {path[:100]}")
+            return
+        if endpoint.method != method:
+            self._error(req, 405, f"{path} takes {endpoint.method}")
+            return
+        verdict = self.tokens.authorize(req.headers.get("Authorization"), endpoint.role)
+        if verdict.status != 200:
+            self._error(req, verdict.status, verdict.reason)
+            return
+        if len(target.query) > MAX_QUERY_CHARS:
+            self._error(req, 414, f"query string over {MAX_QUERY_CHARS} characters")
+            return
+        body = b""
+        if method == "POST":
+            length = req.headers.get("Content-Length", "")
+            if not length.isdigit():
+                self._error(req, 411, "a POST needs a Content-Length")
+                return
+            if int(length) > MAX_BODY_BYTES:
+                self._error(req, 413, f"body over {MAX_BODY_BYTES} bytes")
+                return
+            body = req.rfile.read(int(length))
+        try:
+            query = parse_qs(
+                target.query, keep_blank_values=True, strict_parsing=False, max_num_fields=50
+            )
+        except ValueError as exc:
+            self._error(req, 400, f"bad query string: {exc}")
+            return
+        assert verdict.principal is not None
+        code, payload = endpoint.handler(ApiRequest(path, query, body, verdict.principal))
+        self._reply(req, code, "application/json", payload)
+
+    def _error(self, req: BaseHTTPRequestHandler, code: int, reason: str) -> None:
+        self._reply(req, code, "application/json", json.dumps({"error": reason}).encode())
 
     @staticmethod
     def _reply(req: BaseHTTPRequestHandler, code: int, ctype: str, body: bytes) -> None:
         req.send_response(code)
         req.send_header("Content-Type", ctype)
         req.send_header("Content-Length", str(len(body)))
+        if code == 401:
+            req.send_header("WWW-Authenticate", 'Bearer realm="stb"')
         req.end_headers()
         req.wfile.write(body)
+
+
+def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """A server context for `cert` and `key` (TLS 1.2 or newer)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    return context

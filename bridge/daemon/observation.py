@@ -135,8 +135,10 @@ def snapshot(
     last_lend_at: Mapping[str, float],
     lend_s: Mapping[str, float] | None = None,
     preemptions_last_hour: int = 0,
+    held_pools: frozenset[str] = frozenset(),
 ) -> Snapshot:
-    """The policy's view of an observation and the open leases. Pure."""
+    """The policy's view of an observation and the open leases. Pure. The nodes of
+    `held_pools` (an operator's `stb drain`) are reserved: never lent."""
     lease_of = {lease.node: lease.lease_id for lease in leases}
     reserved = reserved_nodes(obs.site_reservations, obs.at, config.policy.reservation_lookahead_s)
     triton_bound: set[str] = set()
@@ -171,7 +173,7 @@ def snapshot(
                 node.gpus,
                 work,
                 has_triton=node.name in triton_bound,
-                reserved=node.name in reserved,
+                reserved=node.name in reserved or pool in held_pools,
             )
         )
     gpus = {name: n.gpus for name, n in obs.nodes.items()}

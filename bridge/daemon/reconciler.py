@@ -11,10 +11,15 @@ by tests with an injected clock. Each pass:
    deadline passed); the actuator carries it out. Then what no lease holds: tagged Triton
    jobs to adopt or cancel, bridge fences to lift. After a crash this is what makes the
    bridge whole again: nothing stays fenced and forgotten.
-4. Operator requests (`stb lend`, `stb return`) through the same steps.
+4. Operator requests (`stb lend`, `stb return`) through the same steps; the leases of
+   pools an operator holds (`stb drain POOL`) are returned, and those pools lend nothing.
 5. Decide: the pure policy on the observation and the leases as they are now.
 6. Act: lend (a lease, then its Triton job), return (out of routing first), baselines.
 7. Route: publish the ready replicas (baselines and serving leases).
+
+A standby (another daemon leads: `bridge.leases.leader`) runs only steps 1, 2 and 7 and
+the metrics: it never acts. A pass whose write is fenced (this instance was deposed)
+stops there.
 
 Errors are data (`bridge.daemon.report`): an adapter error is a `StepError` and the pass
 goes on; a permanent one fails its lease with the adapter's words, a transient one is
@@ -41,6 +46,7 @@ from bridge.daemon.observe import Observer
 from bridge.daemon.planner import LeaseRecord, Settings, Step, SubmitBaseline
 from bridge.daemon.report import StepError, TickReport
 from bridge.leases.errors import LeaseError
+from bridge.leases.leader import Fenced
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
@@ -83,8 +89,11 @@ class Reconciler:
         metrics: BridgeMetrics | None = None,
         requests: RequestQueue | None = None,
         forget_triton: Callable[[str], None] | None = None,
+        is_active: Callable[[], bool] | None = None,
     ) -> None:
         self.config = config
+        #: whether this instance may act (the leader); a standby only observes
+        self.is_active = is_active or (lambda: True)
         self.slurm = slurm
         self.store = store
         self.observer = observer
@@ -107,8 +116,15 @@ class Reconciler:
         now = now or datetime.now(UTC)
         report = TickReport(now)
         started = time.monotonic()
+        report.active = self.is_active()
         try:
-            self._pass(now, report)
+            if report.active:
+                self._pass(now, report)
+            else:
+                self._standby_pass(now, report)
+        except Fenced as exc:  # deposed mid-pass: the rest is the new leader's
+            report.errors.append(StepError("leader", "transient", str(exc)))
+            report.failed = True
         except SlurmError as exc:  # only observe lets one through: no fresh view of Slurm
             report.error("observe", exc)
             report.failed = True
@@ -132,6 +148,7 @@ class Reconciler:
             act.run(step, now, report)
         self._orphans(obs, now, report)
         self._operator_requests(obs, now, report)
+        held = self._held_pools(obs, now, report)
         open_now = act.open_leases()
         self._anchor_lends(open_now)
         snap = snapshot(
@@ -141,27 +158,38 @@ class Reconciler:
             self.last_lend_at,
             self.lend_s,
             act.preemptions_since(t - 3600.0),
+            held,
         )
         self._measure_lends(open_now, snap)
         report.actions = decide(snap, self.config, t)
         for action in report.actions:
             self._act(action, obs, now, report)
-        try:
-            act.route(report)
-        except RoutingError as exc:  # the old routes keep serving
-            report.error("route", exc)
+        self._route(report)
         open_after = act.open_leases()
-        states: dict[str, int] = {}
-        for lease in open_after:
-            states[lease.state.value] = states.get(lease.state.value, 0) + 1
-        report.lease_states = states
+        _summarise(report, open_after, obs)
         report.retries = {lid: b.errors for lid, b in act.backoff.items() if b.errors}
         report.stuck = {
             lease.id: f"{lease.state.value}: {lease.reason}"
             for lease in open_after
             if planner.is_stuck(lease, self.settings, t)
         }
-        report.p99_ms = {m: (h[-1].p99_ms if h else None) for m, h in obs.history.items()}
+
+    def _standby_pass(self, now: datetime, report: TickReport) -> None:
+        """A standby's pass: the same observation, routing and metrics as the leader's,
+        and nothing else: no lease moves, no request taken, no Slurm or Triton call that
+        changes anything."""
+        leases = [record_of(lease) for lease in self.store.open_leases()]
+        obs = self.observer.observe(now.timestamp())
+        self.last_observation = obs
+        self.actuator.begin(obs, leases)
+        self._route(report)
+        _summarise(report, leases, obs)
+
+    def _route(self, report: TickReport) -> None:
+        try:
+            self.actuator.route(report)
+        except RoutingError as exc:  # the old routes keep serving
+            report.error("route", exc)
 
     def _measure_lends(self, leases: Sequence[LeaseRecord], snap: Snapshot) -> None:
         """The running estimate, per pool, of seconds from a lend to its replica serving
@@ -239,6 +267,21 @@ class Reconciler:
             self.requests.finish(req.id, now, outcome)
             report.events.append(f"operator request {req.id} ({req.kind}): {outcome}")
 
+    def _held_pools(self, obs: Observation, now: datetime, report: TickReport) -> frozenset[str]:
+        """The pools an operator holds (`stb drain`): their leases are returned."""
+        if self.requests is None:
+            return frozenset()
+        holds = self.requests.holds()
+        for lease in self.actuator.open_leases():
+            hold = holds.get(lease.pool)
+            if hold is None or lease.state in (S.DRAINING, S.RELEASING, S.FAILED, S.RETURNED):
+                continue
+            outcome = self._return(
+                Return(lease.id, f"pool {lease.pool} held by {hold.held_by}"), obs, now, report
+            )
+            report.events.append(f"pool {lease.pool} held by {hold.held_by}: {outcome}")
+        return frozenset(holds)
+
     # ---- act ----------------------------------------------------------------------
 
     def _act(self, action: object, obs: Observation, now: datetime, report: TickReport) -> None:
@@ -292,6 +335,15 @@ class Reconciler:
             return f"lease {lease.id} is already {lease.state.value}"
         self.actuator.run(step, now, report)
         return f"lease {lease.id} returning"
+
+
+def _summarise(report: TickReport, leases: Sequence[LeaseRecord], obs: Observation) -> None:
+    """The open leases by state and each model's latest p99, for the metrics."""
+    states: dict[str, int] = {}
+    for lease in leases:
+        states[lease.state.value] = states.get(lease.state.value, 0) + 1
+    report.lease_states = states
+    report.p99_ms = {m: (h[-1].p99_ms if h else None) for m, h in obs.history.items()}
 
 
 def _first_line(exc: BaseException) -> str:

@@ -68,6 +68,8 @@ class TickReport:
     served: list[tuple[str, float]] = field(default_factory=list)
     #: lends recorded this pass, by pool
     lent: list[str] = field(default_factory=list)
+    #: False on a standby's pass (it observed and routed, and did nothing else)
+    active: bool = True
 
     @property
     def outcome(self) -> Outcome:

@@ -1,7 +1,13 @@
 """Wiring and running the daemon: builds the adapters, the lease store, routing and the
-exporter from a `BridgeConfig`, holds the single-instance lock, and runs
+exporter with its API from a `BridgeConfig`, decides which instance acts, and runs
 `Reconciler.run_once` every `tick_s` with APScheduler (one pass at a time; a late pass is
-coalesced, never stacked). The passes run on an executor of their own with one thread, so
+coalesced, never stacked).
+
+Which instance acts: on PostgreSQL, the leader row (`bridge.leases.leader`), beaten on a
+thread of its own every third of its TTL; a standby that takes the lease runs its first
+active pass at once. On SQLite, an exclusive file lock: one daemon on one host.
+
+The passes run on an executor of their own with one thread, so
 they never wait behind a slow ledger ingest and always use the same thread (the Triton
 clients are per thread: see `bridge.daemon.clients`). Called by `stb daemon`; `build()`
 also serves the operator commands and tests.
@@ -13,8 +19,9 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import FrameType
@@ -24,14 +31,17 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 
-from accounting.api import report_response
 from accounting.db import open_ledger
 from bridge.config import BridgeConfig
+from bridge.daemon.api import finance_routes, operator_routes
+from bridge.daemon.auth import TokensError, TokenTable
 from bridge.daemon.clients import TritonClients
-from bridge.daemon.exporter import BridgeMetrics, ExporterServer, Route
+from bridge.daemon.exporter import BridgeMetrics, Endpoint, ExporterServer, tls_context
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
 from bridge.daemon.report import Outcome, TickReport
+from bridge.leases import leader
+from bridge.leases.leader import LeaderLease
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.ledger import LedgerFeed
@@ -57,6 +67,17 @@ class Bridge:
     clients: TritonClients
     #: the ledger feed (None when `accounting.ingest_interval_s` is 0)
     ledger: LedgerFeed | None = None
+    #: this instance's side of the leader election (None: SQLite, the file lock)
+    leader: LeaderLease | None = None
+    requests: RequestQueue | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.leader is None or self.leader.active
+
+    @property
+    def instance(self) -> str:
+        return instance_name(self.config)
 
     def close(self) -> None:
         self.clients.close()
@@ -71,13 +92,20 @@ def _host_port(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def instance_name(config: BridgeConfig) -> str:
+    return config.daemon.instance or f"{socket.gethostname()}:{os.getpid()}"
+
+
 def build(
     config: BridgeConfig,
     *,
     with_routing: bool = True,
     slurm_env: Mapping[str, str] | None = None,
+    elect: bool = False,
 ) -> Bridge:
-    """Every part of the daemon, wired; `slurm_env` is added to Slurm commands' env."""
+    """Every part of the daemon, wired; `slurm_env` is added to Slurm commands' env. With
+    `elect` on PostgreSQL, the instance acts only while it holds the leader row, and its
+    writes are fenced by it."""
     key_file = config.triton.key_file
     if not key_file.exists():
         raise DaemonError(f"triton.key_file {key_file} does not exist")
@@ -85,9 +113,15 @@ def build(
 
     engine = make_engine(config.database_url)
     create_schema(engine)
-    store = LeaseStore(engine)
+    lease = None
+    if elect and leader.supported(engine):
+        ttl = config.daemon.leader_ttl_s or config.tick_s
+        lease = LeaderLease(engine, instance_name(config), ttl)
+    fence = lease.fence if lease is not None else None
+    store = LeaseStore(engine, fence)
+    requests = RequestQueue(engine, fence)
     slurm = open_backend(env=slurm_env)
-    metrics = BridgeMetrics()
+    metrics = BridgeMetrics(instance=instance_name(config))
     feed = None
     if config.accounting.ingest_interval_s > 0:
         feed = LedgerFeed(config, open_ledger(config.accounting.ledger_url))
@@ -116,10 +150,40 @@ def build(
         clients,
         publisher,
         metrics,
-        RequestQueue(engine),
+        requests,
         clients.forget,
+        is_active=(lambda: lease.active) if lease is not None else None,
     )
-    return Bridge(config, reconciler, metrics, publisher, proc, clients, feed)
+    return Bridge(config, reconciler, metrics, publisher, proc, clients, feed, lease, requests)
+
+
+def api_routes(bridge: Bridge) -> dict[str, Endpoint]:
+    """The operator endpoints, and finance's report when the daemon feeds a ledger."""
+    assert bridge.requests is not None
+    routes = operator_routes(bridge.config, bridge.requests, bridge.reconciler.store)
+    if bridge.ledger is not None:
+        routes |= finance_routes(bridge.ledger.ledger, bridge.config.accounting.idle_cost)
+    return routes
+
+
+def exporter_for(bridge: Bridge) -> ExporterServer:
+    """The exporter and API as configured (`[daemon] exporter_listen`, `[api]`)."""
+    config = bridge.config
+    host, port = _host_port(config.daemon.exporter_listen)
+    try:
+        tokens = TokenTable(config.api.tokens_file)
+    except TokensError as exc:
+        raise DaemonError(str(exc)) from exc
+    tls = None
+    if config.api.tls_cert is not None and config.api.tls_key is not None:
+        try:
+            tls = tls_context(config.api.tls_cert, config.api.tls_key)
+        except (OSError, ValueError) as exc:
+            raise DaemonError(f"api.tls_cert/tls_key: {exc}") from exc
+    sd = bridge.publisher.document if bridge.publisher else None
+    return ExporterServer(
+        bridge.metrics, (host, port), config.tick_s, sd, api_routes(bridge), tokens=tokens, tls=tls
+    )
 
 
 def tick_once(bridge: Bridge) -> TickReport | None:
@@ -149,6 +213,7 @@ def scheduler_for(
             "default": ThreadPoolExecutor(1),
             "tick": ThreadPoolExecutor(1),
             "ledger": ThreadPoolExecutor(1),
+            "leader": ThreadPoolExecutor(1),
         },
     )
     scheduler.add_job(
@@ -187,25 +252,33 @@ def single_instance(path: os.PathLike[str]) -> Iterator[IO[str]]:
 
 
 def run_daemon(config: BridgeConfig) -> None:
-    """Run until SIGTERM or SIGINT."""
-    with single_instance(config.daemon.lock_file):
-        bridge = build(config)
-        host, port = _host_port(config.daemon.exporter_listen)
-        sd = bridge.publisher.document if bridge.publisher else None
-        routes: dict[str, Route] = {}
-        if bridge.ledger is not None:
-            ledger = bridge.ledger.ledger
-            idle = config.accounting.idle_cost
-            routes["/api/report"] = lambda query: report_response(ledger, query, idle)
-        exporter = ExporterServer(
-            bridge.metrics, (host, port), config.tick_s, sd, routes=routes
-        ).start()
+    """Run until SIGTERM or SIGINT: on PostgreSQL as one of several instances (the
+    leader acts), on SQLite as the only one."""
+    elect = leader.supported(make_engine(config.database_url))
+    with nullcontext() if elect else single_instance(config.daemon.lock_file):
+        bridge = build(config, elect=elect)
+        exporter = exporter_for(bridge).start()
         scheduler = scheduler_for(bridge)
+        election = bridge.leader
+        if election is not None:
+            _beat(bridge, scheduler)
+            scheduler.add_job(
+                _beat,
+                "interval",
+                args=(bridge, scheduler),
+                seconds=election.beat_s,
+                max_instances=1,
+                coalesce=True,
+                id="leader",
+                executor="leader",
+            )
 
         feed = bridge.ledger
         if feed is not None:
 
             def ingest() -> None:
+                if not bridge.active:  # the ledger is written by the leader only
+                    return
                 rec = bridge.reconciler
                 try:
                     summary = feed.ingest(rec.slurm, rec.store, datetime.now(UTC))
@@ -233,10 +306,33 @@ def run_daemon(config: BridgeConfig) -> None:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         log.info(
-            "bridge daemon: tick %ss, metrics on %s", config.tick_s, config.daemon.exporter_listen
+            "bridge daemon %s: tick %ss, %s on %s",
+            bridge.instance,
+            config.tick_s,
+            "API and metrics",
+            exporter.url,
         )
         try:
             scheduler.start()
         finally:
             exporter.stop()
+            if election is not None:
+                election.release()
             bridge.close()
+
+
+def _beat(bridge: Bridge, scheduler: BaseScheduler) -> None:
+    """One beat of the election; a standby that just took over ticks at once."""
+    election = bridge.leader
+    assert election is not None
+    was = election.epoch is not None
+    now_active = election.beat()
+    bridge.metrics.record_role(now_active, election.epoch)
+    if now_active and not was:
+        log.info("%s is now the active bridge (epoch %s)", bridge.instance, election.epoch)
+        if scheduler.running:
+            scheduler.modify_job("tick", next_run_time=datetime.now(UTC))
+    elif was and not now_active:
+        log.warning("%s is standing by (%s)", bridge.instance, election.last_error or "deposed")
+    elif not now_active and election.last_error:
+        log.warning("leader election: %s", election.last_error)

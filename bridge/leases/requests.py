@@ -1,13 +1,20 @@
-"""Operator requests (`stb lend NODE`, `stb return LEASE`) on their way to the daemon.
+"""Operator requests (`stb lend NODE`, `stb return LEASE`) on their way to the daemon, and
+pool holds (`stb drain POOL` ... `stb resume POOL`).
 
-The CLI writes a row; the running daemon reads the pending rows at the start of each tick
-and carries them out through the same state machine as its own decisions, then records the
-outcome. So there is one actor on Slurm and Triton, however many operators type at once,
-and a request made while the daemon is down is carried out when it comes back.
+The CLI or the HTTP API writes a row naming who asked; the running daemon reads the
+pending rows at the start of each tick and carries them out through the same state
+machine as its own decisions, then records the outcome. So there is one actor on Slurm
+and Triton, however many operators type at once, and a request made while the daemon is
+down is carried out when it comes back.
+
+A hold is a row too: while a pool is held, the daemon lends none of its nodes and returns
+the leases it has there. The rows stay after the hold is lifted, with who lifted it when:
+the audit of who drained what.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy import JSON, Column, Engine, Integer, String, Text
@@ -34,10 +41,26 @@ class OperatorRequest(SQLModel, table=True):
     outcome: str = Field(default="", sa_column=Column(Text, nullable=False))
 
 
+class PoolHold(SQLModel, table=True):
+    __tablename__ = "pool_hold"
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    pool: str = Field(sa_column=Column(String(128), nullable=False, index=True))
+    held_by: str = Field(sa_column=Column(String(255), nullable=False))
+    held_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    reason: str = Field(default="", sa_column=Column(Text, nullable=False))
+    released_by: str | None = Field(default=None, sa_column=Column(String(255), nullable=True))
+    released_at: datetime | None = Field(
+        default=None, sa_column=Column(UTCDateTime(), nullable=True)
+    )
+
+
 class RequestQueue:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, fence: Callable[[Session], None] | None = None) -> None:
         configure_sqlite(engine)
         self._engine = engine
+        #: the daemon's leader fence: only the active bridge records outcomes
+        self._fence = fence
         # Writes begin IMMEDIATE on SQLite (bridge.db): a read-then-write transaction
         # started as a reader would fail at once ("database is locked") when another
         # process inserted a request in between, instead of waiting its busy timeout.
@@ -79,7 +102,41 @@ class RequestQueue:
 
     def finish(self, request_id: int, now: datetime, outcome: str) -> None:
         with Session(self._writer, expire_on_commit=False) as session, session.begin():
+            if self._fence is not None:
+                self._fence(session)
             req = session.get(OperatorRequest, request_id)
             if req is not None and req.done_at is None:
                 req.done_at = now
                 req.outcome = outcome
+
+    # ---- pool holds -----------------------------------------------------------------
+
+    def hold(self, pool: str, now: datetime, held_by: str, reason: str = "") -> PoolHold:
+        """Hold `pool` (no lends, its leases returned); holding a held pool returns the
+        hold in force."""
+        with Session(self._writer, expire_on_commit=False) as session, session.begin():
+            current = session.exec(
+                select(PoolHold).where(PoolHold.pool == pool, col(PoolHold.released_at).is_(None))
+            ).first()
+            if current is not None:
+                return current
+            hold = PoolHold(pool=pool, held_by=held_by, held_at=now, reason=reason)
+            session.add(hold)
+        return hold
+
+    def release(self, pool: str, now: datetime, released_by: str) -> PoolHold | None:
+        """Lift the hold on `pool`; None when it was not held."""
+        with Session(self._writer, expire_on_commit=False) as session, session.begin():
+            current = session.exec(
+                select(PoolHold).where(PoolHold.pool == pool, col(PoolHold.released_at).is_(None))
+            ).first()
+            if current is not None:
+                current.released_at = now
+                current.released_by = released_by
+        return current
+
+    def holds(self) -> dict[str, PoolHold]:
+        """The holds in force, by pool."""
+        with Session(self._engine, expire_on_commit=False) as session:
+            rows = session.exec(select(PoolHold).where(col(PoolHold.released_at).is_(None)))
+            return {h.pool: h for h in rows.all()}

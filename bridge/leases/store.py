@@ -18,7 +18,7 @@ with the GPU-hour ledger issue, which brings the first schema change to manage.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
@@ -38,7 +38,7 @@ from bridge.leases.errors import (
 from bridge.leases.models import Lease, LeaseEvent, LendMode
 from bridge.lifecycle import LeaseState, allowed
 
-__all__ = ["LeaseFields", "LeaseStore", "create_schema", "make_engine"]
+__all__ = ["Fence", "LeaseFields", "LeaseStore", "create_schema", "make_engine"]
 
 
 class LeaseFields(TypedDict, total=False):
@@ -52,11 +52,14 @@ _SETTABLE = frozenset(LeaseFields.__annotations__)
 
 
 def create_schema(engine: Engine) -> None:
-    """Create the lease tables, the operator requests and their indexes if missing (no
-    migrations yet: Alembic arrives with the ledger)."""
-    from bridge.leases import requests  # noqa: F401 - registers the operator_request table
+    """Create the lease tables, the operator requests, the pool holds, the leader row
+    (PostgreSQL) and their indexes if missing (no migrations yet: these are new tables
+    only; a new column would need one)."""
+    from bridge.leases import leader, requests  # noqa: F401 - register their tables
 
-    names = ("lease", "lease_event", "operator_request")
+    names = ["lease", "lease_event", "operator_request", "pool_hold"]
+    if leader.supported(engine):
+        names.append("stb_leader")
     tables = [SQLModel.metadata.tables[name] for name in names]
     SQLModel.metadata.create_all(engine, tables=tables)
 
@@ -72,11 +75,16 @@ def _model_names(models: Sequence[str]) -> list[str]:
     return [str(m) for m in models]
 
 
+#: run at the start of every write transaction; raises to refuse it (the leader's fence)
+Fence = Callable[[Session], None]
+
+
 class LeaseStore:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, fence: Fence | None = None) -> None:
         configure_sqlite(engine)
         self._engine = engine
         self._writer = engine.execution_options(**{WRITE_OPTION: True})
+        self._fence = fence
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
@@ -85,8 +93,11 @@ class LeaseStore:
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
-        """One write transaction: commits on success, rolls back on any exception."""
+        """One write transaction: commits on success, rolls back on any exception; with a
+        fence, refused unless the fence lets it through."""
         with Session(self._writer, expire_on_commit=False) as session, session.begin():
+            if self._fence is not None:
+                self._fence(session)
             yield session
 
     # ---- writes -------------------------------------------------------------------

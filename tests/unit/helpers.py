@@ -1,11 +1,12 @@
-"""Small helpers shared by unit tests: loading a bench script as a module, and checking
-that an HTML report loads nothing from outside itself."""
+"""Small helpers shared by unit tests: loading a bench script as a module, checking that
+an HTML report loads nothing from outside itself, writing an API tokens file."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
 import sys
+from pathlib import Path
 from types import ModuleType
 
 from bridge.paths import project_root
@@ -31,3 +32,10 @@ def assert_refs_stay_inside(page: str) -> None:
     assert "<script" not in page.lower() and "@import" not in page and "<link" not in page
     without_ns = re.sub(r"""\sxmlns(?::\w+)?\s*=\s*"[^"]*\"""", "", page)
     assert "http://" not in without_ns and "https://" not in without_ns
+
+
+def write_tokens(path: Path, tokens: dict[str, tuple[str, str]]) -> Path:
+    """A tokens file (mode 0600) of name -> (roles, token)."""
+    path.write_text("".join(f"{n} {roles} {tok}\n" for n, (roles, tok) in tokens.items()))
+    path.chmod(0o600)
+    return path

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bridge.daemon.auth import TokenTable
 from bridge.daemon.exporter import BridgeMetrics, ExporterServer
 from bridge.daemon.report import StepError, TickReport
 from bridge.policy import Lend
+from tests.unit.helpers import write_tokens
 
 
 class Clock:
@@ -22,15 +25,20 @@ class Clock:
         return self.now
 
 
+METRICS_TOKEN = "m" * 24
+
+
 @pytest.fixture
-def served() -> Iterator[tuple[Clock, BridgeMetrics, str]]:
+def served(tmp_path: Path) -> Iterator[tuple[Clock, BridgeMetrics, str]]:
     clock = Clock()
     metrics = BridgeMetrics(clock=clock)
+    tokens = write_tokens(tmp_path / "tokens", {"prometheus": ("metrics", METRICS_TOKEN)})
     server = ExporterServer(
         metrics,
         ("127.0.0.1", 0),
         tick_s=5,
         sd_document=lambda: b'[{"targets": ["127.0.1.4:8002"]}]',
+        tokens=TokenTable(tokens),
     ).start()
     host, port = server.address
     try:
@@ -119,7 +127,9 @@ def test_metrics_page(served: tuple[Clock, BridgeMetrics, str]) -> None:
 
 def test_sd_and_unknown_paths(served: tuple[Clock, BridgeMetrics, str]) -> None:
     _, _, url = served
-    assert httpx.get(f"{url}/sd").json() == [{"targets": ["127.0.1.4:8002"]}]
+    auth = {"Authorization": f"Bearer {METRICS_TOKEN}"}
+    assert httpx.get(f"{url}/sd", headers=auth).json() == [{"targets": ["127.0.1.4:8002"]}]
+    assert httpx.get(f"{url}/sd").status_code == 401  # the targets are not for everyone
     assert httpx.get(f"{url}/nope").status_code == 404
 
 

@@ -16,14 +16,16 @@ from openpyxl import load_workbook
 from prometheus_client import CollectorRegistry, generate_latest
 from typer.testing import CliRunner
 
-from accounting.api import report_response
 from accounting.attribution import Context
 from accounting.db import open_ledger
 from accounting.ingest import NodeCapacity, ingest_records, record_inventory
 from accounting.metrics import LedgerCollector
 from bridge.cli import app
+from bridge.daemon.api import finance_routes
+from bridge.daemon.auth import TokenTable
 from bridge.daemon.exporter import BridgeMetrics, ExporterServer
 from bridge.slurm.model import AccountingRecord
+from tests.unit.helpers import write_tokens
 
 T0 = datetime(2026, 11, 3, 8, 0, tzinfo=UTC)
 RUN = CliRunner()
@@ -130,14 +132,19 @@ def test_bad_report_options_are_named(cfg: Path, args: list[str], message: str) 
 
 def test_the_http_endpoint_serves_the_report_json(cfg: Path, tmp_path: Path) -> None:
     engine = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    token = "f" * 20
     server = ExporterServer(
         BridgeMetrics(), ("127.0.0.1", 0), 5.0,
-        routes={"/api/report": lambda q: report_response(engine, q)},
+        routes=finance_routes(engine, "line"),
+        tokens=TokenTable(write_tokens(tmp_path / "tokens", {"fin": ("finance", token)})),
     ).start()  # fmt: skip
     host, port = server.address
     try:
         url = f"http://{host}:{port}/api/report"
-        got = httpx.get(url, params={"window": "2026-11-03", "aggregate": "pool", "step": "hour"})
+        auth = {"Authorization": f"Bearer {token}"}
+        params = {"window": "2026-11-03", "aggregate": "pool", "step": "hour"}
+        assert httpx.get(url, params=params).status_code == 401
+        got = httpx.get(url, params=params, headers=auth)
         assert got.status_code == 200
         cli = json.loads(_ok(["report", "--window", "2026-11-03", "--by", "pool", "--step",
                               "hour", "--format", "json", "-c", str(cfg)]))  # fmt: skip
@@ -150,7 +157,7 @@ def test_the_http_endpoint_serves_the_report_json(cfg: Path, tmp_path: Path) -> 
             ({"window": "2026-11", "by": "nope"}, "unknown key(s) nope"),
             ({"window": "2026-11", "colour": "red"}, "unknown parameter(s) colour"),
         ]:
-            bad = httpx.get(url, params=params)
+            bad = httpx.get(url, params=params, headers=auth)
             assert bad.status_code == 400 and message in bad.json()["error"]
     finally:
         server.stop()
