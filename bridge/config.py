@@ -224,7 +224,13 @@ class TritonJobConfig(_Strict):
     )
     key_file: Path = Field(
         default=Path("triton-api.key"),
-        description="File holding the model-repository API key (X-Stb-Key); mode 0600.",
+        description="File holding the model-repository API key (X-Stb-Key); mode 0600, "
+        "readable on every inference node by the user Triton jobs run as.",
+    )
+    key_shim: Path | None = Field(
+        default=None,
+        description="The LD_PRELOAD library that hands tritonserver the key without a "
+        "command line (deploy/slurm/stb-keyshim.c); default: built next to key_file.",
     )
     backend_directory: Path | None = Field(
         default=None,
@@ -239,6 +245,12 @@ class TritonJobConfig(_Strict):
         description="Seconds from job start to Triton ready before a lease fails "
         "(measured start: about 2 s; model loads can take minutes).",
     )
+
+    @property
+    def key_shim_path(self) -> Path:
+        """The key shim Triton jobs preload: `key_shim`, else `libstbkey.so` beside the
+        key file (built there by `bridge.daemon.keyshim`)."""
+        return (self.key_shim or self.key_file.parent / "libstbkey.so").resolve()
 
 
 class RoutingConfig(_Strict):

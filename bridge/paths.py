@@ -33,6 +33,11 @@ def triton_sbatch() -> Path:
     return project_root() / "deploy" / "slurm" / "triton-server.sbatch"
 
 
+def key_shim_source() -> Path:
+    """The C source of the Triton key shim (`bridge.daemon.keyshim`)."""
+    return project_root() / "deploy" / "slurm" / "stb-keyshim.c"
+
+
 def slurm_plugins_dir() -> Path:
     """`slurm_plugins/`: job_submit.lua and the GPU sampler's Prolog/Epilog."""
     return project_root() / "slurm_plugins"

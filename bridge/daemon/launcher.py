@@ -1,5 +1,6 @@
 """How a Triton server becomes a Slurm job: the one place that builds its `JobSpec`
-(script, partition, account, tags, node, GPUs, the environment the script reads).
+(script, partition, account, tags, node, GPUs, the environment the script reads: paths
+only, the model-control key's file and the shim that reads it, never the key).
 
 Called by the reconciler (baselines and lends) and by the lab (`bridge.lab.triton`).
 Tags: every Triton job's comment holds `stb:triton`; a lent one also `stb:lease=<id>`,
@@ -72,12 +73,19 @@ def triton_job(
     serving and no other job lands beside it."""
     if not cfg.key_file.exists():
         raise LauncherError(f"the Triton API key file {cfg.key_file} does not exist")
+    shim = cfg.key_shim_path
+    if not shim.is_file():
+        raise LauncherError(
+            f"no key shim at {shim}: `stb daemon` and `stb lab up` build it (from "
+            "deploy/slurm/stb-keyshim.c), or set triton.key_shim"
+        )
     home = triton_home()
     env = {
         "STB_TRITON_HOME": str(home),
         "STB_TRITON_BACKENDS": str((cfg.backend_directory or home / "backends").resolve()),
         "STB_MODEL_REPO": str(cfg.model_repository.resolve()),
         "STB_TRITON_KEY_FILE": str(cfg.key_file.resolve()),
+        "STB_KEY_SHIM": str(shim),
         # ';' not ',' between models: sbatch's --export splits on commas
         "STB_MODELS": ";".join(models) if models else "*",
         # The Python backend's stub finds numpy through the python3 first on PATH.

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -47,7 +47,7 @@ from bridge.daemon.planner import LeaseRecord, Settings, Step, SubmitBaseline
 from bridge.daemon.report import StepError, TickReport
 from bridge.leases.errors import LeaseError
 from bridge.leases.leader import Fenced
-from bridge.leases.requests import RequestQueue
+from bridge.leases.requests import PoolHold, RequestQueue
 from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 from bridge.policy import Lend, Return, StartBaseline, decide
@@ -147,8 +147,9 @@ class Reconciler:
         for step in planner.plan(obs, leases, t, self.settings, act.not_before()):
             act.run(step, now, report)
         self._orphans(obs, now, report)
-        self._operator_requests(obs, now, report)
-        held = self._held_pools(obs, now, report)
+        holds = self.requests.holds() if self.requests is not None else {}
+        self._operator_requests(obs, now, report, holds)
+        held = self._return_held(holds, obs, now, report)
         open_now = act.open_leases()
         self._anchor_lends(open_now)
         snap = snapshot(
@@ -235,8 +236,15 @@ class Reconciler:
 
     # ---- operator requests --------------------------------------------------------
 
-    def _operator_requests(self, obs: Observation, now: datetime, report: TickReport) -> None:
-        """Carry out `stb lend` / `stb return` requests through the same steps."""
+    def _operator_requests(
+        self,
+        obs: Observation,
+        now: datetime,
+        report: TickReport,
+        holds: Mapping[str, PoolHold],
+    ) -> None:
+        """Carry out `stb lend` / `stb return` requests through the same steps; a lend
+        from a held pool is refused."""
         if self.requests is None:
             return
         for req in self.requests.pending():
@@ -248,6 +256,12 @@ class Reconciler:
                 )
                 if isinstance(checked, str):
                     outcome = checked
+                elif checked[0] in holds:
+                    hold = holds[checked[0]]
+                    outcome = (
+                        f"refused: pool {checked[0]} is held by {hold.held_by} "
+                        f"(stb resume {checked[0]})"
+                    )
                 else:
                     pool, mode, models = checked
                     outcome = self._lend(
@@ -267,11 +281,10 @@ class Reconciler:
             self.requests.finish(req.id, now, outcome)
             report.events.append(f"operator request {req.id} ({req.kind}): {outcome}")
 
-    def _held_pools(self, obs: Observation, now: datetime, report: TickReport) -> frozenset[str]:
-        """The pools an operator holds (`stb drain`): their leases are returned."""
-        if self.requests is None:
-            return frozenset()
-        holds = self.requests.holds()
+    def _return_held(
+        self, holds: Mapping[str, PoolHold], obs: Observation, now: datetime, report: TickReport
+    ) -> frozenset[str]:
+        """Return the leases of the pools an operator holds (`stb drain`); those pools."""
         for lease in self.actuator.open_leases():
             hold = holds.get(lease.pool)
             if hold is None or lease.state in (S.DRAINING, S.RELEASING, S.FAILED, S.RETURNED):

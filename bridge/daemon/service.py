@@ -37,6 +37,7 @@ from bridge.daemon.api import finance_routes, operator_routes
 from bridge.daemon.auth import TokensError, TokenTable
 from bridge.daemon.clients import TritonClients
 from bridge.daemon.exporter import BridgeMetrics, Endpoint, ExporterServer, tls_context
+from bridge.daemon.keyshim import KeyShimError, ensure_key_shim
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
 from bridge.daemon.report import Outcome, TickReport
@@ -110,6 +111,10 @@ def build(
     if not key_file.exists():
         raise DaemonError(f"triton.key_file {key_file} does not exist")
     clients = TritonClients(key_file.read_text().strip())
+    try:
+        ensure_key_shim(config.triton)
+    except KeyShimError as exc:
+        raise DaemonError(str(exc)) from exc
 
     engine = make_engine(config.database_url)
     create_schema(engine)

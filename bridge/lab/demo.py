@@ -26,6 +26,7 @@ from bridge.lab import triton
 from bridge.lab.showcase import P99_WINDOW_S, Scenario, ScenarioResult
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.lab.tokens import tokens_file
 from bridge.leases.store import LeaseStore
 from bridge.ledger import LedgerFeed, ingest_window
 from bridge.paths import project_root
@@ -49,6 +50,7 @@ def lab_config(spec: LabSpec) -> BridgeConfig:
                 }
             ),
             "daemon": base.daemon.model_copy(update={"lock_file": lab / "run" / "bridge.lock"}),
+            "api": base.api.model_copy(update={"tokens_file": tokens_file(spec.api_dir)}),
             "accounting": base.accounting.model_copy(
                 update={"ledger_url": f"sqlite:///{lab / 'ledger.db'}", "cluster": spec.cluster}
             ),
@@ -64,14 +66,18 @@ def daemon_toml(
     exporter: str,
     tick_s: float = 1,
     ingest_interval_s: float = 2,
+    database_url: str = "",
+    instance: str = "",
 ) -> str:
     """A bridge TOML for a `stb daemon` on this lab with everything of its own (database,
     nginx, routing, exporter, lock, ledger) under `work`: for tests and benches that run
-    the real daemon beside the lab's."""
+    the real daemon beside the lab's. `database_url` (default: SQLite under `work`) and
+    `instance` serve tests that run several daemons on one database."""
     cfg = triton.job_config(spec)
+    database_url = database_url or f"sqlite:///{work / 'bridge.db'}"
     return f"""
 tick_s = {tick_s}
-database_url = "sqlite:///{work / "bridge.db"}"
+database_url = "{database_url}"
 [models.busy]
 slo_p99_ms = 100
 instances = 1
@@ -94,6 +100,9 @@ managed_nginx_prefix = "{work / "nginx"}"
 [daemon]
 exporter_listen = "{exporter}"
 lock_file = "{work / "bridge.lock"}"
+instance = "{instance}"
+[api]
+tokens_file = "{tokens_file(spec.api_dir)}"
 [accounting]
 ledger_url = "sqlite:///{work / "ledger.db"}"
 cluster = "{spec.cluster}"

@@ -20,6 +20,7 @@ from pathlib import Path
 from bridge.lab import procs, render, system, triton
 from bridge.lab.slurmctl import SlurmCommandError, slurm
 from bridge.lab.spec import LabSpec
+from bridge.lab.tokens import ensure_tokens
 
 Say = Callable[[str], None]
 
@@ -211,6 +212,7 @@ def up(spec: LabSpec, say: Say = print, install: bool = True) -> None:
     if old is not None and old != spec and running:
         raise LabError("the lab is running with another shape; run `stb lab down` first")
     spec.save()
+    ensure_tokens(spec.api_dir)
     system.make_munge_key(spec)
     system.make_gpu_devices(spec)
     for node in spec.nodes:

@@ -149,6 +149,11 @@ class LabSpec:
         return self.lab_dir / "triton"
 
     @property
+    def api_dir(self) -> Path:
+        """The daemon API's tokens (`bridge.lab.tokens`)."""
+        return self.lab_dir / "api"
+
+    @property
     def triton_key_file(self) -> Path:
         return self.triton_dir / "api.key"
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from bridge.config import TritonJobConfig
+from bridge.daemon.keyshim import KeyShimError, ensure_key_shim
 from bridge.daemon.launcher import triton_home, triton_job
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
@@ -37,7 +38,8 @@ def backends_dir(spec: LabSpec) -> Path:
 
 
 def prepare(spec: LabSpec) -> None:
-    """Backend directory with the Python stub for this Python, and the API key file."""
+    """Backend directory with the Python stub for this Python, the API key file, and the
+    key shim beside it."""
     home = triton_home()
     py = backends_dir(spec) / "python"
     py.mkdir(parents=True, exist_ok=True)
@@ -57,6 +59,10 @@ def prepare(spec: LabSpec) -> None:
         fd = os.open(spec.triton_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(24) + "\n")
+    try:
+        ensure_key_shim(job_config(spec))
+    except KeyShimError as exc:
+        raise TritonLabError(str(exc)) from exc
 
 
 def api_key(spec: LabSpec) -> str:

@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import text as sql
 
 from bridge.lab.spec import LabSpec
+from bridge.lab.tokens import token_file
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
@@ -58,6 +59,8 @@ def test_prometheus_scrapes_the_bridge_and_every_ready_triton(
     assert "127.0.0.1:9108" in text
     (conf_dir / "prometheus.yml").write_text(text.replace("127.0.0.1:9108", exporter))
     shutil.copy(project_root() / "deploy" / "prometheus" / "alerts.yml", conf_dir)
+    shutil.copy(token_file(lab.api_dir, "metrics"), conf_dir / "stb-metrics.token")
+    finance = {"Authorization": f"Bearer {token_file(lab.api_dir, 'finance').read_text().strip()}"}
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = os.environ | lab.env()
@@ -133,12 +136,16 @@ def test_prometheus_scrapes_the_bridge_and_every_ready_triton(
                 pytest.fail(f"stb_ledger_gpu_hours_total never showed inference: {res}")
             today = datetime.now(UTC).date().isoformat()
             api = httpx.get(
-                f"http://{exporter}/api/report", params={"window": today, "by": "workload,pool"}
+                f"http://{exporter}/api/report",
+                params={"window": today, "by": "workload,pool"},
+                headers=finance,
             )
             assert api.status_code == 200, api.text
             booked = {(li["workload"], li["pool"]) for li in api.json()["lines"]}
             assert {("inference", "inference"), ("idle", "training")} <= booked, booked
-            bad = httpx.get(f"http://{exporter}/api/report", params={"window": "November"})
+            bad = httpx.get(
+                f"http://{exporter}/api/report", params={"window": "November"}, headers=finance
+            )
             assert bad.status_code == 400 and "window 'November'" in bad.json()["error"]
             ledger = make_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
             with ledger.connect() as conn:

@@ -432,6 +432,7 @@ class Harness:
 def make_config(tmp_path: Path, *, tick_s: float = 5, **leases: float) -> BridgeConfig:
     key = tmp_path / "triton.key"
     key.write_text("k\n")
+    (tmp_path / "libstbkey.so").write_bytes(b"")  # the key shim's place (never loaded here)
     return BridgeConfig(
         tick_s=tick_s,
         database_url=f"sqlite:///{tmp_path / 'db' / 'bridge.db'}",

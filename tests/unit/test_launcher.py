@@ -19,7 +19,8 @@ def test_lease_tags_round_trip_and_foreign_tags_are_ignored() -> None:
 
 def test_a_lent_node_is_taken_whole_and_tagged(tmp_path: Path) -> None:
     key = tmp_path / "api.key"
-    key.write_text("k\n")
+    key.write_text("the-secret-key\n")
+    (tmp_path / "libstbkey.so").write_bytes(b"")
     cfg = TritonJobConfig(key_file=key, log_dir=tmp_path)
     spec = triton_job(
         cfg, node="n3", models=["busy", "echo"], lease=(3, 100), exclusive=True, gpus=4
@@ -30,6 +31,16 @@ def test_a_lent_node_is_taken_whole_and_tagged(tmp_path: Path) -> None:
     assert spec.requeue is False and spec.name == "stb-triton-lease-3"
     base = triton_job(cfg, node="n4")
     assert base.comment == "stb:triton,stb:baseline" and base.env["STB_MODELS"] == "*"
+    # the job's environment names the key's file and the shim, never the key
+    assert spec.env["STB_KEY_SHIM"] == str(tmp_path / "libstbkey.so")
+    assert not any("the-secret-key" in v for v in spec.env.values())
+
+
+def test_a_missing_key_shim_is_named(tmp_path: Path) -> None:
+    key = tmp_path / "api.key"
+    key.write_text("k\n")
+    with pytest.raises(LauncherError, match=r"no key shim at .*libstbkey\.so"):
+        triton_job(TritonJobConfig(key_file=key), node="n4")
 
 
 def test_a_missing_key_file_is_named(tmp_path: Path) -> None:

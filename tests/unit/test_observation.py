@@ -93,3 +93,13 @@ def test_snapshot_marks_reserved_nodes_checkpoints_and_lent_nodes() -> None:
     (lent,) = snap.leases
     assert lent.gpus == 8 and lent.waiting  # a drain lend whose node still runs a job
     assert snap.lend_s == {"elastic": 6.5} and snap.preemptions_last_hour == 3
+
+
+def test_a_held_pools_nodes_are_reserved() -> None:
+    nodes = {n.name: n for n in (node("n1", "elastic"), node("n2", "train"))}
+    obs = Observation(NOW, nodes, (), frozenset(), (), {}, ())
+    held = snapshot(obs, CONFIG, [], {}, held_pools=frozenset({"training"}))
+    views = {v.name: v for v in held.nodes}
+    assert views["n2"].reserved and not views["n1"].reserved
+    free = {v.name: v for v in snapshot(obs, CONFIG, [], {}).nodes}
+    assert not free["n2"].reserved
