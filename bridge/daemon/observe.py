@@ -8,8 +8,12 @@ consecutive counts need). The planner, the policy and routing all read this one 
 nothing reads the adapters' answers any other way.
 
 Failures to reach one Triton server make that replica "not ready" and its models' sample
-"no data"; they never raise. A Slurm error does raise: without a fresh view of Slurm the
-tick must not act (the reconciler reports it as a failed tick).
+"no data"; they never raise. A metrics page refused by the client (over its size limit) or
+by the parser (a bad line) gives no data from that replica for the tick, never a calm
+reading: a model's sample holds only what its other replicas gave ("no data" when that
+replica is its only one). The replica stays as ready as it said. A Slurm error does raise:
+without a fresh view of Slurm the tick must not act (the reconciler reports it as a failed
+tick).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """`stb models publish | list | rollback | retire`: the model repository on the command
 line. Thin: finds the running Triton servers through Slurm (jobs tagged `stb:triton`),
 calls `bridge.models.publish`, prints. The repository is `[triton] model_repository` of the
-configuration unless `--repository` names one."""
+configuration unless `--repository` names one. A bad model name (or, for publish, a model
+folder holding a symbolic link or other non-regular file) is refused before Slurm or
+Triton is asked anything; every refusal is one `error:` line and exit status 1."""
 
 from __future__ import annotations
 
@@ -12,19 +14,20 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bridge.config import BridgeConfig
 from bridge.config_cli import ConfigOpt, fail, load_or_exit
 from bridge.daemon.launcher import BASELINE_TAG
 from bridge.models.publish import PublishError, Server, publish, retire, rollback
-from bridge.models.repo import ModelRepository, RepositoryError
+from bridge.models.repo import ModelRepository, RepositoryError, check_source
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.select import open_backend
 from bridge.triton.client import HTTP_PORT as TRITON_HTTP_PORT
 from bridge.triton.client import TritonHttpClient
 from bridge.triton.errors import TritonError
-from bridge.triton.repository import ModelConfigError, check_model, read_config
+from bridge.triton.repository import ModelConfigError, check_model, check_name, read_config
 
 console = Console(stderr=True)
 models_app = typer.Typer(
@@ -74,6 +77,8 @@ def publish_cmd(
     that it answers; roll back if it does not."""
     cfg = load_or_exit(config)
     try:
+        check_name(name)
+        check_source(src)
         with running_servers(cfg) as servers:
             out = publish(
                 _repo(cfg, repository), src, name, servers, version=version,
@@ -110,7 +115,7 @@ def list_cmd(repository: RepoOpt = None, config: ConfigOpt = None) -> None:
                         f"{meta.min_replicas}-{meta.max_replicas}",
                     )
                 except ModelConfigError as exc:
-                    info = (f"[red]{exc}[/red]", "", "")
+                    info = (f"[red]{escape(str(exc))}[/red]", "", "")
                 versions = ",".join(map(str, repo.versions(name))) or "-"
                 table.add_row(name, versions, *info, "; ".join(served.get(name, [])) or "-")
     except SlurmError as exc:
@@ -127,10 +132,12 @@ def rollback_cmd(
 ) -> None:
     """Set the latest version aside; the previous one serves again."""
     cfg = load_or_exit(config)
+    repo = _repo(cfg, repository)
     try:
+        repo.model_dir(name)
         with running_servers(cfg) as servers:
-            gone, now, where = rollback(_repo(cfg, repository), name, servers, reason)
-    except (PublishError, RepositoryError, SlurmError, TritonError) as exc:
+            gone, now, where = rollback(repo, name, servers, reason)
+    except (PublishError, ModelConfigError, RepositoryError, SlurmError, TritonError) as exc:
         raise fail(exc) from exc
     console.print(
         f"{name}: version {gone} set aside; version {now} serves on {', '.join(where) or '-'}"
@@ -146,9 +153,11 @@ def retire_cmd(
 ) -> None:
     """Unload the model everywhere and move it out of the repository (kept in the archive)."""
     cfg = load_or_exit(config)
+    repo = _repo(cfg, repository)
     try:
+        repo.model_dir(name)
         with running_servers(cfg) as servers:
-            where = retire(_repo(cfg, repository), name, servers, reason)
+            where = retire(repo, name, servers, reason)
     except (PublishError, RepositoryError, SlurmError, TritonError) as exc:
         raise fail(exc) from exc
     console.print(f"{name} retired (unloaded from {', '.join(where) or 'no server'})")

@@ -2,8 +2,11 @@
 check that it answers, roll back if it does not. Also rollback and retire.
 
 `publish` order, all under the repository's publish lock (one publish at a time):
-1. validate `config.pbtxt` against Triton's ModelConfig protobuf and the bridge's metadata
-   (`bridge.triton.repository.check_model`): nothing is written for a bad model;
+1. before the lock, check the name (`check_name`: no '/', '.', NUL, at most 64 characters),
+   the folder (`check_source`: regular files and folders only, no symbolic link), the
+   config's size and nesting (`read_config_text`, `parse_config`), then validate it against
+   Triton's ModelConfig protobuf and the bridge's metadata (`check_model`): nothing is
+   written for a bad name, folder or model;
 2. stage the files, then one rename makes version V visible, then the config;
 3. load the model on every serving instance that holds it (a model no server holds yet is
    loaded on the baseline servers), Triton's default version policy serving the latest;
@@ -24,10 +27,16 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from bridge.models.repo import Change, ModelRepository, RepositoryError
+from bridge.models.repo import Change, ModelRepository, RepositoryError, check_source
 from bridge.triton.errors import TritonError
 from bridge.triton.protocol import Array, TritonInstance
-from bridge.triton.repository import ModelMeta, check_model, parse_config
+from bridge.triton.repository import (
+    ModelMeta,
+    check_model,
+    check_name,
+    parse_config,
+    read_config_text,
+)
 
 _DTYPES: dict[str, Any] = {
     "TYPE_BOOL": np.bool_, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16,
@@ -115,13 +124,12 @@ def publish(
     version: int | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> Outcome:
-    where = str(src / "config.pbtxt")
-    try:
-        text = (src / "config.pbtxt").read_text()
-    except OSError as exc:
-        raise PublishError(f"{where}: {exc.strerror or exc}") from exc
-    cfg = parse_config(text, where)
-    meta = check_model(cfg, name, where)
+    check_name(name)
+    check_source(src)
+    where = src / "config.pbtxt"
+    text = read_config_text(where)
+    cfg = parse_config(text, str(where))
+    meta = check_model(cfg, name, str(where))
     if version is not None and version < 1:
         raise PublishError(f"version must be a positive integer, got {version}")
     with repo.lock():
@@ -175,6 +183,7 @@ def rollback(
     repo: ModelRepository, name: str, servers: Sequence[Server], why: str
 ) -> tuple[int, int, list[str]]:
     """The latest version leaves; the previous one serves again where the model is held."""
+    _model_dir(repo, name)
     with repo.lock():
         try:
             gone, now = repo.rollback(name, why)
@@ -190,6 +199,7 @@ def rollback(
 
 def retire(repo: ModelRepository, name: str, servers: Sequence[Server], why: str) -> list[str]:
     """Unload the model everywhere, then move it out of the repository."""
+    _model_dir(repo, name)
     with repo.lock():
         if name not in repo.models():
             raise PublishError(f"no model {name!r} in {repo.root}")
@@ -198,3 +208,12 @@ def retire(repo: ModelRepository, name: str, servers: Sequence[Server], why: str
             s.client.unload_model(name)
         repo.retire(name, why)
         return [s.address for s in holders]
+
+
+def _model_dir(repo: ModelRepository, name: str) -> Path:
+    """The model's folder; PublishError (before the lock, so before anything is written)
+    for a name that is no plain folder name."""
+    try:
+        return repo.model_dir(name)
+    except RepositoryError as exc:
+        raise PublishError(str(exc)) from exc

@@ -9,6 +9,12 @@ number in one `rename(2)`; the config is replaced the same way (write, fsync, `r
 
 One publish at a time: `lock()` holds an flock on the archive's lock file; two publishes of
 one model (or of two models) are serialized, never interleaved.
+
+Nothing leaves the repository: every model name is checked to be one plain folder name
+(`model_dir`: no '/', NUL or leading '.', so no '..') before a path is built from it, and a
+published folder may hold only regular files and folders (`check_source`: a symbolic
+link, wherever it points, a FIFO or a device is refused by name before anything is
+copied; links are never followed while copying, and the staged copy is checked again).
 """
 
 from __future__ import annotations
@@ -17,15 +23,19 @@ import fcntl
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NoReturn
 
 #: files a model directory may hold besides its versions that are never copied
 _SKIP = {"config.pbtxt", "__pycache__"}
+#: the longest model name, in bytes (a file name's limit on Linux file systems)
+MAX_NAME_BYTES = 255
 
 
 class RepositoryError(RuntimeError):
@@ -86,8 +96,28 @@ class ModelRepository:
             if p.is_dir() and not p.name.startswith(".") and (p / "config.pbtxt").exists()
         )
 
+    def model_dir(self, name: str) -> Path:
+        """`<root>/<name>`; RepositoryError unless `name` is one plain folder name (not
+        empty, no '/', '\\' or NUL, not starting with '.', at most `MAX_NAME_BYTES`)."""
+        bad = (
+            not name
+            or name.startswith(".")
+            or any(c in name for c in "/\\\x00")
+            or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES
+        )
+        if bad:
+            shown = name if len(name) <= 80 else f"{name[:80]}... ({len(name)} chars)"
+            raise RepositoryError(
+                f"model name {shown!r} is not a plain folder name (no '/', '\\', NUL or "
+                f"leading '.', at most {MAX_NAME_BYTES} bytes)"
+            )
+        return self.root / name
+
+    def _archived(self, name: str) -> Path:
+        return self.archive / self.model_dir(name).name
+
     def versions(self, name: str) -> list[int]:
-        d = self.root / name
+        d = self.model_dir(name)
         if not d.is_dir():
             return []
         return sorted(int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit())
@@ -97,7 +127,7 @@ class ModelRepository:
         return v[-1] if v else None
 
     def config_text(self, name: str) -> str | None:
-        path = self.root / name / "config.pbtxt"
+        path = self.model_dir(name) / "config.pbtxt"
         return path.read_text() if path.exists() else None
 
     # --- writing -----------------------------------------------------------------------
@@ -127,14 +157,19 @@ class ModelRepository:
     def stage(self, name: str, src: Path) -> Path:
         """Copy the version's files from `src` (everything but config.pbtxt; or, when `src`
         has numbered version folders, the highest one) into a staging folder Triton
-        ignores; returns it."""
+        ignores; returns it. `src` must pass `check_source`."""
+        check_source(src)
         content = _version_content(src)
-        staging = self.root / name / f".staging-{secrets.token_hex(6)}"
+        staging = self.model_dir(name) / f".staging-{secrets.token_hex(6)}"
         staging.parent.mkdir(parents=True, exist_ok=True)
         try:
             shutil.copytree(
-                content, staging, ignore=lambda d, names: [n for n in names if n in _SKIP]
+                content,
+                staging,
+                symlinks=True,  # never followed: one made since the check is caught below
+                ignore=lambda d, names: [n for n in names if n in _SKIP],
             )
+            check_source(staging)
             if not any(staging.iterdir()):
                 raise RepositoryError(f"{src}: no model files to publish besides config.pbtxt")
             _fsync_tree(staging)
@@ -145,12 +180,12 @@ class ModelRepository:
 
     def commit(self, name: str, staging: Path, version: int, config_text: str) -> Change:
         """Make the staged version `version` visible (one rename), then the new config."""
-        target = self.root / name / str(version)
+        target = self.model_dir(name) / str(version)
         if target.exists():
             shutil.rmtree(staging, ignore_errors=True)
             raise RepositoryError(f"{name} version {version} already exists in {self.root}")
         previous, previous_config = self.latest(name), self.config_text(name)
-        configs = self.archive / name / "configs"
+        configs = self._archived(name) / "configs"
         configs.mkdir(parents=True, exist_ok=True)
         if previous is not None and previous_config is not None:
             kept = configs / f"{previous}.pbtxt"
@@ -159,7 +194,7 @@ class ModelRepository:
         write_atomic(configs / f"{version}.pbtxt", config_text)
         os.rename(staging, target)
         _fsync_dir(target.parent)
-        write_atomic(self.root / name / "config.pbtxt", config_text)
+        write_atomic(self.model_dir(name) / "config.pbtxt", config_text)
         return Change(name, version, previous, previous_config)
 
     def revert(self, change: Change, why: str) -> None:
@@ -169,20 +204,20 @@ class ModelRepository:
         if change.previous_config is None:
             self.retire(change.name, f"first publish failed: {why}")
         else:
-            write_atomic(self.root / change.name / "config.pbtxt", change.previous_config)
+            write_atomic(self.model_dir(change.name) / "config.pbtxt", change.previous_config)
 
     def set_aside(self, name: str, version: int, why: str) -> Path:
         """Move a version out of Triton's sight, into the archive."""
-        src = self.root / name / str(version)
+        src = self.model_dir(name) / str(version)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-        dest = self.archive / name / "rejected" / f"{version}-{stamp}"
+        dest = self._archived(name) / "rejected" / f"{version}-{stamp}"
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.rename(src, dest)
         (dest.parent / f"{version}-{stamp}.why").write_text(why + "\n")
         return dest
 
     def config_of(self, name: str, version: int) -> str | None:
-        path = self.archive / name / "configs" / f"{version}.pbtxt"
+        path = self._archived(name) / "configs" / f"{version}.pbtxt"
         return path.read_text() if path.exists() else None
 
     def rollback(self, name: str, why: str) -> tuple[int, int]:
@@ -195,20 +230,49 @@ class ModelRepository:
         self.set_aside(name, latest, why)
         config = self.config_of(name, previous)
         if config is not None:
-            write_atomic(self.root / name / "config.pbtxt", config)
+            write_atomic(self.model_dir(name) / "config.pbtxt", config)
         return latest, previous
 
     def retire(self, name: str, why: str) -> Path:
         """Move the whole model out of the repository, into the archive."""
-        src = self.root / name
+        src = self.model_dir(name)
         if not src.is_dir():
             raise RepositoryError(f"no model {name!r} in {self.root}")
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-        dest = self.archive / name / "retired" / stamp
+        dest = self._archived(name) / "retired" / stamp
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.rename(src, dest)
         (dest.parent / f"{stamp}.why").write_text(why + "\n")
         return dest
+
+
+def check_source(src: Path) -> None:
+    """RepositoryError naming the first entry under the folder `src` that is not a regular
+    file or a folder: a symbolic link (wherever it points: copying it would bring in what
+    lies outside `src`), a FIFO (copying would block), a device or a socket."""
+    if not src.is_dir():
+        raise RepositoryError(f"{src}: not a directory")
+
+    def refuse(exc: OSError) -> NoReturn:
+        raise RepositoryError(f"{exc.filename or src}: {exc.strerror or exc}") from exc
+
+    for folder, dirs, files in os.walk(src, onerror=refuse):
+        for entry in sorted(dirs + files):
+            path = Path(folder) / entry
+            try:
+                mode = path.lstat().st_mode
+                target = os.readlink(path) if stat.S_ISLNK(mode) else None
+            except OSError as exc:
+                refuse(exc)
+            if target is not None:
+                raise RepositoryError(
+                    f"{path} is a symbolic link (to {target}): a model folder may hold only "
+                    "regular files and folders"
+                )
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise RepositoryError(
+                    f"{path} is not a regular file or folder (a FIFO, device or socket)"
+                )
 
 
 def _version_content(src: Path) -> Path:

@@ -5,9 +5,12 @@
   where the next `Key=` begins.
 - `squeue --json` and `sacct --json`: the OpenAPI shapes of Slurm 22.05 (v0.0.38) and
   later (v0.0.39+, where numbers become `{"set", "infinite", "number"}` and states become
-  lists). Accessors below accept both.
+  lists). Accessors below accept both. Fields the parsers do not read are ignored, so newer
+  releases that add fields parse as before.
 
-Anything unexpected raises `UnparseableOutput` quoting the raw text.
+Anything unexpected raises `UnparseableOutput` quoting the raw text; for JSON it also says
+what was wrong (not valid JSON, and where: output cut short reads as "truncated?"; not an
+object; no job list).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from bridge.slurm.model import AccountingRecord, Job, Node, Partition, Reservati
 
 _FIELD_START = re.compile(r"\s+(?=[A-Za-z][A-Za-z0-9_/:.]*=)")
 _NULLS = {"", "(null)", "N/A", "n/a", "None"}
+#: what is left of JSON cut inside its last token (a number, true, false or null)
+_PARTIAL_TOKEN = re.compile(r"[\w.+\-]*")
 
 
 # --- scalar accessors tolerant of OpenAPI versions -----------------------------------
@@ -318,14 +323,21 @@ def _load_json(text: str, what: str, key: str) -> list[dict[str, Any]]:
     so every such error counts as transient."""
     try:
         data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UnparseableOutput(_not_json(what, text, exc), text) from exc
+    if not isinstance(data, dict):
+        raise UnparseableOutput(f"{what} output (not a JSON object)", text)
+    try:
         errors = [
             e
             for e in data.get("errors") or []
             if not (isinstance(e, dict) and e.get("error_number") in _BENIGN_ERRORS)
         ]
-        items = data[key]
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise UnparseableOutput(what, text) from exc
+    except TypeError as exc:
+        raise UnparseableOutput(f"{what} output (its 'errors' is not a list)", text) from exc
+    if key not in data:
+        raise UnparseableOutput(f"{what} output (no {key!r} list)", text)
+    items = data[key]
     if errors:
         first = errors[0]
         if isinstance(first, dict):
@@ -335,8 +347,27 @@ def _load_json(text: str, what: str, key: str) -> list[dict[str, Any]]:
             message = str(first)
         raise ControllerUnreachable(f"{what}: {message}")
     if not isinstance(items, list):
-        raise UnparseableOutput(what, text)
+        raise UnparseableOutput(f"{what} output ({key!r} is not a list)", text)
     return items
+
+
+def _not_json(what: str, text: str, exc: json.JSONDecodeError) -> str:
+    """What `UnparseableOutput` says of output that is not JSON: where the decoder stopped
+    and, when that is in the output's last token (or an unterminated string), that it was
+    likely cut short."""
+    if not text.strip():
+        return f"{what} output (empty)"
+    rest = text[exc.pos :].rstrip()
+    cut = exc.msg.startswith("Unterminated string") or _PARTIAL_TOKEN.fullmatch(rest)
+    hint = "; the output ends there: truncated?" if cut else ""
+    why = exc.msg.removesuffix(" starting at")  # "Unterminated string starting at"
+    return f"{what} output (not valid JSON: {why} at char {exc.pos} of {len(text)}{hint})"
+
+
+def _bad_job(command: str, exc: Exception) -> str:
+    """What `UnparseableOutput` says of one job the parser cannot read, and why."""
+    why = f"no field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+    return f"a job in {command} --json ({why or type(exc).__name__})"
 
 
 def _text(value: Any) -> str:
@@ -382,8 +413,8 @@ def parse_squeue_json(text: str) -> list[Job]:
                     ),
                 )
             )
-        except (KeyError, ValueError, TypeError) as exc:
-            raise UnparseableOutput("a job in squeue --json", json.dumps(j)[:2000]) from exc
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise UnparseableOutput(_bad_job("squeue", exc), json.dumps(j)[:2000]) from exc
     return jobs
 
 
@@ -434,6 +465,6 @@ def parse_sacct_json(text: str) -> list[AccountingRecord]:
                     restarts=num(j.get("restart_cnt")) or 0,
                 )
             )
-        except (KeyError, ValueError, TypeError) as exc:
-            raise UnparseableOutput("a job in sacct --json", json.dumps(j)[:2000]) from exc
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise UnparseableOutput(_bad_job("sacct", exc), json.dumps(j)[:2000]) from exc
     return records

@@ -5,6 +5,10 @@ lab tests. Maps every failure onto the two typed errors of `bridge.triton.errors
 answer is `TritonUnreachable`, an answer that says no is `TritonRejected` (Triton's message
 quoted). The model-repository calls carry the restricted-API key in `api_key_header`
 (the lab's Triton requires `X-Stb-Key`, see deploy/slurm/triton-server.sbatch).
+
+The metrics page is read streamed, uncompressed and bounded: a page over
+`MAX_METRICS_BYTES` is refused (`TritonRejected`, naming the limit) once that many bytes
+have come, never read whole; to the observer that replica gave no data.
 """
 
 from __future__ import annotations
@@ -29,6 +33,17 @@ HTTP_PORT = 8000
 
 METRICS_PORT = 8002
 """Triton's default metrics port; the page is http://HOST:8002/metrics."""
+
+MAX_METRICS_BYTES = 16 * 1024 * 1024
+"""The largest metrics page read (bytes as sent, uncompressed). Triton's page is about 150
+bytes a series: 16 MiB holds some 100,000 series, far more than thousands of models emit."""
+
+_QUOTED_BYTES = 200
+"""How much of a refused answer's body an error quotes."""
+
+_UNCOMPRESSED = {"Accept-Encoding": "identity"}
+"""The metrics page is asked for uncompressed: a compressed one could inflate far past the
+limit from a few bytes read."""
 
 # Gateway and "unavailable" answers mean "not now", not "no".
 _TRANSIENT_STATUS = {502, 503, 504}
@@ -157,15 +172,52 @@ class TritonHttpClient:
         return tuple(_statistics(m) for m in stats.get("model_stats", ()))
 
     def metrics_text(self) -> str:
+        """The page as UTF-8 text (undecodable bytes replaced). Asked for and read
+        uncompressed, so every byte counted is a byte held: a page over `MAX_METRICS_BYTES`
+        (or sent compressed) raises `TritonRejected` after reading no more than that."""
         try:
-            r = self._http.get(self.metrics_url)
+            with self._http.stream("GET", self.metrics_url, headers=_UNCOMPRESSED) as r:
+                if r.status_code in _TRANSIENT_STATUS:
+                    raise TritonUnreachable(self._address, "metrics", f"HTTP {r.status_code}")
+                encoding = r.headers.get("content-encoding", "identity").strip().lower()
+                if r.status_code == 200 and encoding != "identity":
+                    raise TritonRejected(
+                        self._address,
+                        "metrics",
+                        f"page sent with Content-Encoding {encoding!r}, not asked for",
+                        r.status_code,
+                    )
+                if r.status_code != 200:
+                    head = _read_at_most(r, _QUOTED_BYTES)[:_QUOTED_BYTES]
+                    raise TritonRejected(self._address, "metrics", _decode(head), r.status_code)
+                page = _read_at_most(r, MAX_METRICS_BYTES)
+                if len(page) > MAX_METRICS_BYTES:
+                    raise TritonRejected(
+                        self._address,
+                        "metrics",
+                        f"page larger than {MAX_METRICS_BYTES} bytes (MAX_METRICS_BYTES): "
+                        "refused, the rest unread",
+                        r.status_code,
+                    )
         except httpx.TransportError as e:
             raise TritonUnreachable(self._address, "metrics", repr(e)) from e
-        if r.status_code in _TRANSIENT_STATUS:
-            raise TritonUnreachable(self._address, "metrics", f"HTTP {r.status_code}")
-        if r.status_code != 200:
-            raise TritonRejected(self._address, "metrics", r.text[:200], r.status_code)
-        return r.text
+        return _decode(page)
+
+
+def _read_at_most(response: httpx.Response, limit: int) -> bytes:
+    """The body as sent (not decompressed): all of it when it is at most `limit` bytes,
+    else its first bytes, more than `limit` (at most one network read past it), so the
+    caller sees that it was cut."""
+    body = bytearray()
+    for chunk in response.iter_raw():
+        body += chunk
+        if len(body) > limit:
+            break
+    return bytes(body)
+
+
+def _decode(body: bytes) -> str:
+    return body.decode("utf-8", errors="replace")
 
 
 def _int_or_none(status: str | None) -> int | None:

@@ -8,8 +8,12 @@ and hands the parser only their lines (see `_relevant`: parsing is most of a tic
 No value is invented: a counter or gauge that is absent, NaN, infinite or negative is None;
 a quantile Triton did not emit, or emitted as NaN (its summaries say "Nan" when the 60 s
 window holds no request), is absent from `Summary.quantiles`. A page the parser rejects
-(or an empty one) gives a `MetricsPage` with no models and `error` set (quoting the parser
-and the page's start), never an exception: to the signal, garbage is "no data".
+(or an empty one) gives a `MetricsPage` with no models and `error` set, never an exception:
+to the signal, garbage is "no data". One bad line spoils the whole page (a corrupt page is
+never half-used); the error names its line number, quotes it and the parser's complaint.
+Lines of `nv_` families the signal does not read are dropped unparsed (see `_relevant`), so
+garbage there spoils nothing. The page's size is bounded where it is fetched
+(`bridge.triton.client.MAX_METRICS_BYTES`).
 
 Triton 2.51 emits (with `--metrics-config summary_latencies=true`):
 counters `nv_inference_request_success`, `nv_inference_request_failure` (one series per
@@ -178,7 +182,7 @@ def parse_page(text: str) -> MetricsPage:
                 _summary_sample(sacc, name, s.name, s.labels, s.value)
     except (ValueError, IndexError, KeyError, TypeError) as e:
         # prometheus_client raises ValueError on malformed text (the others defensively).
-        return MetricsPage(MappingProxyType({}), error=f"unparseable page ({e}): {text[:120]!r}")
+        return MetricsPage(MappingProxyType({}), error=_unparseable(text, e))
     models: dict[ModelKey, ModelSample] = {}
     for key, acc in fields.items():
         values = {f: _field(v) for f, v in acc.items()}
@@ -202,19 +206,32 @@ def _relevant(text: str) -> str:
     lines naming an `nv_` family outside `_WANTED` are dropped; anything else, garbage
     included, still goes to the parser, so a malformed page is still an error.
     """
-    kept: list[str] = []
-    for line in text.split("\n"):
-        if line.startswith("nv_"):
-            end = line.find("{")
-            name = line[: end if end >= 0 else line.find(" ")]
-        elif line.startswith(("# HELP nv_", "# TYPE nv_")):
-            name = line[7 : line.find(" ", 7)]
-        else:
-            kept.append(line)
+    return "\n".join(line for line in text.split("\n") if _kept(line))
+
+
+def _kept(line: str) -> bool:
+    """Whether `_relevant` keeps the line: it names no `nv_` family, or a wanted one."""
+    if line.startswith("nv_"):
+        end = line.find("{")
+        return line[: end if end >= 0 else line.find(" ")] in _WANTED
+    if line.startswith(("# HELP nv_", "# TYPE nv_")):
+        return line[7 : line.find(" ", 7)] in _WANTED
+    return True
+
+
+def _unparseable(text: str, error: Exception) -> str:
+    """Why the page was refused: the first line the parser refuses on its own (its number
+    on the page, the line quoted, the parser's words). Only called on a refused page: the
+    parser's errors name no line, and each of them comes from one line alone."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if not _kept(line):
             continue
-        if name in _WANTED:
-            kept.append(line)
-    return "\n".join(kept)
+        try:
+            for _ in text_string_to_metric_families(line):
+                pass
+        except (ValueError, IndexError, KeyError, TypeError) as e:
+            return f"unparseable page: line {number} {line[:120]!r}: {str(e) or type(e).__name__}"
+    return f"unparseable page ({error}): {text[:120]!r}"
 
 
 def _key(labels: Mapping[str, str]) -> ModelKey | None:

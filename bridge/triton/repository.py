@@ -9,6 +9,11 @@ ModelConfig protobuf (shipped with tritonclient), and the bridge's metadata kept
 
 Read by the ledger's ingest (a served model's team) and by `stb models` (publishing
 validates a model with `check_model` before anything is written).
+
+A config is read only when it is a regular file of at most `MAX_CONFIG_BYTES` (it is not
+read past that), in UTF-8, nested at most `MAX_CONFIG_DEPTH` messages deep (checked before
+the protobuf parser sees it); anything else is a `ModelConfigError` naming the file and
+what was wrong.
 """
 
 from __future__ import annotations
@@ -29,6 +34,14 @@ MAX_PARAMETER = "stb.max_replicas"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 #: names the repository uses for itself, or that read as something else
 RESERVED_NAMES = frozenset({"stb", "staging", "retired", "config", "models", "v2", "metrics"})
+MAX_CONFIG_BYTES = 1024 * 1024
+"""The largest config.pbtxt read; real ones are a few KiB."""
+MAX_CONFIG_DEPTH = 32
+"""The deepest nesting of messages (`{`/`<`) a config may have; Triton's deepest is ~6."""
+#: how much of the protobuf parser's complaint an error quotes (it may quote a whole token)
+_QUOTED_CHARS = 300
+#: what nests in text format: strings and comments (skipped whole) and message brackets
+_NESTING_TOKEN = re.compile(r""""(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|#[^\n]*|[{<}>]""")
 
 
 class ModelConfigError(ValueError):
@@ -47,18 +60,59 @@ class ModelMeta:
 
 def read_config(model_dir: Path) -> model_config_pb2.ModelConfig:
     path = model_dir / "config.pbtxt"
+    return parse_config(read_config_text(path), str(path))
+
+
+def read_config_text(path: Path) -> str:
+    """The text of a config.pbtxt: a regular file (a FIFO or device is never opened) of at
+    most `MAX_CONFIG_BYTES`, in UTF-8; ModelConfigError naming the file otherwise."""
     try:
-        text = path.read_text()
+        if not path.is_file():
+            what = "missing" if not path.exists() else "not a regular file"
+            raise ModelConfigError(f"{path}: {what}")
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ModelConfigError(f"{path}: {exc.strerror or exc}") from exc
-    return parse_config(text, str(path))
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ModelConfigError(
+            f"{path}: larger than {MAX_CONFIG_BYTES} bytes (MAX_CONFIG_BYTES); not read further"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
 
 
 def parse_config(text: str, where: str) -> model_config_pb2.ModelConfig:
+    _check_nesting(text, where)
     try:
         return text_format.Parse(text, model_config_pb2.ModelConfig())
     except text_format.ParseError as exc:
-        raise ModelConfigError(f"{where}: not a Triton ModelConfig: {exc}") from exc
+        words = str(exc)
+        if len(words) > _QUOTED_CHARS:
+            words = f"{words[:_QUOTED_CHARS]}... ({len(words)} chars)"
+        raise ModelConfigError(f"{where}: not a Triton ModelConfig: {words}") from exc
+    except RecursionError as exc:  # guarded above; kept in case the parser recurses anyway
+        raise ModelConfigError(f"{where}: nested too deeply to parse") from exc
+
+
+def _check_nesting(text: str, where: str) -> None:
+    """ModelConfigError when messages nest deeper than `MAX_CONFIG_DEPTH` (brackets inside
+    strings and comments do not count)."""
+    depth = 0
+    for token in _NESTING_TOKEN.finditer(text):
+        bracket = token.group()
+        if bracket in ("{", "<"):
+            depth += 1
+            if depth > MAX_CONFIG_DEPTH:
+                line = text.count("\n", 0, token.start()) + 1
+                raise ModelConfigError(
+                    f"{where}: line {line}: messages nested deeper than {MAX_CONFIG_DEPTH} "
+                    "(MAX_CONFIG_DEPTH)"
+                )
+        elif bracket in ("}", ">"):
+            depth = max(depth - 1, 0)
 
 
 def parameters(model_dir: Path) -> dict[str, str]:
@@ -69,8 +123,9 @@ def parameters(model_dir: Path) -> dict[str, str]:
 
 def check_name(name: str) -> str:
     if not NAME_RE.fullmatch(name or ""):
+        shown = repr(name) if len(name) <= 80 else f"{name[:80]!r}... ({len(name)} chars)"
         raise ModelConfigError(
-            f"invalid model name {name!r}: 1-64 letters, digits, '_' or '-', starting with "
+            f"invalid model name {shown}: 1-64 letters, digits, '_' or '-', starting with "
             "a letter or digit (no '/', '.', or '..')"
         )
     if name.lower() in RESERVED_NAMES:
