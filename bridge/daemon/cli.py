@@ -465,9 +465,7 @@ def resume(
 
 def token(
     name: Annotated[str, typer.Argument(help="Who the token is for (recorded with requests).")],
-    roles: Annotated[
-        str, typer.Option(help="Comma-separated roles: finance, operator, metrics.")
-    ],
+    roles: Annotated[str, typer.Option(help="Comma-separated roles: finance, operator, metrics.")],
     tokens_file: Annotated[
         Path | None, typer.Option("--file", help="Tokens file (default: [api] tokens_file).")
     ] = None,

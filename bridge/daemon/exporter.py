@@ -81,8 +81,10 @@ class BridgeMetrics:
             "The leader row's epoch this instance holds (0: standing by or not PostgreSQL).",
             registry=r,
         )
-        self.active.labels(instance).set(1)
-        self._role = "active"
+        #: whether this instance acts, read when scraped (the leader election's answer
+        #: as of now, not as of its last beat)
+        self.is_active: Callable[[], bool] = lambda: True
+        self.active.labels(instance).set_function(lambda: float(self.is_active()))
         self.leases = Gauge("stb_leases", "Leases by state.", ["state"], registry=r)
         self.lends = Counter("stb_lends", "Nodes lent, by pool.", ["pool"], registry=r)
         self.returns = Counter(
@@ -200,10 +202,12 @@ class BridgeMetrics:
             self._last_good = self._clock()
             self.last_good_tick.set(self._last_good)
 
-    def record_role(self, active: bool, epoch: int | None) -> None:
-        """The leader election's latest answer for this instance."""
-        self._role = "active" if active else "standby"
-        self.active.labels(self.instance).set(1 if active else 0)
+    @property
+    def role(self) -> str:
+        return "active" if self.is_active() else "standby"
+
+    def record_epoch(self, epoch: int | None) -> None:
+        """The leader row's epoch this instance holds (None: standing by)."""
         self.leader_epoch.set(epoch or 0)
 
     def record_exception(self, exc: BaseException) -> None:
@@ -218,13 +222,18 @@ class BridgeMetrics:
         the body names the last pass's outcome and errors."""
         now = self._clock()
         if self._last_good is None:
-            return False, {"healthy": False, "reason": "no tick has completed yet"}
+            return False, {
+                "healthy": False,
+                "reason": "no tick has completed yet",
+                "role": self.role,
+                "instance": self.instance,
+            }
         age = now - self._last_good
         ok = age <= 3 * tick_s
         body: dict[str, object] = {
             "healthy": ok,
             "last_good_tick_age_s": round(age, 3),
-            "role": self._role,
+            "role": self.role,
             "instance": self.instance,
         }
         if not ok:

@@ -127,6 +127,8 @@ def build(
     requests = RequestQueue(engine, fence)
     slurm = open_backend(env=slurm_env)
     metrics = BridgeMetrics(instance=instance_name(config))
+    if lease is not None:
+        metrics.is_active = lambda: lease.active
     feed = None
     if config.accounting.ingest_interval_s > 0:
         feed = LedgerFeed(config, open_ledger(config.accounting.ledger_url))
@@ -267,6 +269,13 @@ def run_daemon(config: BridgeConfig) -> None:
         election = bridge.leader
         if election is not None:
             _beat(bridge, scheduler)
+            if not election.active:
+                held = leader.current(election.engine)
+                log.info(
+                    "%s is standing by: %s leads",
+                    bridge.instance,
+                    f"{held.holder} (epoch {held.epoch})" if held else "nobody yet",
+                )
             scheduler.add_job(
                 _beat,
                 "interval",
@@ -332,7 +341,7 @@ def _beat(bridge: Bridge, scheduler: BaseScheduler) -> None:
     assert election is not None
     was = election.epoch is not None
     now_active = election.beat()
-    bridge.metrics.record_role(now_active, election.epoch)
+    bridge.metrics.record_epoch(election.epoch)
     if now_active and not was:
         log.info("%s is now the active bridge (epoch %s)", bridge.instance, election.epoch)
         if scheduler.running:

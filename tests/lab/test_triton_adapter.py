@@ -4,8 +4,10 @@ and sane rates across a restart (the job cancelled and a new one on the same nod
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,7 +101,33 @@ def test_client_satisfies_the_protocol_and_uses_the_lab_header(client: TritonHtt
     assert isinstance(client, TritonInstance)
     # the header the servers are started with is the one the client sends
     script = triton_sbatch().read_text()
-    assert f"model-repository:{DEFAULT_API_KEY_HEADER}=$key" in script
+    assert f"model-repository:{DEFAULT_API_KEY_HEADER}=@STB_KEY@" in script
+
+
+def test_the_key_is_on_no_command_line_and_in_no_environment(
+    lab: LabSpec, client: TritonHttpClient
+) -> None:
+    """What another user of the node sees of the Triton job: its command line holds the
+    placeholder, its environment is not theirs to read and holds no key anyway, and the
+    job's log holds no key; the key still opens the repository API."""
+    key = triton.api_key(lab)
+    pids = subprocess.run(
+        ["pgrep", "-f", "bin/tritonserver"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert pids
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    # ww: whole command lines (ps cuts them to 80 columns off a terminal)
+    seen = subprocess.run([*nobody, "ps", "-eo", "args", "ww"], capture_output=True, text=True)
+    assert seen.returncode == 0 and "tritonserver" in seen.stdout
+    assert key not in seen.stdout and "X-Stb-Key=@STB_KEY@" in seen.stdout
+    for pid in pids:
+        assert key.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert key.encode() not in Path(f"/proc/{pid}/environ").read_bytes()  # as root
+        other = subprocess.run([*nobody, "cat", f"/proc/{pid}/environ"], capture_output=True)
+        assert other.returncode != 0 and b"Permission denied" in other.stderr
+    for log in lab.log_dir.glob("triton-*.log"):
+        assert key not in log.read_text(errors="replace")
+    client.load_model("echo")  # the key works: the shim put it where Triton reads it
 
 
 def test_live_and_ready(client: TritonHttpClient) -> None:
