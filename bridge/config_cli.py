@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from bridge.config import BridgeConfig, ConfigError, load_config, unknown_env
 
@@ -29,8 +30,9 @@ def load_or_exit(path: Path | None) -> BridgeConfig:
 
 
 def fail(exc: Exception) -> typer.Exit:
-    """Print `exc` as the command's error (one unwrapped line) and return the exit."""
-    errors.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+    """Print `exc` as the command's error (one unwrapped line) and return the exit. The
+    text is escaped: an error quoting `[gpu:1]` or `[/x]` from its input prints as is."""
+    errors.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
     return typer.Exit(code=1)
 
 

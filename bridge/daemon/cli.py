@@ -22,6 +22,7 @@ import httpx
 import typer
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bridge.config import BridgeConfig
@@ -374,7 +375,7 @@ class Channel:
 
 
 def _fail(message: str) -> NoReturn:
-    console.print(f"[red]error:[/red] {message}")
+    console.print(f"[red]error:[/red] {escape(message)}")
     raise typer.Exit(code=1)
 
 
