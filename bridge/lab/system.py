@@ -26,6 +26,8 @@ PACKAGES = {
     "munged": "munge",
     "nginx": "nginx-light",
     "prometheus": "prometheus",
+    # the C compiler builds the Triton key shim (bridge.daemon.keyshim)
+    "cc": "gcc",
 }
 GPU_MAJOR = 195  # the NVIDIA character-device major number, for realism only
 
@@ -68,8 +70,8 @@ def apt_install(packages: list[str], say: Say) -> None:
 
 
 def ensure_packages(say: Say) -> None:
-    """Install the Slurm, munge and nginx packages that are missing, and the libpython
-    that Triton's Python-backend stub links against."""
+    """Install the Slurm, munge, nginx, Prometheus and C compiler packages that are
+    missing, and the libpython that Triton's Python-backend stub links against."""
     missing = sorted({pkg for binary, pkg in PACKAGES.items() if not _which(binary)})
     ver = f"{sys.version_info.major}.{sys.version_info.minor}"
     libpython = f"libpython{ver}.so.1.0"
@@ -83,6 +85,8 @@ def ensure_packages(say: Say) -> None:
         )
     ):
         missing.append(f"libpython{ver}")
+    if not Path("/usr/include/stdio.h").exists():  # libc's headers, for the key shim
+        missing.append("libc6-dev")
     apt_install(missing, say)
 
 
