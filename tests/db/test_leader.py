@@ -1,8 +1,10 @@
 """The leader row on the real PostgreSQL: one holder, takeover after the TTL, fencing of
-a deposed holder's writes, a race of many standbys, release, and a lost database."""
+a deposed holder's writes, a race of many standbys, release, a lost database, and what
+`stb status` says of it."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import UTC, datetime
@@ -11,7 +13,9 @@ import psycopg
 import pytest
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
+from typer.testing import CliRunner
 
+from bridge.cli import app
 from bridge.leases import leader
 from bridge.leases.leader import Fenced, LeaderLease
 from bridge.leases.requests import RequestQueue
@@ -149,3 +153,27 @@ def test_sqlite_has_no_leader_row(tmp_path: object) -> None:
     assert not leader.supported(engine) and leader.current(engine) is None
     with pytest.raises(ValueError, match="needs PostgreSQL"):
         LeaderLease(engine, "a", TTL)
+
+
+def test_status_names_the_active_instance_and_the_holds(
+    engine: Engine, postgres_database: str, tmp_path: object
+) -> None:
+    a = LeaderLease(engine, "host-a:41", 30)
+    assert a.beat()
+    RequestQueue(engine).hold("training", datetime.now(UTC), "olga", "firmware")
+    cfg = f'database_url = "{postgres_database}"\n[daemon]\nexporter_listen = "127.0.0.1:1"\n'
+    path = f"{tmp_path}/bridge.toml"
+    with open(path, "w") as f:
+        f.write(cfg)
+    out = CliRunner().invoke(app, ["status", "--json", "-c", path])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert doc["leader"]["instance"] == "host-a:41" and doc["leader"]["epoch"] == 1
+    assert doc["leader"]["expires_in_s"] > 0
+    assert doc["holds"]["training"]["by"] == "olga"
+    text = CliRunner().invoke(app, ["status", "-c", path]).output
+    assert "active bridge: host-a:41 (epoch 1" in text
+    assert "pool training held by olga" in text and "firmware" in text
+    a.release()
+    text = CliRunner().invoke(app, ["status", "-c", path]).output
+    assert "no active bridge: host-a:41's lease ran out" in text
