@@ -63,10 +63,13 @@ class DaemonView:
     health: dict[str, Any] | None = None
 
 
-def _daemon_view(exporter: str) -> DaemonView | None:
+def _daemon_view(exporter: str, tls: bool = False) -> DaemonView | None:
+    # /metrics and /healthz are the open paths: no token is sent, so an HTTPS exporter's
+    # certificate (often issued for a name, not the listen address) is not checked here
+    base = f"{'https' if tls else 'http'}://{exporter}"
     try:
-        text = httpx.get(f"http://{exporter}/metrics", timeout=2).text
-        health = httpx.get(f"http://{exporter}/healthz", timeout=2).json()
+        text = httpx.get(f"{base}/metrics", timeout=2, verify=not tls).text
+        health = httpx.get(f"{base}/healthz", timeout=2, verify=not tls).json()
     except (httpx.HTTPError, ValueError):
         return None
     view = DaemonView(health=health)
@@ -84,7 +87,7 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
     engine = make_engine(cfg.database_url)
     create_schema(engine)
     store = LeaseStore(engine)
-    daemon = _daemon_view(cfg.daemon.exporter_listen)
+    daemon = _daemon_view(cfg.daemon.exporter_listen, cfg.api.tls_cert is not None)
     settings = Settings.of(cfg)
     leases = [
         {
