@@ -359,6 +359,36 @@ class DaemonConfig(_Strict):
     )
 
 
+class ObserveConfig(_Strict):
+    """Where each tick's latency and load signal comes from."""
+
+    source: Literal["direct", "prometheus"] = Field(
+        default="direct",
+        description="direct: scrape every Triton server's metrics page each tick (small "
+        "sites); prometheus: a few PromQL queries over deploy/prometheus/rules.yml (at "
+        "scale; the signal lags by up to a scrape and a rule interval).",
+    )
+    prometheus_url: str = Field(
+        default="http://127.0.0.1:9090",
+        description="The Prometheus server that scrapes the Triton servers (source = prometheus).",
+    )
+    max_staleness_s: float = Field(
+        default=15,
+        gt=0,
+        description="A replica whose last successful scrape is older than this gives no "
+        "data (never a calm reading): three 5 s scrape intervals.",
+    )
+    concurrency: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Triton servers asked at once each tick (readiness, models, and on the "
+        "direct path the metrics page); 1 asks them in turn on the tick's thread. A site "
+        "with hundreds of servers sets 8-32.",
+    )
+    timeout_s: float = Field(default=3, gt=0, description="Seconds a Prometheus query may take.")
+
+
 class ApiConfig(_Strict):
     """Who may use the HTTP API (every path but /metrics and /healthz), and TLS."""
 
@@ -478,6 +508,7 @@ class BridgeConfig(BaseSettings):
     leases: LeaseConfig = Field(default_factory=LeaseConfig)
     daemon: DaemonConfig = Field(default_factory=DaemonConfig)
     api: ApiConfig = Field(default_factory=ApiConfig)
+    observe: ObserveConfig = Field(default_factory=ObserveConfig)
     accounting: AccountingConfig = Field(default_factory=AccountingConfig)
 
     @model_validator(mode="after")

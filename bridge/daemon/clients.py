@@ -11,7 +11,7 @@ daemon, so its connections stay warm between passes.
 `forget(address)` closes the calling thread's client for a server before the bridge stops
 it (an open keep-alive connection makes tritonserver wait out its whole exit timeout, 20 s
 in the lab, before it exits); other threads' clients for that address are dropped and
-closed by their own thread the next time it asks for that address.
+closed by their own thread the next time it asks for that address, or calls `purge()`.
 """
 
 from __future__ import annotations
@@ -61,6 +61,17 @@ class TritonClients:
         held = self._cache().pop(address, None)
         if held is not None:
             held[1].close()
+
+    def purge(self) -> None:
+        """Close the calling thread's clients of forgotten servers (the observe step runs
+        this on each of its pool's threads every tick, so a stopped server's keep-alive
+        connections close within a tick)."""
+        cache = self._cache()
+        for address, (generation, client) in list(cache.items()):
+            if generation != self._generation.get(address, 0):
+                del cache[address]
+                with contextlib.suppress(Exception):
+                    client.close()
 
     def close(self) -> None:
         """Close every thread's clients (at shutdown, when their threads are idle)."""

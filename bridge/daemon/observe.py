@@ -2,10 +2,14 @@
 
 Called by the reconciler once per tick (and by lab tools that want the same view). It reads
 the Slurm adapter (nodes, active jobs, reservations: one batched query each), asks every
-running Triton job's server whether it is ready and which models it holds, scrapes its
-metrics and folds them into each model's latency history (the last N samples the policy's
-consecutive counts need). The planner, the policy and routing all read this one value;
-nothing reads the adapters' answers any other way.
+running Triton job's server whether it is ready and which models it holds
+(`[observe] concurrency` at once, on a pool of threads), and folds the latency signal into
+each model's history (the last N samples the policy's consecutive counts need). The
+signal comes from each server's metrics page (`[observe] source = "direct"`), or from the
+site's Prometheus server (`"prometheus"`, `bridge.triton.prometheus`: two queries a tick
+whatever the fleet's size; a leased replica's page is still read, for its drain). The
+planner, the policy and routing all read this one value; nothing reads the adapters'
+answers any other way.
 
 Failures to reach one Triton server make that replica "not ready" and its models' sample
 "no data"; they never raise. A metrics page refused by the client (over its size limit) or
@@ -18,12 +22,17 @@ tick).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from bridge.config import BridgeConfig
+from bridge.daemon.launcher import lease_of
 from bridge.daemon.observation import RESERVATION_PREFIX, Observation, TritonServer
 from bridge.policy import history_depth
 from bridge.policy.snapshot import ModelSample
@@ -32,9 +41,10 @@ from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.client import HTTP_PORT
 from bridge.triton.errors import TritonError
 from bridge.triton.metrics import MetricsPage, parse_page
+from bridge.triton.prometheus import PrometheusError, PrometheusSignal
 from bridge.triton.protocol import TritonInstance
+from bridge.triton.signal import InstanceSignal, instance_signal, model_signals
 from bridge.triton.signal import Observation as Scrape
-from bridge.triton.signal import instance_signal, model_signals
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +62,7 @@ class Observer:
         triton_for: Callable[[str], TritonInstance],
         clock: Callable[[], float] = time.monotonic,
         on_page: Callable[[str, str, float, MetricsPage], None] | None = None,
+        prometheus: PrometheusSignal | None = None,
     ) -> None:
         self._slurm = slurm
         #: called with (job id, address, wall time, page) for each scraped instance: the
@@ -60,25 +71,43 @@ class Observer:
         self._config = config
         self._triton_for = triton_for
         self._clock = clock
+        #: the signal's source at scale (`[observe] source = "prometheus"`); None: direct
+        self._prometheus = prometheus
         depth = history_depth(config)
         self._history: dict[str, deque[ModelSample]] = {
             m: deque(maxlen=depth) for m in config.models
         }
         self._previous: dict[str, Scrape] = {}
+        #: more than one: servers are asked on a pool of threads (each keeps its own
+        #: clients, `bridge.daemon.clients`); one: on the caller's thread, as before
+        self._workers = config.observe.concurrency
+        self._pool = (
+            ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="stb-observe")
+            if self._workers > 1
+            else None
+        )
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._prometheus is not None:
+            self._prometheus.close()
 
     def latest(self, model: str) -> ModelSample | None:
         """The model's most recent sample (None before the first tick)."""
         history = self._history.get(model)
         return history[-1] if history else None
 
-    def _server(self, job: Job, node: Node, now: float) -> tuple[TritonServer, Scrape | None]:
-        """Ask one Triton job's server; its scrape when it is ready and answered."""
+    def _server(
+        self, job: Job, node: Node, read_page: bool
+    ) -> tuple[TritonServer, MetricsPage | None, float]:
+        """Ask one Triton job's server (on a pool thread); its page when it was read."""
         address = f"{node.addr}:{HTTP_PORT}"
         ready = False
         models: tuple[str, ...] = ()
         unavailable: dict[str, str] = {}
         pending: dict[str, float] = {}
-        scrape = None
+        page = None
         try:
             client = self._triton_for(address)
             ready = client.is_ready()
@@ -86,17 +115,16 @@ class Observer:
                 index = client.repository_index()
                 models = tuple(sorted(m.name for m in index if m.state == "READY"))
                 unavailable = {m.name: m.reason for m in index if m.state == "UNAVAILABLE"}
-                page = parse_page(client.metrics_text())
-                for sample in page.models.values():
-                    pending[sample.model] = pending.get(sample.model, 0.0) + (
-                        sample.pending_requests or 0.0
-                    )
-                if self._on_page is not None:
-                    self._on_page(job.job_id, address, now, page)
-                scrape = Scrape(address, self._clock(), page, incarnation=job.job_id)
+                if read_page:
+                    page = parse_page(client.metrics_text())
+                    for sample in page.models.values():
+                        pending[sample.model] = pending.get(sample.model, 0.0) + (
+                            sample.pending_requests or 0.0
+                        )
         except TritonError as exc:
             log.info("Triton of job %s at %s: %s", job.job_id, address, exc)
-        return TritonServer(job, node.name, address, ready, models, pending, unavailable), scrape
+        server = TritonServer(job, node.name, address, ready, models, pending, unavailable)
+        return server, page, self._clock()
 
     def observe(self, now: float) -> Observation:
         """Read Slurm and every running Triton server; raises the Slurm adapter's errors."""
@@ -105,22 +133,43 @@ class Observer:
         all_reservations = self._slurm.reservations()
         reservations = frozenset(r.name for r in all_reservations)
         site = tuple(r for r in all_reservations if not r.name.startswith(RESERVATION_PREFIX))
-        servers = []
-        signals = []
-        for job in jobs:
-            if TRITON_TAG not in job.tags or job.state != "RUNNING" or len(job.nodes) != 1:
-                continue
-            node = nodes.get(job.nodes[0])
-            if node is None:
-                continue
-            server, scrape = self._server(job, node, now)
-            servers.append(server)
-            if scrape is not None:
+        asked = [
+            (job, nodes[job.nodes[0]])
+            for job in jobs
+            if TRITON_TAG in job.tags
+            and job.state == "RUNNING"
+            and len(job.nodes) == 1
+            and job.nodes[0] in nodes
+        ]
+        direct = self._prometheus is None
+
+        # Leased replicas' pages are read on both paths: their drain waits on the pending
+        # requests of now, not of Prometheus' last scrape.
+        def ask(jn: tuple[Job, Node]) -> tuple[TritonServer, MetricsPage | None, float]:
+            return self._server(jn[0], jn[1], direct or lease_of(jn[0].tags) is not None)
+
+        if self._pool is None:
+            answers = [ask(jn) for jn in asked]
+        else:
+            self._purge_pool()
+            answers = list(self._pool.map(ask, asked))
+        servers = [server for server, _, _ in answers]
+        for server, page, _ in answers:
+            if page is not None and self._on_page is not None:
+                self._on_page(server.job.job_id, server.address, now, page)
+        if direct:
+            signals = []
+            for server, page, at in answers:
+                if page is None:
+                    continue
+                scrape = Scrape(server.address, at, page, incarnation=server.job.job_id)
                 signals.append(instance_signal(self._previous.get(server.address), scrape))
                 self._previous[server.address] = scrape
-        live = {s.address for s in servers}
-        for gone in set(self._previous) - live:
-            del self._previous[gone]
+            live = {s.address for s in servers}
+            for gone in set(self._previous) - live:
+                del self._previous[gone]
+        else:
+            signals, servers = self._from_prometheus(servers)
         per_model = model_signals(signals)
         for model, history in self._history.items():
             sig = per_model.get(model)
@@ -143,3 +192,43 @@ class Observer:
             {m: tuple(h) for m, h in self._history.items()},
             site,
         )
+
+    def _purge_pool(self) -> None:
+        """Have each pool thread close its clients of servers the bridge stopped."""
+        purge = getattr(self._triton_for, "purge", None)
+        if purge is None or self._pool is None:
+            return
+        barrier = threading.Barrier(self._workers, timeout=1.0)
+
+        def once() -> None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait()  # every worker takes exactly one of these
+            purge()
+
+        for f in [self._pool.submit(once) for _ in range(self._workers)]:
+            f.result()
+
+    def _from_prometheus(
+        self, servers: list[TritonServer]
+    ) -> tuple[list[InstanceSignal], list[TritonServer]]:
+        """The replicas' signals from Prometheus (those of running, ready servers only),
+        and the servers with Prometheus' pending counts where their page was not read."""
+        assert self._prometheus is not None
+        try:
+            reading = self._prometheus.read()
+        except PrometheusError as exc:
+            log.warning("Prometheus: %s: no signal this tick", exc)
+            return [], servers
+        ready = {s.job.job_id for s in servers if s.ready}
+        signals = [sig for job, sig in reading.instances.items() if job in ready]
+        out = []
+        for s in servers:
+            sig = reading.instances.get(s.job.job_id)
+            if s.pending or sig is None or lease_of(s.job.tags) is not None:
+                out.append(s)
+                continue
+            pending: dict[str, float] = {}
+            for w in sig.models:
+                pending[w.model] = pending.get(w.model, 0.0) + (w.pending or 0.0)
+            out.append(replace(s, pending=pending))
+        return signals, out

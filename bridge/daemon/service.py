@@ -50,6 +50,7 @@ from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxControl, NginxProcess
 from bridge.routing.publisher import RoutingPublisher
 from bridge.slurm.select import open_backend
+from bridge.triton.prometheus import PrometheusSignal
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class Bridge:
         return instance_name(self.config)
 
     def close(self) -> None:
+        self.reconciler.observer.close()
         self.clients.close()
         if self.nginx is not None:
             self.nginx.stop()
@@ -153,7 +155,13 @@ def build(
         config,
         slurm,
         store,
-        Observer(slurm, config, clients, on_page=feed.record_page if feed else None),
+        Observer(
+            slurm,
+            config,
+            clients,
+            on_page=feed.record_page if feed else None,
+            prometheus=prometheus_source(config),
+        ),
         clients,
         publisher,
         metrics,
@@ -162,6 +170,14 @@ def build(
         is_active=(lambda: lease.active) if lease is not None else None,
     )
     return Bridge(config, reconciler, metrics, publisher, proc, clients, feed, lease, requests)
+
+
+def prometheus_source(config: BridgeConfig) -> PrometheusSignal | None:
+    """The Prometheus signal source when `[observe] source = "prometheus"`."""
+    o = config.observe
+    if o.source != "prometheus":
+        return None
+    return PrometheusSignal(o.prometheus_url, o.max_staleness_s, o.timeout_s)
 
 
 def api_routes(bridge: Bridge) -> dict[str, Endpoint]:

@@ -1,6 +1,8 @@
 """A real Prometheus with deploy/prometheus's configuration finds, through the bridge's
 http_sd document, the bridge itself and every ready Triton server (the baseline and a lent
-replica) and scrapes them; its alert rules load."""
+replica) and scrapes them; its alert and recording rules load; under steady load the
+signal read from Prometheus (`[observe] source = "prometheus"`) agrees with the direct
+path's, and a replica whose last scrape is too old gives no data."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +29,11 @@ from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
 from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
+from bridge.triton.client import TritonHttpClient
+from bridge.triton.metrics import parse_page
+from bridge.triton.prometheus import PrometheusSignal
+from bridge.triton.signal import Observation as Scrape
+from bridge.triton.signal import instance_signal, model_signals
 
 pytestmark = pytest.mark.lab
 
@@ -58,7 +66,8 @@ def test_prometheus_scrapes_the_bridge_and_every_ready_triton(
     text = (project_root() / "deploy" / "prometheus" / "prometheus.yml").read_text()
     assert "127.0.0.1:9108" in text
     (conf_dir / "prometheus.yml").write_text(text.replace("127.0.0.1:9108", exporter))
-    shutil.copy(project_root() / "deploy" / "prometheus" / "alerts.yml", conf_dir)
+    for rule_file in ("alerts.yml", "rules.yml"):
+        shutil.copy(project_root() / "deploy" / "prometheus" / rule_file, conf_dir)
     shutil.copy(token_file(lab.api_dir, "metrics"), conf_dir / "stb-metrics.token")
     finance = {"Authorization": f"Bearer {token_file(lab.api_dir, 'finance').read_text().strip()}"}
     port = _free_port()
@@ -151,12 +160,16 @@ def test_prometheus_scrapes_the_bridge_and_every_ready_triton(
             with ledger.connect() as conn:
                 samples = conn.execute(sql("SELECT DISTINCT model FROM serving_sample")).all()
             assert {m for (m,) in samples} >= {"busy", "echo"}
-            rules = httpx.get(f"{url}/api/v1/rules").json()["data"]["groups"][0]["rules"]
+            rule_groups = httpx.get(f"{url}/api/v1/rules").json()["data"]["groups"]
+            rules = [r for g in rule_groups for r in g["rules"]]
             assert {r["name"] for r in rules} >= {
                 "StbSloBreachSustained",
                 "StbLeaseStuck",
                 "StbNoGoodTick",
+                "stb:triton_success:rate20s",
+                "stb:triton_p99_us:max",
             }
+            _signals_agree(lab, daemon_config, url)
         finally:
             prom.send_signal(signal.SIGTERM)
             daemon.send_signal(signal.SIGTERM)
@@ -167,3 +180,58 @@ def test_prometheus_scrapes_the_bridge_and_every_ready_triton(
                     proc.kill()
             for job in cli.jobs(tag="stb:triton"):
                 cli.cancel(job.job_id)
+
+
+def _direct_busy(lab: LabSpec, seconds: float) -> Any:
+    """The direct path's signal of `busy` over `seconds`: every ready Triton's page read
+    twice, folded as the observe step folds them."""
+    addrs = {n.name: n.addr for n in lab.nodes}
+    servers = [
+        TritonHttpClient(f"{addrs[j.nodes[0]]}:8000")
+        for j in SlurmCLI(env=lab.env()).jobs(tag="stb:triton")
+        if j.state == "RUNNING"
+    ]
+    first = [Scrape(c.address, time.monotonic(), parse_page(c.metrics_text())) for c in servers]
+    time.sleep(seconds)
+    later = [Scrape(c.address, time.monotonic(), parse_page(c.metrics_text())) for c in servers]
+    return model_signals(instance_signal(a, b) for a, b in zip(first, later, strict=True))["busy"]
+
+
+def _signals_agree(lab: LabSpec, daemon_config: Path, url: str) -> None:
+    """Under steady load on `busy` (both replicas, through the bridge's nginx), the
+    Prometheus path's signal agrees with the direct path's; with a staleness bound no
+    scrape meets, every replica is no data."""
+    listen = next(
+        line.split('"')[1]
+        for line in daemon_config.read_text().splitlines()
+        if line.startswith("listen")
+    )
+    body = {"inputs": [{"name": "INPUT0", "shape": [8], "datatype": "FP32", "data": [1.0] * 8}]}
+    stop = threading.Event()
+
+    def load() -> None:  # about 20 requests a second, loopback only, for this test's life
+        with httpx.Client(timeout=5) as client:
+            while not stop.is_set():
+                client.post(f"http://{listen}/v2/models/busy/infer", json=body)
+                stop.wait(0.05)
+
+    sender = threading.Thread(target=load, daemon=True)
+    sender.start()
+    try:
+        time.sleep(25)  # the 20 s rate window full of steady load
+        direct = _direct_busy(lab, 10)
+        source = PrometheusSignal(url)
+        reading = source.read()
+        via = model_signals(reading.instances.values())["busy"]
+        print(f"\nbusy direct: {direct}\nbusy via Prometheus: {via}")
+        assert via.instances == direct.instances == 2 and reading.stale == frozenset()
+        assert via.request_rate == pytest.approx(direct.request_rate, rel=0.25)
+        assert via.mean_latency_ms == pytest.approx(direct.mean_latency_ms, rel=0.5, abs=2)
+        assert via.mean_compute_ms == pytest.approx(direct.mean_compute_ms, rel=0.5, abs=2)
+        assert via.p99_ms == pytest.approx(direct.p99_ms, rel=0.5, abs=5)
+        stale = PrometheusSignal(url, max_staleness_s=1e-6).read()
+        assert stale.instances == {} and len(stale.stale) == 2
+        source.close()
+    finally:
+        stop.set()
+        sender.join(10)

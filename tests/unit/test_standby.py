@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from bridge.config import ObserveConfig
+from bridge.daemon.observe import Observer
 from bridge.lifecycle import LeaseState
 from tests.unit.fakes import N3, Harness, address_of, at, make_harness
 
@@ -61,3 +63,24 @@ def test_a_held_pool_returns_its_leases_and_lends_nothing(h: Harness) -> None:
     h.requests.request_lend("n3", ["busy"], at(62))
     h.tick(62)
     assert h.store.open_leases()[0].node == "n3"  # lendable again
+
+
+def test_a_pool_of_observers_sees_what_one_thread_sees(h: Harness) -> None:
+    h.triton.server(address_of(N3), models={"busy": "READY"}, pending={"busy": 2})
+    h.requests.request_lend("n3", ["busy"], at(0))
+    for t in range(3):
+        h.tick(t)
+    pooled_config = h.config.model_copy(update={"observe": ObserveConfig(concurrency=4)})
+    one = Observer(h.slurm, h.config, h.triton)
+    pooled = Observer(h.slurm, pooled_config, h.triton)
+    try:
+        a, b = one.observe(10.0), pooled.observe(10.0)
+        assert [(s.job.job_id, s.ready, s.models, s.pending) for s in a.servers] == [
+            (s.job.job_id, s.ready, s.models, s.pending) for s in b.servers
+        ]
+        assert len(b.servers) == 2 and any(s.pending == {"busy": 2.0} for s in b.servers)
+        assert a.history.keys() == b.history.keys()
+        assert len(h.triton.threads) > 1  # the pool's threads asked
+    finally:
+        one.close()
+        pooled.close()

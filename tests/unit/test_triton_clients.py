@@ -234,3 +234,17 @@ def test_real_client_per_thread_nothing_listening() -> None:
     pool.forget(A)
     assert pool(A) is not mine
     pool.close()
+
+
+def test_purge_closes_a_threads_clients_of_forgotten_servers(pool: TritonClients) -> None:
+    worker = Worker()
+    try:
+        a, b = worker.call(lambda: pool(A)), worker.call(lambda: pool(B))
+        pool.forget(A)  # on this thread: the worker's client of A is stale now
+        assert a.closed_by == []
+        worker.call(pool.purge)
+        assert a.closed_by == [worker.thread.ident] and b.closed_by == []
+        assert worker.call(lambda: pool(B)) is b  # untouched
+        assert worker.call(lambda: pool(A)) is not a  # a fresh one
+    finally:
+        worker.stop()
