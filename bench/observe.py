@@ -15,6 +15,14 @@ No lab needed. Usage:
 Prints the time per tick of each path (median and each tick), the ratio signal/baseline,
 and one model's aggregate from the last tick. The signal path hands the parser only the
 families it reads (bridge.triton.metrics._relevant), which is why it can beat the baseline.
+
+With `--prometheus` (needs the `prometheus` binary, as `stb lab up` installs it), the pages
+are served over HTTP by a separate local process, one 127.0.0.1 port per instance, and a
+real Prometheus server scrapes them all (deploy/prometheus/rules.yml loaded) every
+`--scrape-s`. Timed per tick, beside the parser alone:
+  prometheus: the bridge's Prometheus path (`PrometheusSignal.read` + `model_signals`)
+  direct:     the direct path: every page fetched over HTTP (16 at once) and folded
+All traffic stays on 127.0.0.1 and ends with the bench. The last line is `RESULT ...`.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -76,6 +85,8 @@ def main() -> None:
     ap.add_argument("--instances", type=int, default=1000)
     ap.add_argument("--models", type=int, default=20)
     ap.add_argument("--ticks", type=int, default=2, help="timed ticks (one more warms up)")
+    ap.add_argument("--prometheus", action="store_true", help="through a real Prometheus")
+    ap.add_argument("--scrape-s", type=int, default=5, help="Prometheus' scrape interval")
     args = ap.parse_args()
 
     data = project_root() / "tests" / "data" / "triton"
@@ -88,6 +99,9 @@ def main() -> None:
         f" ({lines} lines), {args.ticks} timed ticks"
     )
 
+    if args.prometheus:
+        prometheus_bench(args, pages)
+        return
     names = [f"10.0.{i // 250}.{i % 250}:8000" for i in range(args.instances)]
     prev: dict[str, Observation] = {}
     signal_tick(pages[0], args.instances, names, prev, at=0.0)  # warm-up: first scrapes
@@ -108,6 +122,178 @@ def main() -> None:
         f"last tick, model busy-0 over {m.with_data}/{m.instances} instances:"
         f" p99 {m.p99_ms} ms, mean {m.mean_latency_ms:.1f} ms,"
         f" queue/compute {m.queue_compute_ratio:.2f}, {m.request_rate:.0f} req/s"
+    )
+    print(
+        f"RESULT instances={args.instances} models={args.models} signal_s={s:.3f} "
+        f"parser_s={b:.3f} ratio={s / b:.3f}"
+    )
+
+
+SERVER = """
+import asyncio, sys
+pages = [open(p, "rb").read() for p in sys.argv[3:5]]
+base, count = int(sys.argv[1]), int(sys.argv[2])
+loop_start = None
+
+async def serve(reader, writer):
+    try:
+        await reader.readuntil(b"\\r\\n\\r\\n")
+        now = asyncio.get_running_loop().time()
+        page = pages[int(now // 10) % 2]
+        writer.write(b"HTTP/1.1 200 OK\\r\\nContent-Type: text/plain; version=0.0.4\\r\\n"
+                     b"Content-Length: " + str(len(page)).encode() + b"\\r\\n"
+                     b"Connection: close\\r\\n\\r\\n" + page)
+        await writer.drain()
+    except Exception:
+        pass
+    finally:
+        writer.close()
+
+async def main():
+    for port in range(base, base + count):
+        await asyncio.start_server(serve, "127.0.0.1", port, backlog=64)
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def _free_base(count: int) -> int:
+    """A run of `count` free ports on 127.0.0.1 (checked one by one)."""
+    import socket
+
+    for base in range(20000, 60000 - count, count):
+        try:
+            socks = []
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+        return base
+    raise RuntimeError("no run of free ports")
+
+
+def prometheus_bench(args: argparse.Namespace, pages: list[str]) -> None:
+    """Pages served to a real Prometheus; the Prometheus path and the direct path timed."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from bridge.triton.prometheus import PrometheusSignal
+
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        raise SystemExit("error: no prometheus binary (stb lab up installs Debian's)")
+    n = args.instances
+    with tempfile.TemporaryDirectory(prefix="stb-observe-") as tmp:
+        work = Path(tmp)
+        files = []
+        for i, page in enumerate(pages):
+            f = work / f"page{i}.prom"
+            f.write_text(page)
+            files.append(str(f))
+        base = _free_base(n)
+        server = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(base), str(n), *files], stdout=subprocess.PIPE
+        )
+        assert server.stdout is not None and server.stdout.readline().strip() == b"ready"
+        prom_port = _free_base(1) + 1
+        targets = "\n".join(
+            f"        - targets: ['127.0.0.1:{base + i}']\n"
+            f"          labels: {{slurm_job_id: '{i}', node: 'n{i}'}}"
+            for i in range(n)
+        )
+        keep = (
+            "nv_inference_(request_(success|failure|duration_us)|queue_duration_us|"
+            "compute_(input|infer|output)_duration_us|pending_request_count|"
+            "request_summary_us)"
+        )
+        (work / "prometheus.yml").write_text(
+            f"global:\n  scrape_interval: {args.scrape_s}s\n  evaluation_interval: 5s\n"
+            f"rule_files: [rules.yml]\nscrape_configs:\n  - job_name: triton\n"
+            f"    static_configs:\n{targets}\n"
+            f"    metric_relabel_configs:\n"
+            f"      - {{source_labels: [__name__], regex: '{keep}', action: keep}}\n"
+        )
+        shutil.copy(project_root() / "deploy" / "prometheus" / "rules.yml", work)
+        prom = subprocess.Popen(
+            [prometheus, f"--config.file={work / 'prometheus.yml'}",
+             f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{prom_port}"
+        try:
+            source = PrometheusSignal(url, max_staleness_s=3 * args.scrape_s, timeout_s=60)
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:  # every target scraped twice, rules evaluated
+                try:
+                    reading = source.read()
+                    if len(reading.instances) == n and all(
+                        w.request_rate is not None for w in reading.instances["0"].models
+                    ):
+                        break
+                except Exception:  # Prometheus still starting
+                    pass
+                time.sleep(2)
+            else:
+                raise SystemExit("error: Prometheus did not scrape every target within 300 s")
+            local = threading.local()
+
+            def fetch(i: int) -> Observation:
+                c = getattr(local, "client", None)
+                if c is None:
+                    c = local.client = httpx.Client(timeout=10)
+                text = c.get(f"http://127.0.0.1:{base + i}/metrics").text
+                return Observation(str(i), time.monotonic(), parse_page(text))
+
+            pool = ThreadPoolExecutor(16)
+            prev: dict[str, Observation] = {}
+            prom_t: list[float] = []
+            direct_t: list[float] = []
+            base_t: list[float] = []
+            for tick in range(args.ticks + 1):
+                start = time.perf_counter()
+                agg = model_signals(source.read().instances.values())
+                took_p = time.perf_counter() - start
+                start = time.perf_counter()
+                obs = list(pool.map(fetch, range(n)))
+                sigs = [instance_signal(prev.get(o.instance), o) for o in obs]
+                prev = {o.instance: o for o in obs}
+                direct = model_signals(sigs)
+                took_d = time.perf_counter() - start
+                if tick == 0:
+                    continue  # the direct path's first scrapes have no window
+                prom_t.append(took_p)
+                direct_t.append(took_d)
+                base_t.append(baseline_tick(pages[tick % 2], n))
+                assert len(agg) == args.models and len(direct) == args.models
+                time.sleep(args.scrape_s)
+            pool.shutdown()
+            source.close()
+        finally:
+            prom.terminate()
+            server.terminate()
+            prom.wait(30)
+            server.wait(30)
+    p, d, b = (statistics.median(x) for x in (prom_t, direct_t, base_t))
+    print(f"parser alone (prometheus_client, every page):  {b:.2f} s/tick  {_fmt(base_t)}")
+    print(f"direct path (HTTP fetch x16 + parse + signal): {d:.2f} s/tick  {_fmt(direct_t)}")
+    print(f"Prometheus path (2 queries + aggregate):       {p:.2f} s/tick  {_fmt(prom_t)}")
+    m = agg["busy-0"]
+    print(f"last tick via Prometheus, busy-0 over {m.with_data}/{m.instances} replicas")
+    print(
+        f"RESULT instances={n} models={args.models} prometheus_s={p:.3f} direct_s={d:.3f} "
+        f"parser_s={b:.3f} prometheus_vs_direct={p / d:.3f} prometheus_vs_parser={p / b:.3f}"
     )
 
 
