@@ -23,9 +23,9 @@ import hashlib
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from accounting.buckets import even_split, floor_hour, largest_remainder, split_ms, utc
 from accounting.errors import IngestError
@@ -183,6 +183,104 @@ def job_entries(
     return entries
 
 
+#: an entry as a plain tuple, in `Entry`'s field order (bucket, cluster, pool, partition,
+#: workload, account, team, user, model, gpu_type, qos, lease, gpu_ms)
+EntryTuple = tuple[datetime, str, str, str, str, str, str, str, str, str, str, str, int]
+
+_HOUR_MS = 3_600_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
+#: epoch ms of an hour -> its bucket (the ledger's hours repeat across records)
+_BUCKETS: dict[int, datetime] = {}
+
+
+def _bucket(ms: int) -> datetime:
+    b = _BUCKETS.get(ms)
+    if b is None:
+        if len(_BUCKETS) > 200_000:
+            _BUCKETS.clear()
+        b = _BUCKETS[ms] = _EPOCH + timedelta(milliseconds=ms)
+    return b
+
+
+def _hour_parts(start: datetime, end: datetime) -> list[tuple[datetime, int]]:
+    """`split_ms(start, end)` in integer milliseconds (the same parts)."""
+    s, e = (start - _EPOCH) // _ONE_MS, (end - _EPOCH) // _ONE_MS
+    out = []
+    h = s - s % _HOUR_MS
+    while h < e:
+        lo, hi = max(s, h), min(e, h + _HOUR_MS)
+        if hi > lo:
+            out.append((_bucket(h), hi - lo))
+        h += _HOUR_MS
+    return out
+
+
+def job_entry_tuples(
+    rec: AccountingRecord,
+    ctx: Context,
+    serving: Sequence[ServingPoint] = (),
+) -> list[EntryTuple]:
+    """`job_entries` as tuples (the same entries, in the same order), built without an
+    `Entry` per hour and node: the ingest's bulk path. A record with serving samples goes
+    through `job_entries` itself (its split among models)."""
+    if serving:
+        return [_as_tuple(e) for e in job_entries(rec, ctx, serving)]
+    if rec.gpus < 0:
+        raise IngestError(rec.key, f"negative GPU count {rec.gpus}")
+    end = record_end(rec, ctx.horizon)
+    if rec.start is None or rec.gpus == 0 or end is None:
+        return []
+    start = utc(rec.start)
+    end = utc(end)
+    if end < start:
+        raise IngestError(
+            rec.key, f"ends ({end.isoformat()}) before it starts ({start.isoformat()})"
+        )
+    if not rec.nodes:
+        raise IngestError(rec.key, "holds GPUs but names no node")
+    cluster = rec.cluster or ctx.cluster
+    if not cluster:
+        raise IngestError(rec.key, "names no cluster")
+    t = tags(rec.comment)
+    workload = t.get("workload") or ctx.workload_of_partition.get(rec.partition)
+    lease = t.get("lease", "")
+    per_node = even_split(rec.gpus, len(rec.nodes))
+    parts = _hour_parts(start, end)
+    team = ctx.team_of_account.get(rec.account, rec.account)
+    out: list[EntryTuple] = []
+    for node, gpus in zip(rec.nodes, per_node, strict=True):
+        if gpus == 0:
+            continue
+        gpu_type = rec.gpu_type or ctx.gpu_type_of_node.get(node) or ""
+        if not gpu_type:
+            raise IngestError(
+                rec.key, f"no GPU type: its gres names none and node {node} is unknown"
+            )
+        if ctx.known_gpu_types and gpu_type not in ctx.known_gpu_types:
+            known = ", ".join(sorted(ctx.known_gpu_types))
+            raise IngestError(rec.key, f"unknown GPU type {gpu_type!r} (the cluster has: {known})")
+        pool = ctx.pool_of_lease.get(lease) or ctx.pool_of_node.get(node) or rec.partition
+        wl = workload or ctx.workload_of_pool.get(pool) or "training"
+        if wl not in WORKLOADS or wl == "idle":
+            raise IngestError(
+                rec.key, f"unknown workload {wl!r} (one of training, elastic, inference)"
+            )
+        # No serving samples: a serving job's time is all its (unattributed) row.
+        model = UNATTRIBUTED if wl == "inference" else ""
+        head = (cluster, pool, rec.partition, wl, rec.account, team, rec.user, model)
+        tail = (gpu_type, rec.qos, lease)
+        out += [(bucket, *head, *tail, ms * gpus) for bucket, ms in parts]
+    return out
+
+
+def _as_tuple(e: Entry) -> EntryTuple:
+    return (
+        e.bucket, e.cluster, e.pool, e.partition, e.workload, e.account, e.team, e.user,
+        e.model, e.gpu_type, e.qos, e.lease, e.gpu_ms,
+    )  # fmt: skip
+
+
 def _serving_split(
     bucket: datetime,
     amount: int,
@@ -252,14 +350,70 @@ def capacity_ms(
     end: datetime,
 ) -> dict[tuple[str, str, str, datetime], int]:
     """(cluster, pool, gpu_type, hour) -> GPU-ms of capacity in [start, end), from node
-    spans (cluster, pool, gpu_type, gpus, span start, span end or None = still open)."""
-    out: dict[tuple[str, str, str, datetime], int] = defaultdict(int)
+    spans (cluster, pool, gpu_type, gpus, span start, span end or None = still open).
+
+    The sum over spans of `split_ms` x GPUs, without a step per node and hour: a span's
+    whole hours go into a difference array per (cluster, pool, GPU type), its partial first
+    and last hours directly; one sweep over the hours adds them up. A cell is present when
+    some span covers part of it (as with `split_ms`, even with 0 GPUs)."""
+    lo_ms, hi_ms = _ms(utc(start)), _ms(utc(end))
+    groups: dict[tuple[str, str, str], _CapacityCells] = {}
     for cluster, pool, gpu_type, gpus, s, e in spans:
-        lo = max(utc(s), start)
-        hi = min(utc(e), end) if e is not None else end
-        for bucket, ms in split_ms(lo, hi):
-            out[(cluster, pool, gpu_type, bucket)] += ms * gpus
-    return dict(out)
+        lo = max(_ms(utc(s)), lo_ms)
+        hi = min(_ms(utc(e)), hi_ms) if e is not None else hi_ms
+        if hi <= lo:
+            continue
+        g = groups.get((cluster, pool, gpu_type))
+        if g is None:
+            g = groups[(cluster, pool, gpu_type)] = _CapacityCells()
+        first, last = lo - lo % _HOUR_MS, hi - hi % _HOUR_MS
+        if first == last:
+            g.part(first, (hi - lo) * gpus)
+            continue
+        g.part(first, (first + _HOUR_MS - lo) * gpus)
+        if last > first + _HOUR_MS:
+            g.whole(first + _HOUR_MS, last, gpus * _HOUR_MS)
+        if hi > last:
+            g.part(last, (hi - last) * gpus)
+    out: dict[tuple[str, str, str, datetime], int] = {}
+    for (cluster, pool, gpu_type), g in groups.items():
+        for h, ms in g.sweep():
+            out[(cluster, pool, gpu_type, _bucket(h))] = ms
+    return out
+
+
+class _CapacityCells:
+    """Per hour (epoch ms): partial amounts, and whole hours as difference arrays."""
+
+    __slots__ = ("amount", "cover", "partial")
+
+    def __init__(self) -> None:
+        self.partial: dict[int, int] = defaultdict(int)
+        self.amount: dict[int, int] = defaultdict(int)
+        self.cover: dict[int, int] = defaultdict(int)
+
+    def part(self, hour: int, ms: int) -> None:
+        self.partial[hour] += ms
+
+    def whole(self, first: int, stop: int, ms: int) -> None:
+        """`ms` in each hour of [first, stop)."""
+        self.amount[first] += ms
+        self.amount[stop] -= ms
+        self.cover[first] += 1
+        self.cover[stop] -= 1
+
+    def sweep(self) -> Iterator[tuple[int, int]]:
+        marks = self.partial.keys() | self.cover.keys()
+        amount = cover = 0
+        for h in range(min(marks), max(marks) + 1, _HOUR_MS):
+            amount += self.amount.get(h, 0)
+            cover += self.cover.get(h, 0)
+            if cover > 0 or h in self.partial:
+                yield h, amount + self.partial.get(h, 0)
+
+
+def _ms(t: datetime) -> int:
+    return (t - _EPOCH) // _ONE_MS
 
 
 def idle_entries(

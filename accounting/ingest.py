@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -40,12 +40,13 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from accounting.attribution import (
     Context,
     Entry,
+    EntryTuple,
     ServingPoint,
     capacity_ms,
     deferred_reason,
     digest,
     idle_entries,
-    job_entries,
+    job_entry_tuples,
     record_end,
     tags,
 )
@@ -153,10 +154,13 @@ def ingest_records(
     chunk_size: int = 2000,
     now: datetime | None = None,
     inventory: Inventory | None = None,
+    bulk: bool = True,
 ) -> IngestSummary:
     """Book `records`; recompute idle for the hours they touch and for [since, until).
     `inventory`, when given, is recorded in the same transaction (first), so a failed
-    ingest leaves no capacity change behind either."""
+    ingest leaves no capacity change behind either. `bulk` writes the new rows with COPY
+    (PostgreSQL) or one plain executemany per chunk (SQLite) in that same transaction;
+    False: through SQLAlchemy's insert, row dicts (the reference the tests compare with)."""
     if restate and not reason.strip():
         raise LedgerError("a restatement needs a reason")
     now = utc(now or datetime.now(UTC))
@@ -168,7 +172,9 @@ def ingest_records(
             _record_inventory(conn, inventory)
         closed = set(conn.scalars(select(PERIODS.c.month)))
         for chunk in batched(records, chunk_size):
-            _ingest_chunk(conn, chunk, ctx, closed, restate, reason, now, summary, touched)
+            _ingest_chunk(
+                conn, chunk, ctx, closed, restate, reason, now, summary, touched, bulk=bulk
+            )
             if progress:
                 progress(len(chunk))
         if since is not None and until is not None:
@@ -201,6 +207,8 @@ def _ingest_chunk(
     now: datetime,
     summary: IngestSummary,
     touched: set[datetime],
+    *,
+    bulk: bool = False,
 ) -> None:
     summary.records += len(chunk)
     ready = []
@@ -224,7 +232,7 @@ def _ingest_chunk(
             )
         )
     }
-    changed: list[tuple[AccountingRecord, str, list[Entry]]] = []
+    changed: list[tuple[AccountingRecord, str, list[EntryTuple]]] = []
     seen: set[str] = set()
     for rec in ready:
         if rec.key in seen:  # the same run listed twice in one read: the later wins
@@ -236,7 +244,7 @@ def _ingest_chunk(
         if old is not None and old[1] == dig:
             summary.unchanged += 1
             continue
-        changed.append((rec, dig, job_entries(rec, ctx, points)))
+        changed.append((rec, dig, job_entry_tuples(rec, ctx, points)))
     if not changed:
         return
     old_keys = [rec.key for rec, _, _ in changed if rec.key in existing]
@@ -249,37 +257,124 @@ def _ingest_chunk(
             )
             touched.update(utc(h) for (h,) in old_hours)
             conn.execute(delete(LEDGER).where(LEDGER.c.source.in_(part)))
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     for rec, _, entries in changed:
+        source = rec.key
         for e in entries:
-            rows.append(_row(e, rec.key))
-            touched.add(e.bucket)
+            b = e[0]
+            day, month = _bucket_keys(b)
+            rows.append((b, day, month, *e[1:12], source, e[12]))
+            touched.add(b)
     if rows:
-        conn.execute(insert(LEDGER), rows)
+        insert_rows(conn, LEDGER, LEDGER_COLUMNS, rows, bulk)
     summary.rows_written += len(rows)
-    inserts, updates = [], []
+    inserts: list[tuple[Any, ...]] = []
+    updates = []
     for rec, dig, entries in changed:
-        values = {
-            "digest": dig,
-            "job_id": rec.job_id,
-            "state": rec.state,
-            "start": rec.start,
-            "end": record_end(rec, ctx.horizon),
-            "gpu_ms": sum(e.gpu_ms for e in entries),
-            "last_changed_at": now,
-        }
+        end = record_end(rec, ctx.horizon)
+        gpu_ms = sum(e[12] for e in entries)
         if rec.key in existing:
-            updates.append({"_id": existing[rec.key][0], **values})
+            updates.append(
+                {
+                    "_id": existing[rec.key][0], "digest": dig, "job_id": rec.job_id,
+                    "state": rec.state, "start": rec.start, "end": end, "gpu_ms": gpu_ms,
+                    "last_changed_at": now,
+                }
+            )  # fmt: skip
         else:
-            inserts.append({"kind": SACCT, "key": rec.key, "first_ingested_at": now, **values})
-    # One executemany each, not a statement per record.
+            inserts.append(
+                (SACCT, rec.key, now, dig, rec.job_id, rec.state, rec.start, end, gpu_ms, now)
+            )
+    # One executemany (or COPY) each, not a statement per record.
     if inserts:
-        conn.execute(insert(SOURCES), inserts)
+        insert_rows(conn, SOURCES, SOURCE_COLUMNS, inserts, bulk)
     if updates:
         stmt = update(SOURCES).where(SOURCES.c.id == bindparam("_id"))
         conn.execute(stmt, updates)
     summary.new += len(inserts)
     summary.changed += len(updates)
+
+
+#: the columns of a ledger row tuple, in order
+LEDGER_COLUMNS = (
+    "bucket", "day", "month", "cluster", "pool", "partition", "workload", "account", "team",
+    "user_name", "model", "gpu_type", "qos", "lease", "source", "gpu_ms",
+)  # fmt: skip
+#: the columns of a new source record tuple, in order
+SOURCE_COLUMNS = (
+    "kind", "key", "first_ingested_at", "digest", "job_id", "state", "start", "end", "gpu_ms",
+    "last_changed_at",
+)  # fmt: skip
+_BUCKET_KEYS: dict[datetime, tuple[date, str]] = {}
+
+
+def _bucket_keys(bucket: datetime) -> tuple[date, str]:
+    """A bucket's day and month (as `_row` writes them), cached: hours repeat."""
+    keys = _BUCKET_KEYS.get(bucket)
+    if keys is None:
+        if len(_BUCKET_KEYS) > 200_000:
+            _BUCKET_KEYS.clear()
+        keys = _BUCKET_KEYS[bucket] = (bucket.date(), bucket.strftime("%Y-%m"))
+    return keys
+
+
+def insert_rows(
+    conn: Connection,
+    table: Any,
+    columns: Sequence[str],
+    rows: list[tuple[Any, ...]],
+    bulk: bool,
+) -> None:
+    """Insert `rows` (tuples in `columns` order) in the open transaction: COPY on
+    PostgreSQL, a plain executemany of bound values on SQLite when `bulk`; else (and on
+    other databases) SQLAlchemy's insert of row dicts, the reference."""
+    dialect = conn.dialect
+    if bulk and dialect.name == "postgresql":
+        quote = dialect.identifier_preparer.quote
+        sql = f"COPY {quote(table.name)} ({', '.join(quote(c) for c in columns)}) FROM STDIN"
+        with conn.connection.driver_connection.cursor() as cur, cur.copy(sql) as copy:  # type: ignore[union-attr]
+            for row in rows:
+                copy.write_row(row)
+        return
+    if bulk and dialect.name == "sqlite":
+        conn.exec_driver_sql(
+            _sqlite_insert(conn, table, columns), _sqlite_values(conn, table, columns, rows)
+        )
+        return
+    conn.execute(insert(table), [dict(zip(columns, row, strict=True)) for row in rows])
+
+
+def _sqlite_insert(conn: Connection, table: Any, columns: Sequence[str]) -> str:
+    quote = conn.dialect.identifier_preparer.quote
+    names = ", ".join(quote(c) for c in columns)
+    return f"INSERT INTO {quote(table.name)} ({names}) VALUES ({', '.join('?' * len(columns))})"
+
+
+def _sqlite_values(
+    conn: Connection, table: Any, columns: Sequence[str], rows: list[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
+    """The rows as SQLAlchemy binds them on SQLite (its column types' bind processors:
+    UTC datetimes as naive text, dates as text), converted once per distinct value."""
+    procs = [
+        (i, proc)
+        for i, c in enumerate(columns)
+        if (proc := _bind_processor(table.c[c].type, conn.dialect)) is not None
+    ]
+    if not procs:
+        return rows
+    memo: list[dict[Any, Any]] = [{} for _ in procs]
+    out = []
+    for row in rows:
+        values = list(row)
+        for (i, proc), seen in zip(procs, memo, strict=True):
+            v = values[i]
+            if v is not None:
+                try:
+                    values[i] = seen[v]
+                except KeyError:
+                    values[i] = seen[v] = proc(v)
+        out.append(tuple(values))
+    return out
 
 
 def _key_match(conn: Connection, keys: list[str]) -> Any:
@@ -319,7 +414,7 @@ def _serving_for(
 
 def _check_closed(
     conn: Connection,
-    changed: Sequence[tuple[AccountingRecord, str, list[Entry]]],
+    changed: Sequence[tuple[AccountingRecord, str, list[EntryTuple]]],
     old_keys: Sequence[str],
     closed: set[str],
     restate: bool,
@@ -337,12 +432,10 @@ def _check_closed(
             ] += 1
     new: dict[tuple[str, str], Counter[tuple[Any, ...]]] = defaultdict(Counter)
     for rec, _, entries in changed:
-        for e in entries:
-            m = month_of(e.bucket)
+        for e in entries:  # (bucket, cluster, pool, partition, workload, account, team, ...)
+            m = month_of(e[0])
             if m in closed:
-                new[(rec.key, m)][
-                    _cmp_key(e.bucket, e.pool, e.workload, e.team, e.model, e.gpu_ms)
-                ] += 1
+                new[(rec.key, m)][_cmp_key(e[0], e[2], e[4], e[6], e[8], e[12])] += 1
     differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     if not differ:
         return
@@ -582,3 +675,10 @@ def close_period(engine: Engine, month: str, note: str = "", now: datetime | Non
             insert(PERIODS),
             {"month": month, "closed_at": utc(now or datetime.now(UTC)), "note": note},
         )
+
+
+def _bind_processor(type_: Any, dialect: Any) -> Callable[[Any], Any] | None:
+    """What SQLAlchemy applies to a value of `type_` bound on `dialect` (a TypeDecorator's
+    process_bind_param, then its implementation's processor for that dialect)."""
+    proc: Callable[[Any], Any] | None = type_.dialect_impl(dialect).bind_processor(dialect)
+    return proc

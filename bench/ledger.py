@@ -69,18 +69,27 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
-from accounting.attribution import Context, digest, job_entries, record_end
+from accounting.attribution import Context, digest, job_entry_tuples, record_end
 from accounting.db import open_ledger
-from accounting.ingest import SACCT, NodeCapacity, ingest_records, record_inventory
+from accounting.ingest import (
+    LEDGER_COLUMNS,
+    SACCT,
+    SOURCE_COLUMNS,
+    NodeCapacity,
+    batched,
+    ingest_records,
+    insert_rows,
+    record_inventory,
+)
 from accounting.report import Window, build_report
 from accounting.schema import CAPACITY_SOURCE, IDLE_TEAM, LedgerRow, SourceRecord
 from bridge.hostlist import compress
 from bridge.paths import project_root
 from bridge.slurm.model import AccountingRecord
-from bridge.slurm.parse import parse_sacct_json
+from bridge.slurm.parse import parse_sacct_json, parse_sacct_json_plain
 
 LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
 SOURCES = SourceRecord.__table__  # type: ignore[attr-defined]
@@ -390,20 +399,35 @@ def documents(n: int, seed: int, per_doc: int = PER_DOC) -> Iterator[str]:
         yield doc
 
 
+def generate(folder: Path, n: int, seed: int) -> tuple[int, int]:
+    """Write the runs as `sacct --json` documents (`sacct-00000.json`, ...) into `folder`:
+    the input, as an ingest reads it from sacct. Returns (files, bytes)."""
+    files = size = 0
+    for k, doc in enumerate(documents(n, seed)):
+        path = folder / f"sacct-{k:05d}.json"
+        path.write_text(doc)
+        files, size = files + 1, size + len(doc)
+    return files, size
+
+
 def records(
-    n: int, seed: int, progress: Callable[[int, int], None] | None = None
+    folder: Path,
+    progress: Callable[[int], None] | None = None,
+    parse: Callable[[str], list[AccountingRecord]] = parse_sacct_json,
+    clock: list[float] | None = None,
 ) -> Iterator[AccountingRecord]:
-    """The runs as parsed records, one document in memory at a time."""
-    meta = json.loads(RECORDED.read_text())["meta"]
-    jobs = sacct_jobs(n, seed)
+    """The documents in `folder`, read and parsed one at a time (`clock[0]` adds up the
+    seconds spent reading and parsing)."""
     done = 0
-    while (doc := _document(jobs, meta, PER_DOC)) is not None:
-        recs = parse_sacct_json(doc)
-        del doc
+    for path in sorted(folder.glob("sacct-*.json")):
+        t0 = time.perf_counter()
+        recs = parse(path.read_text())
+        if clock is not None:
+            clock[0] += time.perf_counter() - t0
         done += len(recs)
         yield from recs
         if progress:
-            progress(done, n)
+            progress(done)
 
 
 def shape_check() -> None:
@@ -498,10 +522,12 @@ class Tally:
 # --- phases (each runs in its own process) ---------------------------------------------
 
 
-def _progress(label: str) -> Callable[[int, int], None]:
+def _progress(label: str, n: int) -> Callable[[int], None]:
     t0 = time.perf_counter()
 
-    def say(done: int, n: int) -> None:
+    def say(done: int) -> None:
+        if done % 100_000 and done != n:
+            return
         dt = time.perf_counter() - t0
         print(
             f"[{label}] {done:,}/{n:,} records  {dt:7.1f} s  {done / dt:8,.0f} rec/s",
@@ -512,72 +538,76 @@ def _progress(label: str) -> Callable[[int, int], None]:
     return say
 
 
-def _rows_of(rec: AccountingRecord, ctx: Context) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The ledger and source rows `ingest_records` writes for a new record (same values)."""
-    entries = job_entries(rec, ctx)
-    rows = [
-        {
-            "bucket": e.bucket, "day": e.bucket.date(), "month": e.bucket.strftime("%Y-%m"),
-            "cluster": e.cluster, "pool": e.pool, "partition": e.partition,
-            "workload": e.workload, "account": e.account, "team": e.team, "user_name": e.user,
-            "model": e.model, "gpu_type": e.gpu_type, "qos": e.qos, "lease": e.lease,
-            "source": rec.key, "gpu_ms": e.gpu_ms,
-        }
-        for e in entries
-    ]  # fmt: skip
-    now = datetime.now(UTC)
-    source = {
-        "kind": SACCT, "key": rec.key, "digest": digest(rec, ctx), "job_id": rec.job_id,
-        "state": rec.state, "start": rec.start, "end": record_end(rec, ctx.horizon),
-        "gpu_ms": sum(e.gpu_ms for e in entries), "first_ingested_at": now,
-        "last_changed_at": now,
-    }  # fmt: skip
-    return rows, source
-
-
-def phase_genparse(args: argparse.Namespace) -> dict[str, Any]:
-    tally = Tally()
+def phase_generate(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
-    for _ in tally.watch(records(args.records, args.seed, _progress("gen+parse"))):
+    files, size = generate(Path(args.input), args.records, args.seed)
+    return {"seconds": time.perf_counter() - t0, "files": files, "bytes": size}
+
+
+def phase_parse(args: argparse.Namespace) -> dict[str, Any]:
+    """Read and parse alone (the tally of the records is not counted in the time)."""
+    tally = Tally()
+    clock = [0.0]
+    for _ in tally.watch(records(Path(args.input), _progress("parse", args.records), clock=clock)):
         pass
-    return {"seconds": time.perf_counter() - t0, "tally": asdict(tally)}
+    return {"seconds": clock[0], "tally": asdict(tally)}
 
 
-def phase_raw(args: argparse.Namespace) -> dict[str, Any]:
+def phase_parse_plain(args: argparse.Namespace) -> dict[str, Any]:
+    """The same with the reference parser (json and dicts): the reader before issue 15."""
+    clock = [0.0]
+    n = 0
+    for _ in records(
+        Path(args.input),
+        _progress("parse-plain", args.records),
+        parse=parse_sacct_json_plain,
+        clock=clock,
+    ):
+        n += 1
+    return {"seconds": clock[0], "records": n}
+
+
+def phase_floor(args: argparse.Namespace) -> dict[str, Any]:
+    """The same ledger and source rows written in one transaction by the ingest's bulk
+    writer alone (COPY on PostgreSQL, executemany on SQLite); only the writes are timed."""
     engine = open_ledger(args.url)
     ctx = context()
-    label = f"{args.backend} raw"
-    t0 = time.perf_counter()
+    label = f"{args.backend} floor"
+    write_s = 0.0
     rows_written = sources_written = 0
+    t0 = time.perf_counter()
     with engine.begin() as conn:
-        batch: list[AccountingRecord] = []
-        recs = records(args.records, args.seed, _progress(label))
-        for rec in recs:
-            batch.append(rec)
-            if len(batch) < 2000:
-                continue
-            rows, sources = _raw_write(conn, batch, ctx)
-            rows_written, sources_written = rows_written + rows, sources_written + sources
-            batch = []
-        rows, sources = _raw_write(conn, batch, ctx)
-        rows_written, sources_written = rows_written + rows, sources_written + sources
-    return {"seconds": time.perf_counter() - t0, "rows": rows_written, "sources": sources_written}
-
-
-def _raw_write(conn: Any, batch: list[AccountingRecord], ctx: Context) -> tuple[int, int]:
-    rows: list[dict[str, Any]] = []
-    sources = []
-    for rec in batch:
-        if rec.start is None or rec.gpus == 0:
-            continue
-        r, s = _rows_of(rec, ctx)
-        rows += r
-        sources.append(s)
-    if rows:
-        conn.execute(insert(LEDGER), rows)
-    if sources:
-        conn.execute(insert(SOURCES), sources)
-    return len(rows), len(sources)
+        now = datetime.now(UTC)
+        for batch in batched(records(Path(args.input), _progress(label, args.records)), 2000):
+            rows: list[tuple[Any, ...]] = []
+            sources: list[tuple[Any, ...]] = []
+            for rec in batch:
+                entries = job_entry_tuples(rec, ctx)
+                if not entries:
+                    continue
+                key = rec.key
+                rows += [
+                    (e[0], e[0].date(), f"{e[0]:%Y-%m}", *e[1:12], key, e[12]) for e in entries
+                ]
+                sources.append(
+                    (SACCT, key, now, digest(rec, ctx), rec.job_id, rec.state, rec.start,
+                     record_end(rec, ctx.horizon), sum(e[12] for e in entries), now)
+                )  # fmt: skip
+            w0 = time.perf_counter()
+            if rows:
+                insert_rows(conn, LEDGER, LEDGER_COLUMNS, rows, True)
+            if sources:
+                insert_rows(conn, SOURCES, SOURCE_COLUMNS, sources, True)
+            write_s += time.perf_counter() - w0
+            rows_written, sources_written = rows_written + len(rows), sources_written + len(sources)
+        w0 = time.perf_counter()
+    write_s += time.perf_counter() - w0  # the commit
+    return {
+        "seconds": write_s,
+        "total_s": time.perf_counter() - t0,
+        "rows": rows_written,
+        "sources": sources_written,
+    }
 
 
 def phase_setup(args: argparse.Namespace) -> dict[str, Any]:
@@ -592,18 +622,17 @@ def phase_setup(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def phase_ingest(args: argparse.Namespace) -> dict[str, Any]:
+    """End to end: read the sacct documents, parse them, ingest (one transaction)."""
     engine = open_ledger(args.url)
     ctx = context()
-    tally = Tally()
-    t0 = time.perf_counter()
     label = f"{args.backend} {args.phase}"
-    recs = tally.watch(records(args.records, args.seed, _progress(label)))
+    t0 = time.perf_counter()
+    recs = records(Path(args.input), _progress(label, args.records))
     summary = ingest_records(engine, recs, ctx)
     seconds = time.perf_counter() - t0
     print(f"[{label}] {summary.line()}", file=sys.stderr, flush=True)
     return {
         "seconds": seconds,
-        "tally": asdict(tally),
         "summary": {
             "records": summary.records,
             "new": summary.new,
@@ -648,8 +677,10 @@ def phase_imports(args: argparse.Namespace) -> dict[str, Any]:
 
 PHASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "imports": phase_imports,
-    "gen+parse": phase_genparse,
-    "raw": phase_raw,
+    "generate": phase_generate,
+    "parse": phase_parse,
+    "parse-plain": phase_parse_plain,
+    "floor": phase_floor,
     "setup": phase_setup,
     "ingest": phase_ingest,
     "report": phase_report,
@@ -657,11 +688,12 @@ PHASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 
 
 def run_phase(
-    phase: str, records_n: int, seed: int, backend: str = "", url: str = ""
+    phase: str, records_n: int, seed: int, input_dir: Path, backend: str = "", url: str = ""
 ) -> dict[str, Any]:
     """Run a phase in a fresh interpreter; its result, with its peak RSS (KiB)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase]
     cmd += ["--records", str(records_n), "--seed", str(seed), "--backend", backend, "--url", url]
+    cmd += ["--input", str(input_dir)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     out = proc.stdout.read()
@@ -748,9 +780,11 @@ def check(tally: dict[str, Any], ingest: dict[str, Any], report: dict[str, Any])
         bad.append(f"report total {sum(lines.values())} != records {sum(want.values())}")
     if want and not idle:
         bad.append("the report has no idle line")
-    if ingest["tally"] != tally:
+    if "tally" in ingest and ingest["tally"] != tally:
         bad.append("the ingest saw other records than the baseline (generator not deterministic)")
     s = ingest["summary"]
+    if "records" in s and s["records"] != tally["records"]:
+        bad.append(f"the ingest read {s['records']} records, the baseline {tally['records']}")
     if s["new"] != tally["booked"] or s["skipped"] != tally["skipped"] or s["deferred"]:
         bad.append(f"ingest summary {s} does not match the records {tally}")
     if report["ledger_rows"] - report["idle_rows"] != tally["job_rows"]:
@@ -773,10 +807,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--keep", action="store_true", help="keep the SQLite files")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--no-raw", action="store_true", help="skip the executemany baseline")
+    ap.add_argument("--no-floor", action="store_true", help="skip the write-floor baseline")
+    ap.add_argument("--no-plain", action="store_true", help="skip the plain parser's baseline")
     ap.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="", help=argparse.SUPPRESS)
     ap.add_argument("--url", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--input", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.phase:  # a child: one phase, its result as the last line of stdout
@@ -796,10 +832,21 @@ def main(argv: list[str] | None = None) -> int:
         f" {sum(p[3] for p in POOLS):,} nodes ({pools}); durations and GPU counts from"
         f" {trace.source}; {os.cpu_count()} CPUs"
     )
+    with tempfile.TemporaryDirectory(prefix="stb-bench-ledger-input-") as tmp:
+        return _run(args, backends, Path(tmp))
 
-    floor = run_phase("imports", 0, args.seed)
-    base = run_phase("gen+parse", args.records, args.seed)
+
+def _run(args: argparse.Namespace, backends: list[str], inp: Path) -> int:
+    n, seed = args.records, args.seed
+    floor = run_phase("imports", 0, seed, inp)
+    gen = run_phase("generate", n, seed, inp)
+    base = run_phase("parse", n, seed, inp)
+    plain = None if args.no_plain else run_phase("parse-plain", n, seed, inp)
     tally = base["tally"]
+    print(
+        f"input: {gen['files']:,} documents, {gen['bytes'] / 2**20:,.0f} MiB of sacct JSON,"
+        f" generated in {gen['seconds']:.1f} s (not part of any phase below)"
+    )
     print(
         f"records: {tally['records']:,} ({tally['booked']:,} with GPU time, {tally['skipped']:,}"
         f" cancelled before start); {tally['array_tasks']:,} array tasks,"
@@ -814,46 +861,69 @@ def main(argv: list[str] | None = None) -> int:
     for backend in backends:
         with Databases(backend, args.postgres_url, args.keep) as dbs:
             phases: dict[str, dict[str, Any]] = {}
-            if not args.no_raw:
-                phases["raw"] = run_phase("raw", args.records, args.seed, backend, dbs.new("_raw"))
+            if not args.no_floor:
+                url = dbs.new("_floor")
+                phases["floor"] = run_phase("floor", n, seed, inp, backend, url)
             url = dbs.new()
             for phase in ("setup", "ingest", "report"):
-                phases[phase] = run_phase(phase, args.records, args.seed, backend, url)
+                phases[phase] = run_phase(phase, n, seed, inp, backend, url)
             results[backend] = phases
         failures += [f"{backend}: {b}" for b in check(tally, phases["ingest"], phases["report"])]
 
     b = base["seconds"]
     print()
     print(f"interpreter + imports alone: peak RSS {_mib(floor['rss_kib'])}")
-    print(f"{'backend':<11} {'phase':<10} {'time':>9} {'x gen+parse':>12} {'peak RSS':>10}  notes")
+    print(f"{'backend':<11} {'phase':<11} {'time':>9} {'x parse':>8} {'peak RSS':>10}  notes")
     print(
-        f"{'-':<11} {'gen+parse':<10} {b:8.1f}s {1:>11.2f}x {_mib(base['rss_kib']):>10}  baseline"
+        f"{'-':<11} {'parse':<11} {b:8.1f}s {1:>7.2f}x {_mib(base['rss_kib']):>10}"
+        "  baseline: read + parse (msgspec) alone"
     )
+    if plain is not None:
+        print(
+            f"{'-':<11} {'parse-plain':<11} {plain['seconds']:8.1f}s"
+            f" {plain['seconds'] / b:>7.2f}x {_mib(plain['rss_kib']):>10}"
+            "  read + the plain parser (json, dicts): the reader before"
+        )
+    figures: dict[str, str] = {"records": str(n), "parse_s": f"{b:.1f}"}
+    if plain is not None:
+        figures["parse_plain_s"] = f"{plain['seconds']:.1f}"
+        figures["parse_speedup"] = f"{plain['seconds'] / b:.2f}"
     for backend, phases in results.items():
         for phase, r in phases.items():
             note = ""
-            if phase == "raw":
-                note = f"{r['rows']:,} ledger + {r['sources']:,} source rows, plain executemany"
+            if phase == "floor":
+                note = (
+                    f"{r['rows']:,} ledger + {r['sources']:,} source rows,"
+                    f" {'COPY' if backend == 'postgresql' else 'executemany'} alone"
+                    f" (the phase took {r['total_s']:.1f} s in all)"
+                )
             elif phase == "setup":
                 note = f"migrate {r['migrate_s']:.1f} s, inventory {r['inventory_s']:.1f} s"
             elif phase == "ingest":
                 s = r["summary"]
                 note = (
-                    f"{s['rows_written']:,} ledger rows + {s['new']:,} source rows;"
-                    f" idle for {s['idle_hours']:,} hours"
+                    f"end to end (read, parse, ingest): {s['rows_written']:,} ledger rows +"
+                    f" {s['new']:,} source rows; idle for {s['idle_hours']:,} hours"
                 )
-                if "raw" in phases:
-                    note += f"; {r['seconds'] / phases['raw']['seconds']:.2f}x raw"
-                note += f"; ledger's own {r['seconds'] - b:,.1f} s"
+                if "floor" in phases:
+                    note += f"; {r['seconds'] / phases['floor']['seconds']:.2f}x floor"
             elif phase == "report":
                 note = (
                     f"{len(r['lines'])} lines; db {r['db_bytes'] / 2**20:,.0f} MiB,"
                     f" {r['ledger_rows']:,} ledger rows"
                 )
             print(
-                f"{backend:<11} {phase:<10} {r['seconds']:8.1f}s {r['seconds'] / b:>11.2f}x"
+                f"{backend:<11} {phase:<11} {r['seconds']:8.1f}s {r['seconds'] / b:>7.2f}x"
                 f" {_mib(r['rss_kib']):>10}  {note}"
             )
+        tag = "pg" if backend == "postgresql" else backend
+        ing = phases["ingest"]
+        figures[f"{tag}_ingest_s"] = f"{ing['seconds']:.1f}"
+        figures[f"{tag}_ingest_rss_mib"] = f"{ing['rss_kib'] / 1024:.0f}"
+        figures[f"{tag}_report_s"] = f"{phases['report']['seconds']:.2f}"
+        if "floor" in phases:
+            figures[f"{tag}_floor_s"] = f"{phases['floor']['seconds']:.1f}"
+            figures[f"{tag}_x_floor"] = f"{ing['seconds'] / phases['floor']['seconds']:.2f}"
     if results:
         first = next(iter(results.values()))["report"]["lines"]
         used = sum(ms for team, ms in first.items() if team != IDLE_TEAM)
@@ -863,13 +933,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         for team, ms in sorted(first.items(), key=lambda kv: -kv[1]):
             print(f"  {team:<10} {ms / 3.6e6:14,.1f}")
-    if failures:
-        for f in failures:
-            print(f"check FAILED: {f}", file=sys.stderr)
-        return 1
+    for f in failures:
+        print(f"check FAILED: {f}", file=sys.stderr)
     if results:
-        print("check: ok")
-    return 0
+        print("check: ok" if not failures else "check: FAILED")
+        figures["check"] = "ok" if not failures else "failed"
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in figures.items()))
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -187,5 +187,6 @@ def plan_nodes(
 
 
 def carries(groups: Sequence[Group], demand: Mapping[str, Demand], cv2: float = 0.0) -> bool:
-    """Whether every feasible model is predicted within its objective."""
-    return not over(groups, demand, cv2)
+    """Whether every feasible model is predicted within its objective (`over` is empty)."""
+    p99 = predict(groups, demand, cv2)
+    return not any(d.rate > 0 and d.feasible and p99[m] > d.slo_s for m, d in demand.items())

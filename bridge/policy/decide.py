@@ -93,19 +93,28 @@ def evaluate_model(
     n = len(history)
     # Triton's p99 covers its last 60 s, so it lags: after a burst it stays high for a
     # minute. A breach counts only while the tick's own mean latency confirms that
-    # requests are slow now (above the low watermark).
+    # requests are slow now (above the low watermark). Each run is checked newest first
+    # (the first sample that breaks it ends the check).
     k = policy.breach_evaluations
-    if n >= k and all(
-        s.p99_ms is not None and s.p99_ms > high and s.mean_ms is not None and s.mean_ms > low
-        for s in (history[i] for i in range(n - k, n))
-    ):
-        return ModelStatus.BREACH
+    if n >= k:
+        for i in range(n - 1, n - k - 1, -1):
+            s = history[i]
+            p99, mean = s.p99_ms, s.mean_ms
+            if p99 is None or not p99 > high or mean is None or not mean > low:
+                break
+        else:
+            return ModelStatus.BREACH
     k = _ticks(policy.return_dwell_s, config)
-    if n >= k and all(
-        s.request_rate is not None and (s.p99_ms is None or s.p99_ms < low)
-        for s in (history[i] for i in range(n - k, n))
-    ):
-        return ModelStatus.CALM
+    if n >= k:
+        for i in range(n - 1, n - k - 1, -1):
+            s = history[i]
+            if s.request_rate is None:
+                break
+            p99 = s.p99_ms
+            if p99 is not None and not p99 < low:
+                break
+        else:
+            return ModelStatus.CALM
     return ModelStatus.STEADY
 
 
@@ -186,15 +195,33 @@ def _demand(
 def _replica_groups(snapshot: Snapshot, leaving: set[int]) -> Counter[tuple[tuple[str, ...], int]]:
     """The replicas by (models, GPUs): ready ones (less the leases leaving) and the lends in
     flight that will serve soon (not a drain lend still waiting for its node's jobs)."""
+    # counted as given first (C speed), then merged under the sorted model set: the keys
+    # come out in the order of their first replica, as one pass over them would give
+    raw: Counter[tuple[tuple[str, ...], int]] = Counter(
+        (r.models, r.gpus)
+        for r in snapshot.replicas
+        if r.lease_id is None or r.lease_id not in leaving
+    )
     count: Counter[tuple[tuple[str, ...], int]] = Counter()
-    for r in snapshot.replicas:
-        if r.lease_id is not None and r.lease_id in leaving:
-            continue
-        count[tuple(sorted(set(r.models))), r.gpus] += 1
+    for (models, gpus), n in raw.items():
+        count[_model_set(models), gpus] += n
     for lease in snapshot.leases:
         if lease.state in IN_FLIGHT and lease.lease_id not in leaving and not lease.waiting:
-            count[tuple(sorted(set(lease.models))), lease.gpus] += 1
+            count[_model_set(lease.models), lease.gpus] += 1
     return count
+
+
+_MODEL_SETS: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _model_set(models: tuple[str, ...]) -> tuple[str, ...]:
+    """`tuple(sorted(set(models)))`, remembered (replicas' model tuples repeat every tick)."""
+    key = _MODEL_SETS.get(models)
+    if key is None:
+        if len(_MODEL_SETS) >= 65536:  # bounded: a long-running daemon sees new ones
+            _MODEL_SETS.clear()
+        key = _MODEL_SETS[models] = tuple(sorted(set(models)))
+    return key
 
 
 def _groups(count: Counter[tuple[tuple[str, ...], int]]) -> list[capacity.Group]:
@@ -228,6 +255,13 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             )
         return calm[m]
 
+    calm_sets: dict[tuple[str, ...], bool] = {}
+
+    def all_calm(models: tuple[str, ...]) -> bool:
+        if models not in calm_sets:
+            calm_sets[models] = all(is_calm(m) for m in models)
+        return calm_sets[models]
+
     serving = [
         lease
         for lease in snapshot.leases
@@ -236,7 +270,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
         and lease.serving_since is not None
         and now - lease.serving_since >= policy.scale_in_cooldown_s
         and lease.models
-        and all(is_calm(m) for m in lease.models)
+        and all_calm(lease.models)
     ]
     leaving = set(abandoned)
     count = _replica_groups(snapshot, leaving)
@@ -245,18 +279,25 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
         serving.sort(key=lambda s: (rank.get(s.pool, 0), s.serving_since or 0.0, s.lease_id))
         keep = _demand(snapshot, config, now, horizon, True, ahead)
         replica_of = {
-            r.lease_id: (tuple(sorted(set(r.models))), r.gpus)
+            r.lease_id: (_model_set(r.models), r.gpus)
             for r in snapshot.replicas
             if r.lease_id is not None
         }
+        # a key whose removal did not carry, with `count` as it is now: another lease of the
+        # same key asks the very same question (forgotten when a return changes `count`)
+        kept: set[tuple[tuple[str, ...], int] | None] = set()
         for lease in serving:
             key = replica_of.get(lease.lease_id)  # None: it serves nothing now
+            if key in kept:
+                continue
             if key is not None:
                 count[key] -= 1
             if not capacity.carries(_groups(count), keep, policy.service_cv2):
                 if key is not None:
                     count[key] += 1
+                kept.add(key)
                 continue
+            kept.clear()
             leaving.add(lease.lease_id)
             returns.append(Return(lease.lease_id, _return_reason(keep, lease.models, policy)))
 

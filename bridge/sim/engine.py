@@ -170,8 +170,9 @@ class Group:
     models: tuple[str, ...]
     nodes: int = 0
     backlog_s: float = 0.0
-    #: (tick end, state) of the ticks that may still be in Triton's summary window
-    window: deque[tuple[float, latency.TickState]] = field(default_factory=deque)
+    #: (tick end, state, its requests, its quantile `wait_quantile()`) of the ticks that may
+    #: still be in Triton's summary window
+    window: deque[tuple[float, latency.TickState, float, float]] = field(default_factory=deque)
     extra_p99_s: float | None = None
     #: when its first replica came up (the summaries' rotation runs from there)
     born: float = 0.0
@@ -210,6 +211,8 @@ class Engine:
         self.seq = 0
         self.now = 0.0
         self.leases: dict[int, SimLease] = {}
+        #: lease id -> ((state, updated_at, waiting), its LeaseView) (`_lease_view`)
+        self._lease_views: dict[int, tuple[tuple[LeaseState, float, bool], LeaseView]] = {}
         self.next_lease = 1
         self.last_lend_at: dict[str, float] = {}
         depth = history_depth(cfg)
@@ -218,6 +221,14 @@ class Engine:
             m: deque(maxlen=self.window_ticks) for m in self.models
         }
         self.groups: dict[tuple[str, ...], Group] = {}
+        #: `_lay_out()` of the groups as they are (None: to be made again)
+        self._layout: (
+            tuple[
+                list[tuple[Group, list[tuple[int, float, float]]]],
+                list[list[tuple[float, Group]]],
+            ]
+            | None
+        ) = None
         reserved = {p for p, pc in cfg.pools.items() if pc.lend_mode == "reserved"}
         self.baseline = tuple(sorted(self.models))
         for node in self.nodes:
@@ -358,47 +369,71 @@ class Engine:
     def _join(self, models: tuple[str, ...], n: int) -> None:
         group = self.groups.get(models)
         if group is None:
-            window: deque[tuple[float, latency.TickState]] = deque(maxlen=self.window_ticks + 1)
+            window: deque[tuple[float, latency.TickState, float, float]] = deque(
+                maxlen=self.window_ticks + 1
+            )
             group = self.groups[models] = Group(models, window=window, born=self.now)
         if n > 0 and group.nodes > 0:  # a fresh replica starts with an empty queue
             group.backlog_s *= group.nodes / (group.nodes + n)
         group.nodes += n
         if group.nodes <= 0:
             del self.groups[models]
+        self._layout = None
 
-    def _serve(self, k: int) -> None:
-        """The latency model over tick k (from k*tick to (k+1)*tick) and the samples."""
-        dt = self.tick_s
-        now = (k + 1) * dt
+    def _lay_out(self) -> tuple[
+        list[tuple[Group, list[tuple[int, float, float]]]], list[list[tuple[float, Group]]]
+    ]:
+        """What `_serve` needs of the groups, which change only at `_join`: per group its
+        models' (index, replicas, service time), per model its (share of its traffic,
+        group)."""
         replicas = dict.fromkeys(self.models, 0)
         for group in self.groups.values():
             for m in group.models:
                 if m in replicas:
                     replicas[m] += group.nodes
-        rate = {m: self.rates[m][k] for m in self.models}
-        per_model: dict[str, list[tuple[float, Group]]] = {m: [] for m in self.models}
-        cv2 = self.s.service_cv2
+        index = {m: i for i, m in enumerate(self.models)}
+        per_group: list[tuple[Group, list[tuple[int, float, float]]]] = []
+        per_model: list[list[tuple[float, Group]]] = [[] for _ in self.models]
         for group in self.groups.values():
-            node_rate = 0.0
-            node_load = 0.0
+            parts = []
             for m in group.models:
                 r = replicas.get(m, 0)
                 if r:
-                    share = rate[m] / r
-                    node_rate += share
-                    node_load += share * self.s.service_s[m]
-                    per_model[m].append((group.nodes / r, group))
-            stepped = latency.step(
-                self.replica_gpus, node_load, node_rate, group.backlog_s, dt, cv2
-            )
+                    parts.append((index[m], r, self.s.service_s[m]))
+                    per_model[index[m]].append((group.nodes / r, group))
+            per_group.append((group, parts))
+        return per_group, per_model
+
+    def _serve(self, k: int) -> None:
+        """The latency model over tick k (from k*tick to (k+1)*tick) and the samples."""
+        dt = self.tick_s
+        now = (k + 1) * dt
+        if self._layout is None:
+            self._layout = self._lay_out()
+        per_group, per_model_at = self._layout
+        rates = [self.rates[m][k] for m in self.models]
+        cv2 = self.s.service_cv2
+        servers = self.replica_gpus
+        for group, parts in per_group:
+            node_rate = 0.0
+            node_load = 0.0
+            for i, r, service in parts:
+                share = rates[i] / r
+                node_rate += share
+                node_load += share * service
+            stepped = latency.step(servers, node_load, node_rate, group.backlog_s, dt, cv2)
             group.backlog_s = stepped.backlog_s
-            busy = min(node_load, self.replica_gpus) / self.replica_gpus
+            busy = min(node_load, servers) / servers
             self.inference_used_s += busy * self.node_gpus * group.nodes * dt
-            group.window.append((now, stepped.state))
+            state = stepped.state
+            group.window.append((now, state, state.requests, state.wait_quantile()))
             group.pending = stepped.pending
-            group.extra_p99_s = latency.window_quantile(
-                [st for t, st in group.window if t > _window_start(group.born, now)]
+            start = _window_start(group.born, now)
+            group.extra_p99_s = latency.window_quantile_of(
+                [(n, q) for t, _, n, q in group.window if t > start]
             )
+        rate = dict(zip(self.models, rates, strict=True))
+        per_model = dict(zip(self.models, per_model_at, strict=True))
         requests_total = 0.0
         worst = 0.0
         for m in self.models:
@@ -494,6 +529,7 @@ class Engine:
                     self.dirty_sched = True
                 self._move(lease, LeaseState.RETURNED)
                 del self.leases[lease.lease_id]
+                self._lease_views.pop(lease.lease_id, None)
                 self._touch([lease.node])
 
     def _move(self, lease: SimLease, state: LeaseState) -> None:
@@ -505,6 +541,9 @@ class Engine:
         lease.state = state
         lease.updated_at = self.now
         self.moves[old, state] += 1
+        if state == LeaseState.SERVING:
+            for m in lease.models:
+                self.last_lend_at[m] = max(self.last_lend_at.get(m, 0.0), self.now)
 
     def _cancel(self, lease: SimLease) -> None:
         if lease.running_at is not None:
@@ -599,21 +638,31 @@ class Engine:
         return self._snapshot(tuple(self.views))
 
     def _snapshot(self, nodes: tuple[NodeView, ...]) -> Snapshot:
-        for lease in self.leases.values():
-            anchor = lease.updated_at if lease.state == LeaseState.SERVING else lease.created_at
-            for m in lease.models:
-                self.last_lend_at[m] = max(self.last_lend_at.get(m, 0.0), anchor)
+        # `last_lend_at` holds, per model, the latest anchor (serving: since when; else its
+        # creation) of any lease that carried it: kept up to date by `_act` (creation) and
+        # `_move` (to serving), the only places an anchor changes
         while self.victims and self.now - self.victims[0] >= 3600.0:
             self.victims.popleft()
         return Snapshot(
             nodes,
             tuple(self.replica_views),
             {m: tuple(h) for m, h in self.history.items()},
-            tuple(lease.view(self.replica_gpus) for lease in self.leases.values()),
+            tuple(self._lease_view(lease) for lease in self.leases.values()),
             dict(self.last_lend_at),
             dict(self.lend_s),
             len(self.victims),
         )
+
+    def _lease_view(self, lease: SimLease) -> LeaseView:
+        """`lease.view()`, made again only when what it shows changed."""
+        waiting = lease.lend_mode == "drain" and lease.running_at is None and bool(lease.node.jobs)
+        key = (lease.state, lease.updated_at, waiting)
+        cached = self._lease_views.get(lease.lease_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        view = lease.view(self.replica_gpus)
+        self._lease_views[lease.lease_id] = (key, view)
+        return view
 
     # ---- the run ---------------------------------------------------------------------
 

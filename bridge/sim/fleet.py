@@ -81,25 +81,34 @@ class JobRun:
 
 
 class Usage:
-    """GPUs per (pool, use) over time, integrated into GPU-seconds."""
+    """GPUs per (pool, use) over time, integrated into GPU-seconds. Each (pool, use) is
+    integrated up to its own last change (`move`); `accrue` brings every one up to a time
+    (read `seconds` only after it)."""
 
     def __init__(self, pools: list[str]) -> None:
         self.gpus = {p: dict.fromkeys(USES, 0) for p in pools}
         self.seconds = {p: dict.fromkeys(USES, 0.0) for p in pools}
-        self._at = 0.0
+        #: per (pool, use): the time `seconds` holds it up to
+        self._since = {p: dict.fromkeys(USES, 0.0) for p in pools}
 
     def accrue(self, now: float) -> None:
-        dt = now - self._at
-        if dt > 0:
-            for pool, uses in self.gpus.items():
-                acc = self.seconds[pool]
-                for use, n in uses.items():
-                    if n:
-                        acc[use] += n * dt
-            self._at = now
+        for pool, uses in self.gpus.items():
+            for use in uses:
+                self._accrue(pool, use, now)
 
-    def move(self, pool: str, src: str, dst: str, n: int) -> None:
+    def _accrue(self, pool: str, use: str, now: float) -> None:
+        since = self._since[pool]
+        dt = now - since[use]
+        if dt > 0:
+            n = self.gpus[pool][use]
+            if n:
+                self.seconds[pool][use] += n * dt
+            since[use] = now
+
+    def move(self, pool: str, src: str, dst: str, n: int, now: float) -> None:
         if n:
+            self._accrue(pool, src, now)
+            self._accrue(pool, dst, now)
             self.gpus[pool][src] -= n
             self.gpus[pool][dst] += n
 
@@ -126,6 +135,8 @@ class Fleet:
         gmax = max((n.gpus for n in nodes), default=0)
         for p in self.partitions:
             self._free[p] = [set() for _ in range(gmax + 1)]
+        #: partition -> indexed nodes with a free GPU (`any(self._free[p][1:])`, counted)
+        self._avail: dict[str, int] = dict.fromkeys(self.partitions, 0)
         #: partition -> pending (submit order key, job id), sorted
         self.pending: dict[str, list[tuple[float, str]]] = {p: [] for p in self.partitions}
         self.preemptions = 0
@@ -140,11 +151,19 @@ class Fleet:
 
     def _index(self, node: SimNode) -> None:
         if node.schedulable and node.partition is not None:
-            self._free[node.partition][node.free].add(node.index)
+            bucket = self._free[node.partition][node.free]
+            if node.index not in bucket:
+                bucket.add(node.index)
+                if node.free > 0:
+                    self._avail[node.partition] += 1
 
     def _unindex(self, node: SimNode) -> None:
         if node.partition is not None:
-            self._free[node.partition][node.free].discard(node.index)
+            bucket = self._free[node.partition][node.free]
+            if node.index in bucket:
+                bucket.remove(node.index)
+                if node.free > 0:
+                    self._avail[node.partition] -= 1
 
     def _fit(self, partition: str, job: SimJob) -> list[int] | None:
         buckets = self._free[partition]
@@ -176,7 +195,7 @@ class Fleet:
             kept: list[tuple[float, str]] = []
             looked = 0
             for i, entry in enumerate(queue):
-                if looked >= self.max_job_test or not any(self._free[partition][1:]):
+                if looked >= self.max_job_test or not self._avail[partition]:
                     kept.extend(queue[i:])
                     break
                 run = self.runs[entry[1]]
@@ -194,7 +213,6 @@ class Fleet:
         return started
 
     def _start(self, run: JobRun, chosen: list[int], now: float) -> None:
-        self.usage.accrue(now)
         run.nodes = tuple(chosen)
         run.started_at = now
         run.run += 1
@@ -207,10 +225,9 @@ class Fleet:
             node.free -= run.job.gpus_per_node
             node.jobs.add(run.job.job_id)
             self._index(node)
-            self.usage.move(node.pool, "idle", run.job.kind, run.job.gpus_per_node)
+            self.usage.move(node.pool, "idle", run.job.kind, run.job.gpus_per_node, now)
 
     def _release(self, run: JobRun, now: float) -> list[SimNode]:
-        self.usage.accrue(now)
         freed = []
         for i in run.nodes:
             node = self.nodes[i]
@@ -219,7 +236,7 @@ class Fleet:
             node.jobs.discard(run.job.job_id)
             self._index(node)
             dst = "fenced" if node.fenced else "idle"
-            self.usage.move(node.pool, run.job.kind, dst, run.job.gpus_per_node)
+            self.usage.move(node.pool, run.job.kind, dst, run.job.gpus_per_node, now)
             freed.append(node)
         run.nodes = ()
         run.started_at = None
@@ -248,32 +265,28 @@ class Fleet:
     # ---- the bridge's hold on nodes ---------------------------------------------------
 
     def fence(self, node: SimNode, now: float) -> None:
-        self.usage.accrue(now)
         self._unindex(node)
         node.fenced = True
-        self.usage.move(node.pool, "idle", "fenced", node.free)
+        self.usage.move(node.pool, "idle", "fenced", node.free, now)
 
     def unfence(self, node: SimNode, now: float) -> None:
-        self.usage.accrue(now)
         node.fenced = False
-        self.usage.move(node.pool, "fenced", "idle", node.free)
+        self.usage.move(node.pool, "fenced", "idle", node.free, now)
         self._index(node)
 
     def take(self, node: SimNode, now: float) -> None:
         """A Triton job starts on the (free) node."""
         assert not node.jobs, f"{node.name} still runs {sorted(node.jobs)}"
-        self.usage.accrue(now)
         self._unindex(node)
         src = "fenced" if node.fenced else "idle"
-        self.usage.move(node.pool, src, "inference", node.gpus)
+        self.usage.move(node.pool, src, "inference", node.gpus, now)
         node.triton = True
         node.fenced = False
 
     def give_back(self, node: SimNode, now: float) -> None:
         """The Triton job ended; the node is Slurm's again."""
-        self.usage.accrue(now)
         node.triton = False
-        self.usage.move(node.pool, "inference", "idle", node.gpus)
+        self.usage.move(node.pool, "inference", "idle", node.gpus, now)
         self._index(node)
 
     def running_on(self, node: SimNode) -> Iterator[JobRun]:

@@ -21,6 +21,7 @@ window (see there).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bridge.policy import capacity
@@ -131,13 +132,19 @@ def window_quantile(states: list[TickState], q: float = Q) -> float | None:
     tick's quantile is the answer. Exact when the ticks are alike; after a burst it keeps
     the burst's latency for as long as the burst's requests are over 1% of the window, as
     Triton's summary does. None without requests."""
-    total = sum(s.requests for s in states)
+    return window_quantile_of([(s.requests, s.wait_quantile(q)) for s in states], q)
+
+
+def window_quantile_of(ticks: Sequence[tuple[float, float]], q: float = Q) -> float | None:
+    """`window_quantile` from each tick's (requests, `wait_quantile(q)`), for a caller that
+    keeps them (the engine computes a tick's quantile once, not at every window)."""
+    total = sum(requests for requests, _ in ticks)
     if total <= 0:
         return None
     budget = (1.0 - q) * total
     seen = 0.0
     for extra, requests in sorted(
-        ((s.wait_quantile(q), s.requests) for s in states if s.requests > 0), reverse=True
+        ((extra, requests) for requests, extra in ticks if requests > 0), reverse=True
     ):
         seen += requests
         if seen >= budget:
