@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -50,6 +50,7 @@ from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxControl, NginxProcess
 from bridge.routing.publisher import RoutingPublisher
 from bridge.slurm.select import open_backend
+from bridge.triton.metrics import MetricsPage
 from bridge.triton.prometheus import PrometheusSignal
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ def build(
             slurm,
             config,
             clients,
-            on_page=feed.record_page if feed else None,
+            on_page=_leader_only(feed.record_page, lease) if feed else None,
             prometheus=prometheus_source(config),
         ),
         clients,
@@ -170,6 +171,20 @@ def build(
         is_active=(lambda: lease.active) if lease is not None else None,
     )
     return Bridge(config, reconciler, metrics, publisher, proc, clients, feed, lease, requests)
+
+
+def _leader_only(
+    record: Callable[[str, str, float, MetricsPage], None], lease: LeaderLease | None
+) -> Callable[[str, str, float, MetricsPage], None]:
+    """The ledger's page hook, on the active instance only: a standby writes nothing."""
+    if lease is None:
+        return record
+
+    def on_page(job_id: str, address: str, at: float, page: MetricsPage) -> None:
+        if lease.active:
+            record(job_id, address, at, page)
+
+    return on_page
 
 
 def prometheus_source(config: BridgeConfig) -> PrometheusSignal | None:

@@ -211,6 +211,10 @@ class Engine:
         self.seq = 0
         self.now = 0.0
         self.leases: dict[int, SimLease] = {}
+        #: drain-mode leases, by id, that may still need their Triton job's start
+        self.drain_pending: dict[int, SimLease] = {}
+        #: ids of the open leases that `_sync` may move (any not serving)
+        self.unsettled: set[int] = set()
         #: lease id -> ((state, updated_at, waiting), its LeaseView) (`_lease_view`)
         self._lease_views: dict[int, tuple[tuple[LeaseState, float, bool], LeaseView]] = {}
         self.next_lease = 1
@@ -340,17 +344,20 @@ class Engine:
                 self.dirty_sched = True
 
     def _drain_ready(self) -> None:
-        """Drain-mode leases whose node just became free start their Triton job."""
-        for lease in self.leases.values():
-            if (
-                lease.lend_mode == "drain"
-                and lease.state == LeaseState.SUBMITTED
-                and lease.running_at is None
-                and not lease.node.jobs
-                and not lease.queued
-            ):
+        """Drain-mode leases whose node just became free start their Triton job. Only the
+        drain leases not yet given their start are looked at (in lease order); one that
+        never will be (queued, cancelled, past submitted) leaves that list."""
+        gone = []
+        for lease_id, lease in self.drain_pending.items():
+            if lease.state != LeaseState.SUBMITTED or lease.running_at is not None or lease.queued:
+                gone.append(lease_id)
+                continue
+            if not lease.node.jobs:
                 lease.queued = True
+                gone.append(lease_id)
                 self._at(self.now + self.s.timing.slurm_start_s, "triton_run", lease)
+        for lease_id in gone:
+            del self.drain_pending[lease_id]
 
     def _schedule(self) -> None:
         if not self.dirty_sched:
@@ -501,7 +508,8 @@ class Engine:
 
     def _sync(self) -> None:
         now = self.now
-        for lease in list(self.leases.values()):
+        # serving leases do not move here: only the others, in lease order
+        for lease in [self.leases[i] for i in sorted(self.unsettled)]:
             state = lease.state
             if state == LeaseState.SUBMITTED:
                 if lease.running_at is not None and lease.running_at <= now:
@@ -541,6 +549,12 @@ class Engine:
         lease.state = state
         lease.updated_at = self.now
         self.moves[old, state] += 1
+        if state == LeaseState.RETURNED:
+            self.unsettled.discard(lease.lease_id)
+        elif state == LeaseState.SERVING:
+            self.unsettled.discard(lease.lease_id)
+        else:
+            self.unsettled.add(lease.lease_id)
         if state == LeaseState.SERVING:
             for m in lease.models:
                 self.last_lend_at[m] = max(self.last_lend_at.get(m, 0.0), self.now)
@@ -569,6 +583,9 @@ class Engine:
             self.next_lease += 1
             lease.waited = action.lend_mode == "drain" and bool(node.jobs)
             self.leases[lease.lease_id] = lease
+            self.unsettled.add(lease.lease_id)
+            if action.lend_mode == "drain":
+                self.drain_pending[lease.lease_id] = lease
             for m in action.models:
                 self.last_lend_at[m] = now
             self.fleet.fence(node, now)
