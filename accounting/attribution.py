@@ -19,6 +19,7 @@ property tests drive it directly.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
@@ -26,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 
 from accounting.buckets import even_split, floor_hour, largest_remainder, split_ms, utc
 from accounting.errors import IngestError
@@ -95,10 +97,16 @@ class Context:
 def tags(comment: str) -> dict[str, str]:
     """The bridge's tags in a job's comment (comma, semicolon or space separated); the
     last `stb:workload=` wins (the admin comment comes last)."""
+    return dict(comment_tags(comment))
+
+
+@functools.lru_cache(maxsize=4096)
+def comment_tags(comment: str) -> Mapping[str, str]:
+    """`tags`, cached (comments repeat across a cluster's jobs): read-only."""
     found = dict(_TAG.findall(comment))
     if TRITON_TAG in re.split(r"[\s,;]+", comment):
         found.setdefault("workload", "inference")
-    return found
+    return MappingProxyType(found)
 
 
 def deferred_reason(rec: AccountingRecord) -> str | None:
@@ -242,7 +250,7 @@ def job_entry_tuples(
     cluster = rec.cluster or ctx.cluster
     if not cluster:
         raise IngestError(rec.key, "names no cluster")
-    t = tags(rec.comment)
+    t = comment_tags(rec.comment)
     workload = t.get("workload") or ctx.workload_of_partition.get(rec.partition)
     lease = t.get("lease", "")
     per_node = even_split(rec.gpus, len(rec.nodes))

@@ -11,15 +11,20 @@
 - `record_serving`: Triton's per-model compute counters, as scraped (duplicates ignored).
 
 Records stream through in chunks (`progress` is called per chunk), so a million records
-never sit in memory as rows.
+never sit in memory as rows. New rows are written in bulk inside the ingest's one transaction:
+COPY on PostgreSQL, one plain executemany per chunk and table on SQLite, on a thread of their
+own while the next chunk is read and attributed (every other statement waits for that write);
+`bulk=False` writes them with SQLAlchemy inserts, the reference the tests compare with.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -43,15 +48,15 @@ from accounting.attribution import (
     EntryTuple,
     ServingPoint,
     capacity_ms,
+    comment_tags,
     deferred_reason,
     digest,
     idle_entries,
     job_entry_tuples,
     record_end,
-    tags,
 )
 from accounting.buckets import HOUR, hours, month_of, utc
-from accounting.errors import ClosedPeriodError, LedgerError
+from accounting.errors import ClosedPeriodError, IngestError, LedgerError
 from accounting.schema import (
     CAPACITY_SOURCE,
     IngestRun,
@@ -171,12 +176,21 @@ def ingest_records(
         if inventory is not None:
             _record_inventory(conn, inventory)
         closed = set(conn.scalars(select(PERIODS.c.month)))
-        for chunk in batched(records, chunk_size):
-            _ingest_chunk(
-                conn, chunk, ctx, closed, restate, reason, now, summary, touched, bulk=bulk
-            )
-            if progress:
-                progress(len(chunk))
+        with _Background() as writer:
+            # The next chunk is read (parsed) while a thread writes this one's rows; every
+            # database access waits for that write first.
+            bound_for = conn.dialect if bulk and conn.dialect.name == "sqlite" else None
+            for chunk in batched(records, chunk_size):
+                prepared = _prepare_chunk(chunk, ctx, summary, early=bulk, bound_for=bound_for)
+                writer.wait()
+                write = _ingest_chunk(
+                    conn, prepared, ctx, closed, restate, reason, now, summary, touched, bulk=bulk
+                )
+                if write is not None:
+                    writer.submit(write)
+                if progress:
+                    progress(len(chunk))
+            writer.wait()
         if since is not None and until is not None:
             touched.update(hours(since, until))
         horizon = ctx.horizon or until or now
@@ -197,19 +211,31 @@ def ingest_records(
     return summary
 
 
-def _ingest_chunk(
-    conn: Connection,
+@dataclass
+class _Prepared:
+    """A chunk's records to book, their keys, and what needs no database: the digest and
+    entries of each record that needs no serving samples (None for one that does). An
+    IngestError is kept, to be raised only if the record turns out to be changed."""
+
+    ready: list[AccountingRecord]
+    keys: list[str]
+    #: per record: None, or (digest, entries or the error, its ledger rows)
+    early: list[tuple[str, list[EntryTuple] | IngestError, list[tuple[Any, ...]]] | None]
+    serving_ids: set[str]
+    #: the dialect the rows' bucket and day are bound for (None: Python values)
+    bound_for: Any
+
+
+def _prepare_chunk(
     chunk: Sequence[AccountingRecord],
     ctx: Context,
-    closed: set[str],
-    restate: bool,
-    reason: str,
-    now: datetime,
     summary: IngestSummary,
-    touched: set[datetime],
     *,
-    bulk: bool = False,
-) -> None:
+    early: bool,
+    bound_for: Any = None,
+) -> _Prepared:
+    """The chunk's pure part, done before the previous chunk's write is waited for (with
+    `early`: digests, entries and rows too)."""
     summary.records += len(chunk)
     ready = []
     for rec in chunk:
@@ -220,10 +246,61 @@ def _ingest_chunk(
             summary.skipped += 1
         else:
             ready.append(rec)
+    keys = [r.key for r in ready]  # a property (an f-string): once per record
+    serving_ids = {r.job_id for r in ready if _serves(r, ctx)}
+    pre: list[tuple[str, list[EntryTuple] | IngestError, list[tuple[Any, ...]]] | None] = []
+    for rec, key in zip(ready, keys, strict=True):
+        if not early or rec.job_id in serving_ids:
+            pre.append(None)
+            continue
+        try:
+            entries = job_entry_tuples(rec, ctx)
+        except IngestError as exc:
+            pre.append((digest(rec, ctx), exc, []))
+            continue
+        pre.append((digest(rec, ctx), entries, _rows_of(entries, key, bound_for)))
+    return _Prepared(ready, keys, pre, serving_ids, bound_for)
+
+
+def _rows_of(entries: list[EntryTuple], source: str, bound_for: Any) -> list[tuple[Any, ...]]:
+    """A record's ledger rows (`LEDGER_COLUMNS` order) from its entries."""
+    cells = _bucket_cells(bound_for)
+    rows = []
+    for e in entries:
+        b = e[0]
+        cell = cells.get(b)
+        if cell is None:
+            cell = _bucket_cell(cells, b, bound_for)
+        rows.append((*cell, *e[1:12], source, e[12]))
+    return rows
+
+
+def _serves(rec: AccountingRecord, ctx: Context) -> bool:
+    """A serving job (whose rows depend on its serving samples)."""
+    tagged = comment_tags(rec.comment)
+    return tagged.get("workload", ctx.workload_of_partition.get(rec.partition)) == "inference"
+
+
+def _ingest_chunk(
+    conn: Connection,
+    prepared: _Prepared,
+    ctx: Context,
+    closed: set[str],
+    restate: bool,
+    reason: str,
+    now: datetime,
+    summary: IngestSummary,
+    touched: set[datetime],
+    *,
+    bulk: bool = False,
+) -> Callable[[], None] | None:
+    """Book one prepared chunk. With `bulk` (PostgreSQL, SQLite) the new rows' writes are
+    returned, to run before the transaction's next statement; otherwise they are done
+    here."""
+    ready, keys = prepared.ready, prepared.keys
     if not ready:
-        return
-    serving = _serving_for(conn, ready, ctx)
-    keys = [r.key for r in ready]
+        return None
+    serving = _serving_for(conn, ready, prepared.serving_ids, ctx)
     existing = {
         key: (rid, dig)
         for rid, key, dig in conn.execute(
@@ -233,21 +310,37 @@ def _ingest_chunk(
         )
     }
     changed: list[tuple[AccountingRecord, str, list[EntryTuple]]] = []
+    changed_keys: list[str] = []
+    early_rows: dict[str, list[tuple[Any, ...]]] = {}
+    bound_for = prepared.bound_for
     seen: set[str] = set()
-    for rec in ready:
-        if rec.key in seen:  # the same run listed twice in one read: the later wins
-            changed = [c for c in changed if c[0].key != rec.key]
-        seen.add(rec.key)
-        points = serving.get(rec.job_id, ())
-        dig = digest(rec, ctx, points)
-        old = existing.get(rec.key)
+    for rec, key, pre in zip(ready, keys, prepared.early, strict=True):
+        if key in seen:  # the same run listed twice in one read: the later wins
+            kept = [i for i, k in enumerate(changed_keys) if k != key]
+            changed = [changed[i] for i in kept]
+            changed_keys = [changed_keys[i] for i in kept]
+        seen.add(key)
+        if pre is None:
+            points = serving.get(rec.job_id, ())
+            dig = digest(rec, ctx, points)
+        else:
+            dig = pre[0]
+        old = existing.get(key)
         if old is not None and old[1] == dig:
             summary.unchanged += 1
             continue
-        changed.append((rec, dig, job_entry_tuples(rec, ctx, points)))
+        if pre is None:
+            entries = job_entry_tuples(rec, ctx, points)
+            early_rows.pop(key, None)
+        elif isinstance(pre[1], IngestError):
+            raise pre[1]
+        else:
+            entries, early_rows[key] = pre[1], pre[2]
+        changed.append((rec, dig, entries))
+        changed_keys.append(key)
     if not changed:
-        return
-    old_keys = [rec.key for rec, _, _ in changed if rec.key in existing]
+        return None
+    old_keys = [key for key in changed_keys if key in existing]
     if closed:
         _check_closed(conn, changed, old_keys, closed, restate, reason, now, summary)
     if old_keys:
@@ -257,42 +350,89 @@ def _ingest_chunk(
             )
             touched.update(utc(h) for (h,) in old_hours)
             conn.execute(delete(LEDGER).where(LEDGER.c.source.in_(part)))
+    # On SQLite's bulk path the rows carry their bucket and day as bound (text), made once
+    # per hour; elsewhere as Python values.
+    bound = bulk and conn.dialect.name == "sqlite"
     rows: list[tuple[Any, ...]] = []
-    for rec, _, entries in changed:
-        source = rec.key
-        for e in entries:
-            b = e[0]
-            day, month = _bucket_keys(b)
-            rows.append((b, day, month, *e[1:12], source, e[12]))
-            touched.add(b)
+    for (_, _, entries), source in zip(changed, changed_keys, strict=True):
+        made = early_rows.get(source)
+        rows += made if made is not None else _rows_of(entries, source, bound_for)
+        touched.update(e[0] for e in entries)
+    writes = []
     if rows:
-        insert_rows(conn, LEDGER, LEDGER_COLUMNS, rows, bulk)
+        writes.append(bulk_write(conn, LEDGER, LEDGER_COLUMNS, rows, bulk, bound=bound))
     summary.rows_written += len(rows)
     inserts: list[tuple[Any, ...]] = []
     updates = []
-    for rec, dig, entries in changed:
+    for (rec, dig, entries), key in zip(changed, changed_keys, strict=True):
         end = record_end(rec, ctx.horizon)
         gpu_ms = sum(e[12] for e in entries)
-        if rec.key in existing:
+        if key in existing:
             updates.append(
                 {
-                    "_id": existing[rec.key][0], "digest": dig, "job_id": rec.job_id,
+                    "_id": existing[key][0], "digest": dig, "job_id": rec.job_id,
                     "state": rec.state, "start": rec.start, "end": end, "gpu_ms": gpu_ms,
                     "last_changed_at": now,
                 }
             )  # fmt: skip
         else:
             inserts.append(
-                (SACCT, rec.key, now, dig, rec.job_id, rec.state, rec.start, end, gpu_ms, now)
+                (SACCT, key, now, dig, rec.job_id, rec.state, rec.start, end, gpu_ms, now)
             )
     # One executemany (or COPY) each, not a statement per record.
     if inserts:
-        insert_rows(conn, SOURCES, SOURCE_COLUMNS, inserts, bulk)
+        writes.append(bulk_write(conn, SOURCES, SOURCE_COLUMNS, inserts, bulk))
     if updates:
         stmt = update(SOURCES).where(SOURCES.c.id == bindparam("_id"))
         conn.execute(stmt, updates)
     summary.new += len(inserts)
     summary.changed += len(updates)
+    pending = [w for w in writes if w is not None]
+    if not pending:
+        return None
+
+    def write() -> None:
+        for w in pending:
+            w()
+
+    return write
+
+
+class _Background:
+    """One write at a time on a thread of its own. The drivers leave the GIL while the
+    database works (SQLite's steps, PostgreSQL's COPY round trips), so on two cores the
+    next chunk's parsing runs meanwhile. The caller waits before the connection's next
+    use; on an error, the write under way is waited for (not raised over) before the
+    transaction rolls back."""
+
+    def __init__(self) -> None:
+        self.pool: ThreadPoolExecutor | None = None
+        self.pending: Future[None] | None = None
+
+    def __enter__(self) -> _Background:
+        return self
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        self.wait()
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="stb-ledger-write")
+        self.pending = self.pool.submit(fn)
+
+    def wait(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        try:
+            if kind is None:
+                self.wait()
+            elif self.pending is not None:
+                futures_wait([self.pending])
+                self.pending = None
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True)
 
 
 #: the columns of a ledger row tuple, in order
@@ -305,17 +445,34 @@ SOURCE_COLUMNS = (
     "kind", "key", "first_ingested_at", "digest", "job_id", "state", "start", "end", "gpu_ms",
     "last_changed_at",
 )  # fmt: skip
-_BUCKET_KEYS: dict[datetime, tuple[date, str]] = {}
+#: per dialect (None: Python values), bucket -> (bucket, day, month) as a row holds them
+_BUCKET_CELLS: dict[str | None, dict[datetime, tuple[Any, Any, str]]] = {}
 
 
-def _bucket_keys(bucket: datetime) -> tuple[date, str]:
-    """A bucket's day and month (as `_row` writes them), cached: hours repeat."""
-    keys = _BUCKET_KEYS.get(bucket)
-    if keys is None:
-        if len(_BUCKET_KEYS) > 200_000:
-            _BUCKET_KEYS.clear()
-        keys = _BUCKET_KEYS[bucket] = (bucket.date(), bucket.strftime("%Y-%m"))
-    return keys
+def _bucket_cells(dialect: Any) -> dict[datetime, tuple[Any, Any, str]]:
+    return _BUCKET_CELLS.setdefault(dialect.name if dialect is not None else None, {})
+
+
+def _bucket_cell(
+    cells: dict[datetime, tuple[Any, Any, str]], bucket: datetime, dialect: Any
+) -> tuple[Any, Any, str]:
+    """A bucket's (bucket, day, month) as `_row` writes them, bound for `dialect` when
+    given; cached: the hours repeat across records."""
+    if len(cells) > 200_000:
+        cells.clear()
+    day, month = bucket.date(), bucket.strftime("%Y-%m")
+    if dialect is None:
+        cell: tuple[Any, Any, str] = (bucket, day, month)
+    else:
+        to_bucket = _bind_processor(LEDGER.c.bucket.type, dialect)
+        to_day = _bind_processor(LEDGER.c.day.type, dialect)
+        cell = (
+            to_bucket(bucket) if to_bucket else bucket,
+            to_day(day) if to_day else day,
+            month,
+        )
+    cells[bucket] = cell
+    return cell
 
 
 def insert_rows(
@@ -324,24 +481,55 @@ def insert_rows(
     columns: Sequence[str],
     rows: list[tuple[Any, ...]],
     bulk: bool,
+    *,
+    bound: bool = False,
 ) -> None:
     """Insert `rows` (tuples in `columns` order) in the open transaction: COPY on
-    PostgreSQL, a plain executemany of bound values on SQLite when `bulk`; else (and on
-    other databases) SQLAlchemy's insert of row dicts, the reference."""
+    PostgreSQL, a plain executemany of bound values on SQLite when `bulk` (`bound`: the
+    rows hold them already); else (and on other databases) SQLAlchemy's insert of row
+    dicts, the reference."""
+    write = bulk_write(conn, table, columns, rows, bulk, bound=bound)
+    if write is not None:
+        write()
+
+
+def bulk_write(
+    conn: Connection,
+    table: Any,
+    columns: Sequence[str],
+    rows: list[tuple[Any, ...]],
+    bulk: bool,
+    *,
+    bound: bool = False,
+) -> Callable[[], None] | None:
+    """`insert_rows`: on the bulk paths the write itself, to run later (on the driver's
+    connection, in the open transaction); otherwise the rows are inserted now (None)."""
     dialect = conn.dialect
+    driver: Any = conn.connection.driver_connection
+    quote = dialect.identifier_preparer.quote
     if bulk and dialect.name == "postgresql":
-        quote = dialect.identifier_preparer.quote
         sql = f"COPY {quote(table.name)} ({', '.join(quote(c) for c in columns)}) FROM STDIN"
-        with conn.connection.driver_connection.cursor() as cur, cur.copy(sql) as copy:  # type: ignore[union-attr]
-            for row in rows:
-                copy.write_row(row)
-        return
+
+        def copy_rows() -> None:
+            with driver.cursor() as cur, cur.copy(sql) as copy:
+                for row in rows:
+                    copy.write_row(row)
+
+        return copy_rows
     if bulk and dialect.name == "sqlite":
-        conn.exec_driver_sql(
-            _sqlite_insert(conn, table, columns), _sqlite_values(conn, table, columns, rows)
-        )
-        return
+        sql = _sqlite_insert(conn, table, columns)
+        values = rows if bound else bind_rows(conn, table, columns, rows)
+
+        def execute_many() -> None:
+            cur = driver.cursor()
+            try:
+                cur.executemany(sql, values)
+            finally:
+                cur.close()
+
+        return execute_many
     conn.execute(insert(table), [dict(zip(columns, row, strict=True)) for row in rows])
+    return None
 
 
 def _sqlite_insert(conn: Connection, table: Any, columns: Sequence[str]) -> str:
@@ -350,11 +538,14 @@ def _sqlite_insert(conn: Connection, table: Any, columns: Sequence[str]) -> str:
     return f"INSERT INTO {quote(table.name)} ({names}) VALUES ({', '.join('?' * len(columns))})"
 
 
-def _sqlite_values(
+def bind_rows(
     conn: Connection, table: Any, columns: Sequence[str], rows: list[tuple[Any, ...]]
 ) -> list[tuple[Any, ...]]:
     """The rows as SQLAlchemy binds them on SQLite (its column types' bind processors:
-    UTC datetimes as naive text, dates as text), converted once per distinct value."""
+    UTC datetimes as naive text, dates as text), converted once per distinct value; on
+    other databases as they are (COPY adapts them)."""
+    if conn.dialect.name != "sqlite":
+        return rows
     procs = [
         (i, proc)
         for i, c in enumerate(columns)
@@ -389,15 +580,9 @@ def _key_match(conn: Connection, keys: list[str]) -> Any:
 
 
 def _serving_for(
-    conn: Connection, records: Sequence[AccountingRecord], ctx: Context
+    conn: Connection, records: Sequence[AccountingRecord], ids: set[str], ctx: Context
 ) -> dict[str, list[ServingPoint]]:
-    """The serving samples of the chunk's serving jobs, by job id."""
-    ids = {
-        r.job_id
-        for r in records
-        if tags(r.comment).get("workload", ctx.workload_of_partition.get(r.partition))
-        == "inference"
-    }
+    """The serving samples of the chunk's serving jobs (`ids`), by job id."""
     out: dict[str, list[ServingPoint]] = defaultdict(list)
     if not ids:
         return out

@@ -4,8 +4,9 @@ measured in the same run.
 
 The records take the real path: synthetic `sacct --json` documents in the Slurm 22.05 shape
 (the shape of tests/data/slurm/sacct-requeue-22.05.json; checked key for key at start), 10,000
-jobs per document -> `bridge.slurm.parse.parse_sacct_json` -> `accounting.ingest.ingest_records`,
-fed by a generator (one document in memory at a time). The workload, seeded and deterministic:
+jobs per document, written to files once (phase `generate`, not timed as part of any other) ->
+read and `bridge.slurm.parse.parse_sacct_json` -> `accounting.ingest.ingest_records`, fed by a
+generator (one document in memory at a time). The workload, seeded and deterministic:
 
 - 1,000 nodes in three pools, partition = pool: train (560 x 8 h100), elastic (280 x 8 a100),
   infer (160 x 4 l40s); submissions arrive evenly over 2026-09-15..2026-12-15, so jobs cross
@@ -26,15 +27,17 @@ fed by a generator (one document in memory at a time). The workload, seeded and 
   At 1,000,000 records the fleet is about a third busy.
 
 Phases, each in its own process (peak RSS = that process's ru_maxrss, from wait4):
-  gen+parse  generate and parse the records, nothing else (baseline: the input's own cost;
-             "ledger's own" time = ingest - gen+parse)
-  raw        per backend, into a separate empty database: the same records through the same
-             pure attribution (`job_entries`, `digest`), the same ledger and source rows
-             written with one plain executemany per 2,000 records (baseline: the floor for
-             the same rows; idle rows not included)
-  setup      `open_ledger` (Alembic migration) + `record_inventory` (1,000 nodes)
-  ingest     `ingest_records` of the records, as generated (one transaction)
-  report     `build_report` of 2026-11 by team
+  generate     write the documents (the input; its time is printed, not compared)
+  parse        read and parse the documents (msgspec), nothing else (baseline: the input's
+               own cost; only reading and parsing are timed, not the tally of the records)
+  parse-plain  the same with `parse_sacct_json_plain` (json and dicts: the reader before)
+  floor        per backend, into a separate empty database: the same ledger and source rows
+               (the same pure attribution) written in one transaction by the ingest's bulk
+               writer alone, COPY (PostgreSQL) or one executemany per 2,000 records (SQLite);
+               only the writes are timed (the floor for the same rows; idle rows not included)
+  setup        `open_ledger` (Alembic migration) + `record_inventory` (1,000 nodes)
+  ingest       end to end: read, parse and `ingest_records` (one transaction)
+  report       `build_report` of 2026-11 by team
 At the end the report's GPU-ms per team (idle, the team "(idle)" line, excluded) must equal
 the sum over the ingested records of GPUs x their time inside the month, computed from the
 parsed records independently of the ledger, and the ledger must hold one row per node and
@@ -43,10 +46,11 @@ hour each run touched: "check: ok", or exit 1.
 Usage:
     .venv/bin/python bench/ledger.py [--records 1000000] [--backends sqlite,postgresql]
         [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres] [--keep] [--seed 1]
-        [--no-raw]
-PostgreSQL: a database `stb_bench_ledger_<hex>` (and `<hex>_raw`) is made from the admin URL
-and dropped at the end, even on error. SQLite: files in a temporary folder
-(`--keep` keeps them). Progress: a line per document to stderr.
+        [--no-floor] [--no-plain]
+PostgreSQL: a database `stb_bench_ledger_<hex>` (and `<hex>_floor`) is made from the admin URL
+and dropped at the end, even on error. SQLite: files in a temporary folder (`--keep` keeps
+them); the documents in another, removed at the end. Progress: a line per 100,000 records to
+stderr. The last line of stdout: `RESULT key=value ...` (seconds, ratios, MiB).
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ from accounting.ingest import (
     SOURCE_COLUMNS,
     NodeCapacity,
     batched,
+    bind_rows,
     ingest_records,
     insert_rows,
     record_inventory,
@@ -593,11 +598,13 @@ def phase_floor(args: argparse.Namespace) -> dict[str, Any]:
                     (SACCT, key, now, digest(rec, ctx), rec.job_id, rec.state, rec.start,
                      record_end(rec, ctx.horizon), sum(e[12] for e in entries), now)
                 )  # fmt: skip
+            rows = bind_rows(conn, LEDGER, LEDGER_COLUMNS, rows)
+            sources = bind_rows(conn, SOURCES, SOURCE_COLUMNS, sources)
             w0 = time.perf_counter()
             if rows:
-                insert_rows(conn, LEDGER, LEDGER_COLUMNS, rows, True)
+                insert_rows(conn, LEDGER, LEDGER_COLUMNS, rows, True, bound=True)
             if sources:
-                insert_rows(conn, SOURCES, SOURCE_COLUMNS, sources, True)
+                insert_rows(conn, SOURCES, SOURCE_COLUMNS, sources, True, bound=True)
             write_s += time.perf_counter() - w0
             rows_written, sources_written = rows_written + len(rows), sources_written + len(sources)
         w0 = time.perf_counter()

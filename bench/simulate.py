@@ -39,10 +39,20 @@ a peak-sized inference pool) at each `--sim-nodes` size for `--sim-days`, and pr
 simulated days per wall second of the bridge policy beside separate pools sized for peak
 (the baseline in the same run: the queue and latency model alone, decide never acts).
 
+Part `speed` times the bridge's run at each `--speed` size (nodes:days; default a month
+at 1,000 nodes and a day at 10,000, issue 15's targets: 60 s each) on the same traces and
+says whether the target is met. Baseline in the same run: the first
+`--speed-baseline-days` of the same run with the quiet-tick proof off
+(`Setup.prove_quiet = False`, `assess` at every tick) and on; the two results must be
+equal (else exit 1), and their wall times give the proof's speed-up. The other speed-ups
+(incremental engine state, the policy's faster loops) have no switch: their before is
+the README's figures.
+
 No lab needed. Usage:
-    .venv/bin/python bench/simulate.py [--part all|decide|sim] [--nodes 10000]
+    .venv/bin/python bench/simulate.py [--part all|decide|sim|speed] [--nodes 10000]
         [--instances 1000] [--models 5000] [--repeat 30] [--seed 1]
         [--sim-nodes 1000,10000] [--sim-days 1,0.1]
+        [--speed 1000:30,10000:1] [--speed-baseline-days 1,0.1]
 """
 
 from __future__ import annotations
@@ -75,7 +85,9 @@ from bridge.policy import (
     history_depth,
 )
 from bridge.sim import cli as sim_cli
-from bridge.sim.policies import compare
+from bridge.sim.engine import Engine
+from bridge.sim.policies import Scenario, compare, setup_for, size
+from bridge.sim.result import PolicyResult
 
 #: the public traces of the project workspace (development material beside the checkout)
 TRACES = project_root().parent / "shared" / "traces"
@@ -387,21 +399,7 @@ def part_sim(args: argparse.Namespace, result: dict[str, str]) -> int:
     )
     for nodes, d in zip(sizes, days, strict=True):
         started = time.perf_counter()
-        scenario = sim_cli.build_scenario(
-            days=d,
-            nodes=nodes,
-            gpus_per_node=8,
-            rates=sim_cli.model_rates(4, args.sim_mean_rps * nodes / 256),
-            slo_ms=100.0,
-            service_ms=20.0,
-            arrivals="azure",
-            arrivals_trace=TRACES / sim_cli.AZURE_TRACE,
-            jobs="alibaba",
-            jobs_trace=TRACES / sim_cli.ALIBABA_TRACE,
-            load=0.9,
-            policies=["separate-peak", "bridge"],
-            seed=args.seed,
-        )
+        scenario = _scenario(nodes, d, ["separate-peak", "bridge"], args)
         built = time.perf_counter() - started
         report = compare(scenario, ["separate-peak", "bridge"])
         base, bridge = report.results
@@ -422,10 +420,94 @@ def part_sim(args: argparse.Namespace, result: dict[str, str]) -> int:
     return 0
 
 
+def _scenario(nodes: int, days: float, policies: list[str], args: argparse.Namespace) -> Scenario:
+    """The shared traces' workload at `nodes` nodes for `days` (Azure arrivals for four
+    models scaled with the fleet, Alibaba jobs at 90% of the GPUs outside peak inference)."""
+    return sim_cli.build_scenario(
+        days=days,
+        nodes=nodes,
+        gpus_per_node=8,
+        rates=sim_cli.model_rates(4, args.sim_mean_rps * nodes / 256),
+        slo_ms=100.0,
+        service_ms=20.0,
+        arrivals="azure",
+        arrivals_trace=TRACES / sim_cli.AZURE_TRACE,
+        jobs="alibaba",
+        jobs_trace=TRACES / sim_cli.ALIBABA_TRACE,
+        load=0.9,
+        policies=policies,
+        seed=args.seed,
+    )
+
+
+def _outcome(result: PolicyResult) -> dict[str, object]:
+    """A run's whole result less its wall time (what must not change)."""
+    out = result.as_dict()
+    out.pop("wall_s")
+    return out
+
+
+#: issue 15's targets: wall seconds for the bridge's run at each size
+TARGET_S = 60.0
+
+
+def part_speed(args: argparse.Namespace, result: dict[str, str]) -> int:
+    """The bridge's run at each `--speed` size (nodes:days; by default a month at 1,000
+    nodes and a day at 10,000) against the target of 60 s, beside the baseline of the
+    same run's first `--speed-baseline-days` with the quiet-tick proof off
+    (`Setup.prove_quiet = False`: `assess` at every tick) and with it on: both must give
+    the same result, and their ratio is the proof's speed-up. 1 when a result differs."""
+    cases = [tuple(c.split(":")) for c in args.speed.split(",")]
+    slices = [float(d) for d in args.speed_baseline_days.split(",")]
+    if len(slices) != len(cases) or any(len(c) != 2 for c in cases):
+        print("--speed takes nodes:days,...; --speed-baseline-days one value per size")
+        return 2
+    print(
+        f"{'nodes':>7} {'days':>5} {'jobs':>10} {'wall':>8} {'days/s':>7} {'target':>7}"
+        f" {'proven':>15} | {'slice':>5} {'proof off':>9} {'proof on':>9} {'speed-up':>8}"
+        f" {'same':>4}"
+    )
+    rc = 0
+    for (n_text, d_text), piece in zip(cases, slices, strict=True):
+        nodes, days = int(n_text), float(d_text)
+        started = time.perf_counter()
+        scenario = _scenario(nodes, days, ["bridge"], args)
+        setup = setup_for("bridge", scenario, size(scenario))
+        built = time.perf_counter() - started
+        short = replace(setup, horizon_s=min(piece, days) * sim_cli.DAY_S)
+        gc.collect()
+        slow = Engine(replace(short, prove_quiet=False)).run()
+        gc.collect()
+        quick = Engine(short).run()
+        same = _outcome(slow) == _outcome(quick)
+        rc = max(rc, 0 if same else 1)
+        gc.collect()
+        engine = Engine(setup)
+        full = engine.run()
+        met = full.wall_s <= TARGET_S
+        print(
+            f"{nodes:>7,} {days:>5g} {len(scenario.jobs):>10,} {full.wall_s:>7.1f}s"
+            f" {days / full.wall_s:>7.3f} {'met' if met else 'MISSED':>7}"
+            f" {engine.proven:>7,}/{full.ticks:<7,} | {piece:>5g} {slow.wall_s:>8.1f}s"
+            f" {quick.wall_s:>8.1f}s {slow.wall_s / quick.wall_s:>7.2f}x"
+            f" {'yes' if same else 'NO':>4}"
+        )
+        print(f"        (workload generation {built:.1f} s, not counted)")
+        tag = f"speed_{nodes}_{days:g}d"
+        result[f"{tag}_wall_s"] = f"{full.wall_s:.1f}"
+        result[f"{tag}_days_per_s"] = f"{days / full.wall_s:.4f}"
+        result[f"{tag}_target_met"] = "yes" if met else "no"
+        result[f"{tag}_slice_proof_off_days_per_s"] = f"{piece / slow.wall_s:.4f}"
+        result[f"{tag}_slice_speedup"] = f"{slow.wall_s / quick.wall_s:.2f}"
+        result[f"{tag}_same_result"] = "yes" if same else "no"
+    return rc
+
+
 #: the parts, in the order `--part all` runs them
 PARTS: dict[str, Callable[[argparse.Namespace, dict[str, str]], int]] = {
     "decide": part_decide,
     "sim": part_sim,
+    "speed": part_speed,
 }
 
 
@@ -444,6 +526,16 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=3000.0,
         help="m0's mean requests/s per 256 nodes (stb simulate's default), scaled with size",
+    )
+    ap.add_argument(
+        "--speed",
+        default="1000:30,10000:1",
+        help="part speed: nodes:days of each bridge run timed against the 60 s target",
+    )
+    ap.add_argument(
+        "--speed-baseline-days",
+        default="1,0.1",
+        help="part speed: days of each run also run with the quiet-tick proof off and on",
     )
     args = ap.parse_args(argv)
     rc = 0

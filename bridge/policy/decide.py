@@ -338,6 +338,32 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     return Assessment(returns, wanted, backstop, demand)
 
 
+def capacity_inputs(
+    snapshot: Snapshot, config: BridgeConfig, now: float
+) -> tuple[
+    Counter[tuple[tuple[str, ...], int]], dict[str, capacity.Demand], dict[str, capacity.Demand]
+]:
+    """What `assess`'s capacity rules read on a tick with no lease abandoned: the replicas
+    by (models, GPUs), the demand the replicas left must carry (returning) and the demand
+    to lend for. The simulator proves quiet ticks with it (`bridge.sim.quiet`)."""
+    horizon = lead_s(snapshot, config)
+    ahead: dict[str, float | None] = {}
+    count = _replica_groups(snapshot, set())
+    keep = _demand(snapshot, config, now, horizon, True, ahead)
+    lend = _demand(snapshot, config, now, horizon, False, ahead)
+    return count, keep, lend
+
+
+def capacity_groups(count: Counter[tuple[tuple[str, ...], int]]) -> list[capacity.Group]:
+    """`capacity.Group`s of a replica count (as `capacity_inputs` gives it)."""
+    return _groups(count)
+
+
+def model_set(models: tuple[str, ...]) -> tuple[str, ...]:
+    """The key a replica's models count under in `capacity_inputs`: sorted, each once."""
+    return _model_set(models)
+
+
 def _return_reason(
     keep: Mapping[str, capacity.Demand], models: Sequence[str], policy: PolicyConfig
 ) -> str:

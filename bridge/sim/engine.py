@@ -16,7 +16,12 @@ jobs starting and ending); at each tick, in the reconciler's order:
    (`Timing`).
 
 Ticks at which decide can only answer "nothing" skip the call (`_quiet`: no lease to
-abandon or return, no lend possible); the tests check that this changes no decision.
+abandon or return, no lend possible); the tests check that this changes no decision. Most
+such ticks are proven quiet by `bridge.sim.quiet` without running `assess` at all
+(`Setup.prove_quiet`; `Setup.check_quiet` runs assess on them too and fails if it would
+act). The rest is incremental: replica groups' layout, lease views and the free-GPU
+index are kept up to date rather than rebuilt each tick; results are those of the plain
+loop (`tests/unit/test_sim_golden.py` compares them with a recording made before).
 Slurm schedules when events arrive (a pass per instant with events), the bridge acts on
 ticks only, so routing changes, and with them the latency model's replica groups, happen
 on ticks.
@@ -54,6 +59,7 @@ from bridge.policy import (
 from bridge.policy.forecast import next_lead
 from bridge.sim import latency
 from bridge.sim.fleet import Fleet, JobRun, SimNode
+from bridge.sim.quiet import LeaseFacts, QuietProof
 from bridge.sim.result import Decision, ModelOutcome, PolicyResult, QueueOutcome
 from bridge.sim.workload import ArrivalSeries, SimJob
 
@@ -117,6 +123,11 @@ class Setup:
     max_decisions: int = 10_000
     #: call decide at every tick (slow; proves the quiet-tick shortcut in tests)
     always_decide: bool = False
+    #: prove ticks quiet without running `assess` where it can (`bridge.sim.quiet`);
+    #: False runs `assess` at every tick (the bench's baseline; the same results)
+    prove_quiet: bool = True
+    #: run `assess` on the ticks proven quiet as well and fail if it would act (tests)
+    check_quiet: bool = False
     #: parallel model instances on one replica; None: one per GPU of the node
     replica_servers: int | None = None
     #: elastic jobs checkpoint every this many seconds of run time and report it (the
@@ -207,6 +218,8 @@ class Engine:
         self.by_name = {n.name: n for n in self.nodes}
         self.arrival_order = sorted(runs.values(), key=lambda r: (r.job.submit_s, r.job.job_id))
         self.next_arrival = 0
+        #: their submit times, and inf after the last
+        self.arrival_times = [r.job.submit_s for r in self.arrival_order] + [math.inf]
         self.events: list[tuple[float, int, str, object]] = []
         self.seq = 0
         self.now = 0.0
@@ -228,7 +241,7 @@ class Engine:
         #: `_lay_out()` of the groups as they are (None: to be made again)
         self._layout: (
             tuple[
-                list[tuple[Group, list[tuple[int, float, float]]]],
+                list[tuple[Group, list[tuple[int, int, float]]]],
                 list[list[tuple[float, Group]]],
             ]
             | None
@@ -254,6 +267,15 @@ class Engine:
             for n in self.nodes
             if n.pool in reserved
         ]
+        #: bumped at each change of `replica_views` (the quiet proof's structure key)
+        self.replica_version = 0
+        #: ticks proven quiet without running assess
+        self.proven = 0
+        self.proof = (
+            QuietProof(cfg, self.models, self.rates, self.tick_s, depth, self.replica_gpus)
+            if setup.prove_quiet and not setup.always_decide
+            else None
+        )
         #: NodeViews of the nodes in the policy's pools, rebuilt only when a node changes
         self.policy_nodes = [n for n in self.nodes if n.pool in cfg.pools]
         self.view_at = {n.index: i for i, n in enumerate(self.policy_nodes)}
@@ -263,6 +285,21 @@ class Engine:
         out = {m: ModelOutcome(cfg.models[m].slo_p99_ms) for m in self.models}
         self.outcome = out
         self.minute = {m: [0.0, 0.0] for m in self.models}
+        #: what `_serve` reads of each model, in model order: name, SLO (ms), service time,
+        #: SLO budget beyond the service time (s), outcome, minute tally, history, rates
+        self._per_model = [
+            (
+                m,
+                cfg.models[m].slo_p99_ms,
+                setup.service_s[m],
+                cfg.models[m].slo_p99_ms / 1000.0 - setup.service_s[m],
+                out[m],
+                self.minute[m],
+                self.history[m],
+                self.rate_window[m],
+            )
+            for m in self.models
+        ]
         self.decisions: list[Decision] = []
         self.lends = 0
         self.returns = 0
@@ -287,13 +324,10 @@ class Engine:
     def _advance(self, until: float) -> None:
         """Process arrivals and events up to `until` (inclusive). Slurm schedules on
         events: a pass runs once the events of one instant are all in."""
+        events, arrivals = self.events, self.arrival_times
         while True:
-            t_event = self.events[0][0] if self.events else math.inf
-            t_arr = (
-                self.arrival_order[self.next_arrival].job.submit_s
-                if self.next_arrival < len(self.arrival_order)
-                else math.inf
-            )
+            t_event = events[0][0] if events else math.inf
+            t_arr = arrivals[self.next_arrival]
             t = min(t_event, t_arr)
             if t > self.now:
                 self._schedule()
@@ -315,9 +349,11 @@ class Engine:
         if kind == "end":
             run, number = cast(tuple[JobRun, int], payload)
             if run.run == number and run.started_at is not None:
-                self._touch(self.fleet.finish(run, self.now))
+                self.stale.update(run.nodes)  # the nodes' indexes (`_touch`)
+                self.fleet.finish(run, self.now)
                 self.dirty_sched = True
-                self._drain_ready()
+                if self.drain_pending:
+                    self._drain_ready()
         elif kind == "eligible":
             self.dirty_sched = True
         elif kind == "triton_run":
@@ -364,7 +400,7 @@ class Engine:
             return
         self.dirty_sched = False
         for run in self.fleet.schedule(self.now):
-            self._touch([self.fleet.nodes[i] for i in run.nodes])
+            self.stale.update(run.nodes)  # the nodes' indexes (`_touch`)
             self._at(self.now + run.remaining_s, "end", (run, run.run))
 
     def _touch(self, nodes: Sequence[SimNode]) -> None:
@@ -387,9 +423,9 @@ class Engine:
             del self.groups[models]
         self._layout = None
 
-    def _lay_out(self) -> tuple[
-        list[tuple[Group, list[tuple[int, float, float]]]], list[list[tuple[float, Group]]]
-    ]:
+    def _lay_out(
+        self,
+    ) -> tuple[list[tuple[Group, list[tuple[int, int, float]]]], list[list[tuple[float, Group]]]]:
         """What `_serve` needs of the groups, which change only at `_join`: per group its
         models' (index, replicas, service time), per model its (share of its traffic,
         group)."""
@@ -399,10 +435,10 @@ class Engine:
                 if m in replicas:
                     replicas[m] += group.nodes
         index = {m: i for i, m in enumerate(self.models)}
-        per_group: list[tuple[Group, list[tuple[int, float, float]]]] = []
+        per_group: list[tuple[Group, list[tuple[int, int, float]]]] = []
         per_model: list[list[tuple[float, Group]]] = [[] for _ in self.models]
         for group in self.groups.values():
-            parts = []
+            parts: list[tuple[int, int, float]] = []
             for m in group.models:
                 r = replicas.get(m, 0)
                 if r:
@@ -421,10 +457,10 @@ class Engine:
         rates = [self.rates[m][k] for m in self.models]
         cv2 = self.s.service_cv2
         servers = self.replica_gpus
-        for group, parts in per_group:
+        for group, members in per_group:
             node_rate = 0.0
             node_load = 0.0
-            for i, r, service in parts:
+            for i, r, service in members:
                 share = rates[i] / r
                 node_rate += share
                 node_load += share * service
@@ -439,16 +475,13 @@ class Engine:
             group.extra_p99_s = latency.window_quantile_of(
                 [(n, q) for t, _, n, q in group.window if t > start]
             )
-        rate = dict(zip(self.models, rates, strict=True))
-        per_model = dict(zip(self.models, per_model_at, strict=True))
         requests_total = 0.0
         worst = 0.0
-        for m in self.models:
-            model = self.s.config.models[m]
-            s_m = self.s.service_s[m]
-            lam = rate[m]
-            self.rate_window[m].append(lam)
-            parts = per_model[m]
+        proof = self.proof
+        for (m, slo_ms, s_m, budget, out, minute, history, rate_window), lam, parts in zip(
+            self._per_model, rates, per_model_at, strict=True
+        ):
+            rate_window.append(lam)
             n = lam * dt
             requests_total += lam
             p99: float | None = None
@@ -458,7 +491,6 @@ class Engine:
             if not parts:
                 within = 0.0  # no replica: every request fails
             else:
-                budget = model.slo_p99_ms / 1000.0 - s_m
                 mean_s = 0.0
                 for share, group in parts:
                     state = group.window[-1][1]
@@ -470,28 +502,27 @@ class Engine:
                         p99 = q if p99 is None else max(p99, q)
                 if lam > 0:
                     mean = mean_s * 1000.0
-                if sum(self.rate_window[m]) <= 0:
+                if sum(rate_window) <= 0:
                     p99 = None
-            out = self.outcome[m]
             out.requests += n
             out.within_slo += n * within
-            minute = self.minute[m]
             minute[0] += n
             minute[1] += n * within
             if p99 is not None:
-                worst = max(worst, p99 / model.slo_p99_ms)
+                worst = max(worst, p99 / slo_ms)
             elif n > 0 and not parts:
                 worst = max(worst, math.inf)
-            self.history[m].append(
-                ModelSample(
-                    now,
-                    p99,
-                    lam if parts else None,
-                    pending if parts else None,
-                    mean,
-                    s_m * 1000.0 if mean is not None else None,
-                )
+            sample = ModelSample(
+                now,
+                p99,
+                lam if parts else None,
+                pending if parts else None,
+                mean,
+                s_m * 1000.0 if mean is not None else None,
             )
+            history.append(sample)
+            if proof is not None:
+                proof.observe(m, sample)
         self._tick_requests = requests_total
         self._tick_worst = worst
         if int(now // 60.0) != int((now - dt) // 60.0):
@@ -522,6 +553,7 @@ class Engine:
                             lease.node.name, lease.models, lease.lease_id, self.replica_gpus
                         )
                     )
+                    self.replica_version += 1
                     self._move(lease, LeaseState.SERVING)
                     if not lease.waited:  # a drain lend that waited for jobs: no actuation
                         took = now - lease.created_at
@@ -549,9 +581,7 @@ class Engine:
         lease.state = state
         lease.updated_at = self.now
         self.moves[old, state] += 1
-        if state == LeaseState.RETURNED:
-            self.unsettled.discard(lease.lease_id)
-        elif state == LeaseState.SERVING:
+        if state in (LeaseState.RETURNED, LeaseState.SERVING):
             self.unsettled.discard(lease.lease_id)
         else:
             self.unsettled.add(lease.lease_id)
@@ -604,6 +634,7 @@ class Engine:
             if lease.state == LeaseState.SERVING:
                 self._join(lease.models, -1)
                 self.replica_views = [r for r in self.replica_views if r.lease_id != lease.lease_id]
+                self.replica_version += 1
                 self._move(lease, LeaseState.DRAINING)
             elif lease.state in (LeaseState.SUBMITTED, LeaseState.STARTING):
                 self._cancel(lease)
@@ -621,11 +652,35 @@ class Engine:
 
     # ---- decide ----------------------------------------------------------------------
 
-    def _quiet(self) -> bool:
+    def _quiet(self, k: int) -> bool:
         """True when decide can only return nothing: `bridge.policy.assess` (decide's own
         rules, which never read the nodes) on a snapshot without nodes finds nothing to
-        return or lend. Reserved nodes always have their baseline here. `Setup.always_decide`
-        runs without it and the tests compare the two."""
+        return or lend, or `bridge.sim.quiet` proves that it would not (most ticks; then
+        assess is not run). Reserved nodes always have their baseline here.
+        `Setup.always_decide` runs without it and the tests compare the two."""
+        proof = self.proof
+        if proof is not None:
+
+            def leases() -> list[LeaseFacts]:
+                return [
+                    (lease.lease_id, lease.lend_mode, lease.state, lease.models,
+                     lease.created_at, lease.updated_at)
+                    for lease in self.leases.values()
+                ]  # fmt: skip
+
+            structure = (
+                self.replica_version,
+                tuple(
+                    (i, self.leases[i].state, self._lease_view(self.leases[i]).waiting)
+                    for i in sorted(self.unsettled)
+                ),
+            )
+            if proof.holds(k, self.now, structure, leases, self.lend_s, lambda: self._snapshot(())):
+                self.proven += 1
+                if self.s.check_quiet:
+                    plan = assess(self._snapshot(()), self.s.config, self.now)
+                    assert not plan.acts, f"tick {k} proven quiet, but assess acts: {plan}"
+                return True
         return not assess(self._snapshot(()), self.s.config, self.now).acts
 
     def _node_view(self, node: SimNode) -> NodeView:
@@ -693,7 +748,7 @@ class Engine:
             self._schedule()
             self._serve(k)
             self._sync()
-            if self.s.always_decide or not self._quiet():
+            if self.s.always_decide or not self._quiet(k):
                 self.decide_calls += 1
                 for action in decide(self.snapshot(), self.s.config, self.now):
                     self._act(action)

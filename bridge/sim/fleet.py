@@ -19,6 +19,7 @@ The queue is Slurm's behaviour in the parts the bridge touches:
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -107,10 +108,15 @@ class Usage:
 
     def move(self, pool: str, src: str, dst: str, n: int, now: float) -> None:
         if n:
-            self._accrue(pool, src, now)
-            self._accrue(pool, dst, now)
-            self.gpus[pool][src] -= n
-            self.gpus[pool][dst] += n
+            gpus, since, seconds = self.gpus[pool], self._since[pool], self.seconds[pool]
+            for use in (src, dst):
+                dt = now - since[use]
+                if dt > 0:
+                    if gpus[use]:
+                        seconds[use] += gpus[use] * dt
+                    since[use] = now
+            gpus[src] -= n
+            gpus[dst] += n
 
 
 class Fleet:
@@ -137,6 +143,10 @@ class Fleet:
             self._free[p] = [set() for _ in range(gmax + 1)]
         #: partition -> indexed nodes with a free GPU (`any(self._free[p][1:])`, counted)
         self._avail: dict[str, int] = dict.fromkeys(self.partitions, 0)
+        #: partition -> until when a pass would start nothing there: its last pass started
+        #: nothing, and since then no job came, no node was indexed (gained free GPUs or
+        #: became schedulable) and no pending job it saw waiting became eligible
+        self._settled: dict[str, float] = {}
         #: partition -> pending (submit order key, job id), sorted
         self.pending: dict[str, list[tuple[float, str]]] = {p: [] for p in self.partitions}
         self.preemptions = 0
@@ -150,12 +160,13 @@ class Fleet:
     # ---- the free-GPU index ---------------------------------------------------------
 
     def _index(self, node: SimNode) -> None:
-        if node.schedulable and node.partition is not None:
+        if node.partition is not None and not node.triton and not node.fenced:  # schedulable
             bucket = self._free[node.partition][node.free]
             if node.index not in bucket:
                 bucket.add(node.index)
                 if node.free > 0:
                     self._avail[node.partition] += 1
+                self._settled.pop(node.partition, None)
 
     def _unindex(self, node: SimNode) -> None:
         if node.partition is not None:
@@ -185,21 +196,27 @@ class Fleet:
 
     def submit(self, run: JobRun) -> None:
         bisect.insort(self.pending[run.partition], (run.job.submit_s, run.job.job_id))
+        self._settled.pop(run.partition, None)
 
     def schedule(self, now: float) -> list[JobRun]:
         """One scheduling pass over every partition: the runs it started."""
         started: list[JobRun] = []
         for partition, queue in self.pending.items():
-            if not queue:
-                continue
+            if not queue or not self._avail[partition]:
+                continue  # (the pass would keep every entry)
+            if now < self._settled.get(partition, -math.inf):
+                continue  # the same pass as the last, which started nothing
             kept: list[tuple[float, str]] = []
             looked = 0
+            n_started = len(started)
+            wakes = math.inf
             for i, entry in enumerate(queue):
                 if looked >= self.max_job_test or not self._avail[partition]:
                     kept.extend(queue[i:])
                     break
                 run = self.runs[entry[1]]
                 if run.eligible_at > now:
+                    wakes = min(wakes, run.eligible_at)
                     kept.append(entry)
                     continue
                 looked += 1
@@ -210,6 +227,10 @@ class Fleet:
                 self._start(run, chosen, now)
                 started.append(run)
             self.pending[partition] = kept
+            if len(started) == n_started:
+                self._settled[partition] = wakes
+            else:
+                self._settled.pop(partition, None)
         return started
 
     def _start(self, run: JobRun, chosen: list[int], now: float) -> None:
@@ -219,24 +240,27 @@ class Fleet:
         if run.first_started_at is None:
             run.first_started_at = now
             run.wait_s = now - run.job.submit_s
+        job = run.job
+        gpn = job.gpus_per_node
         for i in chosen:
             node = self.nodes[i]
             self._unindex(node)
-            node.free -= run.job.gpus_per_node
-            node.jobs.add(run.job.job_id)
+            node.free -= gpn
+            node.jobs.add(job.job_id)
             self._index(node)
-            self.usage.move(node.pool, "idle", run.job.kind, run.job.gpus_per_node, now)
+            self.usage.move(node.pool, "idle", job.kind, gpn, now)
 
     def _release(self, run: JobRun, now: float) -> list[SimNode]:
         freed = []
+        job = run.job
+        gpn = job.gpus_per_node
         for i in run.nodes:
             node = self.nodes[i]
             self._unindex(node)
-            node.free += run.job.gpus_per_node
-            node.jobs.discard(run.job.job_id)
+            node.free += gpn
+            node.jobs.discard(job.job_id)
             self._index(node)
-            dst = "fenced" if node.fenced else "idle"
-            self.usage.move(node.pool, run.job.kind, dst, run.job.gpus_per_node, now)
+            self.usage.move(node.pool, job.kind, "fenced" if node.fenced else "idle", gpn, now)
             freed.append(node)
         run.nodes = ()
         run.started_at = None

@@ -11,6 +11,11 @@
 Anything unexpected raises `UnparseableOutput` quoting the raw text; for JSON it also says
 what was wrong (not valid JSON, and where: output cut short reads as "truncated?"; not an
 object; no job list).
+
+`sacct --json` (the ledger reads a million records at a time) is decoded typed, with msgspec,
+into only the fields the parser reads; any document that does not fit those types is read
+again by the plain parser (`parse_sacct_json_plain`), which gives the same records or the
+precise error, so both return exactly the same (tests/unit/test_sacct_fast_reader.py).
 """
 
 from __future__ import annotations

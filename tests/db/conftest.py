@@ -58,14 +58,15 @@ def admin_url() -> Iterator[URL]:
 @pytest.fixture(scope="session")
 def postgres_database(admin_url: URL) -> Iterator[str]:
     """A PostgreSQL database of its own for this test session; its SQLAlchemy URL."""
-    admin = psycopg.connect(_libpq(admin_url), autocommit=True, connect_timeout=3)
     name = f"stb_test_db_{secrets.token_hex(4)}"
-    with admin:
+    with psycopg.connect(_libpq(admin_url), autocommit=True, connect_timeout=3) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            url = admin_url.set(drivername="postgresql+psycopg", database=name)
-            yield url.render_as_string(hide_password=False)
-        finally:
+    try:
+        url = admin_url.set(drivername="postgresql+psycopg", database=name)
+        yield url.render_as_string(hide_password=False)
+    finally:
+        # a connection of its own: the server may have restarted since (tests/lab/test_ha)
+        with psycopg.connect(_libpq(admin_url), autocommit=True, connect_timeout=10) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

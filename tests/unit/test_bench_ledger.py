@@ -1,6 +1,7 @@
-"""Smoke test of bench/ledger.py: 3,000 records through sacct JSON, the parser, the ledger
-(SQLite) and a month report, in subprocesses; the bench's own check must pass. And its check
-must notice a report that disagrees with the records."""
+"""Smoke test of bench/ledger.py: 3,000 records through sacct JSON files, the parsers, the
+ledger (SQLite) and a month report, in subprocesses; the bench's own check must pass and its
+last line is the RESULT line. And its check must notice a report that disagrees with the
+records."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ def test_bench_ledger_small_run_checks_ok(capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "check: ok" in out
-    assert "sqlite      ingest" in out and "gen+parse" in out
+    assert "sqlite      ingest" in out and "parse-plain" in out
+    assert out.splitlines()[-1].startswith("RESULT records=3000 ")
 
 
 def test_bench_ledger_check_fails_on_a_wrong_report() -> None:
