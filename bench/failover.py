@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bridge.lab import lab as lab_mod
-from bridge.lab.pair import Instance, NoPostgres, scratch_database
+from bridge.lab.pair import Instance, NoPostgres, cancel_triton_jobs, scratch_database
 from bridge.lab.spec import LabSpec
 from bridge.leases import leader
 from bridge.leases.requests import RequestQueue
@@ -137,6 +137,8 @@ def main() -> int:
     except NoPostgres as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        cancel_triton_jobs(lab)  # the baselines the daemons started
 
     def med(rows: list[dict[str, float | str]], key: str) -> float:
         return statistics.median(float(r[key]) for r in rows)

@@ -5,7 +5,8 @@ high-availability setup of a site, on one host. For the HA lab test and
 `scratch_database()` makes a PostgreSQL database of its own (dropped afterwards) on the
 local server or `$STB_TEST_POSTGRES_URL`; `Instance` is one daemon (its own nginx,
 exporter port and work folder, the shared database), started, killed with SIGKILL, and
-read through its /healthz and /metrics.
+read through its /healthz and /metrics. `cancel_triton_jobs` clears the Triton jobs they
+leave.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.lab.demo import daemon_toml
 from bridge.lab.spec import LabSpec
+from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.model import TRITON_TAG
 
 ADMIN_URL = os.environ.get("STB_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -60,6 +63,18 @@ def scratch_database(admin_url: str = ADMIN_URL) -> Iterator[str]:
         # a connection of its own: the server may have restarted meanwhile (a test does)
         with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def cancel_triton_jobs(spec: LabSpec, timeout_s: float = 60) -> None:
+    """Cancel every Triton job the daemons left (the baselines they start on the reserved
+    node outlive them by design) and wait until Slurm has let them go, so the next user
+    of the lab finds its ports free."""
+    cli = SlurmCLI(env=spec.env())
+    for job in cli.jobs(tag=TRITON_TAG):
+        cli.cancel(job.job_id)
+    deadline = time.monotonic() + timeout_s
+    while cli.jobs(tag=TRITON_TAG) and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 @dataclass
@@ -169,4 +184,4 @@ class Instance:
         raise TimeoutError(f"daemon {self.name} not {role} within {timeout_s:g}s: see {self.log}")
 
 
-__all__ = ["Instance", "NoPostgres", "free_port", "scratch_database"]
+__all__ = ["Instance", "NoPostgres", "cancel_triton_jobs", "free_port", "scratch_database"]

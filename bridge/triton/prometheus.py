@@ -6,7 +6,8 @@ rates, the request, queue and compute time per second, the pending requests and 
 p99. Each tick the bridge asks two instant queries, whatever the fleet's size:
 
 - `{__name__=~"stb:triton_.+"}`: every recording rule's series;
-- `timestamp(up{job="triton"} == 1)`: when each replica was last scraped successfully.
+- `timestamp(up{job="triton"}) and on(instance) (up{job="triton"} == 1)`: when each
+  replica was last scraped, for those whose last scrape succeeded.
 
 A replica counts only when its last good scrape is at most `max_staleness_s` old: a
 replica that is down, or that Prometheus stopped scraping, gives no data (never a calm
@@ -31,7 +32,9 @@ import httpx
 from bridge.triton.signal import InstanceSignal, ModelWindow, Window
 
 RULES = "stb:triton_.+"
-FRESHNESS = 'timestamp(up{job="triton"} == 1)'
+# timestamp() of the selector itself: the scrape's time (of an operator's result it would be
+# the evaluation's); `and` keeps only the replicas whose last scrape succeeded
+FRESHNESS = 'timestamp(up{job="triton"}) and on(instance) (up{job="triton"} == 1)'
 #: recording rule -> the ModelWindow field it fills (per second)
 _FIELDS = {
     "stb:triton_success:rate20s": "success_delta",

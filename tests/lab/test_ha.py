@@ -6,7 +6,6 @@ name."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
@@ -19,7 +18,7 @@ from sqlalchemy import Engine
 
 from bridge.daemon import launcher
 from bridge.daemon.actuator import record_of
-from bridge.lab.pair import Instance, NoPostgres, scratch_database
+from bridge.lab.pair import Instance, NoPostgres, cancel_triton_jobs, scratch_database
 from bridge.lab.spec import LabSpec
 from bridge.lab.tokens import token_file
 from bridge.leases import leader
@@ -138,7 +137,7 @@ def test_two_bridges_one_acts_and_the_other_takes_over(
         a.start().wait_role("standby")
 
         # the database restarted under both: one leads afterwards, nothing acted twice
-        jobs_before = sorted(j.job_id for j in SlurmCLI(env=lab.env()).jobs())
+        jobs_before = sorted(j.job_id for j in SlurmCLI(env=lab.env()).jobs(tag="stb:triton"))
         events_before = len(store.history(lease_id))
         if _restart_postgres():
             time.sleep(4 * TICK_S)
@@ -148,7 +147,8 @@ def test_two_bridges_one_acts_and_the_other_takes_over(
                 10 * TICK_S,
             )
             assert sum(x.metric("stb_active") or 0 for x in (a, b)) == 1
-            assert sorted(j.job_id for j in SlurmCLI(env=lab.env()).jobs()) == jobs_before
+            triton_jobs = SlurmCLI(env=lab.env()).jobs(tag="stb:triton")
+            assert sorted(j.job_id for j in triton_jobs) == jobs_before
             assert store.get(lease_id).state == S.SERVING
             assert len(store.history(lease_id)) == events_before
         else:
@@ -171,7 +171,5 @@ def test_two_bridges_one_acts_and_the_other_takes_over(
     finally:
         for x in (a, b):
             x.stop()
-        if lease_id is not None:
-            for job in _lease_jobs(lab, store, lease_id):
-                subprocess.run(["scancel", job], env=os.environ | lab.env(), check=False)
+        cancel_triton_jobs(lab)  # the baseline they started, and a lease's job if left
         engine.dispose()
