@@ -20,7 +20,7 @@ With `--prometheus` (needs the `prometheus` binary, as `stb lab up` installs it)
 are served over HTTP by a separate local process, one 127.0.0.1 port per instance, and a
 real Prometheus server scrapes them all (deploy/prometheus/rules.yml loaded) every
 `--scrape-s`. Timed per tick, beside the parser alone:
-  prometheus: the bridge's Prometheus path (`PrometheusSignal.read` + `model_signals`)
+  prometheus: the bridge's Prometheus path (`PrometheusSignal.read`: one query)
   direct:     the direct path: every page fetched over HTTP (16 at once) and folded
 All traffic stays on 127.0.0.1 and ends with the bench. The last line is `RESULT ...`.
 """
@@ -237,10 +237,8 @@ def prometheus_bench(args: argparse.Namespace, pages: list[str]) -> None:
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:  # every target scraped twice, rules evaluated
                 try:
-                    reading = source.read()
-                    if len(reading.instances) == n and all(
-                        w.request_rate is not None for w in reading.instances["0"].models
-                    ):
+                    busy = source.read().models.get("busy-0")
+                    if busy is not None and busy.with_data == n:
                         break
                 except Exception:  # Prometheus still starting
                     pass
@@ -263,7 +261,7 @@ def prometheus_bench(args: argparse.Namespace, pages: list[str]) -> None:
             base_t: list[float] = []
             for tick in range(args.ticks + 1):
                 start = time.perf_counter()
-                agg = model_signals(source.read().instances.values())
+                agg = source.read().models
                 took_p = time.perf_counter() - start
                 start = time.perf_counter()
                 obs = list(pool.map(fetch, range(n)))
@@ -288,7 +286,7 @@ def prometheus_bench(args: argparse.Namespace, pages: list[str]) -> None:
     p, d, b = (statistics.median(x) for x in (prom_t, direct_t, base_t))
     print(f"parser alone (prometheus_client, every page):  {b:.2f} s/tick  {_fmt(base_t)}")
     print(f"direct path (HTTP fetch x16 + parse + signal): {d:.2f} s/tick  {_fmt(direct_t)}")
-    print(f"Prometheus path (2 queries + aggregate):       {p:.2f} s/tick  {_fmt(prom_t)}")
+    print(f"Prometheus path (one query):                   {p:.2f} s/tick  {_fmt(prom_t)}")
     m = agg["busy-0"]
     print(f"last tick via Prometheus, busy-0 over {m.with_data}/{m.instances} replicas")
     print(

@@ -6,7 +6,7 @@ running Triton job's server whether it is ready and which models it holds
 (`[observe] concurrency` at once, on a pool of threads), and folds the latency signal into
 each model's history (the last N samples the policy's consecutive counts need). The
 signal comes from each server's metrics page (`[observe] source = "direct"`), or from the
-site's Prometheus server (`"prometheus"`, `bridge.triton.prometheus`: two queries a tick
+site's Prometheus server (`"prometheus"`, `bridge.triton.prometheus`: one query a tick
 whatever the fleet's size; a leased replica's page is still read, for its drain). The
 planner, the policy and routing all read this one value; nothing reads the adapters'
 answers any other way.
@@ -27,9 +27,8 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
 from bridge.config import BridgeConfig
 from bridge.daemon.launcher import lease_of
@@ -43,7 +42,7 @@ from bridge.triton.errors import TritonError
 from bridge.triton.metrics import MetricsPage, parse_page
 from bridge.triton.prometheus import PrometheusError, PrometheusSignal
 from bridge.triton.protocol import TritonInstance
-from bridge.triton.signal import InstanceSignal, instance_signal, model_signals
+from bridge.triton.signal import ModelSignal, instance_signal, model_signals
 from bridge.triton.signal import Observation as Scrape
 
 log = logging.getLogger(__name__)
@@ -168,9 +167,9 @@ class Observer:
             live = {s.address for s in servers}
             for gone in set(self._previous) - live:
                 del self._previous[gone]
+            per_model = model_signals(signals)
         else:
-            signals, servers = self._from_prometheus(servers)
-        per_model = model_signals(signals)
+            per_model = self._from_prometheus()
         for model, history in self._history.items():
             sig = per_model.get(model)
             history.append(
@@ -208,27 +207,16 @@ class Observer:
         for f in [self._pool.submit(once) for _ in range(self._workers)]:
             f.result()
 
-    def _from_prometheus(
-        self, servers: list[TritonServer]
-    ) -> tuple[list[InstanceSignal], list[TritonServer]]:
-        """The replicas' signals from Prometheus (those of running, ready servers only),
-        and the servers with Prometheus' pending counts where their page was not read."""
+    def _from_prometheus(self) -> Mapping[str, ModelSignal]:
+        """Each model's signal over its fresh replicas, from Prometheus (none when it does
+        not answer: no data, never calm)."""
         assert self._prometheus is not None
         try:
             reading = self._prometheus.read()
         except PrometheusError as exc:
             log.warning("Prometheus: %s: no signal this tick", exc)
-            return [], servers
-        ready = {s.job.job_id for s in servers if s.ready}
-        signals = [sig for job, sig in reading.instances.items() if job in ready]
-        out = []
-        for s in servers:
-            sig = reading.instances.get(s.job.job_id)
-            if s.pending or sig is None or lease_of(s.job.tags) is not None:
-                out.append(s)
-                continue
-            pending: dict[str, float] = {}
-            for w in sig.models:
-                pending[w.model] = pending.get(w.model, 0.0) + (w.pending or 0.0)
-            out.append(replace(s, pending=pending))
-        return signals, out
+            return {}
+        for model, n in reading.stale.items():
+            if n:
+                log.info("Prometheus: %d replica(s) of %s stale: no data from them", n, model)
+        return reading.models

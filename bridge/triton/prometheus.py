@@ -3,22 +3,22 @@
 The site's Prometheus scrapes every Triton server (discovered through the bridge's /sd)
 and evaluates `deploy/prometheus/rules.yml`: per (replica, model) the success and failure
 rates, the request, queue and compute time per second, the pending requests and Triton's
-p99. Each tick the bridge asks two instant queries, whatever the fleet's size:
+p99. Each tick the bridge asks ONE instant query, whatever the fleet's size: per model,
+over the replicas that are fresh, the sums of those rates, the largest p99, and how many
+replicas report the model and how many of them are fresh. Prometheus does the work over
+its series; the bridge reads a few dozen numbers.
 
-- `{__name__=~"stb:triton_.+"}`: every recording rule's series;
-- `timestamp(up{job="triton"}) and on(instance) (up{job="triton"} == 1)`: when each
-  replica was last scraped, for those whose last scrape succeeded.
+Fresh: the replica's last scrape succeeded (`up == 1`) and is at most `max_staleness_s`
+old (`time() - timestamp(up)`). A replica that is down, or that Prometheus stopped
+scraping, gives no data (never a calm reading), as an unreachable page does on the direct
+path; its rule series would go on for a while from the samples still inside their 20 s
+window, and the freshness join cuts them off. A model none of whose replicas is fresh has
+no sample.
 
-A replica counts only when its last good scrape is at most `max_staleness_s` old: a
-replica that is down, or that Prometheus stopped scraping, gives no data (never a calm
-reading), as an unreachable page does on the direct path. Its rule series would go on for
-a while from the samples still inside their 20 s window; the `up` check cuts them off.
-
-The result is the direct path's own types (`bridge.triton.signal`): one `InstanceSignal`
-per replica whose windows carry per-second rates (a one-second window), so
-`model_signals` aggregates both paths the same way (sums of rates, ratios of sums, the
-largest p99). Errors (Prometheus unreachable, a bad answer) raise `PrometheusError`; the
-observe step then has no data for any model this tick.
+The result is the direct path's own type (`bridge.triton.signal.ModelSignal`), made the
+same way: sums of rates, means and the queue/compute ratio as ratios of sums, the largest
+p99. Errors (Prometheus unreachable, a bad answer) raise `PrometheusError`; the observe
+step then has no data for any model this tick.
 """
 
 from __future__ import annotations
@@ -29,38 +29,51 @@ from dataclasses import dataclass
 
 import httpx
 
-from bridge.triton.signal import InstanceSignal, ModelWindow, Window
+from bridge.triton.signal import ModelSignal
 
-RULES = "stb:triton_.+"
-# timestamp() of the selector itself: the scrape's time (of an operator's result it would be
-# the evaluation's); `and` keeps only the replicas whose last scrape succeeded
-FRESHNESS = 'timestamp(up{job="triton"}) and on(instance) (up{job="triton"} == 1)'
-#: recording rule -> the ModelWindow field it fills (per second)
-_FIELDS = {
-    "stb:triton_success:rate20s": "success_delta",
-    "stb:triton_failure:rate20s": "failure_delta",
-    "stb:triton_request_us:rate20s": "request_us_delta",
-    "stb:triton_queue_us:rate20s": "queue_us_delta",
-    "stb:triton_compute_us:rate20s": "compute_us_delta",
-    "stb:triton_pending:sum": "pending",
-    "stb:triton_p99_us:max": "p99_us",
+#: the replicas whose last scrape succeeded and is recent; `{stale}` is filled in
+FRESH = (
+    '((time() - timestamp(up{{job="triton"}})) <= {stale}) '
+    'and on(instance) (up{{job="triton"}} == 1)'
+)
+#: statistic -> PromQL over the recording rules, per model
+_STATS = {
+    "success": "sum by (model) (stb:triton_success:rate20s and on(instance) ({fresh}))",
+    "failure": "sum by (model) (stb:triton_failure:rate20s and on(instance) ({fresh}))",
+    "request_us": "sum by (model) (stb:triton_request_us:rate20s and on(instance) ({fresh}))",
+    "queue_us": "sum by (model) (stb:triton_queue_us:rate20s and on(instance) ({fresh}))",
+    "compute_us": "sum by (model) (stb:triton_compute_us:rate20s and on(instance) ({fresh}))",
+    "pending": "sum by (model) (stb:triton_pending:sum and on(instance) ({fresh}))",
+    "p99_us": "max by (model) (stb:triton_p99_us:max and on(instance) ({fresh}))",
+    "with_data": "count by (model) (stb:triton_success:rate20s and on(instance) ({fresh}))",
+    "fresh": "count by (model) (stb:triton_pending:sum and on(instance) ({fresh}))",
+    "replicas": "count by (model) (stb:triton_pending:sum)",
 }
-#: the largest answer read (bytes): some 150 bytes a series, 7 series per (replica, model)
-MAX_ANSWER_BYTES = 256 * 1024 * 1024
+#: the largest answer read (bytes)
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 
 class PrometheusError(RuntimeError):
     """Prometheus did not answer, or answered something this module cannot read."""
 
 
+def query(max_staleness_s: float) -> str:
+    """The one instant query of a tick (every statistic, labelled `stb_stat`)."""
+    fresh = FRESH.format(stale=f"{max_staleness_s:g}")
+    return " or ".join(
+        f'label_replace({expr.format(fresh=fresh)}, "stb_stat", "{name}", "", "")'
+        for name, expr in _STATS.items()
+    )
+
+
 @dataclass(frozen=True)
 class Reading:
-    """One tick's answer: per replica (Slurm job id) its signal, and the replicas left out
-    because their last good scrape was too old or missing."""
+    """One tick's answer: each model's signal over its fresh replicas, and how many of
+    the replicas reporting it were left out as stale."""
 
     at: float
-    instances: Mapping[str, InstanceSignal]
-    stale: frozenset[str]
+    models: Mapping[str, ModelSignal]
+    stale: Mapping[str, int]
 
 
 class PrometheusSignal:
@@ -69,14 +82,16 @@ class PrometheusSignal:
     def __init__(self, url: str, max_staleness_s: float = 15.0, timeout_s: float = 3.0) -> None:
         self.url = url.rstrip("/")
         self.max_staleness_s = max_staleness_s
+        self._query = query(max_staleness_s)
         self._http = httpx.Client(timeout=timeout_s)
 
     def close(self) -> None:
         self._http.close()
 
-    def _query(self, promql: str) -> tuple[float, list[dict[str, object]]]:
+    def read(self) -> Reading:
+        """Every model's signal over the replicas Prometheus scraped recently enough."""
         try:
-            reply = self._http.post(f"{self.url}/api/v1/query", data={"query": promql})
+            reply = self._http.post(f"{self.url}/api/v1/query", data={"query": self._query})
         except httpx.HTTPError as exc:
             raise PrometheusError(f"{self.url}: {exc!r}") from exc
         if len(reply.content) > MAX_ANSWER_BYTES:
@@ -91,16 +106,8 @@ class PrometheusSignal:
             )
         data = doc.get("data") or {}
         if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
-            raise PrometheusError(f"{self.url}: {promql!r} did not give an instant vector")
-        result = data["result"]
-        at = max((float(r["value"][0]) for r in result), default=math.nan)
-        return at, result
-
-    def read(self) -> Reading:
-        """The signal of every replica Prometheus scraped recently enough."""
-        _, scraped = self._query(FRESHNESS)
-        _, series = self._query(f'{{__name__=~"{RULES}"}}')
-        return fold(scraped, series, self.max_staleness_s)
+            raise PrometheusError(f"{self.url}: the signal query did not give an instant vector")
+        return fold(data["result"])
 
 
 def _value(raw: object) -> float | None:
@@ -111,79 +118,58 @@ def _value(raw: object) -> float | None:
     return v if math.isfinite(v) and v >= 0 else None
 
 
-def fold(
-    scraped: list[dict[str, object]], series: list[dict[str, object]], max_staleness_s: float
-) -> Reading:
-    """Pure: the two queries' results -> per-replica signals (see the module)."""
-    last_scrape: dict[str, float] = {}
+def fold(result: list[dict[str, object]]) -> Reading:
+    """Pure: the query's series -> each model's `ModelSignal` (see the module)."""
+    stats: dict[str, dict[str, float | None]] = {}
     at = 0.0
-    for r in scraped:
-        labels = r["metric"]
-        assert isinstance(labels, dict)
-        sample = r["value"]
-        assert isinstance(sample, list) and len(sample) == 2
-        when, value = sample
-        at = max(at, float(when))
-        job = labels.get("slurm_job_id")
-        scraped_at = _value(value)
-        if job and scraped_at is not None:
-            last_scrape[str(job)] = max(last_scrape.get(str(job), 0.0), scraped_at)
-    fields: dict[tuple[str, str], dict[str, float | None]] = {}
-    seen: set[str] = set()
-    for r in series:
-        labels = r["metric"]
-        assert isinstance(labels, dict)
-        field = _FIELDS.get(str(labels.get("__name__")))
-        job, model = labels.get("slurm_job_id"), labels.get("model")
-        if field is None or not job or not model:
+    for r in result:
+        labels, sample = r.get("metric"), r.get("value")
+        if not isinstance(labels, dict) or not isinstance(sample, list) or len(sample) != 2:
             continue
-        seen.add(str(job))
-        fields.setdefault((str(job), str(model)), {})[field] = _value(r["value"][1])  # type: ignore[index]
-    fresh = {job for job, t in last_scrape.items() if at - t <= max_staleness_s}
-    windows: dict[str, list[ModelWindow]] = {}
-    for (job, model), f in sorted(fields.items()):
-        if job not in fresh:
+        model, stat = labels.get("model"), labels.get("stb_stat")
+        if not model or stat not in _STATS:
             continue
-        windows.setdefault(job, []).append(_window(job, model, f))
-    instances = {job: InstanceSignal(job, at, tuple(ws)) for job, ws in windows.items()}
-    return Reading(at, instances, frozenset((seen | set(last_scrape)) - fresh))
+        at = max(at, float(sample[0]))
+        stats.setdefault(str(model), {})[str(stat)] = _value(sample[1])
+    models = {}
+    stale = {}
+    for model, s in sorted(stats.items()):
+        replicas = int(s.get("replicas") or 0)
+        fresh = int(s.get("fresh") or 0)
+        stale[model] = max(0, replicas - fresh)
+        if fresh == 0:
+            continue  # every replica stale: no sample, never a calm one
+        models[model] = _signal(model, fresh, s)
+    return Reading(at, models, stale)
 
 
-def _window(job: str, model: str, f: Mapping[str, float | None]) -> ModelWindow:
-    success, failure = f.get("success_delta"), f.get("failure_delta")
-    request_us, queue_us = f.get("request_us_delta"), f.get("queue_us_delta")
-    compute_us = f.get("compute_us_delta")
-    p99_us = f.get("p99_us")
-    if success is None:  # no rate yet (a replica scraped once): its gauges still stand
-        return ModelWindow(
-            job, model, "", Window.NO_DATA,
-            pending=f.get("pending"), p99_ms=None if p99_us is None else p99_us / 1000,
-        )  # fmt: skip
-    requests = success + failure if failure is not None else None
+def _signal(model: str, fresh: int, s: Mapping[str, float | None]) -> ModelSignal:
+    success, failure = s.get("success"), s.get("failure")
+    request_us, queue_us, compute_us = s.get("request_us"), s.get("queue_us"), s.get("compute_us")
+    p99_us = s.get("p99_us")
+    requests = None if success is None or failure is None else success + failure
 
     def per_success(us: float | None) -> float | None:
-        return None if us is None or not success > 0 else us / success / 1000
+        return None if us is None or success is None or not success > 0 else us / success / 1000
 
-    return ModelWindow(
-        instance=job,
+    return ModelSignal(
         model=model,
-        version="",
-        window=Window.OK,
-        seconds=1.0,
-        success_delta=success,
-        failure_delta=failure,
-        request_us_delta=request_us,
-        queue_us_delta=queue_us,
-        compute_us_delta=compute_us,
+        instances=fresh,
+        with_data=int(s.get("with_data") or 0),
         requests=requests,
         request_rate=requests,
         failure_rate=failure,
         mean_latency_ms=per_success(request_us),
         mean_queue_ms=per_success(queue_us),
-        queue_compute_ratio=None if queue_us is None or not compute_us else queue_us / compute_us,
-        pending=f.get("pending"),
+        mean_compute_ms=per_success(compute_us),
+        queue_compute_ratio=None
+        if queue_us is None or compute_us is None or not compute_us > 0
+        else queue_us / compute_us,
+        pending=s.get("pending"),
+        p50_ms=None,
+        p95_ms=None,
         p99_ms=None if p99_us is None else p99_us / 1000,
     )
 
 
-__all__ = ["PrometheusError", "PrometheusSignal", "Reading", "fold"]
+__all__ = ["PrometheusError", "PrometheusSignal", "Reading", "fold", "query"]

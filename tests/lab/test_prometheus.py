@@ -222,15 +222,15 @@ def _signals_agree(lab: LabSpec, daemon_config: Path, url: str) -> None:
         direct = _direct_busy(lab, 10)
         source = PrometheusSignal(url)
         reading = source.read()
-        via = model_signals(reading.instances.values())["busy"]
+        via = reading.models["busy"]
         print(f"\nbusy direct: {direct}\nbusy via Prometheus: {via}")
-        assert via.instances == direct.instances == 2 and reading.stale == frozenset()
+        assert via.instances == direct.instances == 2 and reading.stale["busy"] == 0
         assert via.request_rate == pytest.approx(direct.request_rate, rel=0.25)
         assert via.mean_latency_ms == pytest.approx(direct.mean_latency_ms, rel=0.5, abs=2)
         assert via.mean_compute_ms == pytest.approx(direct.mean_compute_ms, rel=0.5, abs=2)
         assert via.p99_ms == pytest.approx(direct.p99_ms, rel=0.5, abs=5)
         stale = PrometheusSignal(url, max_staleness_s=1e-6).read()
-        assert stale.instances == {} and len(stale.stale) == 2
+        assert "busy" not in stale.models and stale.stale["busy"] == 2
         source.close()
     finally:
         stop.set()
