@@ -198,7 +198,7 @@ def _replica_groups(snapshot: Snapshot, leaving: set[int]) -> Counter[tuple[tupl
     # counted as given first (C speed), then merged under the sorted model set: the keys
     # come out in the order of their first replica, as one pass over them would give
     raw: Counter[tuple[tuple[str, ...], int]] = Counter(
-        (r.models, r.gpus)
+        (tuple(r.models), r.gpus)
         for r in snapshot.replicas
         if r.lease_id is None or r.lease_id not in leaving
     )
@@ -214,8 +214,9 @@ def _replica_groups(snapshot: Snapshot, leaving: set[int]) -> Counter[tuple[tupl
 _MODEL_SETS: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
-def _model_set(models: tuple[str, ...]) -> tuple[str, ...]:
+def _model_set(models: Sequence[str]) -> tuple[str, ...]:
     """`tuple(sorted(set(models)))`, remembered (replicas' model tuples repeat every tick)."""
+    models = tuple(models)  # (a tuple as is; a list given as models made hashable)
     key = _MODEL_SETS.get(models)
     if key is None:
         if len(_MODEL_SETS) >= 65536:  # bounded: a long-running daemon sees new ones
@@ -257,10 +258,11 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
 
     calm_sets: dict[tuple[str, ...], bool] = {}
 
-    def all_calm(models: tuple[str, ...]) -> bool:
-        if models not in calm_sets:
-            calm_sets[models] = all(is_calm(m) for m in models)
-        return calm_sets[models]
+    def all_calm(models: Sequence[str]) -> bool:
+        key = tuple(models)
+        if key not in calm_sets:
+            calm_sets[key] = all(is_calm(m) for m in key)
+        return calm_sets[key]
 
     serving = [
         lease

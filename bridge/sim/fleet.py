@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -147,6 +148,8 @@ class Fleet:
         #: nothing, and since then no job came, no node was indexed (gained free GPUs or
         #: became schedulable) and no pending job it saw waiting became eligible
         self._settled: dict[str, float] = {}
+        #: job kind -> its pending jobs (`pending_count`)
+        self._pending_of: Counter[str] = Counter()
         #: partition -> pending (submit order key, job id), sorted
         self.pending: dict[str, list[tuple[float, str]]] = {p: [] for p in self.partitions}
         self.preemptions = 0
@@ -197,6 +200,7 @@ class Fleet:
     def submit(self, run: JobRun) -> None:
         bisect.insort(self.pending[run.partition], (run.job.submit_s, run.job.job_id))
         self._settled.pop(run.partition, None)
+        self._pending_of[run.job.kind] += 1
 
     def schedule(self, now: float) -> list[JobRun]:
         """One scheduling pass over every partition: the runs it started."""
@@ -225,6 +229,7 @@ class Fleet:
                     kept.append(entry)
                     continue
                 self._start(run, chosen, now)
+                self._pending_of[run.job.kind] -= 1
                 started.append(run)
             self.pending[partition] = kept
             if len(started) == n_started:
@@ -318,4 +323,5 @@ class Fleet:
             yield self.runs[job_id]
 
     def pending_count(self, kind: str) -> int:
-        return sum(1 for q in self.pending.values() for _, j in q if self.runs[j].job.kind == kind)
+        """Pending jobs of `kind` (counted as they are submitted and started)."""
+        return self._pending_of[kind]

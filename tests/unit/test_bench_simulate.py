@@ -36,3 +36,21 @@ def test_bench_simulate_sim_part_prints_both_policies(capsys: pytest.CaptureFixt
     assert rows[0][-1] == "1.00x" and float(rows[1][-1].rstrip("x")) > 0
     assert float(rows[1][5]) > 0  # simulated days per wall second
     assert out.splitlines()[-1].startswith("RESULT sim_256_baseline_days_per_s=")
+
+
+@pytest.mark.timeout(120)
+def test_bench_simulate_speed_part_checks_the_proof_changes_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bench = load_bench("simulate")
+    if not (bench.TRACES / "azure_llm_conv_2023.csv").is_file():
+        pytest.skip("the shared traces are not next to the checkout")
+    argv = ["--part", "speed", "--speed", "256:0.05", "--speed-baseline-days", "0.02"]
+    rc = bench.main(argv)
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    (row,) = [ln.split() for ln in out.splitlines() if ln.lstrip().startswith("256")]
+    assert row[5] == "met" and row[-1] == "yes", out  # within 60 s; the same result
+    last = out.splitlines()[-1]
+    assert last.startswith("RESULT speed_256_0.05d_wall_s=")
+    assert "speed_256_0.05d_same_result=yes" in last
