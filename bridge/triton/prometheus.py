@@ -3,17 +3,19 @@
 The site's Prometheus scrapes every Triton server (discovered through the bridge's /sd)
 and evaluates `deploy/prometheus/rules.yml`: per (replica, model) the success and failure
 rates, the request, queue and compute time per second, the pending requests and Triton's
-p99. Each tick the bridge asks ONE instant query, whatever the fleet's size: per model,
-over the replicas that are fresh, the sums of those rates, the largest p99, and how many
-replicas report the model and how many of them are fresh. Prometheus does the work over
-its series; the bridge reads a few dozen numbers.
+p99; then per model, over the replicas that are fresh, the sums of those rates, the
+largest p99, and how many replicas report the model and how many of them are fresh. Each
+tick the bridge asks ONE instant query for those per-model series (about ten a model,
+whatever the fleet's size) and how old their last evaluation is. Prometheus does the
+work as it evaluates its rules; the tick reads a few dozen numbers.
 
-Fresh: the replica's last scrape succeeded (`up == 1`) and is at most `max_staleness_s`
-old (`time() - timestamp(up)`). A replica that is down, or that Prometheus stopped
+Fresh (in the rules): the replica's last scrape succeeded (`up == 1`) and is at most
+15 s old (`time() - timestamp(up)`). A replica that is down, or that Prometheus stopped
 scraping, gives no data (never a calm reading), as an unreachable page does on the direct
 path; its rule series would go on for a while from the samples still inside their 20 s
 window, and the freshness join cuts them off. A model none of whose replicas is fresh has
-no sample.
+no sample, and so has every model whose rules were last evaluated longer ago than
+`max_staleness_s`.
 
 The result is the direct path's own type (`bridge.triton.signal.ModelSignal`), made the
 same way: sums of rates, means and the queue/compute ratio as ratios of sums, the largest
@@ -31,39 +33,24 @@ import httpx
 
 from bridge.triton.signal import ModelSignal
 
-#: the replicas whose last scrape succeeded and is recent; `{stale}` is filled in
-FRESH = (
-    '((time() - timestamp(up{{job="triton"}})) <= {stale}) '
-    'and on(instance) (up{{job="triton"}} == 1)'
+#: the bridge's statistics per model (`stb:model_<stat>:...` in rules.yml)
+_STATS = (
+    "success", "failure", "request_us", "queue_us", "compute_us", "pending", "p99_us",
+    "with_data", "fresh", "replicas",
+)  # fmt: skip
+#: the one query of a tick: every per-model rule series, labelled with its statistic, and
+#: how old the rules' last evaluation is (Prometheus stopped evaluating: no data)
+QUERY = (
+    'label_replace({__name__=~"stb:model_.+"}, "stb_stat", "$1", "__name__", '
+    '"stb:model_([a-z0-9_]+):.*") '
+    'or label_replace(time() - timestamp(stb:model_replicas:count), "stb_stat", "age", "", "")'
 )
-#: statistic -> PromQL over the recording rules, per model
-_STATS = {
-    "success": "sum by (model) (stb:triton_success:rate20s and on(instance) ({fresh}))",
-    "failure": "sum by (model) (stb:triton_failure:rate20s and on(instance) ({fresh}))",
-    "request_us": "sum by (model) (stb:triton_request_us:rate20s and on(instance) ({fresh}))",
-    "queue_us": "sum by (model) (stb:triton_queue_us:rate20s and on(instance) ({fresh}))",
-    "compute_us": "sum by (model) (stb:triton_compute_us:rate20s and on(instance) ({fresh}))",
-    "pending": "sum by (model) (stb:triton_pending:sum and on(instance) ({fresh}))",
-    "p99_us": "max by (model) (stb:triton_p99_us:max and on(instance) ({fresh}))",
-    "with_data": "count by (model) (stb:triton_success:rate20s and on(instance) ({fresh}))",
-    "fresh": "count by (model) (stb:triton_pending:sum and on(instance) ({fresh}))",
-    "replicas": "count by (model) (stb:triton_pending:sum)",
-}
 #: the largest answer read (bytes)
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 
 class PrometheusError(RuntimeError):
     """Prometheus did not answer, or answered something this module cannot read."""
-
-
-def query(max_staleness_s: float) -> str:
-    """The one instant query of a tick (every statistic, labelled `stb_stat`)."""
-    fresh = FRESH.format(stale=f"{max_staleness_s:g}")
-    return " or ".join(
-        f'label_replace({expr.format(fresh=fresh)}, "stb_stat", "{name}", "", "")'
-        for name, expr in _STATS.items()
-    )
 
 
 @dataclass(frozen=True)
@@ -82,7 +69,6 @@ class PrometheusSignal:
     def __init__(self, url: str, max_staleness_s: float = 15.0, timeout_s: float = 3.0) -> None:
         self.url = url.rstrip("/")
         self.max_staleness_s = max_staleness_s
-        self._query = query(max_staleness_s)
         self._http = httpx.Client(timeout=timeout_s)
 
     def close(self) -> None:
@@ -91,7 +77,7 @@ class PrometheusSignal:
     def read(self) -> Reading:
         """Every model's signal over the replicas Prometheus scraped recently enough."""
         try:
-            reply = self._http.post(f"{self.url}/api/v1/query", data={"query": self._query})
+            reply = self._http.post(f"{self.url}/api/v1/query", data={"query": QUERY})
         except httpx.HTTPError as exc:
             raise PrometheusError(f"{self.url}: {exc!r}") from exc
         if len(reply.content) > MAX_ANSWER_BYTES:
@@ -107,7 +93,7 @@ class PrometheusSignal:
         data = doc.get("data") or {}
         if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
             raise PrometheusError(f"{self.url}: the signal query did not give an instant vector")
-        return fold(data["result"])
+        return fold(data["result"], self.max_staleness_s)
 
 
 def _value(raw: object) -> float | None:
@@ -118,7 +104,7 @@ def _value(raw: object) -> float | None:
     return v if math.isfinite(v) and v >= 0 else None
 
 
-def fold(result: list[dict[str, object]]) -> Reading:
+def fold(result: list[dict[str, object]], max_staleness_s: float = 15.0) -> Reading:
     """Pure: the query's series -> each model's `ModelSignal` (see the module)."""
     stats: dict[str, dict[str, float | None]] = {}
     at = 0.0
@@ -127,7 +113,7 @@ def fold(result: list[dict[str, object]]) -> Reading:
         if not isinstance(labels, dict) or not isinstance(sample, list) or len(sample) != 2:
             continue
         model, stat = labels.get("model"), labels.get("stb_stat")
-        if not model or stat not in _STATS:
+        if not model or (stat not in _STATS and stat != "age"):
             continue
         at = max(at, float(sample[0]))
         stats.setdefault(str(model), {})[str(stat)] = _value(sample[1])
@@ -135,6 +121,10 @@ def fold(result: list[dict[str, object]]) -> Reading:
     stale = {}
     for model, s in sorted(stats.items()):
         replicas = int(s.get("replicas") or 0)
+        age = s.get("age")
+        if age is None or age > max_staleness_s:  # the rules are not being evaluated
+            stale[model] = replicas
+            continue
         fresh = int(s.get("fresh") or 0)
         stale[model] = max(0, replicas - fresh)
         if fresh == 0:
@@ -172,4 +162,4 @@ def _signal(model: str, fresh: int, s: Mapping[str, float | None]) -> ModelSigna
     )
 
 
-__all__ = ["PrometheusError", "PrometheusSignal", "Reading", "fold", "query"]
+__all__ = ["QUERY", "PrometheusError", "PrometheusSignal", "Reading", "fold"]

@@ -1,13 +1,16 @@
-"""The Prometheus path's pure part: the one query a tick (`query`) and its answer folded
+"""The Prometheus path's pure part: the one query a tick (`QUERY`) and its answer folded
 into the direct path's `ModelSignal`s (`fold`): sums of rates, ratios of sums, the largest
 p99, counts of replicas; a model none of whose replicas is fresh has no sample, never a
 calm one. The query itself runs against a real Prometheus in tests/lab/test_prometheus.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from bridge.triton.prometheus import fold, query
+from bridge.paths import project_root
+from bridge.triton.prometheus import _STATS, QUERY, fold
 
 NOW = 1_800_000_000.0
 
@@ -16,8 +19,9 @@ def stat(model: str, name: str, value: str) -> dict[str, object]:
     return {"metric": {"model": model, "stb_stat": name}, "value": [NOW, value]}
 
 
-def model(name: str, **values: float) -> list[dict[str, object]]:
-    return [stat(name, k, str(v)) for k, v in values.items()]
+def model(name: str, age: float = 2.0, **values: float) -> list[dict[str, object]]:
+    """A model's statistics, its rules last evaluated `age` seconds ago."""
+    return [stat(name, k, str(v)) for k, v in (values | {"age": age}).items()]
 
 
 def test_a_models_sums_become_its_signal() -> None:
@@ -64,10 +68,18 @@ def test_an_idle_model_is_a_measured_zero() -> None:
     assert sig.request_rate == 0.0 and sig.mean_latency_ms is None
 
 
-def test_the_query_names_every_statistic_and_the_staleness_bound() -> None:
-    q = query(15)
-    for name in ("success", "failure", "request_us", "queue_us", "compute_us", "pending",
-                 "p99_us", "with_data", "fresh", "replicas"):  # fmt: skip
-        assert f'"stb_stat", "{name}"' in q
-    assert '(time() - timestamp(up{job="triton"})) <= 15)' in q
-    assert q.count(" or ") == 9
+def test_rules_not_evaluated_lately_give_no_data() -> None:
+    fresh = model("busy", success=1.0, failure=0.0, fresh=1, replicas=1)
+    assert "busy" in fold(fresh, 15).models
+    old = model("busy", age=40.0, success=1.0, failure=0.0, fresh=1, replicas=1)
+    reading = fold(old, 15)
+    assert reading.models == {} and reading.stale == {"busy": 1}
+    no_age = [x for x in fresh if "age" not in str(x["metric"])]
+    assert fold(no_age, 15).models == {}
+
+
+def test_the_query_reads_every_model_rule_and_their_age() -> None:
+    rules = (project_root() / "deploy" / "prometheus" / "rules.yml").read_text()
+    names = set(re.findall(r"record: stb:model_([a-z0-9_]+):", rules))
+    assert names == set(_STATS)  # every statistic has its rule, and no rule is unread
+    assert '{__name__=~"stb:model_.+"}' in QUERY and "timestamp(stb:model_replicas" in QUERY
