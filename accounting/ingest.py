@@ -28,8 +28,13 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
+    Date,
+    DateTime,
     Engine,
+    Float,
+    Integer,
     String,
     any_,
     bindparam,
@@ -41,6 +46,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.types import TypeDecorator
 
 from accounting.attribution import (
     Context,
@@ -508,10 +514,13 @@ def bulk_write(
     driver: Any = conn.connection.driver_connection
     quote = dialect.identifier_preparer.quote
     if bulk and dialect.name == "postgresql":
-        sql = f"COPY {quote(table.name)} ({', '.join(quote(c) for c in columns)}) FROM STDIN"
+        names = ", ".join(quote(c) for c in columns)
+        sql = f"COPY {quote(table.name)} ({names}) FROM STDIN (FORMAT BINARY)"
+        types = [_pg_copy_type(table.c[c].type) for c in columns]
 
         def copy_rows() -> None:
             with driver.cursor() as cur, cur.copy(sql) as copy:
+                copy.set_types(types)
                 for row in rows:
                     copy.write_row(row)
 
@@ -530,6 +539,26 @@ def bulk_write(
         return execute_many
     conn.execute(insert(table), [dict(zip(columns, row, strict=True)) for row in rows])
     return None
+
+
+def _pg_copy_type(type_: Any) -> str:
+    """The PostgreSQL type a binary COPY sends a column's values as."""
+    impl = type_.impl if isinstance(type_, TypeDecorator) else type_
+    for kind, name in _PG_COPY_TYPES:
+        if isinstance(impl, kind):
+            return name
+    raise LedgerError(f"no COPY type for {type_!r}")  # pragma: no cover - schema types only
+
+
+#: SQLAlchemy type -> PostgreSQL type of a binary COPY (the most specific first)
+_PG_COPY_TYPES: tuple[tuple[type[Any], str], ...] = (
+    (DateTime, "timestamptz"),
+    (Date, "date"),
+    (String, "varchar"),
+    (BigInteger, "int8"),
+    (Integer, "int4"),
+    (Float, "float8"),
+)
 
 
 def _sqlite_insert(conn: Connection, table: Any, columns: Sequence[str]) -> str:
