@@ -306,7 +306,7 @@ def prometheus_bench(args: argparse.Namespace, pages: list[str]) -> None:
     )
     print(
         f"RESULT instances={n} models={args.models} prometheus_s={p:.3f} direct_s={d:.3f} "
-        f"parser_s={b:.3f} prometheus_vs_direct={p / d:.3f} prometheus_vs_parser={p / b:.3f} "
+        f"parser_s={b:.3f} prometheus_vs_direct={p / d:.5f} prometheus_vs_parser={p / b:.5f} "
         f"rule_eval_s={rule_eval:.3f}"
     )
 
