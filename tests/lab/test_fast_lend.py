@@ -67,6 +67,12 @@ def _lend_and_return(
 ) -> None:
     assert rec.requests is not None
     wait_state(lab, job, {"RUNNING"}, 60)
+    # RUNNING comes before the prolog and the script's first line: lend only once the
+    # job's first run has begun (else the requeue's SIGTERM can beat its trap)
+    deadline = time.monotonic() + 60
+    while not (marker.exists() and "run 0" in marker.read_text()):
+        assert time.monotonic() < deadline, "the elastic job's first run never began"
+        time.sleep(0.2)
     queue, store = rec.requests, rec.store
     queue.request_lend(node, ["busy"], datetime.now(UTC))
     tick_until(
