@@ -11,6 +11,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -30,6 +31,8 @@ from bridge.slurm.cli import SlurmCLI
 pytestmark = pytest.mark.lab
 S = LeaseState
 TICK_S = 2.0
+#: the Triton jobs alive (squeue also lists finished ones until they age out)
+LIVE: dict[str, Any] = {"tag": "stb:triton", "states": ("PENDING", "CONFIGURING", "RUNNING")}
 
 
 @pytest.fixture
@@ -137,7 +140,7 @@ def test_two_bridges_one_acts_and_the_other_takes_over(
         a.start().wait_role("standby")
 
         # the database restarted under both: one leads afterwards, nothing acted twice
-        jobs_before = sorted(j.job_id for j in SlurmCLI(env=lab.env()).jobs(tag="stb:triton"))
+        jobs_before = sorted(j.job_id for j in SlurmCLI(env=lab.env()).jobs(**LIVE))
         events_before = len(store.history(lease_id))
         if _restart_postgres():
             time.sleep(4 * TICK_S)
@@ -147,7 +150,7 @@ def test_two_bridges_one_acts_and_the_other_takes_over(
                 10 * TICK_S,
             )
             assert sum(x.metric("stb_active") or 0 for x in (a, b)) == 1
-            triton_jobs = SlurmCLI(env=lab.env()).jobs(tag="stb:triton")
+            triton_jobs = SlurmCLI(env=lab.env()).jobs(**LIVE)
             assert sorted(j.job_id for j in triton_jobs) == jobs_before
             assert store.get(lease_id).state == S.SERVING
             assert len(store.history(lease_id)) == events_before
