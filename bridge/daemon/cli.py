@@ -15,6 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -299,7 +300,14 @@ class Channel:
     token_file: Path | None = None
     ca: Path | None = None
 
+    @cached_property
+    def _db(self) -> tuple[RequestQueue, LeaseStore]:
+        """The bridge's database, opened once (`stb lend` polls it while it waits)."""
+        return _queue(self.cfg)
+
+    @cached_property
     def _client(self) -> httpx.Client:
+        """The API client, made once: `stb lend` polls the request while it waits."""
         if self.token_file is None:
             _fail("--api needs --token-file (or STB_TOKEN_FILE)")
         try:
@@ -315,11 +323,10 @@ class Channel:
         )
 
     def call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        with self._client() as client:
-            try:
-                reply = client.request(method, path, **kwargs)
-            except httpx.HTTPError as exc:
-                _fail(f"the API at {self.api} did not answer: {exc}")
+        try:
+            reply = self._client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            _fail(f"the API at {self.api} did not answer: {exc}")
         try:
             doc = reply.json()
         except ValueError:
@@ -332,7 +339,7 @@ class Channel:
         if self.api:
             doc = self.call("POST", "/api/lend", json={"node": node, "models": models})
             return int(doc["request"])
-        queue, _ = _queue(self.cfg)
+        queue, _ = self._db
         req = queue.request_lend(node, models, datetime.now(UTC), requested_by=getpass.getuser())
         assert req.id is not None
         return req.id
@@ -340,7 +347,7 @@ class Channel:
     def return_(self, lease: int) -> int:
         if self.api:
             return int(self.call("POST", "/api/return", json={"lease": lease})["request"])
-        queue, store = _queue(self.cfg)
+        queue, store = self._db
         try:
             state = store.get(lease).state.value
         except LeaseError as exc:
@@ -355,7 +362,7 @@ class Channel:
         if self.api:
             doc = self.call("GET", "/api/request", params={"id": request_id})
             return str(doc["outcome"]) if doc["done"] else None
-        queue, _ = _queue(self.cfg)
+        queue, _ = self._db
         req = queue.get(request_id)
         return req.outcome if req is not None and req.done_at is not None else None
 
@@ -367,7 +374,7 @@ class Channel:
             return f"pool {doc['pool']} " + ("held" if on else "resumed")
         if pool not in self.cfg.pools:
             _fail(f"no pool {pool!r}; configured: {', '.join(self.cfg.pools)}")
-        queue, _ = _queue(self.cfg)
+        queue, _ = self._db
         now, who = datetime.now(UTC), getpass.getuser()
         if on:
             hold = queue.hold(pool, now, who, reason)

@@ -14,8 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from accounting.db import open_ledger
+from bridge.cli import app
 from bridge.config import BridgeConfig, ModelConfig
 from bridge.daemon.api import finance_routes, operator_routes
 from bridge.daemon.auth import TokensError, TokenTable, add_token, parse_tokens
@@ -265,3 +267,22 @@ def test_tokens_file_mode_reload_and_add(tmp_path: Path) -> None:
         add_token(path, "bad name", {"finance"})
     assert path.read_text() == f"fred finance {new}\n"  # nothing half-written
     assert table.authorize("Basic b2xnYTpwdw==", "finance").status == 401
+
+
+def test_the_cli_sends_operator_commands_through_the_api(api: Served, tmp_path: Path) -> None:
+    token = tmp_path / "my.token"
+    token.write_text(OPERATOR + "\n")
+    cfg = tmp_path / "cli.toml"  # the CLI's own database is not the daemon's: unused
+    cfg.write_text(
+        f'database_url = "sqlite:///{tmp_path / "elsewhere.db"}"\n[models.echo]\nslo_p99_ms = 50\n'
+    )
+    flags = ["--api", api.url, "--token-file", str(token), "-c", str(cfg)]
+    out = CliRunner().invoke(app, ["lend", "n3", "--models", "echo", "--wait", "0", *flags])
+    assert out.exit_code == 0, out.output
+    (req,) = api.queue.pending()
+    assert (req.node, req.models, req.requested_by) == ("n3", ["echo"], "olga")
+    out = CliRunner().invoke(app, ["drain", "training", "--reason", "fw", *flags])
+    assert out.exit_code == 0 and "pool training held" in out.output, out.output
+    assert api.queue.holds()["training"].held_by == "olga"
+    bad = CliRunner().invoke(app, ["return", "99", "--wait", "0", *flags])
+    assert bad.exit_code == 1 and "404" in bad.output and "not an open lease" in bad.output
