@@ -1,6 +1,6 @@
 """The Slurm backend on Slurm's command-line tools (22.05 and later).
 
-Runs `scontrol`, `squeue`, `sbatch`, `scancel`, `sacct` as argument lists (no shell),
+Runs `scontrol`, `squeue`, `sbatch`, `scancel`, `sacct`, `sacctmgr` as argument lists (no shell),
 with a timeout, `TZ=UTC` so every time Slurm prints is UTC, and classifies failures:
 the controller or database not answering is `ControllerUnreachable`; any other non-zero
 exit is `CommandRejected` quoting Slurm's message. Called by the daemon and the ledger
@@ -10,6 +10,7 @@ through `SlurmProtocol`.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from bridge.slurm.model import (
     Node,
     Partition,
     Reservation,
+    SlurmEvent,
 )
 
 #: Phrases that mean "already done" for idempotent writes.
@@ -130,6 +132,87 @@ class SlurmCLI:
             until.astimezone(UTC).strftime(fmt),
         )
         return parse.parse_sacct_json(out)
+
+    def events(self, since: datetime, until: datetime) -> list[SlurmEvent]:
+        if since.tzinfo is None or until.tzinfo is None:
+            raise ValueError("events() needs timezone-aware datetimes")
+        if until <= since:
+            raise ValueError(f"event window is empty: {since} .. {until}")
+        saved = self._env
+        self._env = saved | {"SLURM_TIME_FORMAT": "%s"}
+        try:
+            out = self._run(
+                "sacctmgr", "-P", "-n", "show", "event",
+                f"Start=uts{int(since.timestamp())}", f"End=uts{int(until.timestamp())}",
+                "Format=" + ",".join(parse.EVENT_FIELDS),
+            )  # fmt: skip
+        finally:
+            self._env = saved
+        return parse.parse_sacctmgr_events(out)
+
+    # --- association limits and configuration (budgets; not part of SlurmProtocol) -------
+
+    def config(self) -> dict[str, str]:
+        """`scontrol show config` as key -> value."""
+        return parse.parse_show_config(self._run("scontrol", "show", "config"))
+
+    def set_account_gpu_minutes(self, account: str, minutes: int | None) -> None:
+        """GrpTRESMins=gres/gpu=<minutes> on the account's association (None: no limit)."""
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", account):
+            raise ValueError(f"account {account!r} is not a Slurm account name")
+        value = -1 if minutes is None else minutes
+        if value < -1:
+            raise ValueError(f"GPU-minutes {minutes} is negative")
+        self._run("sacctmgr", "-i", "modify", "account", "where", f"name={account}", "set",
+                  f"GrpTRESMins=gres/gpu={value}")  # fmt: skip
+
+    def account_gpu_minutes(self, account: str) -> int | None:
+        """The account association's GrpTRESMins for gres/gpu (None: none set)."""
+        out = self._run("sacctmgr", "-P", "-n", "show", "assoc", "where", f"account={account}",
+                        "format=account,user,grptresmins")  # fmt: skip
+        for line in out.splitlines():
+            acct, user, mins = (line.split("|") + ["", ""])[:3]
+            if acct == account and not user:
+                for item in mins.split(","):
+                    key, _, value = item.partition("=")
+                    if key == "gres/gpu" and value.isdigit():
+                        return int(value)
+                return None
+        raise CommandRejected("sacctmgr show assoc", f"no association of account {account!r}")
+
+    # --- sreport (the agreement check's reference; not part of SlurmProtocol) ------------
+
+    def cluster_utilization(self, start: datetime, end: datetime) -> list[parse.GpuUtilization]:
+        """`sreport -T gres/gpu cluster Utilization` over [start, end), in GPU-seconds, one
+        line per cluster; none for hours slurmdbd has not rolled up yet."""
+        return parse.parse_sreport_utilization(
+            self._run("sreport", *self._sreport_args(start, end), "cluster", "Utilization",
+                      *self._sreport_window(start, end))
+        )  # fmt: skip
+
+    def account_utilization(self, start: datetime, end: datetime) -> dict[str, int]:
+        """`sreport -T gres/gpu cluster AccountUtilizationByUser` over [start, end):
+        GPU-seconds per account (each account's own line, which includes its sub-accounts)."""
+        return parse.parse_sreport_accounts(
+            self._run("sreport", *self._sreport_args(start, end), "cluster",
+                      "AccountUtilizationByUser", *self._sreport_window(start, end))
+        )  # fmt: skip
+
+    @staticmethod
+    def _sreport_args(start: datetime, end: datetime) -> tuple[str, ...]:
+        if start.tzinfo is None or end.tzinfo is None:
+            raise ValueError("sreport needs timezone-aware datetimes")
+        if end <= start:
+            raise ValueError(f"sreport window is empty: {start} .. {end}")
+        return ("-P", "-n", "-t", "Seconds", "-T", "gres/gpu")
+
+    @staticmethod
+    def _sreport_window(start: datetime, end: datetime) -> tuple[str, str]:
+        fmt = "%Y-%m-%dT%H:%M:%S"
+        return (
+            f"start={start.astimezone(UTC).strftime(fmt)}",
+            f"end={end.astimezone(UTC).strftime(fmt)}",
+        )
 
     # --- writes ----------------------------------------------------------------------
 

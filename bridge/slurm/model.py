@@ -149,3 +149,40 @@ class AccountingRecord:
     @property
     def gpu_seconds(self) -> int:
         return self.gpus * self.elapsed_s
+
+
+#: `StateRaw` bits of a node event (slurm.h): the base state is the low four bits
+NODE_STATE_BASE = 0x000F
+NODE_STATE_DOWN = 0x0001
+NODE_STATE_FUTURE = 0x0006
+NODE_STATE_CLOUD = 0x0080
+NODE_STATE_DRAIN = 0x0200
+NODE_STATE_POWERED_DOWN = 0x1000
+NODE_STATE_FAIL = 0x2000
+NODE_STATE_MAINT = 0x8000
+
+
+@dataclass(frozen=True)
+class SlurmEvent:
+    """One event slurmdbd recorded (`sacctmgr show event`).
+
+    A cluster event (`node` empty) says the cluster registered `gpus` GPUs on `nodes` from
+    `start` to `end` (state_raw 0), or, with TrackSlurmctldDown, that slurmctld was
+    disconnected (state_raw DOWN). A node event says one node was down, drained, failed or
+    powered down from `start` to `end`, set by `user` with `reason`; `gpus` is the node's
+    gres/gpu. `end` is None while the event is open."""
+
+    cluster: str
+    node: str
+    nodes: tuple[str, ...]
+    start: datetime
+    end: datetime | None
+    state_raw: int
+    state: str
+    user: str
+    reason: str
+    gpus: int
+
+    @property
+    def is_cluster(self) -> bool:
+        return not self.node

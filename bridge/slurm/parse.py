@@ -31,7 +31,14 @@ import msgspec
 
 from bridge.hostlist import HostlistError, expand
 from bridge.slurm.errors import ControllerUnreachable, UnparseableOutput
-from bridge.slurm.model import AccountingRecord, Job, Node, Partition, Reservation
+from bridge.slurm.model import (
+    AccountingRecord,
+    Job,
+    Node,
+    Partition,
+    Reservation,
+    SlurmEvent,
+)
 
 _FIELD_START = re.compile(r"\s+(?=[A-Za-z][A-Za-z0-9_/:.]*=)")
 _NULLS = {"", "(null)", "N/A", "n/a", "None"}
@@ -649,3 +656,118 @@ def _sacct_record(j: _SacctJob) -> AccountingRecord:
         comment=comment_text,
         restarts=_tnum(j.restart_cnt) or 0,
     )
+
+
+# --- sacctmgr show event ------------------------------------------------------------
+
+#: the fields `SlurmCLI.events` asks for, in this order (Reason last: it is the one free
+#: text, so a "|" inside it is kept)
+EVENT_FIELDS = (
+    "Event", "Cluster", "ClusterNodes", "NodeName", "TimeStart", "TimeEnd", "StateRaw",
+    "State", "User", "TRES", "Reason",
+)  # fmt: skip
+
+
+def parse_sacctmgr_events(text: str) -> list[SlurmEvent]:
+    """`sacctmgr -P -n show event Format=<EVENT_FIELDS>` run with SLURM_TIME_FORMAT=%s (times
+    as epoch seconds; an open event's end is "Unknown")."""
+    events = []
+    n = len(EVENT_FIELDS)
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) < n:
+            raise UnparseableOutput("sacctmgr show event", line)
+        parts = [*parts[: n - 1], "|".join(parts[n - 1 :])]
+        kind, cluster, nodes, node, start, end, raw, state, user, tres, reason = parts
+        try:
+            if kind not in ("Cluster", "Node") or (kind == "Node") != bool(node):
+                raise ValueError(f"event type {kind!r} with node name {node!r}")
+            _, gpus = gpus_from_tres(tres)
+            events.append(
+                SlurmEvent(
+                    cluster=cluster,
+                    node=node,
+                    nodes=_nodes_of(nodes, line) if kind == "Cluster" else (node,),
+                    start=_epoch(start),
+                    end=None if end in ("Unknown", "", "0") else _epoch(end),
+                    state_raw=int(raw or "0"),
+                    state=state,
+                    user=re.sub(r"\(\d+\)$", "", user),
+                    reason=reason.strip(),
+                    gpus=gpus,
+                )
+            )
+        except ValueError as exc:
+            raise UnparseableOutput(f"sacctmgr show event ({exc})", line) from exc
+    return events
+
+
+def _epoch(value: str) -> datetime:
+    """An epoch time, as SLURM_TIME_FORMAT=%s prints it."""
+    if not value.isdigit():
+        raise ValueError(f"time {value!r} is not epoch seconds (SLURM_TIME_FORMAT=%s unset?)")
+    return datetime.fromtimestamp(int(value), UTC)
+
+
+# --- sreport -P -n -t Seconds -T gres/gpu ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuUtilization:
+    """One cluster's line of `sreport -T gres/gpu cluster Utilization`, GPU-seconds."""
+
+    cluster: str
+    allocated: int
+    down: int
+    planned_down: int
+    idle: int
+    planned: int
+    reported: int
+
+
+def parse_sreport_utilization(text: str) -> list[GpuUtilization]:
+    """Lines `Cluster|TRES Name|Allocated|Down|PLND Down|Idle|Planned|Reported`."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        try:
+            if len(parts) != 8 or parts[1] != "gres/gpu":
+                raise ValueError(f"{len(parts)} fields, TRES {parts[1:2]}")
+            a, d, pd, i, pl, r = (int(x) for x in parts[2:])
+        except ValueError as exc:
+            raise UnparseableOutput(f"sreport cluster Utilization ({exc})", line) from exc
+        out.append(GpuUtilization(parts[0], a, d, pd, i, pl, r))
+    return out
+
+
+def parse_sreport_accounts(text: str) -> dict[str, int]:
+    """Lines `Cluster|Account|Login|Proper Name|TRES Name|Used`: the account lines (no
+    login) -> GPU-seconds."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        try:
+            if len(parts) != 6 or parts[4] != "gres/gpu":
+                raise ValueError(f"{len(parts)} fields, TRES {parts[4:5]}")
+            used = int(parts[5])
+        except ValueError as exc:
+            raise UnparseableOutput(f"sreport AccountUtilizationByUser ({exc})", line) from exc
+        if not parts[2]:
+            out[parts[1]] = out.get(parts[1], 0) + used
+    return out
+
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """`scontrol show config`: lines `Key = Value` (the header and blank lines skipped)."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep and key.strip() and " " not in key.strip():
+            out[key.strip()] = value.strip()
+    return out

@@ -21,7 +21,15 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Protocol
 
-from bridge.slurm.model import AccountingRecord, Job, JobSpec, Node, Partition, Reservation
+from bridge.slurm.model import (
+    AccountingRecord,
+    Job,
+    JobSpec,
+    Node,
+    Partition,
+    Reservation,
+    SlurmEvent,
+)
 
 
 class SlurmProtocol(Protocol):
@@ -84,4 +92,10 @@ class SlurmProtocol(Protocol):
     def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
         """Every job allocation that ran in [since, until), one record per run (requeued
         jobs have several), from slurmdbd."""
+        ...
+
+    def events(self, since: datetime, until: datetime) -> list[SlurmEvent]:
+        """The events slurmdbd recorded that overlap [since, until): the cluster's
+        registered TRES and node list over time, and each node's down, drain and fail
+        stretches (the ledger's capacity and down time, as sreport counts them)."""
         ...

@@ -36,6 +36,7 @@ from bridge.slurm.model import (
     Node,
     Partition,
     Reservation,
+    SlurmEvent,
 )
 
 
@@ -261,3 +262,6 @@ class PySlurm:
 
     def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
         return self._sacct.accounting(since, until)
+
+    def events(self, since: datetime, until: datetime) -> list[SlurmEvent]:
+        return self._sacct.events(since, until)

@@ -1,0 +1,184 @@
+"""The ledger against sreport, hour by hour: what finance already reads from Slurm
+(`sreport -T gres/gpu cluster Utilization` and `cluster AccountUtilizationByUser`) beside
+the ledger's own lines for the same completed hour, with every difference named.
+
+Pure comparison over figures in GPU-seconds; the ledger's side is read here
+(`ledger_hour`), sreport's by the caller (`bridge.ledger.sreport_agreement`). The ledger
+keeps GPU-milliseconds from Slurm's whole seconds, so equal means equal.
+
+Differences the ledger makes on purpose are not disagreements (README, "Agreement with
+sreport"): it splits serving jobs by model and books lent time to the borrower's team, but
+neither changes an account's or the cluster's totals, so no allowance is needed for them.
+What can differ, and the cause each difference is given:
+- GPUs allocated inside an advanced reservation: sreport 22.05 books them as idle (its
+  reservations carry no GPU time), the ledger as the job's;
+- an hour slurmdbd rolled up before a job's record reached it, or an ingest before the
+  hour ended: re-ingest or re-roll;
+- a pool whose allocation and down time exceed its capacity while another has room:
+  sreport clamps the cluster, the ledger each pool.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import Engine, func, select
+
+from accounting.capacity import DOWN_WORKLOADS
+from accounting.schema import LedgerRow
+
+LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
+HOUR = timedelta(hours=1)
+#: sreport's columns the ledger is compared on
+COLUMNS = ("allocated", "down", "planned_down", "idle", "reported")
+_NOT_ALLOCATED = frozenset({*DOWN_WORKLOADS, "idle"})
+
+
+@dataclass
+class HourFigures:
+    """One completed hour of one cluster, GPU-seconds, as one side tells it."""
+
+    allocated: int = 0
+    down: int = 0
+    planned_down: int = 0
+    idle: int = 0
+    reported: int = 0
+    accounts: dict[str, int] = field(default_factory=dict)
+
+    def column(self, name: str) -> int:
+        return int(getattr(self, name))
+
+
+@dataclass(frozen=True)
+class Difference:
+    hour: datetime
+    what: str  # a column of COLUMNS, or "account NAME"
+    ledger: int
+    sreport: int
+    cause: str
+
+    @property
+    def delta(self) -> int:
+        return self.ledger - self.sreport
+
+
+@dataclass
+class Agreement:
+    hours: list[datetime] = field(default_factory=list)
+    #: hours sreport has no line for (not rolled up yet)
+    not_rolled: list[datetime] = field(default_factory=list)
+    differences: list[Difference] = field(default_factory=list)
+    #: per hour: (ledger, sreport)
+    figures: dict[datetime, tuple[HourFigures, HourFigures]] = field(default_factory=dict)
+
+    @property
+    def agreed(self) -> list[datetime]:
+        bad = {d.hour for d in self.differences}
+        return [h for h in self.hours if h not in bad]
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+
+def ledger_hour(engine: Engine, cluster: str, hour: datetime) -> HourFigures:
+    """The ledger's lines of one hour of one cluster, as sreport's columns."""
+    q = (
+        select(LEDGER.c.workload, LEDGER.c.account, func.sum(LEDGER.c.gpu_ms))
+        .where(LEDGER.c.bucket == hour, LEDGER.c.cluster == cluster)
+        .group_by(LEDGER.c.workload, LEDGER.c.account)
+    )
+    out = HourFigures()
+    accounts: dict[str, int] = defaultdict(int)
+    with engine.connect() as conn:
+        for workload, account, ms in conn.execute(q):
+            ms = int(ms)
+            if workload == "idle":
+                out.idle += ms
+            elif workload == "planned_down":
+                out.planned_down += ms
+            elif workload in _NOT_ALLOCATED:
+                out.down += ms
+            else:
+                out.allocated += ms
+                accounts[account] += ms
+    for name in ("allocated", "down", "planned_down", "idle"):
+        setattr(out, name, _seconds(getattr(out, name), name))
+    out.reported = out.allocated + out.down + out.planned_down + out.idle
+    out.accounts = {a: _seconds(ms, f"account {a}") for a, ms in accounts.items()}
+    return out
+
+
+def _seconds(ms: int, what: str) -> int:
+    # Slurm's times are whole seconds; a remainder would be the ledger's own error
+    return ms // 1000 if ms % 1000 == 0 else round(ms / 1000)
+
+
+def compare(
+    hour: datetime,
+    ledger: HourFigures,
+    sreport: HourFigures,
+    *,
+    reserved_gpu_s: int = 0,
+) -> list[Difference]:
+    """Every column and account that differs, each with its likely cause. `reserved_gpu_s`:
+    GPU-seconds the ledger booked to jobs inside advanced reservations in this hour (sreport
+    books them idle)."""
+    out = []
+    for col in COLUMNS:
+        a, b = ledger.column(col), sreport.column(col)
+        if a != b:
+            out.append(Difference(hour, col, a, b, _cause(col, a - b, reserved_gpu_s)))
+    for acct in sorted(set(ledger.accounts) | set(sreport.accounts)):
+        if acct == "root":
+            continue  # sreport's root line is every account together
+        a, b = ledger.accounts.get(acct, 0), sreport.accounts.get(acct, 0)
+        if a != b:
+            cause = (
+                "the ledger has jobs of this account sreport has not rolled up (re-roll)"
+                if a > b
+                else "sreport has jobs of this account the ledger has not ingested (re-ingest)"
+            )
+            out.append(Difference(hour, f"account {acct}", a, b, cause))
+    return out
+
+
+def _cause(column: str, delta: int, reserved: int) -> str:
+    if reserved and column in ("allocated", "idle") and abs(delta) == reserved:
+        return "GPUs allocated inside an advanced reservation: sreport 22.05 books them idle"
+    if column == "reported":
+        return (
+            "capacity differs: the cluster's registered TRES or node list changed in the hour "
+            "and the ledger's inventory does not know a node's GPUs"
+        )
+    if column in ("down", "planned_down"):
+        return (
+            "down time differs: a node event the ledger has not read (re-ingest), or sreport "
+            "clamped the cluster where the ledger clamps each pool"
+        )
+    if column == "allocated":
+        return (
+            "allocation differs: a job record read by one side and not the other (an hour "
+            "rolled up or ingested before the job's record reached slurmdbd)"
+        )
+    return "follows from the other columns"
+
+
+def summarize(agreement: Agreement) -> dict[str, int]:
+    """Totals over the agreed and compared hours, for a bench's RESULT line."""
+    totals: dict[str, int] = defaultdict(int)
+    for led, srep in agreement.figures.values():
+        for col in COLUMNS:
+            totals[f"ledger_{col}_s"] += led.column(col)
+            totals[f"sreport_{col}_s"] += srep.column(col)
+    return dict(totals)
+
+
+def hours_of(start: datetime, end: datetime) -> Iterable[datetime]:
+    h = start
+    while h < end:
+        yield h
+        h += HOUR

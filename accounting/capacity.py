@@ -1,0 +1,221 @@
+"""Capacity, down time and idle time per hour from Slurm's own records: the events slurmdbd
+keeps (`sacctmgr show event`), counted the way slurmdbd's hourly rollup counts them for
+`sreport -T gres/gpu cluster Utilization` (Slurm 22.05, as_mysql_rollup.c). Pure: the
+ingest reads the events and the node inventory from the ledger and writes what this returns.
+
+- Capacity: a node has capacity only while a "Cluster Registered TRES" event (a cluster
+  event with state 0) lists it, so a cluster that did not exist yet, or a node not yet
+  added, books nothing. Its pool, GPU type and GPU count come from the ledger's node
+  inventory (`NodeSpan`) at that time, or the nearest record of the node.
+- Down time: each node event (not MAINT) over the time the cluster was registered, the
+  node's GPUs from the event's TRES, in one of four lines that together are sreport's Down
+  and PLND Down: `down` (DOWN, FAIL, not responding), `drained` (an administrator's drain),
+  `fenced` (a drain the bridge set: its reason begins "stb:"), `planned_down` (FUTURE, or a
+  cloud node powered down). Slurm records a drain only once the node's jobs have ended, so
+  a draining node is not down.
+- Per cell (cluster, pool, GPU type, hour), as the rollup does for the cluster: allocation
+  first; down lines take what is left of the capacity (down, drained, fenced, in that
+  order, then planned_down); idle is the rest. sreport clamps the whole cluster at once,
+  the ledger each pool: they differ only where one pool's allocation and down time exceed
+  its capacity while another pool has room (README, "Agreement with sreport").
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from accounting.attribution import Entry, capacity_ms
+from accounting.buckets import utc
+from accounting.schema import IDLE_TEAM
+from bridge.slurm.model import (
+    BRIDGE_TAG,
+    NODE_STATE_BASE,
+    NODE_STATE_CLOUD,
+    NODE_STATE_DOWN,
+    NODE_STATE_DRAIN,
+    NODE_STATE_FAIL,
+    NODE_STATE_FUTURE,
+    NODE_STATE_MAINT,
+    NODE_STATE_POWERED_DOWN,
+    SlurmEvent,
+)
+
+#: the down lines, in the order they take capacity left after allocation
+DOWN_WORKLOADS = ("down", "drained", "fenced", "planned_down")
+#: the team column of down lines (no one used that capacity; `user` says who set it)
+DOWN_TEAM = "(down)"
+#: the pool of capacity on a node the inventory never recorded
+UNKNOWN_POOL = "(unknown)"
+
+Cell = tuple[str, str, str, datetime]  # cluster, pool, gpu_type, hour
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAttrs:
+    """What the inventory recorded of a node from `start` (to `end`, None: still)."""
+
+    start: datetime
+    end: datetime | None
+    pool: str
+    gpu_type: str
+    gpus: int
+
+
+def down_class(event: SlurmEvent) -> str | None:
+    """The down line a node event books to, or None when the rollup ignores it (MAINT)."""
+    raw = event.state_raw
+    if raw & NODE_STATE_MAINT:
+        return None
+    base = raw & NODE_STATE_BASE
+    if base == NODE_STATE_FUTURE or (raw & NODE_STATE_CLOUD and raw & NODE_STATE_POWERED_DOWN):
+        return "planned_down"
+    if raw & NODE_STATE_DRAIN and base != NODE_STATE_DOWN and not raw & NODE_STATE_FAIL:
+        return "fenced" if event.reason.startswith(BRIDGE_TAG) else "drained"
+    return "down"
+
+
+class _Inventory:
+    """A node's recorded attributes over time; the nearest record outside them."""
+
+    def __init__(self, attrs: Mapping[str, Sequence[NodeAttrs]]) -> None:
+        self._by_node = {n: sorted(a, key=lambda x: utc(x.start)) for n, a in attrs.items() if a}
+        self._starts = {n: [utc(x.start) for x in a] for n, a in self._by_node.items()}
+
+    def pieces(
+        self, node: str, start: datetime, end: datetime
+    ) -> list[tuple[datetime, datetime, NodeAttrs | None]]:
+        """[start, end) cut where the node's attributes change; each piece with the record
+        in force (the first record before it begins, the last after it ends)."""
+        records = self._by_node.get(node)
+        if not records:
+            return [(start, end, None)]
+        starts = self._starts[node]
+        out: list[tuple[datetime, datetime, NodeAttrs | None]] = []
+        t = start
+        while t < end:
+            i = bisect_right(starts, t) - 1
+            cur = records[max(i, 0)]
+            nxt = starts[i + 1] if i + 1 < len(starts) else None
+            stop = min(end, nxt) if nxt is not None and nxt > t else end
+            out.append((t, stop, cur))
+            t = stop
+        return out
+
+
+def _clip(
+    start: datetime, end: datetime | None, lo: datetime, hi: datetime
+) -> tuple[datetime, datetime] | None:
+    s = max(utc(start), lo)
+    e = min(utc(end), hi) if end is not None else hi
+    return (s, e) if e > s else None
+
+
+def event_capacity(
+    events: Iterable[SlurmEvent],
+    attrs: Mapping[str, Sequence[NodeAttrs]],
+    start: datetime,
+    end: datetime,
+) -> tuple[dict[Cell, int], dict[tuple[Cell, str, str], int]]:
+    """Capacity per cell, and raw (unclamped) down time per (cell, down line, who set it),
+    in GPU-ms over [start, end), from the events. Capacity of a node with no inventory
+    record goes to pool `UNKNOWN_POOL`, its GPUs the event's total less the known nodes'
+    (shared evenly among the unknown ones)."""
+    lo, hi = utc(start), utc(end)
+    inv = _Inventory(attrs)
+    spans: list[tuple[str, str, str, int, datetime, datetime | None]] = []
+    registered: list[tuple[datetime, datetime]] = []
+    node_events = [ev for ev in events if not ev.is_cluster]
+    # slurmctld-disconnected cluster events (TrackSlurmctldDown) are no capacity of their own
+    cluster_events = sorted(
+        (ev for ev in events if ev.is_cluster and ev.state_raw == 0), key=lambda e: utc(e.start)
+    )
+    for i, ev in enumerate(cluster_events):
+        # Slurm closes one registration before it opens the next; should two overlap, the
+        # later one holds from its start
+        nxt = cluster_events[i + 1].start if i + 1 < len(cluster_events) else None
+        stop = ev.end if nxt is None or (ev.end is not None and ev.end <= nxt) else nxt
+        clip = _clip(ev.start, stop, lo, hi)
+        if clip is None:
+            continue
+        registered.append(clip)
+        unknown = []
+        known_gpus = 0
+        for node in ev.nodes:
+            for s, e, a in inv.pieces(node, *clip):
+                if a is None:
+                    unknown.append((node, s, e))
+                    continue
+                known_gpus += a.gpus if s == clip[0] else 0
+                spans.append((ev.cluster, a.pool, a.gpu_type, a.gpus, s, e))
+        if unknown:
+            nodes = sorted({n for n, _, _ in unknown})
+            share, extra = divmod(max(0, ev.gpus - known_gpus), len(nodes))
+            gpus = {n: share + (1 if i < extra else 0) for i, n in enumerate(nodes)}
+            for node, s, e in unknown:
+                spans.append((ev.cluster, UNKNOWN_POOL, "gpu", gpus[node], s, e))
+    capacity = capacity_ms(spans, lo, hi)
+    registered.sort()
+    down_spans: dict[tuple[str, str], list[tuple[str, str, str, int, datetime, datetime]]] = (
+        defaultdict(list)
+    )
+    for ev in node_events:
+        line = down_class(ev)
+        if line is None or ev.gpus <= 0:
+            continue
+        for r_lo, r_hi in registered:
+            clip = _clip(ev.start, ev.end, r_lo, r_hi)
+            if clip is None:
+                continue
+            for s, e, a in inv.pieces(ev.node, *clip):
+                pool, gpu_type = (a.pool, a.gpu_type) if a else (UNKNOWN_POOL, "gpu")
+                down_spans[(line, ev.user)].append((ev.cluster, pool, gpu_type, ev.gpus, s, e))
+    down: dict[tuple[Cell, str, str], int] = {}
+    for (line, user), pieces in down_spans.items():
+        for cell, ms in capacity_ms(pieces, lo, hi).items():
+            if ms:
+                down[(cell, line, user)] = ms
+    return capacity, down
+
+
+def capacity_entries(
+    capacity: Mapping[Cell, int],
+    allocated: Mapping[Cell, int],
+    down: Mapping[tuple[Cell, str, str], int] | None = None,
+) -> tuple[list[Entry], dict[Cell, int]]:
+    """Down and idle entries per cell: allocation first, then the down lines in the order
+    of `DOWN_WORKLOADS` (each who-set-it in name order) up to the capacity, idle the rest.
+    Also the over-allocated cells (allocation above capacity, or with no capacity at all:
+    those book neither down nor idle)."""
+    by_cell: dict[Cell, list[tuple[int, str, str, int]]] = defaultdict(list)
+    for (cell, line, user), ms in (down or {}).items():
+        by_cell[cell].append((DOWN_WORKLOADS.index(line), user, line, ms))
+    entries: list[Entry] = []
+    over: dict[Cell, int] = {}
+    for cell, used in allocated.items():
+        if used > 0 and cell not in capacity:
+            over[cell] = used
+    for cell, cap in sorted(capacity.items()):
+        used = allocated.get(cell, 0)
+        if used > cap:
+            over[cell] = used - cap
+        left = max(0, cap - used)
+        for _, user, line, ms in sorted(by_cell.get(cell, ())):
+            take = min(ms, left)
+            if take:
+                entries.append(_entry(cell, line, DOWN_TEAM, user, take))
+                left -= take
+        if left:
+            entries.append(_entry(cell, "idle", IDLE_TEAM, "", left))
+    return entries, over
+
+
+def _entry(cell: Cell, workload: str, team: str, user: str, ms: int) -> Entry:
+    cluster, pool, gpu_type, bucket = cell
+    return Entry(
+        bucket=bucket, cluster=cluster, pool=pool, partition="", workload=workload, account="",
+        team=team, user=user, model="", gpu_type=gpu_type, qos="", lease="", gpu_ms=ms,
+    )  # fmt: skip

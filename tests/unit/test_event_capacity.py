@@ -1,0 +1,212 @@
+"""Capacity and down time from slurmdbd's events (accounting.capacity), and the parsers of
+`sacctmgr show event` and sreport output, on output recorded from the lab's Slurm 22.05."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accounting.attribution import capacity_ms
+from accounting.capacity import (
+    DOWN_WORKLOADS,
+    UNKNOWN_POOL,
+    NodeAttrs,
+    capacity_entries,
+    down_class,
+    event_capacity,
+)
+from bridge.slurm.errors import UnparseableOutput
+from bridge.slurm.model import SlurmEvent
+from bridge.slurm.parse import (
+    parse_sacctmgr_events,
+    parse_sreport_accounts,
+    parse_sreport_utilization,
+)
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
+H = timedelta(hours=1)
+MS_H = 3_600_000
+
+
+def _ev(node: str, start: datetime, end: datetime | None, raw: int, reason: str = "", *,
+        nodes: tuple[str, ...] = (), gpus: int = 4, user: str = "root") -> SlurmEvent:  # fmt: skip
+    return SlurmEvent(
+        cluster="c", node=node, nodes=nodes or (node,), start=start, end=end, state_raw=raw,
+        state="", user=user, reason=reason, gpus=gpus,
+    )  # fmt: skip
+
+
+def _cluster(
+    start: datetime, end: datetime | None, nodes: tuple[str, ...], gpus: int
+) -> SlurmEvent:
+    return SlurmEvent("c", "", nodes, start, end, 0, "", "", "Cluster Registered TRES", gpus)
+
+
+ATTRS = {
+    "n1": [NodeAttrs(T0 - 10 * H, None, "train", "h100", 4)],
+    "n2": [NodeAttrs(T0 - 10 * H, None, "train", "h100", 4)],
+    "n3": [NodeAttrs(T0 - 10 * H, None, "elastic", "h100", 4)],
+}
+
+
+def test_recorded_events_parse() -> None:
+    events = parse_sacctmgr_events((DATA / "sacctmgr-events-22.05.txt").read_text())
+    cluster = [e for e in events if e.is_cluster]
+    assert len(cluster) == 1 and cluster[0].nodes == ("n1", "n2", "n3", "n4")
+    assert cluster[0].gpus == 16 and cluster[0].end is None and cluster[0].state_raw == 0
+    by_node = {e.node: e for e in events if not e.is_cluster}
+    assert by_node["n2"].state == "DOWN*" and by_node["n2"].user == "root"
+    assert by_node["n2"].end is not None and by_node["n2"].end > by_node["n2"].start
+    assert [down_class(by_node[n]) for n in ("n1", "n2", "n4")] == ["drained", "down", "fenced"]
+
+
+def test_event_reason_may_hold_the_separator() -> None:
+    line = "Node|c||n1|1796087555|Unknown|514|DRAIN|alice(1000)|gres/gpu=4|a|b"
+    (ev,) = parse_sacctmgr_events(line)
+    assert ev.reason == "a|b" and ev.user == "alice" and ev.gpus == 4
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Node|c||n1|2026-12-01T01:00:00|Unknown|514|DRAIN|root(0)|gres/gpu=4|x",  # not epoch
+        "Node|c||n1|1796087555",  # cut short
+        "Cluster|c|n1|n1|1796087555|Unknown|0|||gres/gpu=4|x",  # cluster event with a node
+        "Node|c||n1|1796087555|Unknown|DRAIN|DRAIN|root(0)|gres/gpu=4|x",  # state not a number
+    ],
+)
+def test_bad_event_lines_are_named(line: str) -> None:
+    with pytest.raises(UnparseableOutput, match="sacctmgr show event"):
+        parse_sacctmgr_events(line)
+
+
+def test_sreport_lines() -> None:
+    (u,) = parse_sreport_utilization("stblab|gres/gpu|100|20|0|3480|0|3600\n")
+    assert (u.allocated, u.down, u.idle, u.reported) == (100, 20, 3480, 3600)
+    accounts = parse_sreport_accounts(
+        "stblab|root|||gres/gpu|50\nstblab|team-a|||gres/gpu|30\nstblab|team-a|alice|Alice|gres/gpu|30\n"
+    )
+    assert accounts == {"root": 50, "team-a": 30}
+    with pytest.raises(UnparseableOutput, match="Utilization"):
+        parse_sreport_utilization("stblab|cpu|1|2|3|4|5|6")
+
+
+def test_states_map_to_sreport_lines() -> None:
+    assert down_class(_ev("n", T0, None, 0x0001)) == "down"
+    assert down_class(_ev("n", T0, None, 0x0801)) == "down"  # DOWN + not responding
+    assert down_class(_ev("n", T0, None, 0x2002)) == "down"  # IDLE + FAIL
+    assert down_class(_ev("n", T0, None, 0x0202, "maintenance")) == "drained"
+    assert down_class(_ev("n", T0, None, 0x0202, "stb: lent")) == "fenced"
+    assert down_class(_ev("n", T0, None, 0x0201, "stb: lent")) == "down"  # DOWN + DRAIN
+    assert down_class(_ev("n", T0, None, 0x0006)) == "planned_down"  # FUTURE
+    assert down_class(_ev("n", T0, None, 0x1082)) == "planned_down"  # CLOUD + POWERED_DOWN
+    assert down_class(_ev("n", T0, None, 0x1002)) == "down"  # powered down, not cloud (22.05)
+    assert down_class(_ev("n", T0, None, 0x8201)) is None  # MAINT: the rollup ignores it
+
+
+def test_capacity_only_while_the_cluster_is_registered() -> None:
+    """The first ingest of a new cluster books nothing before slurmdbd's first event (the
+    bug: the whole look-back window was booked idle)."""
+    start = T0 + timedelta(minutes=4, seconds=45)
+    cap, down = event_capacity(
+        [_cluster(start, None, ("n1", "n2", "n3"), 12)], ATTRS, T0, T0 + 2 * H
+    )
+    first = (H - timedelta(minutes=4, seconds=45)) // timedelta(milliseconds=1)
+    assert cap[("c", "train", "h100", T0)] == 8 * first
+    assert cap[("c", "elastic", "h100", T0)] == 4 * first
+    assert cap[("c", "train", "h100", T0 + H)] == 8 * MS_H
+    assert not down
+
+
+def test_down_lines_clamped_after_allocation() -> None:
+    events = [
+        _cluster(T0, None, ("n1", "n2"), 8),
+        _ev("n1", T0, T0 + timedelta(minutes=30), 0x0801),  # down half an hour
+        _ev("n2", T0, None, 0x0202, "stb: lent"),  # fenced the whole hour
+    ]
+    cap, down = event_capacity(events, ATTRS, T0, T0 + H)
+    cell = ("c", "train", "h100", T0)
+    assert cap[cell] == 8 * MS_H
+    assert down[(cell, "down", "root")] == 2 * MS_H and down[(cell, "fenced", "root")] == 4 * MS_H
+    # 3 GPU-hours allocated: down (2) fits, fenced gets the rest (3), no idle
+    entries, over = capacity_entries(cap, {cell: 3 * MS_H}, down)
+    got = {e.workload: e.gpu_ms for e in entries}
+    assert got == {"down": 2 * MS_H, "fenced": 3 * MS_H} and not over
+
+
+def test_unknown_nodes_share_the_rest_of_the_registered_gpus() -> None:
+    cap, _ = event_capacity([_cluster(T0, T0 + H, ("n1", "x1", "x2"), 10)], ATTRS, T0, T0 + H)
+    assert cap[("c", "train", "h100", T0)] == 4 * MS_H
+    assert cap[("c", UNKNOWN_POOL, "gpu", T0)] == 6 * MS_H
+
+
+def test_disconnect_events_add_no_capacity() -> None:
+    down_ev = SlurmEvent("c", "", ("n1",), T0, T0 + H, 1, "DOWN", "", "slurmctld disconnect", 4)
+    cap, _ = event_capacity([down_ev], ATTRS, T0, T0 + H)
+    assert cap == {}
+
+
+def test_pool_change_splits_the_node() -> None:
+    attrs = {"n3": [NodeAttrs(T0, T0 + H / 2, "elastic", "h100", 4),
+                    NodeAttrs(T0 + H / 2, None, "train", "h100", 4)]}  # fmt: skip
+    cap, _ = event_capacity([_cluster(T0 - H, None, ("n3",), 4)], attrs, T0 - H, T0 + H)
+    # before its first record the node has its first record's pool
+    assert cap[("c", "elastic", "h100", T0 - H)] == 4 * MS_H
+    assert cap[("c", "elastic", "h100", T0)] == 2 * MS_H
+    assert cap[("c", "train", "h100", T0)] == 2 * MS_H
+
+
+_minutes = st.integers(min_value=0, max_value=180)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    cluster=st.lists(st.tuples(_minutes, _minutes), min_size=1, max_size=3),
+    node_events=st.lists(
+        st.tuples(
+            st.sampled_from(["n1", "n2", "n3"]),
+            _minutes,
+            _minutes,
+            st.sampled_from([0x0801, 0x0202, 0x2002, 0x0006, 0x8201]),
+        ),
+        max_size=6,
+    ),
+    alloc_frac=st.lists(st.integers(min_value=0, max_value=120), min_size=9, max_size=9),
+)
+def test_conservation(cluster, node_events, alloc_frac) -> None:  # type: ignore[no-untyped-def]
+    """Per cell: allocation + down lines + idle = capacity (allocation within capacity);
+    down never exceeds what the events say; the lines are sreport's."""
+    m = timedelta(minutes=1)
+    events = [_cluster(T0 + min(a, b) * m, T0 + max(a, b) * m + m, ("n1", "n2", "n3"), 12)
+              for a, b in cluster]  # fmt: skip
+    events += [
+        _ev(n, T0 + min(a, b) * m, T0 + max(a, b) * m + m, raw) for n, a, b, raw in node_events
+    ]
+    end = T0 + 3 * H
+    cap, down = event_capacity(events, ATTRS, T0, end)
+    cells = sorted(cap)
+    alloc = {c: cap[c] * alloc_frac[i % 9] // 100 for i, c in enumerate(cells)}
+    entries, over = capacity_entries(cap, alloc, down)
+    for c in cells:
+        lines = [e for e in entries if (e.cluster, e.pool, e.gpu_type, e.bucket) == c]
+        assert all(e.workload in (*DOWN_WORKLOADS, "idle") for e in lines)
+        total = sum(e.gpu_ms for e in lines)
+        if alloc[c] <= cap[c]:
+            assert total + alloc[c] == cap[c]
+        else:
+            assert total == 0 and over[c] == alloc[c] - cap[c]
+        for line in DOWN_WORKLOADS:
+            booked = sum(e.gpu_ms for e in lines if e.workload == line)
+            assert booked <= sum(ms for (cc, ln, _), ms in down.items() if cc == c and ln == line)
+    # capacity never exceeds the registered nodes' GPUs over the union of cluster events
+    union = capacity_ms(
+        [("c", a.pool, a.gpu_type, a.gpus, T0, end) for attrs in ATTRS.values() for a in attrs],
+        T0,
+        end,
+    )
+    assert all(cap[c] <= union[c] for c in cap)
