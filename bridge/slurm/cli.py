@@ -171,7 +171,7 @@ class SlurmCLI:
         out = self._run("sacctmgr", "-P", "-n", "show", "assoc", "where", f"account={account}",
                         "format=account,user,grptresmins")  # fmt: skip
         for line in out.splitlines():
-            acct, user, mins = (line.split("|") + ["", ""])[:3]
+            acct, user, mins = [*line.split("|"), "", ""][:3]
             if acct == account and not user:
                 for item in mins.split(","):
                     key, _, value = item.partition("=")
