@@ -21,7 +21,10 @@ such ticks are proven quiet by `bridge.sim.quiet` without running `assess` at al
 (`Setup.prove_quiet`; `Setup.check_quiet` runs assess on them too and fails if it would
 act). The rest is incremental: replica groups' layout, lease views and the free-GPU
 index are kept up to date rather than rebuilt each tick; results are those of the plain
-loop (`tests/unit/test_sim_golden.py` compares them with a recording made before).
+loop (`tests/unit/test_sim_golden.py` compares them with a recording made before). The
+hot paths (a job's arrival, start and end; the latency model's tick) are written out
+rather than layered: the shortcuts are each compared with the plain code in
+`tests/unit/test_sim_speed.py`.
 Slurm schedules when events arrive (a pass per instant with events), the bridge acts on
 ticks only, so routing changes, and with them the latency model's replica groups, happen
 on ticks.
@@ -34,7 +37,7 @@ import heapq
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -182,10 +185,14 @@ class Group:
     models: tuple[str, ...]
     nodes: int = 0
     backlog_s: float = 0.0
-    #: (tick end, state, its requests, its quantile `wait_quantile()`) of the ticks that may
-    #: still be in Triton's summary window
-    window: deque[tuple[float, latency.TickState, float, float]] = field(default_factory=deque)
+    #: (tick end, its requests, its quantile `wait_quantile()`) of the ticks that may still
+    #: be in Triton's summary window
+    window: deque[tuple[float, float, float]] = field(default_factory=deque)
     extra_p99_s: float | None = None
+    #: the last tick's state, its `mean_extra()` and `share_within(budget)` by budget
+    state: latency.TickState | None = None
+    mean_extra: float = 0.0
+    within: dict[float, float] = field(default_factory=dict)
     #: when its first replica came up (the summaries' rotation runs from there)
     born: float = 0.0
     #: requests queued on one of its nodes at the last tick's end
@@ -207,6 +214,7 @@ class Engine:
         self.ticks = math.ceil(setup.horizon_s / self.tick_s)
         self.rates = {m: _per_tick(setup.arrivals, m, self.tick_s, self.ticks) for m in self.models}
         self.window_ticks = max(1, round(WINDOW_S / self.tick_s))
+        self._rate_series = [self.rates[m] for m in self.models]
         runs = {
             j.job_id: JobRun(j, j.kind, j.submit_s, submitted_at=j.submit_s) for j in setup.jobs
         }
@@ -286,13 +294,13 @@ class Engine:
         out = {m: ModelOutcome(cfg.models[m].slo_p99_ms) for m in self.models}
         self.outcome = out
         self.minute = {m: [0.0, 0.0] for m in self.models}
-        #: what `_serve` reads of each model, in model order: name, SLO (ms), service time,
-        #: SLO budget beyond the service time (s), outcome, minute tally, history, rates
+        #: what `_serve` reads of each model, in model order: SLO (ms), service time (s and
+        #: ms), SLO budget beyond the service time (s), outcome, minute tally, history, rates
         self._per_model = [
             (
-                m,
                 cfg.models[m].slo_p99_ms,
                 setup.service_s[m],
+                setup.service_s[m] * 1000.0,
                 cfg.models[m].slo_p99_ms / 1000.0 - setup.service_s[m],
                 out[m],
                 self.minute[m],
@@ -324,25 +332,43 @@ class Engine:
 
     def _advance(self, until: float) -> None:
         """Process arrivals and events up to `until` (inclusive). Slurm schedules on
-        events: a pass runs once the events of one instant are all in."""
-        events, arrivals = self.events, self.arrival_times
+        events: a pass runs once the events of one instant are all in. (The hot loop of a
+        run: a job's end is handled here rather than in `_event`, as it does.)"""
+        events, arrivals, order = self.events, self.arrival_times, self.arrival_order
+        fleet, stale, heappop = self.fleet, self.stale, heapq.heappop
+        submit, end, inf = fleet.submit, fleet.end, math.inf
+        nxt = self.next_arrival
+        now = self.now  # (kept equal to self.now, which the calls below read)
         while True:
-            t_event = events[0][0] if events else math.inf
-            t_arr = arrivals[self.next_arrival]
-            t = min(t_event, t_arr)
-            if t > self.now and self.dirty_sched:
-                self._schedule()
+            t_event = events[0][0] if events else inf
+            t_arr = arrivals[nxt]
+            t = t_arr if t_arr < t_event else t_event
+            if t > now and self.dirty_sched:
+                if fleet.waiting:
+                    self._schedule()
+                else:  # (`_schedule`: the pass would start nothing)
+                    self.dirty_sched = False
             if t > until:
                 break
-            self.now = max(self.now, t)
+            if t > now:
+                now = self.now = t
             if t_arr <= t_event:
-                run = self.arrival_order[self.next_arrival]
-                self.next_arrival += 1
-                self.fleet.submit(run)
+                submit(order[nxt])
+                nxt += 1
+                self.next_arrival = nxt
                 self.dirty_sched = True
                 continue
-            _, _, kind, payload = heapq.heappop(self.events)
-            self._event(kind, payload)
+            _, _, kind, payload = heappop(events)
+            if kind == "end":
+                run, number = cast(tuple[JobRun, int], payload)
+                if run.run == number and run.started_at is not None:
+                    stale.update(run.nodes)  # the nodes' indexes (`_touch`)
+                    end(run, now)
+                    self.dirty_sched = True
+                    if self.drain_pending:
+                        self._drain_ready()
+            else:
+                self._event(kind, payload)
         self._schedule()
         self.now = until
 
@@ -400,9 +426,16 @@ class Engine:
         if not self.dirty_sched:
             return
         self.dirty_sched = False
-        for run in self.fleet.schedule(self.now):
-            self.stale.update(run.nodes)  # the nodes' indexes (`_touch`)
-            self._at(self.now + run.remaining_s, "end", (run, run.run))
+        if not self.fleet.waiting:
+            return  # (the pass would start nothing)
+        now, stale, events = self.now, self.stale, self.events
+        for run in self.fleet.schedule(now):
+            stale.update(run.nodes)  # the nodes' indexes (`_touch`)
+            # `_at(now + run.remaining_s, "end", (run, run.run))`
+            self.seq += 1
+            heapq.heappush(
+                events, (now + (run.job.duration_s - run.done_s), self.seq, "end", (run, run.run))
+            )
 
     def _touch(self, nodes: Sequence[SimNode]) -> None:
         for node in nodes:
@@ -413,9 +446,7 @@ class Engine:
     def _join(self, models: tuple[str, ...], n: int) -> None:
         group = self.groups.get(models)
         if group is None:
-            window: deque[tuple[float, latency.TickState, float, float]] = deque(
-                maxlen=self.window_ticks + 1
-            )
+            window: deque[tuple[float, float, float]] = deque(maxlen=self.window_ticks + 1)
             group = self.groups[models] = Group(models, window=window, born=self.now)
         if n > 0 and group.nodes > 0:  # a fresh replica starts with an empty queue
             group.backlog_s *= group.nodes / (group.nodes + n)
@@ -455,7 +486,7 @@ class Engine:
         if self._layout is None:
             self._layout = self._lay_out()
         per_group, per_model_at = self._layout
-        rates = [self.rates[m][k] for m in self.models]
+        rates = [series[k] for series in self._rate_series]
         cv2 = self.s.service_cv2
         servers = self.replica_gpus
         for group, members in per_group:
@@ -470,16 +501,21 @@ class Engine:
             busy = min(node_load, servers) / servers
             self.inference_used_s += busy * self.node_gpus * group.nodes * dt
             state = stepped.state
-            group.window.append((now, state, state.requests, state.wait_quantile()))
+            window = group.window
+            window.append((now, state.requests, state.wait_quantile()))
+            group.state = state
+            group.mean_extra = state.mean_extra()
+            group.within.clear()
             group.pending = stepped.pending
             start = _window_start(group.born, now)
             group.extra_p99_s = latency.window_quantile_of(
-                [(n, q) for t, _, n, q in group.window if t > start]
+                [(n, q) for t, n, q in window if t > start]
             )
         requests_total = 0.0
         worst = 0.0
         proof = self.proof
-        for (m, slo_ms, s_m, budget, out, minute, history, rate_window), lam, parts in zip(
+        samples: list[ModelSample] = []
+        for (slo_ms, s_m, compute_ms, budget, out, minute, history, rate_window), lam, parts in zip(
             self._per_model, rates, per_model_at, strict=True
         ):
             rate_window.append(lam)
@@ -487,43 +523,51 @@ class Engine:
             requests_total += lam
             p99: float | None = None
             mean: float | None = None
+            if not parts:  # no replica: every request fails
+                within = 0.0
+                out.requests += n
+                out.within_slo += n * within
+                minute[0] += n
+                minute[1] += n * within
+                if n > 0:
+                    worst = math.inf
+                sample = _model_sample(now, None, None, None, None, None)
+                history.append(sample)
+                samples.append(sample)
+                continue
             pending = 0.0
             within = 0.0
-            if not parts:
-                within = 0.0  # no replica: every request fails
-            else:
-                mean_s = 0.0
-                for share, group in parts:
-                    state = group.window[-1][1]
-                    within += share * state.share_within(budget)
-                    mean_s += share * (s_m + state.mean_extra())
-                    pending += group.pending
-                    if group.extra_p99_s is not None:
-                        q = (s_m + group.extra_p99_s) * 1000.0
-                        p99 = q if p99 is None else max(p99, q)
-                if lam > 0:
-                    mean = mean_s * 1000.0
-                if sum(rate_window) <= 0:
-                    p99 = None
+            mean_s = 0.0
+            for share, group in parts:
+                # the group's tick, once for all its models (of the same budget)
+                part = group.within.get(budget)
+                if part is None:
+                    assert group.state is not None
+                    part = group.within[budget] = group.state.share_within(budget)
+                within += share * part
+                mean_s += share * (s_m + group.mean_extra)
+                pending += group.pending
+                if group.extra_p99_s is not None:
+                    q = (s_m + group.extra_p99_s) * 1000.0
+                    if p99 is None or q > p99:  # (`max`, without the call)
+                        p99 = q
+            if lam > 0:
+                mean = mean_s * 1000.0
+            if p99 is not None and sum(rate_window) <= 0:
+                p99 = None
             out.requests += n
             out.within_slo += n * within
             minute[0] += n
             minute[1] += n * within
-            if p99 is not None:
-                worst = max(worst, p99 / slo_ms)
-            elif n > 0 and not parts:
-                worst = max(worst, math.inf)
-            sample = ModelSample(
-                now,
-                p99,
-                lam if parts else None,
-                pending if parts else None,
-                mean,
-                s_m * 1000.0 if mean is not None else None,
+            if p99 is not None and p99 / slo_ms > worst:
+                worst = p99 / slo_ms
+            sample = _model_sample(
+                now, p99, lam, pending, mean, compute_ms if mean is not None else None
             )
             history.append(sample)
-            if proof is not None:
-                proof.observe(m, sample)
+            samples.append(sample)
+        if proof is not None:
+            proof.observe_all(samples)
         self._tick_requests = requests_total
         self._tick_worst = worst
         if int(now // 60.0) != int((now - dt) // 60.0):
@@ -674,7 +718,9 @@ class Engine:
                 tuple(
                     (i, self.leases[i].state, self._lease_view(self.leases[i]).waiting)
                     for i in sorted(self.unsettled)
-                ),
+                )
+                if self.unsettled
+                else (),
             )
             if proof.holds(k, self.now, structure, leases, self.lend_s, lambda: self._snapshot(())):
                 self.proven += 1
@@ -684,31 +730,42 @@ class Engine:
                 return True
         return not assess(self._snapshot(()), self.s.config, self.now).acts
 
-    def _node_view(self, node: SimNode) -> NodeView:
+    def _node_view(self, node: SimNode, leased: set[str] | None = None) -> NodeView:
+        """`leased`: the names of the nodes with an open lease (None: looked up)."""
         every = self.s.checkpoint_s
-        jobs = tuple(
-            JobView(
-                r.job.job_id,
-                r.job.gpus,
-                r.started_at,
-                r.restarts,
-                r.submitted_at,
-                r.checkpoint_at(self.now, every if r.job.kind == "elastic" else None),
+        now, runs = self.now, self.fleet.runs
+        jobs = []
+        for job_id in sorted(node.jobs):  # `fleet.running_on(node)`
+            r = runs[job_id]
+            job = r.job
+            at = r.checkpoint_at(now, every) if every and job.kind == "elastic" else None
+            jobs.append(
+                _job_view(
+                    job_id,
+                    job.gpus_per_node * job.nodes,
+                    r.started_at,
+                    r.restarts,
+                    r.submitted_at,
+                    at,
+                )
             )
-            for r in self.fleet.running_on(node)
-        )
-        leased = any(lease.node is node for lease in self.leases.values())
-        return NodeView(node.name, node.pool, True, node.gpus, jobs, node.triton or leased)
+        if leased is None:
+            held = any(lease.node is node for lease in self.leases.values())
+        else:
+            held = node.name in leased
+        return _node_view(node.name, node.pool, node.gpus, tuple(jobs), node.triton or held)
 
     def snapshot(self) -> Snapshot:
         if self.s.checkpoint_s:  # checkpoints move with time: a node with jobs is stale
             self.stale.update(n.index for n in self.policy_nodes if n.jobs)
+        leased = {lease.node.name for lease in self.leases.values()}
+        view_at, views, nodes = self.view_at, self.views, self.policy_nodes
         for index in self.stale:
-            at = self.view_at.get(index)
+            at = view_at.get(index)
             if at is not None:
-                self.views[at] = self._node_view(self.policy_nodes[at])
+                views[at] = self._node_view(nodes[at], leased)
         self.stale.clear()
-        return self._snapshot(tuple(self.views))
+        return self._snapshot(tuple(views))
 
     def _snapshot(self, nodes: tuple[NodeView, ...]) -> Snapshot:
         # `last_lend_at` holds, per model, the latest anchor (serving: since when; else its
@@ -755,17 +812,19 @@ class Engine:
         started = time.perf_counter()
         every = max(1, round(self.s.series_step_s / self.tick_s))
         hour = max(1, round(3600 / self.tick_s))
+        always = self.s.always_decide
         for k in range(self.ticks):
             t_end = (k + 1) * self.tick_s
-            self._advance(t_end)
-            self._schedule()
+            self._advance(t_end)  # (it ends with a scheduling pass)
             self._serve(k)
-            self._sync()
-            if self.s.always_decide or not self._quiet(k):
+            if self.unsettled:  # (`_sync` moves only these)
+                self._sync()
+            if always or not self._quiet(k):
                 self.decide_calls += 1
                 for action in decide(self.snapshot(), self.s.config, self.now):
                     self._act(action)
-            self._schedule()
+            if self.dirty_sched:
+                self._schedule()
             if (k + 1) % every == 0:
                 self._sample()
             if progress is not None and (k + 1) % hour == 0:
@@ -803,7 +862,12 @@ class Engine:
             pool: {use: s / 3600.0 for use, s in uses.items()}
             for pool, uses in self.fleet.usage.seconds.items()
         }
-        queues = {kind: _queue(self.fleet.runs.values(), kind, self.now) for kind in _KINDS}
+        of_kind: dict[str, list[JobRun]] = {kind: [] for kind in _KINDS}
+        for run in self.fleet.runs.values():  # one pass over the runs, in their order
+            mine = of_kind.get(run.job.kind)
+            if mine is not None:
+                mine.append(run)
+        queues = {kind: _queue(of_kind[kind], self.now) for kind in _KINDS}
         return PolicyResult(
             policy=self.s.name,
             description=self.s.description,
@@ -829,6 +893,69 @@ class Engine:
 _KINDS = ("training", "elastic")
 
 
+def _job_view(
+    job_id: str,
+    gpus: int,
+    started_at: float | None,
+    restarts: int,
+    submitted_at: float | None,
+    checkpoint_at: float | None,
+) -> JobView:
+    """`JobView(job_id, gpus, ...)`, made as `_model_sample` is (a snapshot makes one
+    for each job on the nodes whose jobs changed: thousands)."""
+    view: JobView = object.__new__(JobView)
+    vars(view).update(
+        job_id=job_id,
+        gpus=gpus,
+        started_at=started_at,
+        restarts=restarts,
+        submitted_at=submitted_at,
+        checkpoint_at=checkpoint_at,
+    )
+    return view
+
+
+def _node_view(
+    name: str, pool: str, gpus: int, jobs: tuple[JobView, ...], has_triton: bool
+) -> NodeView:
+    """`NodeView(name, pool, True, gpus, jobs, has_triton)`, made as `_model_sample` is
+    (a decide call's snapshot makes one for each node whose jobs changed)."""
+    view: NodeView = object.__new__(NodeView)
+    vars(view).update(
+        name=name,
+        pool=pool,
+        usable=True,
+        gpus=gpus,
+        jobs=jobs,
+        has_triton=has_triton,
+        reserved=False,
+    )
+    return view
+
+
+def _model_sample(
+    at: float,
+    p99_ms: float | None,
+    request_rate: float | None,
+    pending: float | None,
+    mean_ms: float | None,
+    compute_ms: float | None,
+) -> ModelSample:
+    """`ModelSample(at, p99_ms, ...)`, made without the frozen dataclass's `__init__` (its
+    six `object.__setattr__` calls are a tenth of a tick's latency model): the same
+    fields, in the same order, compared and hashed alike."""
+    sample: ModelSample = object.__new__(ModelSample)
+    vars(sample).update(
+        at=at,
+        p99_ms=p99_ms,
+        request_rate=request_rate,
+        pending=pending,
+        mean_ms=mean_ms,
+        compute_ms=compute_ms,
+    )
+    return sample
+
+
 def _window_start(born: float, now: float) -> float:
     """The oldest observation time in a Triton summary at `now` (see AGE_BUCKETS)."""
     rotation = WINDOW_S / AGE_BUCKETS
@@ -851,22 +978,30 @@ def _per_tick(arrivals: ArrivalSeries, model: str, tick_s: float, ticks: int) ->
     return [float(x) for x in np.diff(np.interp(at, edges, cum)) / tick_s]
 
 
-def _p95(values: list[float]) -> float:
-    return float(np.percentile(values, 95)) if values else 0.0
-
-
-def _queue(runs: Iterable[JobRun], kind: str, now: float) -> QueueOutcome:
-    mine = [r for r in runs if r.job.kind == kind]
-    waits = [r.wait_s if r.wait_s is not None else now - r.job.submit_s for r in mine]
-    done = [r for r in mine if r.ended_at is not None]
-    completion = [(r.ended_at or now) - r.job.submit_s for r in done]
+def _queue(mine: Sequence[JobRun], now: float) -> QueueOutcome:
+    """The queue outcome of one kind's runs (one pass over them: a month's run has
+    millions; each mean and percentile reads one array)."""
+    waits: list[float] = []
+    completion: list[float] = []
+    work: list[float] = []
+    started = 0
+    for r in mine:
+        job = r.job
+        waits.append(r.wait_s if r.wait_s is not None else now - job.submit_s)
+        if r.first_started_at is not None:
+            started += 1
+        if r.ended_at is not None:
+            completion.append((r.ended_at or now) - job.submit_s)
+            work.append(job.gpus_per_node * job.nodes * job.duration_s)
+    wait_at = np.asarray(waits, dtype=float)
+    done_at = np.asarray(completion, dtype=float)
     return QueueOutcome(
         submitted=len(mine),
-        started=sum(1 for r in mine if r.first_started_at is not None),
-        finished=len(done),
-        wait_mean_s=float(np.mean(waits)) if waits else 0.0,
-        wait_p95_s=_p95(waits),
-        completion_mean_s=float(np.mean(completion)) if completion else 0.0,
-        completion_p95_s=_p95(completion),
-        gpu_hours_done=sum(r.job.gpus * r.job.duration_s for r in done) / 3600.0,
+        started=started,
+        finished=len(completion),
+        wait_mean_s=float(np.mean(wait_at)) if waits else 0.0,
+        wait_p95_s=float(np.percentile(wait_at, 95)) if waits else 0.0,
+        completion_mean_s=float(np.mean(done_at)) if completion else 0.0,
+        completion_p95_s=float(np.percentile(done_at, 95)) if completion else 0.0,
+        gpu_hours_done=sum(work) / 3600.0,
     )

@@ -28,7 +28,7 @@ from bridge.sim.result import USES
 from bridge.sim.workload import SimJob
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class SimNode:
     index: int
     name: str
@@ -50,7 +50,7 @@ class SimNode:
         return self.partition is not None and not self.triton and not self.fenced
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class JobRun:
     """A job's life in the queue."""
 
@@ -150,8 +150,11 @@ class Fleet:
         self._settled: dict[str, float] = {}
         #: job kind -> its pending jobs (`pending_count`)
         self._pending_of: Counter[str] = Counter()
-        #: partition -> pending (submit order key, job id), sorted
-        self.pending: dict[str, list[tuple[float, str]]] = {p: [] for p in self.partitions}
+        #: pending jobs, all partitions (none: a pass would start nothing)
+        self.waiting = 0
+        #: partition -> pending (submit order key, job id, its run), sorted (by the first
+        #: two: a job is pending once at most, so its run is never compared)
+        self.pending: dict[str, list[tuple[float, str, JobRun]]] = {p: [] for p in self.partitions}
         self.preemptions = 0
         self.lost_gpu_s = 0.0
         for node in nodes:
@@ -198,45 +201,108 @@ class Fleet:
     # ---- queue ----------------------------------------------------------------------
 
     def submit(self, run: JobRun) -> None:
-        bisect.insort(self.pending[run.partition], (run.job.submit_s, run.job.job_id))
+        bisect.insort(self.pending[run.partition], (run.job.submit_s, run.job.job_id, run))
         self._settled.pop(run.partition, None)
         self._pending_of[run.job.kind] += 1
+        self.waiting += 1
 
     def schedule(self, now: float) -> list[JobRun]:
         """One scheduling pass over every partition: the runs it started."""
         started: list[JobRun] = []
+        avail, settled = self._avail, self._settled
         for partition, queue in self.pending.items():
-            if not queue or not self._avail[partition]:
+            if not queue or not avail[partition]:
                 continue  # (the pass would keep every entry)
-            if now < self._settled.get(partition, -math.inf):
+            if now < settled.get(partition, -math.inf):
                 continue  # the same pass as the last, which started nothing
-            kept: list[tuple[float, str]] = []
+            buckets = self._free[partition]
+            top = len(buckets)
+            taken: list[int] = []
             looked = 0
-            n_started = len(started)
             wakes = math.inf
+            limit = self.max_job_test
             for i, entry in enumerate(queue):
-                if looked >= self.max_job_test or not self._avail[partition]:
-                    kept.extend(queue[i:])
-                    break
-                run = self.runs[entry[1]]
+                if looked >= limit or not avail[partition]:
+                    break  # (the pass keeps the rest)
+                run = entry[2]
                 if run.eligible_at > now:
-                    wakes = min(wakes, run.eligible_at)
-                    kept.append(entry)
+                    if run.eligible_at < wakes:
+                        wakes = run.eligible_at
                     continue
                 looked += 1
-                chosen = self._fit(partition, run.job)
-                if chosen is None:
-                    kept.append(entry)
-                    continue
-                self._start(run, chosen, now)
-                self._pending_of[run.job.kind] -= 1
+                job = run.job
+                if job.nodes == 1:  # `_fit` and `_start` of a single-node job, inlined
+                    for g in range(job.gpus_per_node, top):
+                        if buckets[g]:
+                            self._start_on(run, next(iter(buckets[g])), now)
+                            break
+                    else:
+                        continue
+                else:
+                    chosen = self._fit(partition, job)
+                    if chosen is None:
+                        continue
+                    self._start(run, chosen, now)
+                self._pending_of[job.kind] -= 1
+                self.waiting -= 1
                 started.append(run)
-            self.pending[partition] = kept
-            if len(started) == n_started:
-                self._settled[partition] = wakes
+                taken.append(i)
+            if not taken:
+                settled[partition] = wakes  # nothing started: the queue is as it was
             else:
-                self._settled.pop(partition, None)
+                if len(taken) == len(queue):
+                    queue.clear()
+                else:
+                    for i in reversed(taken):
+                        del queue[i]
+                settled.pop(partition, None)
         return started
+
+    def _start_on(self, run: JobRun, i: int, now: float) -> None:
+        """`_start(run, [i], now)`, for the one node of a single-node job."""
+        run.nodes = (i,)
+        run.started_at = now
+        run.run += 1
+        job = run.job
+        if run.first_started_at is None:
+            run.first_started_at = now
+            run.wait_s = now - job.submit_s
+        gpn = job.gpus_per_node
+        node = self.nodes[i]
+        partition = node.partition
+        assert partition is not None  # (it was in the free-GPU index)
+        free = node.free
+        buckets = self._free[partition]
+        bucket = buckets[free]
+        if i in bucket:  # `_unindex`
+            bucket.remove(i)
+            if free > 0:
+                self._avail[partition] -= 1
+        free -= gpn
+        node.free = free
+        node.jobs.add(job.job_id)
+        if not node.triton and not node.fenced:  # `_index`
+            bucket = buckets[free]
+            if i not in bucket:
+                bucket.add(i)
+                if free > 0:
+                    self._avail[partition] += 1
+                self._settled.pop(partition, None)
+        if gpn:  # `usage.move(node.pool, "idle", job.kind, gpn, now)`, written out
+            usage, pool, kind = self.usage, node.pool, job.kind
+            gpus, since, seconds = usage.gpus[pool], usage._since[pool], usage.seconds[pool]
+            dt = now - since["idle"]
+            if dt > 0:
+                if gpus["idle"]:
+                    seconds["idle"] += gpus["idle"] * dt
+                since["idle"] = now
+            dt = now - since[kind]
+            if dt > 0:
+                if gpus[kind]:
+                    seconds[kind] += gpus[kind] * dt
+                since[kind] = now
+            gpus["idle"] -= gpn
+            gpus[kind] += gpn
 
     def _start(self, run: JobRun, chosen: list[int], now: float) -> None:
         run.nodes = tuple(chosen)
@@ -246,26 +312,61 @@ class Fleet:
             run.first_started_at = now
             run.wait_s = now - run.job.submit_s
         job = run.job
-        gpn = job.gpus_per_node
+        gpn, job_id, kind = job.gpus_per_node, job.job_id, job.kind
+        nodes, avail = self.nodes, self._avail
         for i in chosen:
-            node = self.nodes[i]
-            self._unindex(node)
-            node.free -= gpn
-            node.jobs.add(job.job_id)
-            self._index(node)
-            self.usage.move(node.pool, "idle", job.kind, gpn, now)
+            # `_unindex`, the change, `_index` and `usage.move` inlined (the hot path)
+            node = nodes[i]
+            partition = node.partition
+            free = node.free
+            if partition is not None:
+                buckets = self._free[partition]
+                bucket = buckets[free]
+                if i in bucket:
+                    bucket.remove(i)
+                    if free > 0:
+                        avail[partition] -= 1
+            free -= gpn
+            node.free = free
+            node.jobs.add(job_id)
+            if partition is not None and not node.triton and not node.fenced:
+                bucket = buckets[free]
+                if i not in bucket:
+                    bucket.add(i)
+                    if free > 0:
+                        avail[partition] += 1
+                    self._settled.pop(partition, None)
+            _move(self.usage, node.pool, "idle", kind, gpn, now)
 
     def _release(self, run: JobRun, now: float) -> list[SimNode]:
         freed = []
         job = run.job
-        gpn = job.gpus_per_node
+        gpn, job_id, kind = job.gpus_per_node, job.job_id, job.kind
+        nodes, avail = self.nodes, self._avail
         for i in run.nodes:
-            node = self.nodes[i]
-            self._unindex(node)
-            node.free += gpn
-            node.jobs.discard(job.job_id)
-            self._index(node)
-            self.usage.move(node.pool, job.kind, "fenced" if node.fenced else "idle", gpn, now)
+            # `_unindex`, the change, `_index` and `usage.move` inlined (the hot path)
+            node = nodes[i]
+            partition = node.partition
+            free = node.free
+            if partition is not None:
+                buckets = self._free[partition]
+                bucket = buckets[free]
+                if i in bucket:
+                    bucket.remove(i)
+                    if free > 0:
+                        avail[partition] -= 1
+            free += gpn
+            node.free = free
+            node.jobs.discard(job_id)
+            fenced = node.fenced
+            if partition is not None and not node.triton and not fenced:
+                bucket = buckets[free]
+                if i not in bucket:
+                    bucket.add(i)
+                    if free > 0:
+                        avail[partition] += 1
+                    self._settled.pop(partition, None)
+            _move(self.usage, node.pool, kind, "fenced" if fenced else "idle", gpn, now)
             freed.append(node)
         run.nodes = ()
         run.started_at = None
@@ -274,6 +375,41 @@ class Fleet:
     def finish(self, run: JobRun, now: float) -> list[SimNode]:
         run.ended_at = now
         return self._release(run, now)
+
+    def end(self, run: JobRun, now: float) -> None:
+        """`finish`, without the list of nodes freed (the engine's hot path): a
+        single-node job's `_release` is inlined."""
+        run.ended_at = now
+        if len(run.nodes) != 1:
+            self._release(run, now)
+            return
+        i = run.nodes[0]
+        job = run.job
+        gpn = job.gpus_per_node
+        node = self.nodes[i]
+        partition = node.partition
+        free = node.free
+        if partition is not None:
+            buckets = self._free[partition]
+            bucket = buckets[free]
+            if i in bucket:  # `_unindex`
+                bucket.remove(i)
+                if free > 0:
+                    self._avail[partition] -= 1
+        free += gpn
+        node.free = free
+        node.jobs.discard(job.job_id)
+        fenced = node.fenced
+        if partition is not None and not node.triton and not fenced:  # `_index`
+            bucket = buckets[free]
+            if i not in bucket:
+                bucket.add(i)
+                if free > 0:
+                    self._avail[partition] += 1
+                self._settled.pop(partition, None)
+        _move(self.usage, node.pool, job.kind, "fenced" if fenced else "idle", gpn, now)
+        run.nodes = ()
+        run.started_at = None
 
     def preempt(self, run: JobRun, now: float) -> list[SimNode]:
         """Requeue a running job (its run is lost); the nodes it freed."""
@@ -325,3 +461,21 @@ class Fleet:
     def pending_count(self, kind: str) -> int:
         """Pending jobs of `kind` (counted as they are submitted and started)."""
         return self._pending_of[kind]
+
+
+def _move(usage: Usage, pool: str, src: str, dst: str, n: int, now: float) -> None:
+    """`Usage.move`, unrolled (called for every node of every job start and end)."""
+    if n:
+        gpus, since, seconds = usage.gpus[pool], usage._since[pool], usage.seconds[pool]
+        dt = now - since[src]
+        if dt > 0:
+            if gpus[src]:
+                seconds[src] += gpus[src] * dt
+            since[src] = now
+        dt = now - since[dst]
+        if dt > 0:
+            if gpus[dst]:
+                seconds[dst] += gpus[dst] * dt
+            since[dst] = now
+        gpus[src] -= n
+        gpus[dst] += n

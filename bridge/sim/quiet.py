@@ -18,11 +18,15 @@ fails costs nothing but the attempt. A tick is proven quiet when:
 The bounds need the policy's rate forecast (a least-squares line over its window) of
 every model on every tick: computed once for the whole run with numpy from the arrival
 rates the samples will carry, with a tolerance (1e-8 of the series' largest rate) far
-above its rounding, so the bound holds whatever order the policy's own sum takes. A
-certificate is made (by bisection, a dozen capacity predictions) when none holds, and is
-kept while the replicas, the leases and the lend lead time stay as they were: the
-engine's `structure` key. Nothing here decides: `Setup.check_quiet` runs `assess` on
-every proven tick as well, and the tests use it.
+above its rounding, so the bound holds whatever order the policy's own sum takes. As the
+bounds of every tick are known ahead, a certificate is made on the coming ticks' bounds:
+the highest (lend) or lowest (return) of each model over the next `AHEAD` ticks, or over
+fewer when the capacity model does not agree there, down to the tick's own (one capacity
+prediction each). It is kept while the replicas and the leases stay as they were (the
+engine's `structure` key; the replica count and the models' service times are read once
+per structure), and it is checked ahead at the lend lead time, so a tick inside the span
+it holds costs no look at the bounds. Nothing here decides: `Setup.check_quiet` runs
+`assess` on every proven tick as well, and the tests use it.
 """
 
 from __future__ import annotations
@@ -42,8 +46,14 @@ from bridge.policy.decide import LENDABLE, capacity_groups, capacity_inputs, mod
 
 #: relative margin on a certificate (far above the capacity model's rounding)
 MARGIN = 1e-9
-#: bisection steps when a certificate is made
-STEPS = 12
+#: ticks ahead whose bounds a certificate is tried on, most first: one made on the next
+#: 24 ticks' highest bounds holds for those ticks at least, one on tick k's alone at k (the
+#: arrival series swing from tick to tick: a longer span is seldom carried near the limit)
+AHEAD = (24, 4, 1)
+#: ticks a held certificate is checked ahead at once
+SCAN = 64
+#: ticks whose bounds are computed at once (for one lead time)
+BLOCK = 1024
 
 Count = Counter[tuple[tuple[str, ...], int]]
 #: an open lease: (id, lend mode, state, models, created_at, updated_at)
@@ -77,6 +87,15 @@ class _Certificates:
     oldest_waiting: float = math.inf
     #: max_lent_nodes less the open leases
     slots: int = 0
+    #: the replica count and each model's demand (`QuietProof._inputs`; None: not read)
+    inputs: tuple[Count, list[capacity.Demand]] | None = None
+    #: the capacity groups of the replicas, and per key those less one of its replicas
+    lend_groups: list[capacity.Group] | None = None
+    return_groups: dict[Key, list[capacity.Group]] = field(default_factory=dict)
+    #: (the lend lead time, the first tick not proven) of the lend certificate, and per
+    #: key of a return candidate the same of its return certificate
+    lend_until: tuple[float, int] = (math.nan, 0)
+    return_until: dict[Key, tuple[float, int]] = field(default_factory=dict)
 
 
 class QuietProof:
@@ -105,13 +124,24 @@ class QuietProof:
         self.depth = depth
         self.lendable = [n for n, pool in config.pools.items() if pool.lend_mode in LENDABLE]
         self.cert = _Certificates()
+        #: `_block`s by (lending, first tick), for the lead time `_blocks_at`
+        self._blocks: dict[tuple[bool, int], FloatArray] = {}
+        self._blocks_at = math.nan
+        #: `lead_s` of the last `lend_s` seen
+        self._lead_of: dict[str, float] | None = None
+        self._lead = math.nan
         self.runs_in_order = [self.runs[m] for m in self.models]
+        self.high_in_order = [self.high[m] for m in self.models]
+        self.low_in_order = [self.low[m] for m in self.models]
         self.need = 0
-        self.rates_at: list[list[float]] = []
-        self.level_at: list[list[float]] = []
-        self.slope_at: list[list[float]] = []
-        self.dwell_at: list[list[float]] = []
-        self.tol_at: list[float] = []
+        #: ticks the arrays below cover; per (tick, model): the arrival rate, the
+        #: forecast's level and slope, the dwell's highest rate; per model: the tolerance
+        self.ticks = 0
+        self.rates_at: FloatArray = np.zeros((0, 0))
+        self.level_at: FloatArray = np.zeros((0, 0))
+        self.slope_at: FloatArray = np.zeros((0, 0))
+        self.dwell_at: FloatArray = np.zeros((0, 0))
+        self.tol_at: FloatArray = np.zeros(0)
         # The forecast window in samples: those with now - at <= window_s. Exact when
         # the tick is a whole number of seconds (the samples' times are then exact).
         window = 0
@@ -152,14 +182,36 @@ class QuietProof:
             padc = np.concatenate((np.full(self.kc - 1, -np.inf), r))
             self.dwell_max[m] = np.lib.stride_tricks.sliding_window_view(padc, self.kc).max(axis=1)
             self.tol[m] = 1e-8 * (float(np.abs(r).max(initial=0.0)) + 1.0)
-        # the same as plain lists in model order (a list's floats are quicker to read)
-        self.rates_at = [list(rates[m]) for m in self.models]
-        self.level_at = [self.level[m].tolist() for m in self.models]
-        self.slope_at = [self.slope[m].tolist() for m in self.models]
-        self.dwell_at = [self.dwell_max[m].tolist() for m in self.models]
-        self.tol_at = [self.tol[m] for m in self.models]
+        # the same as (tick, model) arrays in model order, for `_rows`
+        n = min(len(rates[m]) for m in self.models)
+        self.ticks = n
+        self.rates_at = np.column_stack([np.asarray(rates[m], dtype=float)[:n] for m in models])
+        self.level_at = np.column_stack([self.level[m][:n] for m in self.models])
+        self.slope_at = np.column_stack([self.slope[m][:n] for m in self.models])
+        self.dwell_at = np.column_stack([self.dwell_max[m][:n] for m in self.models])
+        self.tol_at = np.array([self.tol[m] for m in self.models])
 
     # ---- samples -----------------------------------------------------------------------
+
+    def observe_all(self, samples: Sequence[ModelSample]) -> None:
+        """`observe` each model's new sample, given in model order (one call a tick)."""
+        for runs, high, low, s in zip(
+            self.runs_in_order, self.high_in_order, self.low_in_order, samples, strict=True
+        ):
+            p99, mean, rate = s.p99_ms, s.mean_ms, s.request_rate
+            if p99 is not None and p99 > high and mean is not None and mean > low:
+                runs.breach += 1
+            else:
+                runs.breach = 0
+            if rate is not None and (p99 is None or p99 < low):
+                runs.calm += 1
+            else:
+                runs.calm = 0
+            runs.rated = runs.rated + 1 if rate is not None else 0
+            if s.compute_ms is not None and s.compute_ms > 0:
+                runs.since_compute = 0
+            else:
+                runs.since_compute += 1
 
     def observe(self, m: str, s: ModelSample) -> None:
         """Count model m's new sample into its runs (`evaluate_model`'s tests)."""
@@ -201,7 +253,7 @@ class QuietProof:
         whenever the replicas, the leases or anything else `assess` reads besides the
         samples and the clock may have; `leases`: the open leases' facts, read when it
         changed; `snapshot`: the nodes-free snapshot, made only when a certificate is."""
-        if not self.enabled:
+        if not self.enabled or k >= self.ticks:
             return False
         policy = self.config.policy
         need, kb, depth = self.need, self.kb, self.depth
@@ -223,37 +275,19 @@ class QuietProof:
         slots = cert.slots
         if not keys and slots <= 0:
             return True
-        horizon = self.lead_s(lend_s)
-        scale = 1.0 + abs(horizon)
-        fc = [
-            level[k] + slope[k] * horizon
-            for level, slope in zip(self.level_at, self.slope_at, strict=True)
-        ]
-        if slots > 0:
-            headroom = policy.capacity_headroom
-            bound = [
-                max(rates[k], max(0.0, f + tol * scale)) * headroom
-                for rates, f, tol in zip(self.rates_at, fc, self.tol_at, strict=True)
-            ]
-            upper = cert.upper
-            if upper is None or any(b > u for b, u in zip(bound, upper, strict=True)):
-                upper = self._certify_lend(snapshot(), now)
-                if upper is None or any(b > u for b, u in zip(bound, upper, strict=True)):
-                    return False
-        if keys:
-            headroom = policy.return_headroom
-            bound = [
-                max(dwell[k], max(0.0, f - tol * scale)) * headroom
-                for dwell, f, tol in zip(self.dwell_at, fc, self.tol_at, strict=True)
-            ]
-            snap: Snapshot | None = None
-            for key in dict.fromkeys(keys):
-                lower = cert.lower.get(key)
-                if lower is None or any(b < low for b, low in zip(bound, lower, strict=True)):
-                    snap = snap or snapshot()
-                    lower = self._certify_return(snap, now, key)
-                    if lower is None or any(b < low for b, low in zip(bound, lower, strict=True)):
-                        return False
+        if lend_s != self._lead_of:  # (the lend lead times change only at a lend)
+            self._lead_of, self._lead = dict(lend_s), self.lead_s(lend_s)
+        horizon = self._lead
+        # each certificate is checked ahead (`_held`): until the tick it first fails, at
+        # this lead time, it holds without a look
+        lend_held = cert.lend_until[0] == horizon and k < cert.lend_until[1]
+        if slots > 0 and not lend_held and not self._cover_lend(snapshot, now, k, horizon):
+            return False
+        for key in dict.fromkeys(keys):
+            until = cert.return_until.get(key)
+            held = until is not None and until[0] == horizon and k < until[1]
+            if not held and not self._cover_return(snapshot, now, k, horizon, key):
+                return False
         return True
 
     def _index(self, structure: object, leases: Sequence[LeaseFacts]) -> _Certificates:
@@ -277,72 +311,144 @@ class QuietProof:
 
     # ---- certificates ------------------------------------------------------------------
 
-    def _scaled(
-        self, demand: Mapping[str, capacity.Demand], beta: float
+    def _inputs(
+        self, snapshot: Callable[[], Snapshot], now: float
+    ) -> tuple[Count, list[capacity.Demand]] | None:
+        """The replica count and each model's demand (its service time, objective and
+        instances; its rate is the certificate's) as `capacity_inputs` gives them, read
+        once per structure: within one, the replicas do not change and neither does a
+        model's service time (the engine's compute time is the model's own)."""
+        cert = self.cert
+        if cert.inputs is None:
+            count, keep, lend = capacity_inputs(snapshot(), self.config, now)
+            if list(keep) != self.models or list(lend) != self.models:
+                return None  # a model the policy cannot size yet: no proof
+            cert.inputs = (count, [lend[m] for m in self.models])
+        return cert.inputs
+
+    def _demand(
+        self, demands: Sequence[capacity.Demand], rates: Sequence[float]
     ) -> dict[str, capacity.Demand]:
         return {
-            m: capacity.Demand(beta * d.rate, d.service_s, d.slo_s, d.instances)
-            for m, d in demand.items()
+            m: capacity.Demand(r, d.service_s, d.slo_s, d.instances)
+            for m, r, d in zip(self.models, rates, demands, strict=True)
         }
 
-    def _inputs(
-        self, snap: Snapshot, now: float
-    ) -> tuple[Count, dict[str, capacity.Demand], dict[str, capacity.Demand]] | None:
-        count, keep, lend = capacity_inputs(snap, self.config, now)
-        if list(keep) != self.models or list(lend) != self.models:
-            return None  # a model the policy cannot size yet: no proof
-        return count, keep, lend
+    def _rows(self, lend: bool, horizon: float, k0: int, k1: int) -> FloatArray:
+        """The bounds of ticks k0 to k1 (rows; a column per model) on the demand the policy
+        would size: lending, headroom x max(rate, forecast); returning, return_headroom x
+        max(the dwell's highest, forecast). The forecast `horizon` seconds ahead is taken
+        up by the tolerance (lending) or down (returning)."""
+        policy = self.config.policy
+        fc = self.level_at[k0:k1] + self.slope_at[k0:k1] * horizon
+        slack = self.tol_at * (1.0 + abs(horizon))
+        if lend:
+            rows = np.maximum(self.rates_at[k0:k1], np.maximum(0.0, fc + slack))
+            return rows * policy.capacity_headroom
+        rows = np.maximum(self.dwell_at[k0:k1], np.maximum(0.0, fc - slack))
+        return rows * policy.return_headroom
 
-    def _certify_lend(self, snap: Snapshot, now: float) -> list[float] | None:
-        """The largest demand along today's (up to twice it) that `over` finds carried by
-        the replicas (with the margin taken off), or None when today's is not."""
-        inputs = self._inputs(snap, now)
+    def _block(self, lend: bool, horizon: float, k: int) -> tuple[int, FloatArray]:
+        """The `_rows` of the `BLOCK` ticks around k, and the first's index (kept for the
+        lead time `horizon`)."""
+        b0 = k - k % BLOCK
+        key = (lend, b0)
+        if self._blocks_at != horizon:
+            self._blocks.clear()
+            self._blocks_at = horizon
+        block = self._blocks.get(key)
+        if block is None:
+            block = self._blocks[key] = self._rows(lend, horizon, b0, b0 + BLOCK)
+        return b0, block
+
+    def _held(self, lend: bool, horizon: float, k: int, cert: Sequence[float]) -> int:
+        """The first tick from k whose bound the certificate `cert` does not hold (looking
+        `SCAN` ticks ahead at most, within one block: then the tick after them)."""
+        b0, block = self._block(lend, horizon, k)
+        rows = block[k - b0 : k - b0 + SCAN]
+        broken = (rows > cert) if lend else (rows < cert)
+        failed = broken.any(axis=1)
+        return k + int(failed.argmax()) if failed.any() else k + len(rows)
+
+    def _cover_lend(
+        self, snapshot: Callable[[], Snapshot], now: float, k: int, horizon: float
+    ) -> bool:
+        """Whether a lend certificate holds tick k: the one held, else a fresh one (see
+        `_certify_lend`); records until when it holds."""
+        cert = self.cert
+        if cert.upper is None or (until := self._held(True, horizon, k, cert.upper)) <= k:
+            if self._certify_lend(snapshot, now, k, horizon) is None:
+                return False
+            assert cert.upper is not None
+            until = self._held(True, horizon, k, cert.upper)
+            if until <= k:
+                return False
+        cert.lend_until = (horizon, until)
+        return True
+
+    def _cover_return(
+        self, snapshot: Callable[[], Snapshot], now: float, k: int, horizon: float, key: Key
+    ) -> bool:
+        """The same for the return of a replica of `key` (see `_certify_return`)."""
+        cert = self.cert
+        lower = cert.lower.get(key)
+        if lower is None or (until := self._held(False, horizon, k, lower)) <= k:
+            lower = self._certify_return(snapshot, now, k, horizon, key)
+            if lower is None:
+                return False
+            until = self._held(False, horizon, k, lower)
+            if until <= k:
+                return False
+        cert.return_until[key] = (horizon, until)
+        return True
+
+    def _certify_lend(
+        self, snapshot: Callable[[], Snapshot], now: float, k: int, horizon: float
+    ) -> list[float] | None:
+        """A demand that `over` finds carried by the replicas (with the margin taken off):
+        the highest bound of each model over the next `AHEAD` ticks, or over fewer when that
+        is not carried, down to tick k's alone; None when that is not carried either (then
+        `assess` decides)."""
+        inputs = self._inputs(snapshot, now)
         if inputs is None:
             return None
-        count, _, lend = inputs
-        groups = capacity_groups(count)
+        count, demands = inputs
+        cert = self.cert
+        if cert.lend_groups is None:
+            cert.lend_groups = capacity_groups(count)
         cv2 = self.config.policy.service_cv2
+        b0, block = self._block(True, horizon, k)
+        for ahead in AHEAD:
+            rows = block[k - b0 : k - b0 + ahead]  # (not past the block's end)
+            target = [float(x) * (1.0 + 2 * MARGIN) for x in rows.max(axis=0)]
+            if not capacity.over(cert.lend_groups, self._demand(demands, target), cv2):
+                cert.upper = [t * (1.0 - MARGIN) for t in target]
+                return cert.upper
+        return None
 
-        def carried(beta: float) -> bool:
-            return not capacity.over(groups, self._scaled(lend, beta), cv2)
-
-        if not carried(1.0):
-            return None
-        lo, hi = 1.0, 2.0
-        if carried(hi):
-            lo = hi
-        else:
-            for _ in range(STEPS):
-                mid = (lo + hi) / 2.0
-                lo, hi = (mid, hi) if carried(mid) else (lo, mid)
-        self.cert.upper = [lo * lend[m].rate * (1.0 - MARGIN) for m in self.models]
-        return self.cert.upper
-
-    def _certify_return(self, snap: Snapshot, now: float, key: Key) -> list[float] | None:
-        """The smallest demand along today's keep demand (down to half of it) that the
-        replicas refuse without one replica of `key` (with the margin added), or None
-        when today's is carried."""
-        inputs = self._inputs(snap, now)
+    def _certify_return(
+        self, snapshot: Callable[[], Snapshot], now: float, k: int, horizon: float, key: Key
+    ) -> list[float] | None:
+        """A demand that the replicas refuse without one replica of `key` (with the margin
+        added): the lowest bound of each model over the next `AHEAD` ticks, or over fewer,
+        down to tick k's alone; None when that is carried (then `assess` decides)."""
+        inputs = self._inputs(snapshot, now)
         if inputs is None:
             return None
-        count, keep, _ = inputs
-        reduced = Counter(count)
-        reduced[key] -= 1
-        groups = capacity_groups(reduced)
+        count, demands = inputs
+        cert = self.cert
+        groups = cert.return_groups.get(key)
+        if groups is None:
+            reduced = Counter(count)
+            reduced[key] -= 1
+            groups = cert.return_groups[key] = capacity_groups(reduced)
         cv2 = self.config.policy.service_cv2
-
-        def refused(beta: float) -> bool:
-            return not capacity.carries(groups, self._scaled(keep, beta), cv2)
-
-        if not refused(1.0):
-            return None
-        lo, hi = 0.5, 1.0
-        if refused(lo):
-            hi = lo
-        else:
-            for _ in range(STEPS):
-                mid = (lo + hi) / 2.0
-                lo, hi = (lo, mid) if refused(mid) else (mid, hi)
-        lower = [hi * keep[m].rate * (1.0 + MARGIN) for m in self.models]
-        self.cert.lower[key] = lower
-        return lower
+        b0, block = self._block(False, horizon, k)
+        for ahead in AHEAD:
+            rows = block[k - b0 : k - b0 + ahead]  # (not past the block's end)
+            target = [float(x) * (1.0 - 2 * MARGIN) for x in rows.min(axis=0)]
+            if not capacity.carries(groups, self._demand(demands, target), cv2):
+                lower = [t * (1.0 + MARGIN) for t in target]
+                cert.lower[key] = lower
+                return lower
+        return None

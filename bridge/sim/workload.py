@@ -22,7 +22,7 @@ from bridge.load.arrivals import read_trace
 JobKind = Literal["training", "elastic"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SimJob:
     """One batch job as submitted to Slurm."""
 
