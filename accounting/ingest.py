@@ -5,26 +5,34 @@
   replaced. One transaction for the whole call: a bad record (IngestError names it) or a
   change to a closed month without `restate` rolls everything back. With `restate`, each
   closed month a record changes is logged in `restatement` with the reason. Afterwards the
-  idle rows (capacity minus allocation) of every hour the call touched are recomputed.
+  idle rows (capacity minus allocation) of every hour the call touched are recomputed, and
+  the daily roll-up (`rollup`) takes every row written and removed, in the same transaction.
+- `ingest_documents`: the same for the records of documents (e.g. sacct JSON files) that
+  worker processes read, parse and prepare while this process does the database part.
 - `record_inventory`: the node inventory as `node_span` rows (a span closes when a node
   changes pool, GPU type or count, or leaves service).
 - `record_serving`: Triton's per-model compute counters, as scraped (duplicates ignored).
 
 Records stream through in chunks (`progress` is called per chunk), so a million records
-never sit in memory as rows. New rows are written in bulk inside the ingest's one transaction:
-COPY on PostgreSQL, one plain executemany per chunk and table on SQLite, on a thread of their
-own while the next chunk is read and attributed (every other statement waits for that write);
-`bulk=False` writes them with SQLAlchemy inserts, the reference the tests compare with.
+never sit in memory as rows. Each chunk is first prepared without the database
+(`prepare.prepare_records`: digests, attribution, the rows encoded for the writer), then
+booked (`_Book.chunk`: the stored digests looked up, changed records' rows replaced). New
+rows are written in bulk inside the ingest's one transaction: binary COPY on PostgreSQL, one
+plain executemany per chunk and table on SQLite, on a thread of their own while the next
+chunk is prepared (every other statement waits for that write); `bulk=False` writes them
+with SQLAlchemy inserts, the reference the tests compare with.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from multiprocessing import get_context
 from typing import Any, TypeVar
 
 from sqlalchemy import (
@@ -54,17 +62,31 @@ from accounting.attribution import (
     EntryTuple,
     ServingPoint,
     capacity_ms,
-    comment_tags,
-    deferred_reason,
-    digest,
     idle_entries,
-    job_entry_tuples,
-    record_end,
 )
 from accounting.buckets import HOUR, hours, month_of, utc
 from accounting.errors import ClosedPeriodError, IngestError, LedgerError
+from accounting.prepare import (
+    COPY_HEADER,
+    COPY_TRAILER,
+    ENCODERS,
+    HOUR_MS,
+    REFERENCE,
+    SACCT,
+    DayCell,
+    Prepared,
+    default_workers,
+    hour_at,
+    init_worker,
+    prepare_document,
+    prepare_records,
+    time_at,
+    unwrap,
+)
+from accounting.rollup import DayDelta
 from accounting.schema import (
     CAPACITY_SOURCE,
+    IDLE_TEAM,
     IngestRun,
     LedgerRow,
     NodeSpan,
@@ -81,9 +103,9 @@ SOURCES = SourceRecord.__table__  # type: ignore[attr-defined]
 SPANS = NodeSpan.__table__  # type: ignore[attr-defined]
 SAMPLES = ServingSample.__table__  # type: ignore[attr-defined]
 PERIODS = Period.__table__  # type: ignore[attr-defined]
-SACCT = "sacct"
 
 T = TypeVar("T")
+D = TypeVar("D")
 
 
 @dataclass
@@ -172,6 +194,90 @@ def ingest_records(
     ingest leaves no capacity change behind either. `bulk` writes the new rows with COPY
     (PostgreSQL) or one plain executemany per chunk (SQLite) in that same transaction;
     False: through SQLAlchemy's insert, row dicts (the reference the tests compare with)."""
+
+    def chunks(mode: str, now: datetime, closed: frozenset[str]) -> Generator[Prepared]:
+        for chunk in batched(records, chunk_size):
+            yield prepare_records(chunk, ctx, mode, now, closed)
+
+    return _ingest(
+        engine, chunks, ctx, since=since, until=until, restate=restate, reason=reason,
+        progress=progress, now=now, inventory=inventory, bulk=bulk,
+    )  # fmt: skip
+
+
+def ingest_documents(
+    engine: Engine,
+    documents: Iterable[D],
+    read: Callable[[D], Sequence[AccountingRecord]],
+    ctx: Context,
+    *,
+    workers: int | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    restate: bool = False,
+    reason: str = "",
+    progress: Callable[[int], None] | None = None,
+    chunk_size: int = 2000,
+    now: datetime | None = None,
+    inventory: Inventory | None = None,
+) -> IngestSummary:
+    """`ingest_records` of the records `read(document)` gives for each document, in
+    order, with the reading (e.g. parsing a sacct JSON file) and the pure part of the
+    ingest (digests, attribution, the encoded rows) done in `workers` processes
+    (`prepare.default_workers()` when None; 0: in this process) while this one does the
+    database part. `read` and the documents must pickle (a module-level function; paths);
+    the workers are started by "spawn", which imports the calling program's main module
+    again: it must start nothing at import (`if __name__ == "__main__":`).
+    The same ledger, summary and errors as `ingest_records` of the same records, in bulk;
+    a document is a unit of work (its records are in memory at once)."""
+    n = default_workers() if workers is None else workers
+
+    def chunks(mode: str, now: datetime, closed: frozenset[str]) -> Generator[Prepared]:
+        if n <= 0:
+            for document in documents:
+                for chunk in batched(read(document), chunk_size):
+                    yield prepare_records(chunk, ctx, mode, now, closed)
+            return
+        with ProcessPoolExecutor(
+            n, mp_context=get_context("spawn"), initializer=init_worker,
+            initargs=(ctx, mode, now, closed),
+        ) as pool:  # fmt: skip
+            pending: deque[Future[Any]] = deque()
+            docs = iter(documents)
+            try:
+                while True:
+                    # keep every worker busy and one document ready
+                    for document in docs:
+                        pending.append(pool.submit(prepare_document, read, document, chunk_size))
+                        if len(pending) > n:
+                            break
+                    if not pending:
+                        return
+                    yield from unwrap(pending.popleft().result())
+            finally:
+                for f in pending:
+                    f.cancel()
+
+    return _ingest(
+        engine, chunks, ctx, since=since, until=until, restate=restate, reason=reason,
+        progress=progress, now=now, inventory=inventory, bulk=True,
+    )  # fmt: skip
+
+
+def _ingest(
+    engine: Engine,
+    chunks: Callable[[str, datetime, frozenset[str]], Generator[Prepared]],
+    ctx: Context,
+    *,
+    since: datetime | None,
+    until: datetime | None,
+    restate: bool,
+    reason: str,
+    progress: Callable[[int], None] | None,
+    now: datetime | None,
+    inventory: Inventory | None,
+    bulk: bool,
+) -> IngestSummary:
     if restate and not reason.strip():
         raise LedgerError("a restatement needs a reason")
     now = utc(now or datetime.now(UTC))
@@ -182,25 +288,30 @@ def ingest_records(
         if inventory is not None:
             _record_inventory(conn, inventory)
         closed = set(conn.scalars(select(PERIODS.c.month)))
-        with _Background() as writer:
-            # The next chunk is read (parsed) while a thread writes this one's rows; every
-            # database access waits for that write first.
-            bound_for = conn.dialect if bulk and conn.dialect.name == "sqlite" else None
-            for chunk in batched(records, chunk_size):
-                prepared = _prepare_chunk(chunk, ctx, summary, early=bulk, bound_for=bound_for)
+        dialect = conn.dialect.name
+        mode = dialect if bulk and dialect in ENCODERS else REFERENCE
+        days = DayDelta()
+        book = _Book(conn, ctx, frozenset(closed), restate, reason, now, summary, touched, days)
+        with (
+            _Background() as writer,
+            closing(chunks(mode, now, frozenset(closed))) as prepared_chunks,
+        ):
+            # The next chunk is prepared (read, parsed, attributed: here or in a worker)
+            # while a thread writes this one's rows; every database access waits for that
+            # write first. On an error the workers are stopped (`closing`) before it rises.
+            for prepared in prepared_chunks:
                 writer.wait()
-                write = _ingest_chunk(
-                    conn, prepared, ctx, closed, restate, reason, now, summary, touched, bulk=bulk
-                )
+                write = book.chunk(prepared, mode)
                 if write is not None:
                     writer.submit(write)
                 if progress:
-                    progress(len(chunk))
+                    progress(prepared.records)
             writer.wait()
         if since is not None and until is not None:
             touched.update(hours(since, until))
         horizon = ctx.horizon or until or now
-        summary.idle_hours = _recompute_idle(conn, touched, closed, restate, horizon, summary)
+        summary.idle_hours = _recompute_idle(conn, touched, closed, restate, horizon, summary, days)
+        days.apply(conn)
         conn.execute(
             insert(IngestRun.__table__),  # type: ignore[attr-defined]
             {
@@ -218,190 +329,144 @@ def ingest_records(
 
 
 @dataclass
-class _Prepared:
-    """A chunk's records to book, their keys, and what needs no database: the digest and
-    entries of each record that needs no serving samples (None for one that does). An
-    IngestError is kept, to be raised only if the record turns out to be changed."""
+class _Book:
+    """The database half of an ingest, one prepared chunk at a time (see `chunk`)."""
 
-    ready: list[AccountingRecord]
-    keys: list[str]
-    #: per record: None, or (digest, entries or the error, its ledger rows)
-    early: list[tuple[str, list[EntryTuple] | IngestError, list[tuple[Any, ...]]] | None]
-    serving_ids: set[str]
-    #: the dialect the rows' bucket and day are bound for (None: Python values)
-    bound_for: Any
+    conn: Connection
+    ctx: Context
+    closed: frozenset[str]
+    restate: bool
+    reason: str
+    now: datetime
+    summary: IngestSummary
+    touched: set[datetime]
+    days: DayDelta
 
-
-def _prepare_chunk(
-    chunk: Sequence[AccountingRecord],
-    ctx: Context,
-    summary: IngestSummary,
-    *,
-    early: bool,
-    bound_for: Any = None,
-) -> _Prepared:
-    """The chunk's pure part, done before the previous chunk's write is waited for (with
-    `early`: digests, entries and rows too)."""
-    summary.records += len(chunk)
-    ready = []
-    for rec in chunk:
-        why = deferred_reason(rec)
-        if why:
-            summary.deferred.append((rec.key, why))
-        elif rec.start is None or rec.gpus == 0 or record_end(rec, ctx.horizon) is None:
-            summary.skipped += 1
-        else:
-            ready.append(rec)
-    keys = [r.key for r in ready]  # a property (an f-string): once per record
-    serving_ids = {r.job_id for r in ready if _serves(r, ctx)}
-    pre: list[tuple[str, list[EntryTuple] | IngestError, list[tuple[Any, ...]]] | None] = []
-    for rec, key in zip(ready, keys, strict=True):
-        if not early or rec.job_id in serving_ids:
-            pre.append(None)
-            continue
-        try:
-            entries = job_entry_tuples(rec, ctx)
-        except IngestError as exc:
-            pre.append((digest(rec, ctx), exc, []))
-            continue
-        pre.append((digest(rec, ctx), entries, _rows_of(entries, key, bound_for)))
-    return _Prepared(ready, keys, pre, serving_ids, bound_for)
-
-
-def _rows_of(entries: list[EntryTuple], source: str, bound_for: Any) -> list[tuple[Any, ...]]:
-    """A record's ledger rows (`LEDGER_COLUMNS` order) from its entries."""
-    cells = _bucket_cells(bound_for)
-    rows = []
-    for e in entries:
-        b = e[0]
-        cell = cells.get(b)
-        if cell is None:
-            cell = _bucket_cell(cells, b, bound_for)
-        rows.append((*cell, *e[1:12], source, e[12]))
-    return rows
-
-
-def _serves(rec: AccountingRecord, ctx: Context) -> bool:
-    """A serving job (whose rows depend on its serving samples)."""
-    tagged = comment_tags(rec.comment)
-    return tagged.get("workload", ctx.workload_of_partition.get(rec.partition)) == "inference"
-
-
-def _ingest_chunk(
-    conn: Connection,
-    prepared: _Prepared,
-    ctx: Context,
-    closed: set[str],
-    restate: bool,
-    reason: str,
-    now: datetime,
-    summary: IngestSummary,
-    touched: set[datetime],
-    *,
-    bulk: bool = False,
-) -> Callable[[], None] | None:
-    """Book one prepared chunk. With `bulk` (PostgreSQL, SQLite) the new rows' writes are
-    returned, to run before the transaction's next statement; otherwise they are done
-    here."""
-    ready, keys = prepared.ready, prepared.keys
-    if not ready:
-        return None
-    serving = _serving_for(conn, ready, prepared.serving_ids, ctx)
-    existing = {
-        key: (rid, dig)
-        for rid, key, dig in conn.execute(
-            select(SOURCES.c.id, SOURCES.c.key, SOURCES.c.digest).where(
-                SOURCES.c.kind == SACCT, _key_match(conn, keys)
+    def chunk(self, p: Prepared, mode: str) -> Callable[[], None] | None:
+        """Book one prepared chunk: look up its records' digests, replace the rows of
+        the changed ones. On the bulk paths the new rows' writes are returned, to run
+        before the transaction's next statement; otherwise they are done here."""
+        conn, ctx, summary = self.conn, self.ctx, self.summary
+        summary.records += p.records
+        summary.skipped += p.skipped
+        summary.deferred += p.deferred
+        keys = p.keys
+        if not keys:
+            return None
+        serving = _serving_for(conn, p.clusters, {p.job_ids[i] for i in p.serving}, ctx)
+        existing = {
+            key: (rid, dig)
+            for rid, key, dig in conn.execute(
+                select(SOURCES.c.id, SOURCES.c.key, SOURCES.c.digest).where(
+                    SOURCES.c.kind == SACCT, _key_match(conn, keys)
+                )
             )
-        )
-    }
-    changed: list[tuple[AccountingRecord, str, list[EntryTuple]]] = []
-    changed_keys: list[str] = []
-    early_rows: dict[str, list[tuple[Any, ...]]] = {}
-    bound_for = prepared.bound_for
-    seen: set[str] = set()
-    for rec, key, pre in zip(ready, keys, prepared.early, strict=True):
-        if key in seen:  # the same run listed twice in one read: the later wins
-            kept = [i for i, k in enumerate(changed_keys) if k != key]
-            changed = [changed[i] for i in kept]
-            changed_keys = [changed_keys[i] for i in kept]
-        seen.add(key)
-        if pre is None:
-            points = serving.get(rec.job_id, ())
-            dig = digest(rec, ctx, points)
-        else:
-            dig = pre[0]
-        old = existing.get(key)
-        if old is not None and old[1] == dig:
-            summary.unchanged += 1
-            continue
-        if pre is None:
-            entries = job_entry_tuples(rec, ctx, points)
-            early_rows.pop(key, None)
-        elif isinstance(pre[1], IngestError):
-            raise pre[1]
-        else:
-            entries, early_rows[key] = pre[1], pre[2]
-        changed.append((rec, dig, entries))
-        changed_keys.append(key)
-    if not changed:
-        return None
-    old_keys = [key for key in changed_keys if key in existing]
-    if closed:
-        _check_closed(conn, changed, old_keys, closed, restate, reason, now, summary)
-    if old_keys:
-        for part in batched(old_keys, 500):
-            old_hours = conn.execute(
-                select(LEDGER.c.bucket).where(LEDGER.c.source.in_(part)).distinct()
-            )
-            touched.update(utc(h) for (h,) in old_hours)
-            conn.execute(delete(LEDGER).where(LEDGER.c.source.in_(part)))
-    # On SQLite's bulk path the rows carry their bucket and day as bound (text), made once
-    # per hour; elsewhere as Python values.
-    bound = bulk and conn.dialect.name == "sqlite"
-    rows: list[tuple[Any, ...]] = []
-    for (_, _, entries), source in zip(changed, changed_keys, strict=True):
-        made = early_rows.get(source)
-        rows += made if made is not None else _rows_of(entries, source, bound_for)
-        touched.update(e[0] for e in entries)
-    writes = []
-    if rows:
-        writes.append(bulk_write(conn, LEDGER, LEDGER_COLUMNS, rows, bulk, bound=bound))
-    summary.rows_written += len(rows)
-    inserts: list[tuple[Any, ...]] = []
-    updates = []
-    for (rec, dig, entries), key in zip(changed, changed_keys, strict=True):
-        end = record_end(rec, ctx.horizon)
-        gpu_ms = sum(e[12] for e in entries)
-        if key in existing:
-            updates.append(
-                {
-                    "_id": existing[key][0], "digest": dig, "job_id": rec.job_id,
-                    "state": rec.state, "start": rec.start, "end": end, "gpu_ms": gpu_ms,
-                    "last_changed_at": now,
-                }
+        }
+        for i, rec in list(p.serving.items()):
+            points = serving.get(rec.job_id)
+            if points:  # its rows depend on its samples: made again with them
+                again = Prepared()
+                again.add(rec, ctx, mode, self.now, self.closed, time_at(p.spans[i][1]), points)
+                p.replace(i, again)
+        changed: list[int] = []
+        seen: set[str] = set()
+        digests = p.digests
+        for i, key in enumerate(keys):
+            if key in seen:  # the same run listed twice in one read: the later wins
+                changed = [j for j in changed if keys[j] != key]
+            seen.add(key)
+            old = existing.get(key)
+            if old is not None and old[1] == digests[i]:
+                summary.unchanged += 1
+                continue
+            if i in p.errors:
+                raise IngestError(key, p.errors[i])
+            changed.append(i)
+        if not changed:
+            return None
+        old_keys = [keys[i] for i in changed if keys[i] in existing]
+        if self.closed:
+            _check_closed(
+                conn, [(keys[i], p.entries.get(i, [])) for i in changed], old_keys, self.closed,
+                self.restate, self.reason, self.now, summary,
             )  # fmt: skip
-        else:
-            inserts.append(
-                (SACCT, key, now, dig, rec.job_id, rec.state, rec.start, end, gpu_ms, now)
-            )
-    # One executemany (or COPY) each, not a statement per record.
-    if inserts:
-        writes.append(bulk_write(conn, SOURCES, SOURCE_COLUMNS, inserts, bulk))
-    if updates:
-        stmt = update(SOURCES).where(SOURCES.c.id == bindparam("_id"))
-        conn.execute(stmt, updates)
-    summary.new += len(inserts)
-    summary.changed += len(updates)
-    pending = [w for w in writes if w is not None]
-    if not pending:
-        return None
+        touched = self.touched
+        if old_keys:
+            for part in batched(old_keys, 500):
+                old_hours = conn.execute(
+                    select(LEDGER.c.bucket).where(LEDGER.c.source.in_(part)).distinct()
+                )
+                touched.update(utc(h) for (h,) in old_hours)
+                self.days.remove_sources(conn, part)
+                conn.execute(delete(LEDGER).where(LEDGER.c.source.in_(part)))
+        cells, delta = p.cells, self.days.cells
+        nrows = 0
+        for i in changed:
+            nrows += p.nrows[i]
+            lo, hi = p.hours[i]
+            touched.update(map(hour_at, range(lo, hi, HOUR_MS)))
+            days = p.days[i]
+            for j in range(0, len(days), 2):
+                delta[cells[days[j]]] += days[j + 1]
+        writes = []
+        if nrows:
+            writes.append(_write_rows(conn, LEDGER, [p.rows[i] for i in changed], mode))
+        summary.rows_written += nrows
+        inserts = [p.sources[i] for i in changed if keys[i] not in existing]
+        updates = [
+            {
+                "_id": existing[keys[i]][0], "digest": digests[i], "job_id": p.job_ids[i],
+                "state": p.states[i], "start": time_at(p.spans[i][0]),
+                "end": time_at(p.spans[i][1]), "gpu_ms": p.gpu_ms[i],
+                "last_changed_at": self.now,
+            }
+            for i in changed
+            if keys[i] in existing
+        ]  # fmt: skip
+        # One COPY or executemany each, not a statement per record.
+        if inserts:
+            writes.append(_write_rows(conn, SOURCES, [inserts], mode))
+        if updates:
+            stmt = update(SOURCES).where(SOURCES.c.id == bindparam("_id"))
+            conn.execute(stmt, updates)
+        summary.new += len(inserts)
+        summary.changed += len(updates)
+        pending = [w for w in writes if w is not None]
+        if not pending:
+            return None
 
-    def write() -> None:
-        for w in pending:
-            w()
+        def write() -> None:
+            for w in pending:
+                w()
 
-    return write
+        return write
+
+
+def _write_rows(
+    conn: Connection, table: Any, parts: list[Any], mode: str
+) -> Callable[[], None] | None:
+    """Rows of the ledger or of the source records, as `prepare` encoded them for `mode`
+    (each part: COPY tuples as bytes, or a list of row tuples): one binary COPY
+    (PostgreSQL), one executemany (SQLite), or SQLAlchemy's insert (the reference, done
+    now: None)."""
+    columns = LEDGER_COLUMNS if table is LEDGER else SOURCE_COLUMNS
+    if mode == "postgresql":
+        driver: Any = conn.connection.driver_connection
+        quote = conn.dialect.identifier_preparer.quote
+        names = ", ".join(quote(c) for c in columns)
+        sql = f"COPY {quote(table.name)} ({names}) FROM STDIN (FORMAT BINARY)"
+        data = [piece for part in parts for piece in ([part] if isinstance(part, bytes) else part)]
+
+        def copy_rows() -> None:
+            with driver.cursor() as cur, cur.copy(sql) as copy:
+                copy.write(COPY_HEADER)
+                for piece in data:
+                    copy.write(piece)
+                copy.write(COPY_TRAILER)
+
+        return copy_rows
+    rows = [row for part in parts for row in part]
+    return bulk_write(conn, table, columns, rows, mode == "sqlite", bound=True)
 
 
 class _Background:
@@ -451,34 +516,6 @@ SOURCE_COLUMNS = (
     "kind", "key", "first_ingested_at", "digest", "job_id", "state", "start", "end", "gpu_ms",
     "last_changed_at",
 )  # fmt: skip
-#: per dialect (None: Python values), bucket -> (bucket, day, month) as a row holds them
-_BUCKET_CELLS: dict[str | None, dict[datetime, tuple[Any, Any, str]]] = {}
-
-
-def _bucket_cells(dialect: Any) -> dict[datetime, tuple[Any, Any, str]]:
-    return _BUCKET_CELLS.setdefault(dialect.name if dialect is not None else None, {})
-
-
-def _bucket_cell(
-    cells: dict[datetime, tuple[Any, Any, str]], bucket: datetime, dialect: Any
-) -> tuple[Any, Any, str]:
-    """A bucket's (bucket, day, month) as `_row` writes them, bound for `dialect` when
-    given; cached: the hours repeat across records."""
-    if len(cells) > 200_000:
-        cells.clear()
-    day, month = bucket.date(), bucket.strftime("%Y-%m")
-    if dialect is None:
-        cell: tuple[Any, Any, str] = (bucket, day, month)
-    else:
-        to_bucket = _bind_processor(LEDGER.c.bucket.type, dialect)
-        to_day = _bind_processor(LEDGER.c.day.type, dialect)
-        cell = (
-            to_bucket(bucket) if to_bucket else bucket,
-            to_day(day) if to_day else day,
-            month,
-        )
-    cells[bucket] = cell
-    return cell
 
 
 def insert_rows(
@@ -609,14 +646,15 @@ def _key_match(conn: Connection, keys: list[str]) -> Any:
 
 
 def _serving_for(
-    conn: Connection, records: Sequence[AccountingRecord], ids: set[str], ctx: Context
+    conn: Connection, named: set[str], ids: set[str], ctx: Context
 ) -> dict[str, list[ServingPoint]]:
-    """The serving samples of the chunk's serving jobs (`ids`), by job id."""
+    """The serving samples of the chunk's serving jobs (`ids`; `named`: the clusters its
+    records name), by job id."""
     out: dict[str, list[ServingPoint]] = defaultdict(list)
     if not ids:
         return out
     # The daemon stores samples under the configured cluster name, which may be empty.
-    clusters = {r.cluster or ctx.cluster for r in records} | {ctx.cluster, ""}
+    clusters = named | {ctx.cluster, ""}
     for part in batched(sorted(ids), 500):
         q = select(SAMPLES).where(SAMPLES.c.job_id.in_(part), SAMPLES.c.cluster.in_(clusters))
         for s in conn.execute(q):
@@ -628,9 +666,9 @@ def _serving_for(
 
 def _check_closed(
     conn: Connection,
-    changed: Sequence[tuple[AccountingRecord, str, list[EntryTuple]]],
+    changed: Sequence[tuple[str, list[EntryTuple]]],
     old_keys: Sequence[str],
-    closed: set[str],
+    closed: frozenset[str],
     restate: bool,
     reason: str,
     now: datetime,
@@ -645,11 +683,11 @@ def _check_closed(
                 _cmp_key(r.bucket, r.pool, r.workload, r.team, r.model, r.gpu_ms)
             ] += 1
     new: dict[tuple[str, str], Counter[tuple[Any, ...]]] = defaultdict(Counter)
-    for rec, _, entries in changed:
+    for key, entries in changed:
         for e in entries:  # (bucket, cluster, pool, partition, workload, account, team, ...)
             m = month_of(e[0])
             if m in closed:
-                new[(rec.key, m)][_cmp_key(e[0], e[2], e[4], e[6], e[8], e[12])] += 1
+                new[(key, m)][_cmp_key(e[0], e[2], e[4], e[6], e[8], e[12])] += 1
     differ = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     if not differ:
         return
@@ -687,9 +725,10 @@ def _recompute_idle(
     restate: bool,
     horizon: datetime,
     summary: IngestSummary,
+    days: DayDelta,
 ) -> int:
     """Replace the idle rows of the touched hours (open months, or closed ones when
-    restating) with capacity minus allocation."""
+    restating) with capacity minus allocation (noted in `days`)."""
     todo = sorted(h for h in touched if restate or month_of(h) not in closed)
     if not todo:
         return 0
@@ -741,20 +780,27 @@ def _recompute_idle(
             )
         }  # fmt: skip
         # Write only what differs: re-ingesting an unchanged window leaves every row as it was.
-        stale = [
-            rid for cell, (rid, ms) in have.items() if cell not in want or want[cell].gpu_ms != ms
-        ]
-        for part in batched(stale, 500):
+        stale = {
+            cell: (rid, ms)
+            for cell, (rid, ms) in have.items()
+            if cell not in want or want[cell].gpu_ms != ms
+        }
+        for part in batched([rid for rid, _ in stale.values()], 500):
             conn.execute(delete(LEDGER).where(LEDGER.c.id.in_(part)))
-        fresh = [
-            _row(e, CAPACITY_SOURCE)
-            for cell, e in want.items()
-            if cell not in have or have[cell][1] != e.gpu_ms
-        ]
+        fresh = {
+            cell: e for cell, e in want.items() if cell not in have or have[cell][1] != e.gpu_ms
+        }
+        days.add_cells(((_idle_cell(*cell), ms) for cell, (_, ms) in stale.items()), -1)
+        days.add_cells((_idle_cell(*cell), e.gpu_ms) for cell, e in fresh.items())
         if fresh:
-            conn.execute(insert(LEDGER), fresh)
+            conn.execute(insert(LEDGER), [_row(e, CAPACITY_SOURCE) for e in fresh.values()])
             summary.rows_written += len(fresh)
     return len(todo)
+
+
+def _idle_cell(cluster: str, pool: str, gpu_type: str, bucket: datetime) -> DayCell:
+    """The roll-up cell of an idle row (`attribution.idle_entries`' keys)."""
+    return (utc(bucket).date(), cluster, pool, "", "idle", "", IDLE_TEAM, "", gpu_type, "", "")
 
 
 def _runs(sorted_hours: Sequence[datetime]) -> Iterator[list[datetime]]:

@@ -7,7 +7,9 @@ plus what pricing needs: GPU type, pool, QOS, day, workload); each fine line is 
 the rate in force that day (`rates.RateBook`); idle cost stays its own line (`idle="line"`)
 or is shared out within each pool in proportion to use (`idle="shared"`); then filters apply
 and the lines are summed to the requested keys. Filtering after pricing means a team's
-numbers are the same in a report of all teams and in one of that team alone.
+numbers are the same in a report of all teams and in one of that team alone. A report of
+whole days that is not by user, source or hour sums the daily roll-up (`accounting.rollup`)
+instead of the hourly rows: the same sums.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sqlalchemy import Engine, func, select
 from accounting.buckets import MS_PER_HOUR, utc
 from accounting.errors import WindowError
 from accounting.rates import ROUNDING, RateBook, cost, money
+from accounting.rollup import DAYS, usable
 from accounting.schema import LedgerRow
 
 LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
@@ -208,9 +211,12 @@ def build_report(
     rates: RateBook | None = None,
     filters: Mapping[str, str] | None = None,
     usage: Mapping[tuple[str, str], float] | None = None,
+    rollup: bool = True,
 ) -> Report:
     """`usage`: (cluster, job_id) -> utilization (0..1), from `accounting.usage`; adds the
-    measured and used GPU-hours of each line."""
+    measured and used GPU-hours of each line. The daily roll-up is read where the report
+    allows it (`rollup.usable`; `rollup=False`: always the hourly rows), with the same
+    result."""
     by = parse_keys(by)
     filters = dict(filters or {})
     parse_keys(list(filters))
@@ -222,14 +228,22 @@ def build_report(
     fine = list(
         dict.fromkeys([*by, *filters, *_PRICING, *(["source"] if usage is not None else [])])
     )
-    cols = [LEDGER.c[_COLUMN[k]] for k in fine] + [LEDGER.c.day, LEDGER.c.month]
-    if step == "hour":
-        cols.append(LEDGER.c.bucket)
-    q = (
-        select(*cols, func.sum(LEDGER.c.gpu_ms))
-        .where(LEDGER.c.bucket >= window.start, LEDGER.c.bucket < window.end)
-        .group_by(*cols)
-    )
+    if rollup and usage is None and usable([_COLUMN[k] for k in fine], step, window):
+        cols = [DAYS.c[k] for k in fine] + [DAYS.c.day, DAYS.c.month]
+        q = (
+            select(*cols, func.sum(DAYS.c.gpu_ms))
+            .where(DAYS.c.day >= utc(window.start).date(), DAYS.c.day < utc(window.end).date())
+            .group_by(*cols)
+        )
+    else:
+        cols = [LEDGER.c[_COLUMN[k]] for k in fine] + [LEDGER.c.day, LEDGER.c.month]
+        if step == "hour":
+            cols.append(LEDGER.c.bucket)
+        q = (
+            select(*cols, func.sum(LEDGER.c.gpu_ms))
+            .where(LEDGER.c.bucket >= window.start, LEDGER.c.bucket < window.end)
+            .group_by(*cols)
+        )
     with engine.connect() as conn:
         rows = conn.execute(q).all()
     n = len(fine)

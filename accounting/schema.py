@@ -4,6 +4,9 @@ build exactly these tables.
 
 - `LedgerRow`: GPU-milliseconds of one hour bucket for one combination of keys, from one
   source record (a sacct run) or from the capacity (`source = "capacity"`: idle).
+- `LedgerDay`: the ledger summed per UTC day over every key but the user and the source (a
+  roll-up kept by every write of `ledger_row`, in the same transaction): day- and
+  month-wide reports by the other keys read it instead of every hourly row.
 - `SourceRecord`: one ingested source record and the digest of what it said; re-ingesting
   an unchanged record is a no-op, a changed one replaces its rows.
 - `NodeSpan`: the node inventory over time (capacity), one row per stretch a node kept its
@@ -14,6 +17,9 @@ build exactly these tables.
 - `Period`: a closed month; `Restatement`: each change made to a closed month, and why.
 - `IngestRun`: one line per ingest (what it read and changed).
 - `GpuUsage`: what the GPU sampler measured per job and node (used vs allocated).
+- `SlurmEventRow`: slurmdbd's events (cluster registrations, node down/drain/fail): the
+  capacity and the down lines (`accounting.capacity`).
+- `Budget`: a team's budget per month (`accounting.budget`).
 
 Integers for GPU time (exact sums); Numeric for money (Decimal, never float).
 """
@@ -25,6 +31,7 @@ from decimal import Decimal
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Date,
     Float,
@@ -83,6 +90,36 @@ class LedgerRow(SQLModel, table=True):
     lease: str = Field(sa_column=_s(64))
     #: the source record's key, or "capacity" for idle rows
     source: str = Field(sa_column=_s(255, index=True))
+    gpu_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
+#: the key columns of `ledger_day` (with `day`, its unique cell)
+DAY_KEYS = (
+    "cluster", "pool", "partition", "workload", "account", "team", "model", "gpu_type", "qos",
+    "lease",
+)  # fmt: skip
+
+
+class LedgerDay(SQLModel, table=True):
+    """`ledger_row` summed per day and `DAY_KEYS` (not per user, source or hour); a cell
+    whose sum comes to zero is removed. Written only by `accounting.rollup`."""
+
+    __tablename__ = "ledger_day"
+    __table_args__ = (UniqueConstraint("day", *DAY_KEYS, name="uq_ledger_day_cell"),)
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    day: date = Field(sa_column=Column(Date, nullable=False))
+    month: str = Field(sa_column=_s(7))
+    cluster: str = Field(sa_column=_s(64))
+    pool: str = Field(sa_column=_s(64))
+    partition: str = Field(sa_column=_s(64))
+    workload: str = Field(sa_column=_s(16))
+    account: str = Field(sa_column=_s(128))
+    team: str = Field(sa_column=_s(128))
+    model: str = Field(sa_column=_s(255))
+    gpu_type: str = Field(sa_column=_s(64))
+    qos: str = Field(sa_column=_s(64))
+    lease: str = Field(sa_column=_s(64))
     gpu_ms: int = Field(sa_column=Column(BigInteger, nullable=False))
 
 
@@ -210,11 +247,60 @@ class GpuUsage(SQLModel, table=True):
     max_mem_bytes: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
 
 
+class SlurmEventRow(SQLModel, table=True):
+    """One event slurmdbd recorded (`sacctmgr show event`), as the ledger last read it:
+    the cluster's registered nodes over time (`node` empty) and each node's down, drain
+    and fail stretches; capacity and the down lines come from these
+    (`accounting.capacity`)."""
+
+    __tablename__ = "slurm_event"
+    __table_args__ = (UniqueConstraint("cluster", "node", "start", name="uq_slurm_event"),)
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    cluster: str = Field(sa_column=_s(64))
+    #: "" for a cluster event
+    node: str = Field(sa_column=_s(255))
+    #: a cluster event's node list (a Slurm hostlist); the node for a node event
+    nodes: str = Field(sa_column=Column(Text, nullable=False))
+    start: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    #: None while the event is open
+    end: datetime | None = Field(default=None, sa_column=Column(UTCDateTime(), nullable=True))
+    state_raw: int = Field(sa_column=Column(BigInteger, nullable=False))
+    state: str = Field(sa_column=_s(64))
+    user_name: str = Field(sa_column=_s(128))
+    reason: str = Field(sa_column=Column(Text, nullable=False))
+    gpus: int = Field(sa_column=Column(Integer, nullable=False))
+
+
+class Budget(SQLModel, table=True):
+    """A team's budget per period (`accounting.budget`); one row per team and period."""
+
+    __tablename__ = "budget"
+    __table_args__ = (UniqueConstraint("team", "period", name="uq_budget_team_period"),)
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    team: str = Field(sa_column=_s(128))
+    #: "month"
+    period: str = Field(sa_column=_s(16))
+    #: "gpu-hours" or "currency"
+    unit: str = Field(sa_column=_s(16))
+    amount: Decimal = Field(sa_column=Column(Numeric(18, 6), nullable=False))
+    #: ISO code of a money budget, "" for GPU-hours
+    currency: str = Field(sa_column=_s(3))
+    #: Slurm enforces it (GrpTRESMins on `slurm_account`)
+    enforce: bool = Field(sa_column=Column(Boolean, nullable=False))
+    slurm_account: str = Field(sa_column=_s(128))
+    note: str = Field(default="", sa_column=Column(Text, nullable=False))
+    set_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    set_by: str = Field(sa_column=_s(128))
+
+
 #: the tables the ledger's migrations own
 LEDGER_TABLES = frozenset(
     t.__tablename__
     for t in (
         LedgerRow,
+        LedgerDay,
         SourceRecord,
         NodeSpan,
         ServingSample,
@@ -223,5 +309,7 @@ LEDGER_TABLES = frozenset(
         Restatement,
         IngestRun,
         GpuUsage,
+        SlurmEventRow,
+        Budget,
     )
 )

@@ -5,8 +5,11 @@ measured in the same run.
 The records take the real path: synthetic `sacct --json` documents in the Slurm 22.05 shape
 (the shape of tests/data/slurm/sacct-requeue-22.05.json; checked key for key at start), 10,000
 jobs per document, written to files once (phase `generate`, not timed as part of any other) ->
-read and `bridge.slurm.parse.parse_sacct_json` -> `accounting.ingest.ingest_records`, fed by a
-generator (one document in memory at a time). The workload, seeded and deterministic:
+`accounting.ingest.ingest_documents` with `accounting.prepare.read_sacct_file`: a worker
+process per CPU but one reads each file, parses it (`bridge.slurm.parse.parse_sacct_json`) and
+prepares its records (digests, attribution, rows encoded for COPY or executemany) while the
+main process does the database work (a few documents in memory at a time). The workload,
+seeded and deterministic:
 
 - 1,000 nodes in three pools, partition = pool: train (560 x 8 h100), elastic (280 x 8 a100),
   infer (160 x 4 l40s); submissions arrive evenly over 2026-09-15..2026-12-15, so jobs cross
@@ -36,8 +39,9 @@ Phases, each in its own process (peak RSS = that process's ru_maxrss, from wait4
                writer alone, COPY (PostgreSQL) or one executemany per 2,000 records (SQLite);
                only the writes are timed (the floor for the same rows; idle rows not included)
   setup        `open_ledger` (Alembic migration) + `record_inventory` (1,000 nodes)
-  ingest       end to end: read, parse and `ingest_records` (one transaction)
-  report       `build_report` of 2026-11 by team
+  ingest       end to end: read, parse and ingest (one transaction), `ingest_documents`; its
+               peak RSS is the main process's, its worker's beside it (RESULT: their sum)
+  report       `build_report` of 2026-11 by team (it reads the daily roll-up, `ledger_day`)
 At the end the report's GPU-ms per team (idle, the team "(idle)" line, excluded) must equal
 the sum over the ingested records of GPUs x their time inside the month, computed from the
 parsed records independently of the ledger, and the ledger must hold one row per node and
@@ -46,7 +50,7 @@ hour each run touched: "check: ok", or exit 1.
 Usage:
     .venv/bin/python bench/ledger.py [--records 1000000] [--backends sqlite,postgresql]
         [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres] [--keep] [--seed 1]
-        [--no-floor] [--no-plain]
+        [--no-floor] [--no-plain] [--workers N]
 PostgreSQL: a database `stb_bench_ledger_<hex>` (and `<hex>_floor`) is made from the admin URL
 and dropped at the end, even on error. SQLite: files in a temporary folder (`--keep` keeps
 them); the documents in another, removed at the end. Progress: a line per 100,000 records to
@@ -61,6 +65,7 @@ import json
 import math
 import os
 import random
+import resource
 import secrets
 import shutil
 import subprocess
@@ -85,10 +90,11 @@ from accounting.ingest import (
     NodeCapacity,
     batched,
     bind_rows,
-    ingest_records,
+    ingest_documents,
     insert_rows,
     record_inventory,
 )
+from accounting.prepare import read_sacct_file
 from accounting.report import Window, build_report
 from accounting.schema import CAPACITY_SOURCE, IDLE_TEAM, LedgerRow, SourceRecord
 from bridge.hostlist import compress
@@ -629,17 +635,32 @@ def phase_setup(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def phase_ingest(args: argparse.Namespace) -> dict[str, Any]:
-    """End to end: read the sacct documents, parse them, ingest (one transaction)."""
+    """End to end: read the sacct documents, parse them, ingest (one transaction); the
+    reading, parsing and attribution in a worker process (`ingest_documents`)."""
     engine = open_ledger(args.url)
     ctx = context()
     label = f"{args.backend} {args.phase}"
+    say = _progress(label, args.records)
+    done = [0]
+
+    def progress(n: int) -> None:
+        done[0] += n
+        say(done[0])
+
     t0 = time.perf_counter()
-    recs = records(Path(args.input), _progress(label, args.records))
-    summary = ingest_records(engine, recs, ctx)
+    paths = sorted(Path(args.input).glob("sacct-*.json"))
+    workers = args.workers if args.workers >= 0 else None
+    summary = ingest_documents(
+        engine, paths, read_sacct_file, ctx, progress=progress, workers=workers
+    )
     seconds = time.perf_counter() - t0
+    own, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     print(f"[{label}] {summary.line()}", file=sys.stderr, flush=True)
     return {
         "seconds": seconds,
+        "workers_rss_kib": kids.ru_maxrss,
+        #: CPU seconds of the main process (with its writer thread) and of its workers
+        "cpu_s": [own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime],
         "summary": {
             "records": summary.records,
             "new": summary.new,
@@ -695,12 +716,18 @@ PHASES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
 
 
 def run_phase(
-    phase: str, records_n: int, seed: int, input_dir: Path, backend: str = "", url: str = ""
+    phase: str,
+    records_n: int,
+    seed: int,
+    input_dir: Path,
+    backend: str = "",
+    url: str = "",
+    workers: int = -1,
 ) -> dict[str, Any]:
     """Run a phase in a fresh interpreter; its result, with its peak RSS (KiB)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase]
     cmd += ["--records", str(records_n), "--seed", str(seed), "--backend", backend, "--url", url]
-    cmd += ["--input", str(input_dir)]
+    cmd += ["--input", str(input_dir), "--workers", str(workers)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     out = proc.stdout.read()
@@ -816,6 +843,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-floor", action="store_true", help="skip the write-floor baseline")
     ap.add_argument("--no-plain", action="store_true", help="skip the plain parser's baseline")
+    ap.add_argument(
+        "--workers", type=int, default=-1,
+        help="the ingest's worker processes (default: one per CPU but one; 0: none)",
+    )  # fmt: skip
     ap.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="", help=argparse.SUPPRESS)
     ap.add_argument("--url", default="", help=argparse.SUPPRESS)
@@ -873,7 +904,7 @@ def _run(args: argparse.Namespace, backends: list[str], inp: Path) -> int:
                 phases["floor"] = run_phase("floor", n, seed, inp, backend, url)
             url = dbs.new()
             for phase in ("setup", "ingest", "report"):
-                phases[phase] = run_phase(phase, n, seed, inp, backend, url)
+                phases[phase] = run_phase(phase, n, seed, inp, backend, url, args.workers)
             results[backend] = phases
         failures += [f"{backend}: {b}" for b in check(tally, phases["ingest"], phases["report"])]
 
@@ -910,7 +941,9 @@ def _run(args: argparse.Namespace, backends: list[str], inp: Path) -> int:
                 s = r["summary"]
                 note = (
                     f"end to end (read, parse, ingest): {s['rows_written']:,} ledger rows +"
-                    f" {s['new']:,} source rows; idle for {s['idle_hours']:,} hours"
+                    f" {s['new']:,} source rows; idle for {s['idle_hours']:,} hours;"
+                    f" the worker process's peak RSS {_mib(r['workers_rss_kib'])};"
+                    f" CPU {r['cpu_s'][0]:.0f} s main + {r['cpu_s'][1]:.0f} s workers"
                 )
                 if "floor" in phases:
                     note += f"; {r['seconds'] / phases['floor']['seconds']:.2f}x floor"
@@ -926,7 +959,10 @@ def _run(args: argparse.Namespace, backends: list[str], inp: Path) -> int:
         tag = "pg" if backend == "postgresql" else backend
         ing = phases["ingest"]
         figures[f"{tag}_ingest_s"] = f"{ing['seconds']:.1f}"
-        figures[f"{tag}_ingest_rss_mib"] = f"{ing['rss_kib'] / 1024:.0f}"
+        # the main process and its worker together (each at its own peak)
+        figures[f"{tag}_ingest_rss_mib"] = (
+            f"{(ing['rss_kib'] + ing.get('workers_rss_kib', 0)) / 1024:.0f}"
+        )
         figures[f"{tag}_report_s"] = f"{phases['report']['seconds']:.2f}"
         if "floor" in phases:
             figures[f"{tag}_floor_s"] = f"{phases['floor']['seconds']:.1f}"
