@@ -149,6 +149,11 @@ def compare(
 def _cause(column: str, delta: int, reserved: int) -> str:
     if reserved and column in ("allocated", "idle") and abs(delta) == reserved:
         return "GPUs allocated inside an advanced reservation: sreport 22.05 books them idle"
+    if column == "reported" and delta > 0:
+        return (
+            "the ledger books capacity Slurm did not have: a node or hour before slurmdbd "
+            "registered it (capacity from the inventory, not from slurmdbd's events)"
+        )
     if column == "reported":
         return (
             "capacity differs: the cluster's registered TRES or node list changed in the hour "

@@ -14,7 +14,6 @@ property tests drive it directly.
   cumulative compute counters; a counter that goes down was reset and counts from zero),
   scaled down if the models together computed more than the job held; what is left is the
   job's `(unattributed)` row (inference idle). The parts sum to the job exactly.
-- `idle_entries`: per cluster, pool, GPU type and hour: capacity minus allocation.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from types import MappingProxyType
 
 from accounting.buckets import even_split, floor_hour, largest_remainder, split_ms, utc
 from accounting.errors import IngestError
-from accounting.schema import IDLE_TEAM, UNATTRIBUTED, WORKLOADS
+from accounting.schema import UNATTRIBUTED, WORKLOADS
 from bridge.slurm.model import TRITON_TAG, AccountingRecord
 
 _TAG = re.compile(r"stb:(workload|lease|team)=([A-Za-z0-9_.:-]+)")
@@ -422,43 +421,6 @@ class _CapacityCells:
 
 def _ms(t: datetime) -> int:
     return (t - _EPOCH) // _ONE_MS
-
-
-def idle_entries(
-    capacity: Mapping[tuple[str, str, str, datetime], int],
-    allocated: Mapping[tuple[str, str, str, datetime], int],
-) -> tuple[list[Entry], dict[tuple[str, str, str, datetime], int]]:
-    """Idle entries (capacity minus allocation) and the over-allocated cells (allocation
-    above capacity, or with no recorded capacity at all: the inventory missed a node or
-    started later, or clocks disagree); those book no idle."""
-    entries, over = [], {}
-    for cell, used in allocated.items():
-        if used > 0 and cell not in capacity:  # the inventory does not cover this cell
-            over[cell] = used
-    for (cluster, pool, gpu_type, bucket), cap in sorted(capacity.items()):
-        used = allocated.get((cluster, pool, gpu_type, bucket), 0)
-        if used > cap:
-            over[(cluster, pool, gpu_type, bucket)] = used - cap
-        idle = max(0, cap - used)
-        if idle:
-            entries.append(
-                Entry(
-                    bucket=bucket,
-                    cluster=cluster,
-                    pool=pool,
-                    partition="",
-                    workload="idle",
-                    account="",
-                    team=IDLE_TEAM,
-                    user="",
-                    model="",
-                    gpu_type=gpu_type,
-                    qos="",
-                    lease="",
-                    gpu_ms=idle,
-                )
-            )
-    return entries, over
 
 
 def digest(rec: AccountingRecord, ctx: Context, serving: Sequence[ServingPoint] = ()) -> str:

@@ -62,9 +62,9 @@ from accounting.attribution import (
     EntryTuple,
     ServingPoint,
     capacity_ms,
-    idle_entries,
 )
 from accounting.buckets import HOUR, hours, month_of, utc
+from accounting.capacity import capacity_entries, event_capacity
 from accounting.errors import ClosedPeriodError, IngestError, LedgerError
 from accounting.prepare import (
     COPY_HEADER,
@@ -86,7 +86,6 @@ from accounting.prepare import (
 from accounting.rollup import DayDelta
 from accounting.schema import (
     CAPACITY_SOURCE,
-    IDLE_TEAM,
     IngestRun,
     LedgerRow,
     NodeSpan,
@@ -95,8 +94,9 @@ from accounting.schema import (
     ServingSample,
     SourceRecord,
 )
+from accounting.slurm_events import clusters_with_events, load_events, node_attrs, store_events
 from bridge.db import WRITE_OPTION
-from bridge.slurm.model import AccountingRecord
+from bridge.slurm.model import AccountingRecord, SlurmEvent
 
 LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
 SOURCES = SourceRecord.__table__  # type: ignore[attr-defined]
@@ -188,12 +188,15 @@ def ingest_records(
     now: datetime | None = None,
     inventory: Inventory | None = None,
     bulk: bool = True,
+    events: Sequence[SlurmEvent] | None = None,
 ) -> IngestSummary:
     """Book `records`; recompute idle for the hours they touch and for [since, until).
     `inventory`, when given, is recorded in the same transaction (first), so a failed
-    ingest leaves no capacity change behind either. `bulk` writes the new rows with COPY
-    (PostgreSQL) or one plain executemany per chunk (SQLite) in that same transaction;
-    False: through SQLAlchemy's insert, row dicts (the reference the tests compare with)."""
+    ingest leaves no capacity change behind either; so are slurmdbd's `events` (the
+    capacity and down lines of a cluster that has them, `accounting.capacity`). `bulk`
+    writes the new rows with COPY (PostgreSQL) or one plain executemany per chunk (SQLite)
+    in that same transaction; False: through SQLAlchemy's insert, row dicts (the reference
+    the tests compare with)."""
 
     def chunks(mode: str, now: datetime, closed: frozenset[str]) -> Generator[Prepared]:
         for chunk in batched(records, chunk_size):
@@ -201,7 +204,7 @@ def ingest_records(
 
     return _ingest(
         engine, chunks, ctx, since=since, until=until, restate=restate, reason=reason,
-        progress=progress, now=now, inventory=inventory, bulk=bulk,
+        progress=progress, now=now, inventory=inventory, bulk=bulk, events=events,
     )  # fmt: skip
 
 
@@ -220,6 +223,7 @@ def ingest_documents(
     chunk_size: int = 2000,
     now: datetime | None = None,
     inventory: Inventory | None = None,
+    events: Sequence[SlurmEvent] | None = None,
 ) -> IngestSummary:
     """`ingest_records` of the records `read(document)` gives for each document, in
     order, with the reading (e.g. parsing a sacct JSON file) and the pure part of the
@@ -260,7 +264,7 @@ def ingest_documents(
 
     return _ingest(
         engine, chunks, ctx, since=since, until=until, restate=restate, reason=reason,
-        progress=progress, now=now, inventory=inventory, bulk=True,
+        progress=progress, now=now, inventory=inventory, bulk=True, events=events,
     )  # fmt: skip
 
 
@@ -277,6 +281,7 @@ def _ingest(
     now: datetime | None,
     inventory: Inventory | None,
     bulk: bool,
+    events: Sequence[SlurmEvent] | None = None,
 ) -> IngestSummary:
     if restate and not reason.strip():
         raise LedgerError("a restatement needs a reason")
@@ -287,6 +292,8 @@ def _ingest(
     with write_transaction(engine) as conn:
         if inventory is not None:
             _record_inventory(conn, inventory)
+        if events is not None:
+            touched.update(store_events(conn, events, ctx.horizon or until or now))
         closed = set(conn.scalars(select(PERIODS.c.month)))
         dialect = conn.dialect.name
         mode = dialect if bulk and dialect in ENCODERS else REFERENCE
@@ -727,13 +734,16 @@ def _recompute_idle(
     summary: IngestSummary,
     days: DayDelta,
 ) -> int:
-    """Replace the idle rows of the touched hours (open months, or closed ones when
-    restating) with capacity minus allocation (noted in `days`)."""
+    """Replace the capacity rows (idle, and the down lines of clusters with slurmdbd's
+    events) of the touched hours (open months, or closed ones when restating) with what the
+    capacity leaves after allocation (noted in `days`)."""
     todo = sorted(h for h in touched if restate or month_of(h) not in closed)
     if not todo:
         return 0
+    by_events = sorted(clusters_with_events(conn))
     for group in _runs(todo):
         lo, hi = group[0], group[-1] + HOUR
+        end = min(hi, max(horizon, lo))
         spans = conn.execute(
             select(
                 SPANS.c.cluster,
@@ -742,13 +752,24 @@ def _recompute_idle(
                 SPANS.c.gpus,
                 SPANS.c.start,
                 SPANS.c.end,
-            ).where(SPANS.c.start < hi, (SPANS.c.end.is_(None)) | (SPANS.c.end > lo))
+            ).where(
+                SPANS.c.start < hi,
+                (SPANS.c.end.is_(None)) | (SPANS.c.end > lo),
+                SPANS.c.cluster.not_in(by_events),
+            )
         ).all()
         cap = capacity_ms(
-            ((c, p, t, g, utc(s), utc(e) if e else None) for c, p, t, g, s, e in spans),
-            lo,
-            min(hi, max(horizon, lo)),
+            ((c, p, t, g, utc(s), utc(e) if e else None) for c, p, t, g, s, e in spans), lo, end
         )
+        down: dict[tuple[tuple[str, str, str, datetime], str, str], int] = {}
+        if by_events:
+            events = load_events(conn, by_events, lo, hi)
+            for cluster in by_events:
+                ev_cap, ev_down = event_capacity(
+                    [e for e in events if e.cluster == cluster], node_attrs(conn, cluster), lo, end
+                )
+                cap.update(ev_cap)
+                down.update(ev_down)
         alloc = {
             (c, p, t, utc(b)): int(ms)
             for c, p, t, b, ms in conn.execute(
@@ -765,15 +786,16 @@ def _recompute_idle(
                 .group_by(LEDGER.c.cluster, LEDGER.c.pool, LEDGER.c.gpu_type, LEDGER.c.bucket)
             )
         }
-        entries, over = idle_entries(cap, alloc)
+        entries, over = capacity_entries(cap, alloc, down)
         summary.overbooked.update(over)
-        want = {(e.cluster, e.pool, e.gpu_type, e.bucket): e for e in entries}
+        want = {(e.cluster, e.pool, e.gpu_type, e.bucket, e.workload, e.user): e for e in entries}
         have = {
-            (c, p, t, utc(b)): (rid, int(ms))
-            for rid, c, p, t, b, ms in conn.execute(
+            (c, p, t, utc(b), w, u): (rid, int(ms), team)
+            for rid, c, p, t, b, w, u, team, ms in conn.execute(
                 select(
                     LEDGER.c.id, LEDGER.c.cluster, LEDGER.c.pool, LEDGER.c.gpu_type,
-                    LEDGER.c.bucket, LEDGER.c.gpu_ms,
+                    LEDGER.c.bucket, LEDGER.c.workload, LEDGER.c.user_name, LEDGER.c.team,
+                    LEDGER.c.gpu_ms,
                 ).where(
                     LEDGER.c.source == CAPACITY_SOURCE, LEDGER.c.bucket >= lo, LEDGER.c.bucket < hi
                 )
@@ -781,26 +803,30 @@ def _recompute_idle(
         }  # fmt: skip
         # Write only what differs: re-ingesting an unchanged window leaves every row as it was.
         stale = {
-            cell: (rid, ms)
-            for cell, (rid, ms) in have.items()
+            cell: (rid, ms, team)
+            for cell, (rid, ms, team) in have.items()
             if cell not in want or want[cell].gpu_ms != ms
         }
-        for part in batched([rid for rid, _ in stale.values()], 500):
+        for part in batched([rid for rid, _, _ in stale.values()], 500):
             conn.execute(delete(LEDGER).where(LEDGER.c.id.in_(part)))
         fresh = {
             cell: e for cell, e in want.items() if cell not in have or have[cell][1] != e.gpu_ms
         }
-        days.add_cells(((_idle_cell(*cell), ms) for cell, (_, ms) in stale.items()), -1)
-        days.add_cells((_idle_cell(*cell), e.gpu_ms) for cell, e in fresh.items())
+        days.add_cells(
+            ((_capacity_cell(*cell, team), ms) for cell, (_, ms, team) in stale.items()), -1
+        )
+        days.add_cells((_capacity_cell(*cell, e.team), e.gpu_ms) for cell, e in fresh.items())
         if fresh:
             conn.execute(insert(LEDGER), [_row(e, CAPACITY_SOURCE) for e in fresh.values()])
             summary.rows_written += len(fresh)
     return len(todo)
 
 
-def _idle_cell(cluster: str, pool: str, gpu_type: str, bucket: datetime) -> DayCell:
-    """The roll-up cell of an idle row (`attribution.idle_entries`' keys)."""
-    return (utc(bucket).date(), cluster, pool, "", "idle", "", IDLE_TEAM, "", gpu_type, "", "")
+def _capacity_cell(
+    cluster: str, pool: str, gpu_type: str, bucket: datetime, workload: str, _user: str, team: str
+) -> DayCell:
+    """The roll-up cell of a capacity row (`capacity.capacity_entries`' keys)."""
+    return (utc(bucket).date(), cluster, pool, "", workload, "", team, "", gpu_type, "", "")
 
 
 def _runs(sorted_hours: Sequence[datetime]) -> Iterator[list[datetime]]:

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import select
 
+from accounting.agreement import COLUMNS
 from accounting.db import head_revision, open_ledger, upgrade
 from accounting.errors import LedgerError
 from accounting.ingest import close_period
@@ -31,6 +32,8 @@ from bridge.config_cli import ConfigOpt, fail, load_or_exit
 from bridge.db import make_engine
 from bridge.leases.store import LeaseStore, create_schema
 from bridge.ledger import ingest_window
+from bridge.ledger_check import sreport_agreement
+from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.select import open_backend
 
@@ -118,6 +121,56 @@ def ingest(
             f"  [yellow]warning:[/yellow] {len(summary.overbooked)} pool-hour(s) allocated "
             "beyond the recorded capacity (no idle booked there)"
         )
+
+
+@accounting_app.command()
+def agree(
+    window: Annotated[
+        str, typer.Option(help="Completed hours to compare: YYYY-MM, YYYY-MM-DD or A..B.")
+    ] = "",
+    config: ConfigOpt = None,
+) -> None:
+    """Compare the ledger with sreport (`-T gres/gpu cluster Utilization` and
+    `AccountUtilizationByUser`) hour by hour; each difference is listed with its cause.
+    Default window: the last 24 completed hours. Exit 1 when any hour differs."""
+    cfg = load_or_exit(config)
+    now = datetime.now(UTC)
+    try:
+        if window:
+            w = Window.parse(window)
+            start, end = w.start, min(w.end, now)
+        else:
+            end = now.replace(minute=0, second=0, microsecond=0)
+            start = end - timedelta(hours=24)
+        ledger = open_ledger(cfg.accounting.ledger_url)
+        cluster = cfg.accounting.cluster or "cluster"
+        result = sreport_agreement(SlurmCLI(), ledger, cluster, start, end)
+    except (LedgerError, SlurmError) as exc:
+        raise fail(exc) from exc
+    table = Table("hour (UTC)", *COLUMNS, "accounts", title=f"ledger vs sreport, {cluster}")
+    for hour, (led, srep) in sorted(result.figures.items()):
+        cells = [
+            f"{led.column(c):,}"
+            + ("" if led.column(c) == srep.column(c) else f" [red]/ {srep.column(c):,}[/red]")
+            for c in COLUMNS
+        ]
+        bad = [d for d in result.differences if d.hour == hour and d.what.startswith("account")]
+        table.add_row(f"{hour:%Y-%m-%d %H:00}", *cells, f"{len(bad)} differ" if bad else "equal")
+    Console().print(table)
+    for d in result.differences:
+        console.print(
+            f"{d.hour:%Y-%m-%d %H:00} {d.what}: ledger {d.ledger:,} s, sreport {d.sreport:,} s "
+            f"({d.delta:+,}): {d.cause}",
+            soft_wrap=True,
+        )
+    if result.not_rolled:
+        console.print(f"not rolled up by slurmdbd yet: {len(result.not_rolled)} hour(s)")
+    console.print(
+        f"{len(result.agreed)} of {len(result.hours)} hour(s) agree (GPU-seconds, "
+        "allocated / down / planned down / idle / reported and per account)"
+    )
+    if result.differences:
+        raise typer.Exit(1)
 
 
 @accounting_app.command()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from bridge.accounting_cli import accounting_app, report
+from bridge.budget_cli import budget_app
 from bridge.config_cli import config_app
 from bridge.daemon.cli import daemon, drain, lend, resume, return_, status, token
 from bridge.lab.cli import lab_app
@@ -22,6 +23,7 @@ app.add_typer(lab_app, name="lab")
 app.add_typer(load_app, name="load")
 app.add_typer(config_app, name="config")
 app.add_typer(accounting_app, name="accounting")
+app.add_typer(budget_app, name="budget")
 app.add_typer(models_app, name="models")
 app.command()(report)
 app.command()(daemon)

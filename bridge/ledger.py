@@ -2,8 +2,10 @@
 configuration, Slurm, the lease store and the model repository, and runs one ingest.
 `stb accounting ingest` and the daemon's scheduled ingest both call `ingest_window`.
 
-- Capacity: the nodes Slurm lists, each in its pool (`observe.pool_of`), GPUs from its gres;
-  nodes that are down or not responding are out of service (no capacity).
+- Capacity: from slurmdbd's events (`sacctmgr show event`: the cluster's registered nodes
+  over time, each node's down and drain stretches), each node in its pool
+  (`observe.pool_of`), GPUs from its gres as the inventory records them; without events,
+  the nodes Slurm lists now (down or not responding ones out of service).
 - Workloads: a pool's partition gets its pool's workload (drain -> training, preempt ->
   elastic, reserved -> inference); `[accounting] workloads` names other partitions.
 - Teams: `[accounting] teams` maps accounts; a served model's team is its `stb.team`.
@@ -50,11 +52,15 @@ _OUT_OF_SERVICE = ("down", "fail", "future", "unknown", "inval")
 SACCT_STEP = timedelta(days=1)
 
 
-def inventory(nodes: Iterable[Node], config: BridgeConfig) -> list[NodeCapacity]:
+def inventory(
+    nodes: Iterable[Node], config: BridgeConfig, *, down_too: bool = False
+) -> list[NodeCapacity]:
+    """The nodes with GPUs in a pool; without `down_too`, only those in service now."""
     out = []
     for node in nodes:
         pool = pool_of(node, config)
-        if pool is None or node.gpus <= 0 or node.state.startswith(_OUT_OF_SERVICE):
+        out_of_service = not down_too and node.state.startswith(_OUT_OF_SERVICE)
+        if pool is None or node.gpus <= 0 or out_of_service:
             continue
         out.append(NodeCapacity(node.name, pool, node.gpu_type or "gpu", node.gpus))
     return out
@@ -139,9 +145,15 @@ def ingest_window(
     reason: str = "",
     now: datetime | None = None,
     on_step: Callable[[datetime, datetime, int], None] | None = None,
+    events: bool = True,
 ) -> IngestSummary:
     """Record the inventory, then book every sacct run of [since, until) (idle recomputed
-    for the window's hours). The window starts on an hour."""
+    for the window's hours). The window starts on an hour.
+
+    `events`: capacity and down time from slurmdbd's events over the hours the window's
+    records touch (`accounting.capacity`); False: from the inventory alone, a node seen for
+    the first time taken to have been there since `since` (the ledger before events; for a
+    slurmdbd that keeps none)."""
     now = now or datetime.now(UTC)
     since = floor_hour(since)
     until = min(until, now)
@@ -149,9 +161,26 @@ def ingest_window(
     records = list(_records(slurm, since, until, on_step))
     cluster = ledger_cluster(config, ledger, records)
     ctx = context(config, nodes, leases, horizon=until, cluster=cluster)
+    slurm_events = None
+    if events:
+        first = min([since, *(r.start for r in records if r.start is not None)])
+        slurm_events = [e for e in slurm.events(floor_hour(first), until) if e.cluster == cluster]
+        if not any(e.is_cluster and e.state_raw == 0 for e in slurm_events):
+            log.warning(
+                "ledger: slurmdbd has no registration event of cluster %s in %s..%s: capacity "
+                "from the inventory", cluster, first, until,
+            )  # fmt: skip
+            slurm_events = None
+    events = slurm_events is not None
     summary = ingest_records(
         ledger, records, ctx, since=since, until=until, restate=restate, reason=reason, now=now,
-        inventory=Inventory(cluster, inventory(nodes, config), now, backfill_from=since),
+        inventory=Inventory(
+            cluster,
+            inventory(nodes, config, down_too=events),
+            now,
+            backfill_from=None if events else since,
+        ),
+        events=slurm_events,
     )  # fmt: skip
     spool = config.accounting.gpu_usage_dir
     if spool is not None and spool.is_dir():

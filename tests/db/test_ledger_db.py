@@ -37,7 +37,7 @@ from accounting.schema import IDLE_TEAM, LEDGER_TABLES, UNATTRIBUTED, Restatemen
 from bridge.config import BridgeConfig
 from bridge.ledger import ingest_window
 from bridge.slurm import UnparseableOutput
-from bridge.slurm.model import AccountingRecord, Node
+from bridge.slurm.model import AccountingRecord, Node, SlurmEvent
 from bridge.slurm.parse import parse_nodes, parse_sacct_json
 
 DATA = Path(__file__).parent.parent / "data" / "slurm"
@@ -304,6 +304,9 @@ class _RecordedSlurm:
 
     def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
         return parse_sacct_json(self.sacct_text)
+
+    def events(self, since: datetime, until: datetime) -> list[SlurmEvent]:
+        return []
 
 
 def _corrupt_job_id(jobs: list[dict[str, Any]]) -> None:

@@ -210,3 +210,27 @@ def test_conservation(cluster, node_events, alloc_frac) -> None:  # type: ignore
         end,
     )
     assert all(cap[c] <= union[c] for c in cap)
+
+
+def test_recorded_sreport_parses() -> None:
+    """The lab's first hour (01:00-02:00, the cluster registered at 01:04:45), as sreport
+    printed it once rolled up: 16 GPUs x 3,315 s reported; the node down, the drain and the
+    fence of sacctmgr-events-22.05.txt together 1,544 GPU-seconds of Down."""
+    (u,) = parse_sreport_utilization((DATA / "sreport-utilization-22.05.txt").read_text())
+    assert u.reported == 16 * 3315 == u.allocated + u.down + u.planned_down + u.idle
+    assert u.down == 1544
+    accounts = parse_sreport_accounts((DATA / "sreport-accounts-22.05.txt").read_text())
+    assert accounts["root"] == u.allocated == sum(v for a, v in accounts.items() if a != "root")
+
+
+def test_compare_names_each_difference() -> None:
+    from accounting.agreement import HourFigures, compare
+
+    led = HourFigures(100, 20, 0, 80, 200, {"a": 60, "b": 40})
+    same = HourFigures(100, 20, 0, 80, 200, {"root": 100, "a": 60, "b": 40})
+    assert compare(T0, led, same) == []
+    srep = HourFigures(100, 10, 0, 50, 160, {"root": 100, "a": 60, "b": 40, "c": 5})
+    diffs = {d.what: d for d in compare(T0, led, srep)}
+    assert set(diffs) == {"down", "idle", "reported", "account c"}
+    assert diffs["reported"].delta == 40 and "did not have" in diffs["reported"].cause
+    assert "re-ingest" in diffs["account c"].cause

@@ -42,7 +42,7 @@ from bridge.ledger import ingest_window
 from bridge.models.publish import PublishError, publish, retire, rollback
 from bridge.models.repo import ModelRepository, RepositoryError
 from bridge.slurm import UnparseableOutput
-from bridge.slurm.model import AccountingRecord, Node
+from bridge.slurm.model import AccountingRecord, Node, SlurmEvent
 from bridge.slurm.parse import parse_sacct_json, parse_squeue_json
 from bridge.triton import client as client_mod
 from bridge.triton.client import MAX_METRICS_BYTES, TritonHttpClient
@@ -356,6 +356,9 @@ class SacctSlurm:
         self.reads += 1
         text = SACCT if self.reads != self.bad_day else SACCT[: len(SACCT) // 2]
         return parse_sacct_json(text)
+
+    def events(self, since: datetime, until: datetime) -> list[SlurmEvent]:
+        return []
 
 
 def _rows(engine: Engine) -> dict[str, int]:

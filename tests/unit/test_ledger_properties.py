@@ -17,9 +17,10 @@ What is checked, each against an expectation computed here from the generated in
 - Triton counter resets: `compute_ms_by_bucket` over a series with resets totals the sum of
   the increases worked out by hand (after a reset the new value is the increase), and
   never books a negative amount.
-- `idle_entries`: with allocation <= capacity, allocated + idle = capacity in every cell and
-  nothing is over-allocated; otherwise the excess is reported and idle is never negative;
-  allocation where the inventory records no capacity at all is reported too.
+- `capacity.capacity_entries` (no down lines): with allocation <= capacity, allocated +
+  idle = capacity in every cell and nothing is over-allocated; otherwise the excess is
+  reported and idle is never negative; allocation where the inventory records no capacity
+  at all is reported too.
 
 The `@example`s are the counterexamples these properties found in earlier code: a model
 given round(3.5) = 4 ms for 3 ms of compute; each node of a two-node serving job given
@@ -42,10 +43,10 @@ from accounting.attribution import (
     Context,
     ServingPoint,
     compute_ms_by_bucket,
-    idle_entries,
     job_entries,
 )
 from accounting.buckets import largest_remainder
+from accounting.capacity import capacity_entries
 from accounting.schema import UNATTRIBUTED
 from bridge.slurm.model import AccountingRecord
 
@@ -443,7 +444,7 @@ Cell = tuple[str, str, str, datetime]
 
 
 def idle_by_cell(capacity: dict[Cell, int], allocated: dict[Cell, int]) -> tuple[dict, dict]:
-    entries, over = idle_entries(capacity, allocated)
+    entries, over = capacity_entries(capacity, allocated)
     idle: dict[Cell, int] = {}
     for e in entries:
         cell = (e.cluster, e.pool, e.gpu_type, e.bucket)
@@ -490,5 +491,5 @@ def test_idle_reports_over_allocation_and_is_never_negative(
 
 def test_allocation_where_the_inventory_has_no_capacity_is_reported() -> None:
     cell = ("c1", "train", "h100", _HOURS[0])
-    _, over = idle_entries({}, {cell: 1000})
+    _, over = capacity_entries({}, {cell: 1000})
     assert over == {cell: 1000}

@@ -1,0 +1,69 @@
+"""The bridge's side of the ledger's agreement with sreport: reads sreport for each
+completed hour of a window and compares it with the ledger (`accounting.agreement`).
+`stb accounting agree` and bench/sreport_agreement.py call `sreport_agreement`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy import Engine
+
+from accounting.agreement import (
+    HOUR,
+    Agreement,
+    HourFigures,
+    compare,
+    hours_of,
+    ledger_hour,
+)
+from accounting.buckets import floor_hour
+from bridge.slurm.cli import SlurmCLI
+
+
+def sreport_agreement(
+    slurm: SlurmCLI,
+    ledger: Engine,
+    cluster: str,
+    start: datetime,
+    end: datetime,
+    *,
+    on_hour: Callable[[datetime], None] | None = None,
+) -> Agreement:
+    """Compare each hour of [start, end) (on hours) that slurmdbd has rolled up. An hour
+    in which slurmdbd had no registration of the cluster (sreport has no line for it) is
+    compared with zeros: the ledger must book nothing there either."""
+    out = Agreement()
+    for hour in hours_of(floor_hour(start), floor_hour(end)):
+        if on_hour:
+            on_hour(hour)
+        lines = [u for u in slurm.cluster_utilization(hour, hour + HOUR) if u.cluster == cluster]
+        led = ledger_hour(ledger, cluster, hour)
+        if not lines:
+            # no line: slurmdbd has not rolled the hour up yet, or the cluster was not
+            # registered in it at all; then sreport's figures are zero, and so must the
+            # ledger's be
+            registered = any(
+                e.is_cluster and e.state_raw == 0 and e.cluster == cluster
+                for e in slurm.events(hour, hour + HOUR)
+            )
+            if registered:
+                out.not_rolled.append(hour)
+                continue
+            out.hours.append(hour)
+            out.figures[hour] = (led, HourFigures())
+            out.differences.extend(compare(hour, led, HourFigures()))
+            continue
+        u = lines[0]
+        srep = HourFigures(
+            allocated=u.allocated,
+            down=u.down,
+            planned_down=u.planned_down,
+            idle=u.idle,
+            reported=u.reported,
+            accounts=slurm.account_utilization(hour, hour + HOUR),
+        )
+        out.hours.append(hour)
+        out.figures[hour] = (led, srep)
+        out.differences.extend(compare(hour, led, srep))
+    return out

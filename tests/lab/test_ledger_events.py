@@ -1,0 +1,160 @@
+"""The ledger's capacity and down time from slurmdbd's own events, on the lab.
+
+- A first ingest whose window begins before the lab's cluster registered with slurmdbd books
+  nothing before that registration (the bug this replaced: every node seen for the first
+  time was taken to have existed since the window's start, so the whole look-back window
+  was booked idle). The same ingest with capacity from the inventory, in the same test,
+  does book that time: the check can fail.
+- A node the bridge fences (drain reason "stb: ...") and one an administrator drains show
+  as their own lines, `fenced` and `drained`, each of the node's GPUs x the event's seconds
+  as `sacctmgr show event` records them, with who set them.
+- Per hour, capacity (allocated + down lines + idle) is the registered nodes' GPUs x the
+  registered seconds.
+- sreport over hours slurmdbd has rolled up since the lab started: the ledger agrees with
+  `sreport -T gres/gpu cluster Utilization` and `AccountUtilizationByUser`. A lab younger
+  than a whole hour has none; the test then says so and skips that part
+  (bench/sreport_agreement.py on a lab that has run for hours is the proof).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from accounting.agreement import HOUR
+from accounting.buckets import floor_hour
+from accounting.db import open_ledger
+from accounting.ingest import LEDGER
+from bridge.lab.demo import lab_config
+from bridge.lab.slurmctl import slurm
+from bridge.lab.spec import LabSpec
+from bridge.ledger import ingest_window
+from bridge.ledger_check import sreport_agreement
+from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.model import SlurmEvent
+
+pytestmark = pytest.mark.lab
+
+
+def _idle_node(cli: SlurmCLI) -> str | None:
+    for node in cli.nodes():
+        if node.state == "idle" and not node.flags & {"DRAIN", "DRAINED", "DRAINING"}:
+            return node.name
+    return None
+
+
+def _drain_briefly(lab: LabSpec, cli: SlurmCLI, node: str, reason: str) -> SlurmEvent:
+    """Drain an idle node for about two seconds; the event slurmdbd recorded."""
+    started = datetime.now(UTC) - timedelta(seconds=1)
+    slurm(lab, "scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}")
+    time.sleep(2.5)
+    slurm(lab, "scontrol", "update", f"nodename={node}", "state=resume")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = [
+            e
+            for e in cli.events(started, datetime.now(UTC) + timedelta(seconds=1))
+            if e.node == node and e.reason == reason and e.end is not None
+        ]
+        if found:
+            return found[-1]
+        time.sleep(0.5)
+    raise AssertionError(f"slurmdbd recorded no closed drain event of {node} ({reason!r})")
+
+
+def _rows(url: str) -> list[tuple[datetime, str, str, str, int]]:
+    engine = open_ledger(url)
+    with engine.connect() as conn:
+        return [
+            (b if b.tzinfo else b.replace(tzinfo=UTC), p, w, u, int(ms))
+            for b, p, w, u, ms in conn.execute(
+                select(
+                    LEDGER.c.bucket,
+                    LEDGER.c.pool,
+                    LEDGER.c.workload,
+                    LEDGER.c.user_name,
+                    LEDGER.c.gpu_ms,
+                )
+            )
+        ]
+
+
+def test_capacity_and_down_time_from_slurm_events(lab: LabSpec, tmp_path: Path) -> None:
+    cli = SlurmCLI(env=lab.env())
+    config = lab_config(lab)
+    node = _idle_node(cli)
+    if node is None:
+        pytest.skip("no idle lab node to drain")
+    fence = _drain_briefly(lab, cli, node, "stb: ledger test fence")
+    admin = _drain_briefly(lab, cli, node, "ledger test maintenance")
+    now = datetime.now(UTC)
+    registered = [
+        e
+        for e in cli.events(now - timedelta(days=7), now)
+        if e.is_cluster and e.state_raw == 0 and e.cluster == lab.cluster
+    ]
+    assert registered, "slurmdbd holds no registration of the lab's cluster"
+    first = min(e.start for e in registered)
+    since = floor_hour(first) - HOUR  # the window begins an hour before the cluster existed
+    gpus = {n.name: n.gpus for n in cli.nodes()}
+
+    url = f"sqlite:///{tmp_path / 'events.db'}"
+    ingest_window(config, cli, open_ledger(url), since, now, now=now)
+    rows = _rows(url)
+    assert rows and not [r for r in rows if r[0] < floor_hour(first)], (
+        "capacity before Slurm had it"
+    )
+
+    # the fence and the drain as their own lines: the node's GPUs x the event's seconds
+    by_line: dict[tuple[str, str], int] = defaultdict(int)
+    for _b, _p, workload, user, ms in rows:
+        by_line[(workload, user)] += ms
+    for line, ev in (("fenced", fence), ("drained", admin)):
+        assert ev.end is not None
+        expected = gpus[node] * int((ev.end - ev.start).total_seconds()) * 1000
+        assert by_line[(line, ev.user)] == expected, (line, ev, dict(by_line))
+
+    # per hour: every line together is the registered GPUs x registered seconds
+    per_hour: dict[datetime, int] = defaultdict(int)
+    for bucket, _p, _w, _u, ms in rows:
+        per_hour[bucket] += ms
+    for bucket, total in per_hour.items():
+        expected = 0
+        for e in registered:
+            lo = max(e.start, bucket)
+            hi = min(e.end or now, bucket + HOUR, now)
+            if hi > lo:
+                expected += sum(gpus.get(n, 0) for n in e.nodes) * int(
+                    (hi - lo).total_seconds() * 1000
+                )
+        assert abs(total - expected) <= 1000 * len(gpus) * 4, (bucket, total, expected)
+
+    # the inventory's capacity (the ledger before) books the hour before the cluster existed
+    before = f"sqlite:///{tmp_path / 'inventory.db'}"
+    ingest_window(config, cli, open_ledger(before), since, now, now=now, events=False)
+    assert [r for r in _rows(before) if r[0] < floor_hour(first)]
+
+
+def test_agrees_with_sreport_over_rolled_up_hours(lab: LabSpec, tmp_path: Path) -> None:
+    cli = SlurmCLI(env=lab.env())
+    now = datetime.now(UTC)
+    registered = [e for e in cli.events(now - timedelta(days=7), now) if e.is_cluster]
+    first = min(e.start for e in registered)
+    start, end = floor_hour(first), floor_hour(now)
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    engine = open_ledger(url)
+    ingest_window(lab_config(lab), cli, engine, start, now, now=now)
+    agreement = sreport_agreement(cli, engine, lab.cluster, start, end)
+    if not agreement.hours:
+        pytest.skip(
+            "slurmdbd has rolled up no whole hour of this lab yet (it started at "
+            f"{first:%H:%M}); bench/sreport_agreement.py is the proof"
+        )
+    assert agreement.ok, [
+        (d.hour, d.what, d.ledger, d.sreport, d.cause) for d in agreement.differences
+    ]
