@@ -54,7 +54,7 @@ def test_budget_reaches_slurm_and_slurm_holds_the_job(
     try:
         assert res.exit_code == 0, res.output
         assert cli.account_gpu_minutes(TEAM) == 3
-        shown = slurm(lab, "sacctmgr", "-P", "-n", "show", "assoc", f"where account={TEAM}",
+        shown = slurm(lab, "sacctmgr", "-P", "-n", "show", "assoc", "where", f"account={TEAM}",
                       "format=account,user,grptresmins")  # fmt: skip
         assert f"{TEAM}||gres/gpu=3" in shown.splitlines(), shown
 
