@@ -36,6 +36,30 @@ def _exported() -> set[str]:
     metrics.decisions.labels("lend", "x").inc()
     metrics.record_exception(RuntimeError("x"))
     text = generate_latest(metrics.registry).decode()
+    names = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return names | _ledger_series()
+
+
+def _ledger_series() -> set[str]:
+    """What the ledger's collector adds (the daemon registers it), with one budget set."""
+    import tempfile
+    from datetime import UTC, datetime
+    from decimal import Decimal
+    from pathlib import Path
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from accounting.budget import BudgetSpec, set_budget
+    from accounting.db import open_ledger
+    from accounting.metrics import LedgerCollector
+
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = open_ledger(f"sqlite:///{Path(tmp) / 'ledger.db'}")
+        set_budget(engine, BudgetSpec("t", Decimal(1), "gpu-hours"), "x", datetime.now(UTC))
+        registry = CollectorRegistry()
+        registry.register(LedgerCollector(engine))
+        text = generate_latest(registry).decode()
+        engine.dispose()
     return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
