@@ -198,39 +198,11 @@ class QuietProof:
         for runs, high, low, s in zip(
             self.runs_in_order, self.high_in_order, self.low_in_order, samples, strict=True
         ):
-            p99, mean, rate = s.p99_ms, s.mean_ms, s.request_rate
-            if p99 is not None and p99 > high and mean is not None and mean > low:
-                runs.breach += 1
-            else:
-                runs.breach = 0
-            if rate is not None and (p99 is None or p99 < low):
-                runs.calm += 1
-            else:
-                runs.calm = 0
-            runs.rated = runs.rated + 1 if rate is not None else 0
-            if s.compute_ms is not None and s.compute_ms > 0:
-                runs.since_compute = 0
-            else:
-                runs.since_compute += 1
+            _count(runs, high, low, s)
 
     def observe(self, m: str, s: ModelSample) -> None:
         """Count model m's new sample into its runs (`evaluate_model`'s tests)."""
-        runs = self.runs[m]
-        high, low = self.high[m], self.low[m]
-        p99, mean, rate = s.p99_ms, s.mean_ms, s.request_rate
-        if p99 is not None and p99 > high and mean is not None and mean > low:
-            runs.breach += 1
-        else:
-            runs.breach = 0
-        if rate is not None and (p99 is None or p99 < low):
-            runs.calm += 1
-        else:
-            runs.calm = 0
-        runs.rated = runs.rated + 1 if rate is not None else 0
-        if s.compute_ms is not None and s.compute_ms > 0:
-            runs.since_compute = 0
-        else:
-            runs.since_compute += 1
+        _count(self.runs[m], self.high[m], self.low[m], s)
 
     # ---- the proof ---------------------------------------------------------------------
 
@@ -452,3 +424,21 @@ class QuietProof:
                 cert.lower[key] = lower
                 return lower
         return None
+
+
+def _count(runs: _Runs, high: float, low: float, s: ModelSample) -> None:
+    """Count one model's new sample into its runs (`evaluate_model`'s tests)."""
+    p99, mean, rate = s.p99_ms, s.mean_ms, s.request_rate
+    if p99 is not None and p99 > high and mean is not None and mean > low:
+        runs.breach += 1
+    else:
+        runs.breach = 0
+    if rate is not None and (p99 is None or p99 < low):
+        runs.calm += 1
+    else:
+        runs.calm = 0
+    runs.rated = runs.rated + 1 if rate is not None else 0
+    if s.compute_ms is not None and s.compute_ms > 0:
+        runs.since_compute = 0
+    else:
+        runs.since_compute += 1
