@@ -21,20 +21,16 @@ What can differ, and the cause each difference is given:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import Engine, func, select
 
-from accounting.capacity import DOWN_WORKLOADS
-from accounting.schema import LedgerRow
+from accounting.schema import DOWN_WORKLOADS, LedgerRow
 
 LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
-HOUR = timedelta(hours=1)
 #: sreport's columns the ledger is compared on
 COLUMNS = ("allocated", "down", "planned_down", "idle", "reported")
-_NOT_ALLOCATED = frozenset({*DOWN_WORKLOADS, "idle"})
 
 
 @dataclass
@@ -100,38 +96,26 @@ def ledger_hour(engine: Engine, cluster: str, hour: datetime) -> HourFigures:
                 out.idle += ms
             elif workload == "planned_down":
                 out.planned_down += ms
-            elif workload in _NOT_ALLOCATED:
+            elif workload in DOWN_WORKLOADS:
                 out.down += ms
             else:
                 out.allocated += ms
                 accounts[account] += ms
+    # Slurm's times are whole seconds, so the ledger's milliseconds are too
     for name in ("allocated", "down", "planned_down", "idle"):
-        setattr(out, name, _seconds(getattr(out, name), name))
+        setattr(out, name, round(getattr(out, name) / 1000))
     out.reported = out.allocated + out.down + out.planned_down + out.idle
-    out.accounts = {a: _seconds(ms, f"account {a}") for a, ms in accounts.items()}
+    out.accounts = {a: round(ms / 1000) for a, ms in accounts.items()}
     return out
 
 
-def _seconds(ms: int, what: str) -> int:
-    # Slurm's times are whole seconds; a remainder would be the ledger's own error
-    return ms // 1000 if ms % 1000 == 0 else round(ms / 1000)
-
-
-def compare(
-    hour: datetime,
-    ledger: HourFigures,
-    sreport: HourFigures,
-    *,
-    reserved_gpu_s: int = 0,
-) -> list[Difference]:
-    """Every column and account that differs, each with its likely cause. `reserved_gpu_s`:
-    GPU-seconds the ledger booked to jobs inside advanced reservations in this hour (sreport
-    books them idle)."""
+def compare(hour: datetime, ledger: HourFigures, sreport: HourFigures) -> list[Difference]:
+    """Every column and account that differs, each with its likely cause."""
     out = []
     for col in COLUMNS:
         a, b = ledger.column(col), sreport.column(col)
         if a != b:
-            out.append(Difference(hour, col, a, b, _cause(col, a - b, reserved_gpu_s)))
+            out.append(Difference(hour, col, a, b, _cause(col, a - b)))
     for acct in sorted(set(ledger.accounts) | set(sreport.accounts)):
         if acct == "root":
             continue  # sreport's root line is every account together
@@ -146,9 +130,7 @@ def compare(
     return out
 
 
-def _cause(column: str, delta: int, reserved: int) -> str:
-    if reserved and column in ("allocated", "idle") and abs(delta) == reserved:
-        return "GPUs allocated inside an advanced reservation: sreport 22.05 books them idle"
+def _cause(column: str, delta: int) -> str:
     if column == "reported" and delta > 0:
         return (
             "the ledger books capacity Slurm did not have: a node or hour before slurmdbd "
@@ -167,7 +149,8 @@ def _cause(column: str, delta: int, reserved: int) -> str:
     if column == "allocated":
         return (
             "allocation differs: a job record read by one side and not the other (an hour "
-            "rolled up or ingested before the job's record reached slurmdbd)"
+            "rolled up or ingested before the job's record reached slurmdbd), or GPUs "
+            "allocated inside an advanced reservation (sreport 22.05 books them idle)"
         )
     return "follows from the other columns"
 
@@ -180,10 +163,3 @@ def summarize(agreement: Agreement) -> dict[str, int]:
             totals[f"ledger_{col}_s"] += led.column(col)
             totals[f"sreport_{col}_s"] += srep.column(col)
     return dict(totals)
-
-
-def hours_of(start: datetime, end: datetime) -> Iterable[datetime]:
-    h = start
-    while h < end:
-        yield h
-        h += HOUR

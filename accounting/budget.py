@@ -28,14 +28,12 @@ from accounting.buckets import MS_PER_HOUR, utc
 from accounting.errors import LedgerError
 from accounting.rates import RateBook
 from accounting.report import Window, build_report
-from accounting.schema import Budget
+from accounting.schema import CAPACITY_WORKLOADS, Budget
 
 BUDGETS = Budget.__table__  # type: ignore[attr-defined]
 UNITS = ("gpu-hours", "currency")
 PERIODS = ("month",)
 WARN_AT = Decimal("0.8")
-#: workloads that are no team's use (capacity lines)
-_NOT_USE = frozenset({"idle", "down", "drained", "fenced", "planned_down"})
 
 
 class BudgetError(LedgerError):
@@ -134,7 +132,6 @@ class BudgetStatus:
     used: Decimal
     burn_per_day: Decimal
     forecast: Decimal
-    elapsed: float  # fraction of the month gone
 
     @property
     def used_ratio(self) -> float:
@@ -176,35 +173,31 @@ def budget_status(
     window = Window.parse(month or now.strftime("%Y-%m"))
     gone = min(max(now, window.start), window.end) - window.start
     total = window.end - window.start
-    elapsed = gone / total
     money = [b for b in specs if b.unit == "currency"]
     if money and not rates:
         raise BudgetError(
             f"money budget(s) of {', '.join(b.team for b in money)} need rates: "
             "stb accounting rates add ..."
         )
+    for b in money:
+        if rates and b.currency != rates.currency:
+            raise BudgetError(f"budget of {b.team} is in {b.currency}, rates in {rates.currency}")
     report = build_report(engine, window, ("team", "workload"), rates=rates if money else None)
     hours: dict[str, Decimal] = {}
     cost: dict[str, Decimal] = {}
     for line in report.lines:
-        if line.keys["workload"] in _NOT_USE:
+        if line.keys["workload"] in CAPACITY_WORKLOADS:
             continue
         team = line.keys["team"]
         hours[team] = hours.get(team, Decimal(0)) + Decimal(line.gpu_ms) / MS_PER_HOUR
         cost[team] = cost.get(team, Decimal(0)) + (line.cost or Decimal(0))
-    if money and rates:
-        for b in money:
-            if b.currency != rates.currency:
-                raise BudgetError(
-                    f"budget of {b.team} is in {b.currency}, the rates in {rates.currency}"
-                )
     out = []
     days_gone = Decimal(gone / timedelta(days=1))
+    left_days = Decimal((total - gone) / timedelta(days=1))
     for b in specs:
         used = (
             cost.get(b.team, Decimal(0)) if b.unit == "currency" else hours.get(b.team, Decimal(0))
         )
         burn = used / days_gone if days_gone > 0 else Decimal(0)
-        left_days = Decimal((total - gone) / timedelta(days=1))
-        out.append(BudgetStatus(b, window.label, used, burn, used + burn * left_days, elapsed))
+        out.append(BudgetStatus(b, window.label, used, burn, used + burn * left_days))
     return out

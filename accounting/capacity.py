@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from accounting.attribution import Entry, capacity_ms
 from accounting.buckets import utc
-from accounting.schema import IDLE_TEAM
+from accounting.schema import DOWN_TEAM, DOWN_WORKLOADS, IDLE_TEAM
 from bridge.slurm.model import (
     BRIDGE_TAG,
     NODE_STATE_BASE,
@@ -44,10 +44,6 @@ from bridge.slurm.model import (
     SlurmEvent,
 )
 
-#: the down lines, in the order they take capacity left after allocation
-DOWN_WORKLOADS = ("down", "drained", "fenced", "planned_down")
-#: the team column of down lines (no one used that capacity; `user` says who set it)
-DOWN_TEAM = "(down)"
 #: the pool of capacity on a node the inventory never recorded
 UNKNOWN_POOL = "(unknown)"
 
@@ -115,7 +111,7 @@ def _clip(
 
 
 def event_capacity(
-    events: Iterable[SlurmEvent],
+    events: Sequence[SlurmEvent],
     attrs: Mapping[str, Sequence[NodeAttrs]],
     start: datetime,
     end: datetime,
@@ -130,9 +126,7 @@ def event_capacity(
     registered: list[tuple[datetime, datetime]] = []
     node_events = [ev for ev in events if not ev.is_cluster]
     # slurmctld-disconnected cluster events (TrackSlurmctldDown) are no capacity of their own
-    cluster_events = sorted(
-        (ev for ev in events if ev.is_cluster and ev.state_raw == 0), key=lambda e: utc(e.start)
-    )
+    cluster_events = sorted((ev for ev in events if ev.is_registration), key=lambda e: utc(e.start))
     for i, ev in enumerate(cluster_events):
         # Slurm closes one registration before it opens the next; should two overlap, the
         # later one holds from its start

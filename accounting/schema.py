@@ -54,6 +54,12 @@ UNATTRIBUTED = "(unattributed)"
 CAPACITY_SOURCE = "capacity"
 #: the team column of idle rows (no one used that capacity)
 IDLE_TEAM = "(idle)"
+#: the down lines of the capacity (slurmdbd's node events, `accounting.capacity`), in the
+#: order they take capacity left after allocation; with idle, no one's use
+DOWN_WORKLOADS = ("down", "drained", "fenced", "planned_down")
+CAPACITY_WORKLOADS = ("idle", *DOWN_WORKLOADS)
+#: the team column of down lines (`user` says who set the node down)
+DOWN_TEAM = "(down)"
 
 
 def _s(length: int, *, index: bool = False, nullable: bool = False) -> Column:  # type: ignore[type-arg]

@@ -31,7 +31,7 @@ from accounting.usage import utilization_by_job
 from bridge.config_cli import ConfigOpt, fail, load_or_exit
 from bridge.db import make_engine
 from bridge.leases.store import LeaseStore, create_schema
-from bridge.ledger import ingest_window
+from bridge.ledger import ingest_window, ledger_cluster
 from bridge.ledger_check import sreport_agreement
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import SlurmError
@@ -143,7 +143,7 @@ def agree(
             end = now.replace(minute=0, second=0, microsecond=0)
             start = end - timedelta(hours=24)
         ledger = open_ledger(cfg.accounting.ledger_url)
-        cluster = cfg.accounting.cluster or "cluster"
+        cluster = ledger_cluster(cfg, ledger, [])
         result = sreport_agreement(SlurmCLI(), ledger, cluster, start, end)
     except (LedgerError, SlurmError) as exc:
         raise fail(exc) from exc

@@ -4,6 +4,7 @@ and (opt-in) the limit Slurm enforces. Thin: parses options, calls `accounting.b
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 from datetime import UTC, datetime
@@ -55,23 +56,35 @@ def set_(
     config: ConfigOpt = None,
 ) -> None:
     """Set (or replace) a team's budget. With --enforce, Slurm holds the team's jobs once
-    the month's GPU-minutes reach it; nothing is written unless Slurm took the limit."""
+    the month's GPU-minutes reach it; nothing is written unless Slurm took the limit, and
+    Slurm's limit is put back as it was if the budget cannot be written. Replacing an
+    enforced budget with one that is not lifts the limit it set."""
     cfg = load_or_exit(config)
+    slurm = SlurmCLI()
+    restore: tuple[str, int | None] | None = None
     try:
         spec = BudgetSpec(
             team, parse_amount(amount), unit, currency.upper(), period, enforce_, "", note
         ).validate()
+        ledger = open_ledger(cfg.accounting.ledger_url)
+        before = next((b for b in budgets(ledger) if (b.team, b.period) == (team, period)), None)
         if enforce_:
             acct = team_account(cfg, team, account)
-            minutes = enforce(SlurmCLI(), acct, float(spec.amount))
+            restore = (acct, slurm.account_gpu_minutes(acct))
+            minutes = enforce(slurm, acct, float(spec.amount))
             spec = BudgetSpec(
                 spec.team, spec.amount, spec.unit, spec.currency, spec.period, True, acct, note
             )
             console.print(f"Slurm: GrpTRESMins=gres/gpu={minutes} on account {acct}")
-        new = set_budget(
-            open_ledger(cfg.accounting.ledger_url), spec, getpass.getuser(), datetime.now(UTC)
-        )
+        new = set_budget(ledger, spec, getpass.getuser(), datetime.now(UTC))
+        restore = None  # written: Slurm's new limit stands
+        if before is not None and before.enforce and before.slurm_account != spec.slurm_account:
+            lift(slurm, before.slurm_account)
+            console.print(f"Slurm: the limit on account {before.slurm_account} lifted")
     except (BudgetError, EnforcementError, LedgerError, SlurmError, ValueError) as exc:
+        if restore is not None:  # the budget was not written: Slurm's limit as it was
+            with contextlib.suppress(SlurmError):
+                slurm.set_account_gpu_minutes(*restore)
         raise fail(exc) from exc
     what = f"{spec.amount} {spec.currency or 'GPU-hours'} per {spec.period}"
     console.print(f"{'set' if new else 'replaced'} budget of {team}: {what}")

@@ -165,20 +165,20 @@ def ingest_window(
     if events:
         first = min([since, *(r.start for r in records if r.start is not None)])
         slurm_events = [e for e in slurm.events(floor_hour(first), until) if e.cluster == cluster]
-        if not any(e.is_cluster and e.state_raw == 0 for e in slurm_events):
+        if not any(e.is_registration for e in slurm_events):
             log.warning(
                 "ledger: slurmdbd has no registration event of cluster %s in %s..%s: capacity "
                 "from the inventory", cluster, first, until,
             )  # fmt: skip
             slurm_events = None
-    events = slurm_events is not None
+    by_events = slurm_events is not None
     summary = ingest_records(
         ledger, records, ctx, since=since, until=until, restate=restate, reason=reason, now=now,
         inventory=Inventory(
             cluster,
-            inventory(nodes, config, down_too=events),
+            inventory(nodes, config, down_too=by_events),
             now,
-            backfill_from=None if events else since,
+            backfill_from=None if by_events else since,
         ),
         events=slurm_events,
     )  # fmt: skip

@@ -4,20 +4,12 @@ completed hour of a window and compares it with the ledger (`accounting.agreemen
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy import Engine
 
-from accounting.agreement import (
-    HOUR,
-    Agreement,
-    HourFigures,
-    compare,
-    hours_of,
-    ledger_hour,
-)
-from accounting.buckets import floor_hour
+from accounting.agreement import Agreement, HourFigures, compare, ledger_hour
+from accounting.buckets import HOUR, floor_hour, hours
 from bridge.slurm.cli import SlurmCLI
 
 
@@ -27,16 +19,12 @@ def sreport_agreement(
     cluster: str,
     start: datetime,
     end: datetime,
-    *,
-    on_hour: Callable[[datetime], None] | None = None,
 ) -> Agreement:
     """Compare each hour of [start, end) (on hours) that slurmdbd has rolled up. An hour
     in which slurmdbd had no registration of the cluster (sreport has no line for it) is
     compared with zeros: the ledger must book nothing there either."""
     out = Agreement()
-    for hour in hours_of(floor_hour(start), floor_hour(end)):
-        if on_hour:
-            on_hour(hour)
+    for hour in hours(start, floor_hour(end)):
         lines = [u for u in slurm.cluster_utilization(hour, hour + HOUR) if u.cluster == cluster]
         led = ledger_hour(ledger, cluster, hour)
         if not lines:
@@ -44,8 +32,7 @@ def sreport_agreement(
             # registered in it at all; then sreport's figures are zero, and so must the
             # ledger's be
             registered = any(
-                e.is_cluster and e.state_raw == 0 and e.cluster == cluster
-                for e in slurm.events(hour, hour + HOUR)
+                e.is_registration and e.cluster == cluster for e in slurm.events(hour, hour + HOUR)
             )
             if registered:
                 out.not_rolled.append(hour)

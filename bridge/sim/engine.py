@@ -39,7 +39,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -903,8 +903,8 @@ def _job_view(
 ) -> JobView:
     """`JobView(job_id, gpus, ...)`, made as `_model_sample` is (a snapshot makes one
     for each job on the nodes whose jobs changed: thousands)."""
-    view: JobView = object.__new__(JobView)
-    vars(view).update(
+    return _frozen(
+        JobView,
         job_id=job_id,
         gpus=gpus,
         started_at=started_at,
@@ -912,7 +912,6 @@ def _job_view(
         submitted_at=submitted_at,
         checkpoint_at=checkpoint_at,
     )
-    return view
 
 
 def _node_view(
@@ -920,8 +919,8 @@ def _node_view(
 ) -> NodeView:
     """`NodeView(name, pool, True, gpus, jobs, has_triton)`, made as `_model_sample` is
     (a decide call's snapshot makes one for each node whose jobs changed)."""
-    view: NodeView = object.__new__(NodeView)
-    vars(view).update(
+    return _frozen(
+        NodeView,
         name=name,
         pool=pool,
         usable=True,
@@ -930,7 +929,6 @@ def _node_view(
         has_triton=has_triton,
         reserved=False,
     )
-    return view
 
 
 def _model_sample(
@@ -944,8 +942,8 @@ def _model_sample(
     """`ModelSample(at, p99_ms, ...)`, made without the frozen dataclass's `__init__` (its
     six `object.__setattr__` calls are a tenth of a tick's latency model): the same
     fields, in the same order, compared and hashed alike."""
-    sample: ModelSample = object.__new__(ModelSample)
-    vars(sample).update(
+    return _frozen(
+        ModelSample,
         at=at,
         p99_ms=p99_ms,
         request_rate=request_rate,
@@ -953,7 +951,18 @@ def _model_sample(
         mean_ms=mean_ms,
         compute_ms=compute_ms,
     )
-    return sample
+
+
+_T = TypeVar("_T")
+
+
+def _frozen(cls: type[_T], **fields: Any) -> _T:
+    """An instance of a frozen dataclass made without its `__init__` (one
+    `object.__setattr__` per field): `fields` must be all of them, in order, so it compares
+    and hashes as one made by `cls(...)` (tests/unit/test_sim_speed.py checks each)."""
+    obj: _T = object.__new__(cls)
+    vars(obj).update(fields)
+    return obj
 
 
 def _window_start(born: float, now: float) -> float:

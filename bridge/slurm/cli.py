@@ -52,12 +52,14 @@ class SlurmCLI:
         self._env = dict(os.environ) | dict(env or {}) | {"TZ": "UTC"}
         self._timeout_s = timeout_s
 
-    def _run(self, *argv: str) -> str:
+    def _run(self, *argv: str, env: Mapping[str, str] | None = None) -> str:
+        """Run one command; `env` adds to this backend's environment for this call only
+        (the backend is shared by the daemon's threads)."""
         command = " ".join(argv[:3])
         try:
             done = subprocess.run(
                 list(argv),
-                env=self._env,
+                env=self._env | dict(env) if env else self._env,
                 capture_output=True,
                 text=True,
                 timeout=self._timeout_s,
@@ -138,16 +140,12 @@ class SlurmCLI:
             raise ValueError("events() needs timezone-aware datetimes")
         if until <= since:
             raise ValueError(f"event window is empty: {since} .. {until}")
-        saved = self._env
-        self._env = saved | {"SLURM_TIME_FORMAT": "%s"}
-        try:
-            out = self._run(
-                "sacctmgr", "-P", "-n", "show", "event",
-                f"Start=uts{int(since.timestamp())}", f"End=uts{int(until.timestamp())}",
-                "Format=" + ",".join(parse.EVENT_FIELDS),
-            )  # fmt: skip
-        finally:
-            self._env = saved
+        out = self._run(
+            "sacctmgr", "-P", "-n", "show", "event",
+            f"Start=uts{int(since.timestamp())}", f"End=uts{int(until.timestamp())}",
+            "Format=" + ",".join(parse.EVENT_FIELDS),
+            env={"SLURM_TIME_FORMAT": "%s"},
+        )  # fmt: skip
         return parse.parse_sacctmgr_events(out)
 
     # --- association limits and configuration (budgets; not part of SlurmProtocol) -------

@@ -186,3 +186,8 @@ class SlurmEvent:
     @property
     def is_cluster(self) -> bool:
         return not self.node
+
+    @property
+    def is_registration(self) -> bool:
+        """A "Cluster Registered TRES" event: the cluster's nodes existed for its span."""
+        return not self.node and self.state_raw == 0

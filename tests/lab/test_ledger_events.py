@@ -26,8 +26,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from accounting.agreement import HOUR
-from accounting.buckets import floor_hour
+from accounting.buckets import HOUR, floor_hour
 from accounting.capacity import down_class
 from accounting.db import open_ledger
 from accounting.ingest import LEDGER
@@ -97,7 +96,7 @@ def test_capacity_and_down_time_from_slurm_events(lab: LabSpec, tmp_path: Path) 
     registered = [
         e
         for e in cli.events(now - timedelta(days=7), now)
-        if e.is_cluster and e.state_raw == 0 and e.cluster == lab.cluster
+        if e.is_registration and e.cluster == lab.cluster
     ]
     assert registered, "slurmdbd holds no registration of the lab's cluster"
     first = min(e.start for e in registered)

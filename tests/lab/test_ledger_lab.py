@@ -207,7 +207,7 @@ def test_ledger_agrees_with_sacct_and_splits_the_serving_job(
         cells[(r.pool, r.bucket)] += r.gpu_ms
     # capacity counts from slurmdbd's registration of the cluster (a lab younger than the
     # hour has less of it)
-    registered = min(e.start for e in cli.events(since, until) if e.is_cluster and e.state_raw == 0)
+    registered = min(e.start for e in cli.events(since, until) if e.is_registration)
     for (pool, bucket), ms in cells.items():
         lo = max(bucket, since, registered)
         hi = min(bucket + timedelta(hours=1), until)

@@ -35,6 +35,12 @@ def _ledger(tmp_path: Path) -> Engine:
         Entry(datetime(2026, 11, 5, 4, tzinfo=UTC), "c", "train", "", "down", "", "(down)",
               "root", "", "h100", "", "", 7 * 3_600_000),
     ]  # fmt: skip
+    _insert(engine, entries)
+    return engine
+
+
+def _insert(engine: Engine, entries: list[Entry]) -> None:
+    """Ledger rows and their daily roll-up, as an ingest writes them."""
     days = DayDelta()
     with write_transaction(engine) as conn:
         for e in entries:
@@ -48,7 +54,6 @@ def _ledger(tmp_path: Path) -> Engine:
                     e.team, e.model, e.gpu_type, e.qos, e.lease)  # fmt: skip
             days.add_cells([(cell, e.gpu_ms)])
         days.apply(conn)
-    return engine
 
 
 def test_burn_rate_forecast_and_states(tmp_path: Path) -> None:
@@ -122,16 +127,19 @@ def test_team_account() -> None:
 
 
 def test_budget_metrics(tmp_path: Path) -> None:
-    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client import CollectorRegistry
 
     from accounting.metrics import LedgerCollector
 
     engine = _ledger(tmp_path)
-    set_budget(engine, BudgetSpec("team-a", Decimal(50), "gpu-hours"), "alice", NOW)
+    # the metrics are of the month now is in: 25 GPU-hours of team-a at its first hour
+    now = datetime.now(UTC)
+    first = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    _insert(engine, [Entry(first, "c", "train", "train", "training", "a", "team-a", "u", "",
+                           "h100", "normal", "", 25 * 3_600_000)])  # fmt: skip
+    set_budget(engine, BudgetSpec("team-a", Decimal(50), "gpu-hours"), "alice", now)
     registry = CollectorRegistry()
     registry.register(LedgerCollector(engine))
-    text = generate_latest(registry).decode()
-    # the metrics are of the month now is in (December: nothing used yet)
-    used = [ln for ln in text.splitlines() if ln.startswith('stb_budget_used_ratio{team="team-a"}')]
-    assert used, text
-    assert "stb_budget_forecast_ratio" in text
+    assert registry.get_sample_value("stb_budget_used_ratio", {"team": "team-a"}) == 0.5
+    forecast = registry.get_sample_value("stb_budget_forecast_ratio", {"team": "team-a"})
+    assert forecast is not None and forecast >= 0.5

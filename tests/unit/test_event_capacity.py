@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 
 from accounting.attribution import capacity_ms
 from accounting.capacity import (
-    DOWN_WORKLOADS,
     UNKNOWN_POOL,
     NodeAttrs,
     capacity_entries,
     down_class,
     event_capacity,
 )
+from accounting.schema import DOWN_WORKLOADS
 from bridge.slurm.errors import UnparseableOutput
 from bridge.slurm.model import SlurmEvent
 from bridge.slurm.parse import (
