@@ -57,13 +57,16 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class ServingPoint:
-    """One scrape of one model's cumulative compute time on one Triton instance."""
+    """One scrape of one model version's cumulative counters on one Triton instance:
+    compute time (the serving split) and successful requests (the unit economics)."""
 
     job_id: str
     instance: str
     model: str
     at: datetime
     compute_us: float
+    version: str = ""
+    requests: float | None = None
 
 
 @dataclass(frozen=True)
@@ -318,15 +321,15 @@ def compute_ms_by_bucket(
 ) -> dict[datetime, dict[str, float]]:
     """Per hour bucket and model, the compute milliseconds the job's instances spent.
 
-    Each (instance, model) series starts from zero at the job's start (Triton's counters
+    Each (instance, model, version) series starts from zero at the job's start (Triton's counters
     count from the model's load); a value below the previous one means the counter was
     reset and the new value is the increase since. An increase between two scrapes is
     spread over the hours between them in proportion to time."""
-    series: dict[tuple[str, str], list[ServingPoint]] = defaultdict(list)
+    series: dict[tuple[str, str, str], list[ServingPoint]] = defaultdict(list)
     for p in serving:
-        series[(p.instance, p.model)].append(p)
+        series[(p.instance, p.model, p.version)].append(p)
     out: dict[datetime, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for (_, model), points in series.items():
+    for (_, model, _), points in series.items():
         points.sort(key=lambda p: p.at)
         prev_at, prev_v = start, 0.0
         for p in points:
@@ -447,6 +450,9 @@ def digest(rec: AccountingRecord, ctx: Context, serving: Sequence[ServingPoint] 
         sorted(ctx.pool_of_lease.items()) if "stb:lease=" in rec.comment else None,
     )
     h.update(repr(fields).encode())
-    for p in sorted(serving, key=lambda p: (p.instance, p.model, p.at)):
-        h.update(repr((p.instance, p.model, p.at, p.compute_us)).encode())
+    for p in sorted(serving, key=lambda p: (p.instance, p.model, p.version, p.at)):
+        # the version only where there is one: samples stored before versions keep their
+        # digests (requests do not change the rows: not hashed)
+        tail = (p.version,) if p.version else ()
+        h.update(repr((p.instance, p.model, p.at, p.compute_us, *tail)).encode())
     return h.hexdigest()[:32]

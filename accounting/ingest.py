@@ -666,7 +666,9 @@ def _serving_for(
         q = select(SAMPLES).where(SAMPLES.c.job_id.in_(part), SAMPLES.c.cluster.in_(clusters))
         for s in conn.execute(q):
             out[s.job_id].append(
-                ServingPoint(s.job_id, s.instance, s.model, utc(s.at), s.compute_us)
+                ServingPoint(
+                    s.job_id, s.instance, s.model, utc(s.at), s.compute_us, s.version, s.requests
+                )
             )
     return out
 
@@ -922,8 +924,10 @@ def record_serving(engine: Engine, cluster: str, points: Iterable[ServingPoint])
             "job_id": p.job_id,
             "instance": p.instance,
             "model": p.model,
+            "version": p.version,
             "at": utc(p.at),
             "compute_us": float(p.compute_us),
+            "requests": None if p.requests is None else float(p.requests),
         }
         for p in points
     ]

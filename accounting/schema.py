@@ -11,8 +11,9 @@ build exactly these tables.
   an unchanged record is a no-op, a changed one replaces its rows.
 - `NodeSpan`: the node inventory over time (capacity), one row per stretch a node kept its
   pool, GPU type and GPU count.
-- `ServingSample`: Triton's cumulative per-model compute time per instance, as the daemon
-  scraped it; splits a serving job among its models.
+- `ServingSample`: Triton's cumulative per-model-version compute time and successful
+  requests per instance, as the daemon scraped them; splits a serving job among its models
+  and gives the unit economics (`accounting.economics`).
 - `Rate`: price per GPU-hour by GPU type (optionally pool, QOS) over a date range.
 - `Period`: a closed month; `Restatement`: each change made to a closed month, and why.
 - `IngestRun`: one line per ingest (what it read and changed).
@@ -165,7 +166,9 @@ class NodeSpan(SQLModel, table=True):
 class ServingSample(SQLModel, table=True):
     __tablename__ = "serving_sample"
     __table_args__ = (
-        UniqueConstraint("cluster", "job_id", "instance", "model", "at", name="uq_serving_sample"),
+        UniqueConstraint(
+            "cluster", "job_id", "instance", "model", "version", "at", name="uq_serving_sample"
+        ),
     )
 
     id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
@@ -175,9 +178,16 @@ class ServingSample(SQLModel, table=True):
     #: host:port of the instance
     instance: str = Field(sa_column=_s(255))
     model: str = Field(sa_column=_s(255))
+    #: the model version the counters are Triton's for ("" in samples stored before 0005)
+    version: str = Field(
+        default="", sa_column=Column(String(64), nullable=False, server_default="")
+    )
     at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
     #: cumulative compute time (input + infer + output) since the model loaded, microseconds
     compute_us: float = Field(sa_column=Column(Float, nullable=False))
+    #: cumulative successful requests (`nv_inference_request_success`) since the model
+    #: loaded; None where Triton did not report it (and in samples stored before 0005)
+    requests: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
 
 
 class Rate(SQLModel, table=True):

@@ -206,22 +206,22 @@ class LedgerFeed:
         if last is not None and at - last < self.config.accounting.sample_interval_s:
             return
         self._last_sample[(job_id, address)] = at
-        compute: dict[str, float] = {}
-        for (model, _version), s in page.models.items():
+        when = datetime.fromtimestamp(at, UTC)
+        points = []
+        for (model, version), s in sorted(page.models.items(), key=lambda kv: kv[0]):
+            if s.compute_infer_duration_us is None:
+                continue
             parts = (
                 s.compute_input_duration_us,
                 s.compute_infer_duration_us,
                 s.compute_output_duration_us,
             )
-            if s.compute_infer_duration_us is not None:
-                compute[model] = compute.get(model, 0.0) + sum(p or 0.0 for p in parts)
-        when = datetime.fromtimestamp(at, UTC)
-        try:
-            record_serving(
-                self.ledger,
-                self.cluster,
-                [ServingPoint(job_id, address, m, when, us) for m, us in sorted(compute.items())],
+            us = sum(p or 0.0 for p in parts)
+            points.append(
+                ServingPoint(job_id, address, model, when, us, version, s.request_success)
             )
+        try:
+            record_serving(self.ledger, self.cluster, points)
         except SQLAlchemyError as exc:
             log.warning("ledger: serving sample of job %s not stored: %s", job_id, exc)
 

@@ -67,7 +67,7 @@ def test_context_maps_partitions_teams_models_and_leases() -> None:
     assert ctx.known_gpu_types == frozenset({"h100"})
 
 
-def test_the_feed_stores_compute_counters_at_most_once_per_interval(tmp_path: Path) -> None:
+def test_the_feed_stores_counters_per_version_at_most_once_per_interval(tmp_path: Path) -> None:
     config = BridgeConfig.model_validate(
         {"accounting": {"ledger_url": f"sqlite:///{tmp_path / 'l.db'}", "sample_interval_s": 30}}
     )
@@ -90,4 +90,10 @@ def test_the_feed_stores_compute_counters_at_most_once_per_interval(tmp_path: Pa
         )
     )
     assert busy[0][1] == expected > 0
+    # per model version, with Triton's successful-request counter (the unit economics)
+    with feed.ledger.connect() as conn:
+        versions = conn.execute(
+            select(SAMPLES.c.version, SAMPLES.c.requests).where(SAMPLES.c.model == "busy")
+        ).all()
+    assert set(versions) == {("1", s.request_success)} and (s.request_success or 0) > 0
     assert prune_serving(feed.ledger, datetime.fromtimestamp(t + 1, UTC)) == len(rows) // 2
