@@ -18,6 +18,7 @@ GPU-hour budget becomes `GrpTRESMins=gres/gpu=<minutes>` on the team's Slurm acc
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
@@ -29,6 +30,7 @@ from accounting.errors import LedgerError
 from accounting.rates import RateBook
 from accounting.report import Window, build_report
 from accounting.schema import CAPACITY_WORKLOADS, Budget
+from accounting.section import Section
 
 BUDGETS = Budget.__table__  # type: ignore[attr-defined]
 UNITS = ("gpu-hours", "currency")
@@ -201,3 +203,23 @@ def budget_status(
         burn = used / days_gone if days_gone > 0 else Decimal(0)
         out.append(BudgetStatus(b, window.label, used, burn, used + burn * left_days))
     return out
+
+
+BUDGET_COLUMNS = (
+    "team", "month", "unit", "budget", "used", "used_ratio", "burn_per_day", "forecast",
+    "forecast_ratio", "state", "enforced_by_slurm",
+)  # fmt: skip
+
+
+def budget_section(statuses: Sequence[BudgetStatus]) -> Section:
+    """The budgets beside a report: use so far, burn rate, month-end forecast, state."""
+    rows = []
+    for st in statuses:
+        d = st.as_dict()
+        unit = "GPU-hours" if st.budget.unit == "gpu-hours" else st.budget.currency
+        rows.append({**{c: d[c] for c in BUDGET_COLUMNS}, "unit": unit})
+    notes = [
+        f"state: warn at {WARN_AT:.0%} used or a month-end forecast over the budget, over at "
+        "100%; forecast: use so far plus the burn rate per day over the days left"
+    ]
+    return Section("budgets", "Budgets this month", BUDGET_COLUMNS, rows, notes)

@@ -38,6 +38,8 @@ from accounting.buckets import HOUR, floor_hour, utc
 from accounting.rates import ROUNDING, RateBook
 from accounting.report import Report, Window, build_report, utilization
 from accounting.schema import IDLE_TEAM, WORKLOADS
+from accounting.section import Section
+from accounting.section import to_html as section_html
 
 #: one saturated colour per workload (the screenshot test looks for the first three)
 WORKLOAD_COLOURS: Mapping[str, str] = {
@@ -92,9 +94,11 @@ def render_html(
     rates: RateBook | None = None,
     *,
     generated_at: datetime | None = None,
+    sections: Sequence[Section] = (),
 ) -> str:
     """The report as one HTML document. `rates` prices the cost chart (pass the book the
-    report was built with); `generated_at` defaults to now."""
+    report was built with); `generated_at` defaults to now; `sections` (unit economics,
+    lending, capacity plan, budgets) follow the report's table."""
     generated = utc(generated_at or datetime.now(UTC))
     # glyphs as paths (no font needed to read them); "$" in a team name is no math
     with matplotlib.rc_context({"svg.fonttype": "path", "text.parse_math": False, "font.size": 9}):
@@ -136,7 +140,9 @@ def render_html(
             f"<h2>{e(chart.title)}</h2>",
             f"<figure>{chart.svg}<figcaption>{e(chart.caption)}</figcaption></figure>",
         ]
-    parts += ["<h2>Report</h2>", _table(report), "<h2>Notes</h2>"]
+    parts += ["<h2>Report</h2>", _table(report)]
+    parts += [section_html(s) for s in sections]
+    parts.append("<h2>Notes</h2>")
     notes = report.notes or ["none"]
     parts.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
     rounding = ROUNDING if report.currency else "no money amounts in this report"

@@ -10,17 +10,23 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Sequence
 
 from rich.table import Table
 
 from accounting.rates import money
 from accounting.report import Report
+from accounting.section import Section, sections_dict
 
 FORMATS = ("table", "csv", "json", "xlsx", "html")
 
 
-def to_json(report: Report) -> str:
-    return json.dumps(report.as_dict(), indent=2) + "\n"
+def to_json(report: Report, sections: Sequence[Section] = ()) -> str:
+    """The report's dict; with sections, under `sections` by their keys."""
+    out = report.as_dict()
+    if sections:
+        out["sections"] = sections_dict(sections)
+    return json.dumps(out, indent=2) + "\n"
 
 
 def to_csv(report: Report) -> str:

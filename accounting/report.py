@@ -22,7 +22,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any, Literal
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, case, func, select
 
 from accounting.buckets import MS_PER_HOUR, utc
 from accounting.errors import WindowError
@@ -34,11 +34,14 @@ LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
 #: the keys a report may group or filter by (the ledger's columns; `user` is user_name)
 KEYS = (
     "cluster", "pool", "partition", "workload", "account", "team", "user", "model",
-    "gpu_type", "qos", "lease", "source",
+    "gpu_type", "qos", "lease", "source", "lent",
 )  # fmt: skip
 STEPS = ("hour", "day", "month")
 IdleMode = Literal["line", "shared"]
-_COLUMN = {k: ("user_name" if k == "user" else k) for k in KEYS}
+#: the values of the derived key `lent`: a row under a lease (a lent node's serving time,
+#: booked to the pool it was lent from) or the pool's own use
+LENT, OWN = "lent", "own"
+_COLUMN = {k: {"user": "user_name", "lent": "lease"}.get(k, k) for k in KEYS}
 _PRICING = ("gpu_type", "pool", "qos", "workload")
 
 
@@ -192,6 +195,14 @@ class Report:
         }
 
 
+def _column(table: Any, key: str) -> Any:
+    """The SQL expression of a report key: a ledger column, or for `lent` whether the row
+    came under a lease."""
+    if key == "lent":
+        return case((table.c.lease != "", LENT), else_=OWN).label("lent")
+    return table.c[_COLUMN[key]]
+
+
 def _period(step: str | None, day: date, bucket: datetime | None, month: str) -> str | None:
     if step is None:
         return None
@@ -229,14 +240,14 @@ def build_report(
         dict.fromkeys([*by, *filters, *_PRICING, *(["source"] if usage is not None else [])])
     )
     if rollup and usage is None and usable([_COLUMN[k] for k in fine], step, window):
-        cols = [DAYS.c[k] for k in fine] + [DAYS.c.day, DAYS.c.month]
+        cols = [_column(DAYS, k) for k in fine] + [DAYS.c.day, DAYS.c.month]
         q = (
             select(*cols, func.sum(DAYS.c.gpu_ms))
             .where(DAYS.c.day >= utc(window.start).date(), DAYS.c.day < utc(window.end).date())
             .group_by(*cols)
         )
     else:
-        cols = [LEDGER.c[_COLUMN[k]] for k in fine] + [LEDGER.c.day, LEDGER.c.month]
+        cols = [_column(LEDGER, k) for k in fine] + [LEDGER.c.day, LEDGER.c.month]
         if step == "hour":
             cols.append(LEDGER.c.bucket)
         q = (

@@ -27,12 +27,14 @@ from accounting.rates import RateBook, RateSpec, add_rates, list_rates, parse_pr
 from accounting.render import FORMATS, to_csv, to_json, to_table
 from accounting.report import Window, build_report, parse_filters, parse_keys
 from accounting.schema import Restatement
+from accounting.section import to_rich
 from accounting.usage import utilization_by_job
 from bridge.config_cli import ConfigOpt, fail, load_or_exit
 from bridge.db import make_engine
 from bridge.leases.store import LeaseStore, create_schema
 from bridge.ledger import ingest_window, ledger_cluster
 from bridge.ledger_check import sreport_agreement
+from bridge.report_views import VIEWS, build_sections, parse_views
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.select import open_backend
@@ -277,9 +279,19 @@ def report(
     usage: Annotated[
         bool, typer.Option(help="Add measured and used GPU-hours (GPU sampler records).")
     ] = False,
+    views: Annotated[
+        str | None,
+        typer.Option(
+            "--with",
+            help=f"Views beside the report: {','.join(VIEWS)} or none (default: all in HTML; "
+            "economics when --by has model).",
+        ),
+    ] = None,
     config: ConfigOpt = None,
 ) -> None:
-    """GPU-hours and cost from the ledger, as a table, CSV, JSON, XLSX or an HTML page."""
+    """GPU-hours and cost from the ledger, as a table, CSV, JSON, XLSX or an HTML page,
+    with the unit economics per model, the lending view, the capacity plan and the budgets
+    beside it (--with)."""
     cfg = load_or_exit(config)
     if fmt not in FORMATS:
         raise typer.BadParameter(f"--format {fmt!r}: choose from {', '.join(FORMATS)}")
@@ -297,6 +309,10 @@ def report(
             rates=rates, filters=parse_filters(where or []),
             usage=utilization_by_job(engine) if usage else None,
         )  # fmt: skip
+        chosen = parse_views(views, fmt, rep.by)
+        if chosen and fmt in ("csv", "xlsx"):
+            raise typer.BadParameter(f"--with: the {fmt} format holds the report's lines only")
+        sections = build_sections(cfg, engine, win, chosen, rates, rep.filters, datetime.now(UTC))
         if fmt == "xlsx":
             from accounting.xlsx import render_xlsx
 
@@ -307,13 +323,16 @@ def report(
         if fmt == "html":
             from accounting.html import render_html
 
-            text = render_html(engine, rep, rates)
+            text = render_html(engine, rep, rates, sections=sections)
         elif fmt == "json":
-            text = to_json(rep)
+            text = to_json(rep, sections)
         elif fmt == "csv":
             text = to_csv(rep)
         else:
-            Console(width=160).print(to_table(rep))
+            out = Console(width=160)
+            out.print(to_table(rep))
+            for section in sections:
+                out.print(to_rich(section))
             return
     except LedgerError as exc:
         raise fail(exc) from exc

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import date, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -43,7 +44,7 @@ from tests.db.test_ledger_db import rec, snapshot
 WINDOWS = ("2026-10", "2026-11", "2026-10-31..2026-11-02", "2026-11-01")
 KEYS: list[tuple[str, ...]] = [
     ("team",), ("team", "workload"), ("pool", "gpu_type"), ("model",), ("account", "qos"),
-    ("lease", "partition", "cluster"), ("user",), ("source",), (),
+    ("lease", "partition", "cluster"), ("user",), ("source",), ("pool", "lent"), (),
 ]  # fmt: skip
 
 
@@ -190,4 +191,24 @@ def test_ingest_documents_writes_what_ingest_records_writes(
         ingest_documents(engine, [_records(True), 7], read_unparseable, CTX, workers=workers)
     assert e.value.raw == "not JSON: 7"
     assert snapshot(engine) == before
+    engine.dispose()
+
+
+def test_lent_time_shows_in_the_lending_pool_as_lent(database_url: str, tmp_path: Path) -> None:
+    """The derived key `lent`: a lent node's serving time (rows under a lease) is `lent` in
+    the pool it was lent from, the rest `own`; from the roll-up and the hourly rows alike."""
+    engine = _fresh(database_url, tmp_path, "lent")
+    ctx = replace(CTX, pool_of_lease={"L1": "elastic"})
+    lent = rec(
+        "40", T0, T0 + timedelta(minutes=90), nodes=("n3",), gpus=8, partition="infer",
+        comment="stb:triton,stb:lease=L1",
+    )  # fmt: skip
+    ingest_records(engine, [*_records(True), lent], ctx, now=NOW)
+    for rollup in (True, False):
+        w = Window.parse("2026-10-31..2026-11-02")
+        rep = build_report(engine, w, ("pool", "lent"), rollup=rollup)
+        lines = {tuple(li.keys.values()): li.gpu_ms for li in rep.lines}
+        assert lines[("elastic", "lent")] == 8 * 90 * 60_000
+        assert not any(k[1] == "lent" for k in lines if k != ("elastic", "lent"))
+        assert ("elastic", "own") in lines and ("training", "own") in lines
     engine.dispose()

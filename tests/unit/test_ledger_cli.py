@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,9 +17,9 @@ from openpyxl import load_workbook
 from prometheus_client import CollectorRegistry, generate_latest
 from typer.testing import CliRunner
 
-from accounting.attribution import Context
+from accounting.attribution import Context, ServingPoint
 from accounting.db import open_ledger
-from accounting.ingest import NodeCapacity, ingest_records, record_inventory
+from accounting.ingest import NodeCapacity, ingest_records, record_inventory, record_serving
 from accounting.metrics import LedgerCollector
 from bridge.cli import app
 from bridge.daemon.api import finance_routes
@@ -64,7 +65,8 @@ def cfg(tmp_path: Path) -> Path:
         until=T0 + timedelta(hours=3),
     )
     path = tmp_path / "bridge.toml"
-    path.write_text(f'[accounting]\nledger_url = "{url}"\n')
+    bridge_db = f"sqlite:///{tmp_path / 'bridge.db'}"
+    path.write_text(f'database_url = "{bridge_db}"\n[accounting]\nledger_url = "{url}"\n')
     return path
 
 
@@ -172,3 +174,49 @@ def test_ledger_metrics_by_team_and_workload(cfg: Path, tmp_path: Path) -> None:
     assert 'stb_ledger_gpu_hours_total{team="team-nlp",workload="training"} 4.0' in text
     assert 'stb_ledger_gpu_hours_total{team="(idle)",workload="idle"} 17.0' in text
     assert "stb_ledger_last_ingest_timestamp_seconds" in text
+
+
+def test_views_beside_the_report(cfg: Path, tmp_path: Path) -> None:
+    """`--with`: the unit economics, lending, capacity plan and budgets sections in JSON,
+    the table and HTML (all four by default there); a report never creates the bridge's
+    database; a bad view or a view in CSV is refused by name."""
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    at = T0 + timedelta(hours=1)
+    record_serving(
+        ledger, "lab",
+        [ServingPoint("9", "n1:8000", "busy", at + timedelta(minutes=k), 2e6 * k, "1", 40.0 * k)
+         for k in range(0, 31, 5)],
+    )  # fmt: skip
+    serving = _rec("9", "nlp-acct", 1, "train", "n1")
+    ctx = Context(
+        pool_of_node={"n1": "training"}, team_of_model={"busy": "team-vision"},
+        horizon=T0 + timedelta(hours=3),
+    )  # fmt: skip
+    ingest_records(ledger, [replace(serving, start=at, end=at + timedelta(hours=1),
+                                    comment="stb:triton")], ctx)  # fmt: skip
+    _ok(["budget", "set", "team-nlp", "10", "--unit", "gpu-hours", "-c", str(cfg)])
+    base = ["report", "--window", "2026-11-03", "-c", str(cfg)]
+    doc = json.loads(_ok([*base, "--by", "model", "--format", "json",
+                          "--with", "economics,lending,plan,budgets"]))  # fmt: skip
+    sections = doc["sections"]
+    assert list(sections) == ["unit_economics", "lending", "capacity_plan", "budgets"]
+    busy = {r["version"]: r for r in sections["unit_economics"]["rows"] if r["model"] == "busy"}
+    assert busy["*"]["requests"] == 1200 and busy["1"]["requests"] == 1200
+    assert sections["lending"]["notes"][0].startswith("no lease database at")
+    assert not (tmp_path / "bridge.db").exists()
+    assert [r["team"] for r in sections["budgets"]["rows"]] == ["team-nlp"]
+    # by model: the unit economics by default; --with none drops it
+    assert "sections" in json.loads(_ok([*base, "--by", "model", "--format", "json"]))
+    plain = json.loads(_ok([*base, "--by", "model", "--format", "json", "--with", "none"]))
+    assert "sections" not in plain
+    assert "Unit economics per model and version" in _ok([*base, "--by", "model"])
+    _ok([*base, "--format", "html", "-o", str(tmp_path / "r.html")])
+    page = (tmp_path / "r.html").read_text()
+    for title in ("Unit economics", "Lending:", "Capacity plan", "Budgets this month"):
+        assert title in page, title
+    for args, message in (
+        (["--with", "colour"], "unknown view(s) colour"),
+        (["--with", "lending", "--format", "csv"], "the csv format holds the report's lines"),
+    ):
+        res = RUN.invoke(app, [*base, *args])
+        assert res.exit_code != 0 and message in " ".join(res.output.split()), res.output

@@ -1,0 +1,345 @@
+"""The lending view ("what elasticity costs"): per lending pool, how much GPU time was lent
+to Triton over a report window, and how much of it the lend's transitions took.
+
+A `Section` (`accounting.section`) shown beside a ledger report, built from two sources:
+
+- the ledger: `lent_gpu_hours` and `borrowers` are its rows that carry a lease (the
+  borrowing models' serving time, booked to the pool the node was lent from);
+- the lease history (`bridge.leases`): each lease's time in each state, clipped to the
+  window and multiplied by the node's GPUs (its latest `node_span` in the window), gives
+  three phases:
+
+  - `wait`: from the request until the Triton job starts (requested, submitted): the
+    preemption grace and requeue in preempt mode, the wait for a drained node in drain
+    mode. Not in the serving job: the displaced elastic job, or the ledger's `fenced`
+    line, already holds it.
+  - `startup`: starting -> serving (Triton's start and model load); inside the serving job.
+  - `drain`: from leaving serving until returned (draining, releasing); inside the
+    serving job.
+
+  Time in `serving` is no overhead and is not counted here. A lease that failed or never
+  served: its phases end at the state it reached. Once its job has started (it reached
+  `starting`), every later state but serving (draining, releasing, failed) counts as
+  drain; before that, all its time, including releasing or failed, counts as wait (no
+  job ran on the node). So requested -> submitted -> starting -> failed -> returned is
+  wait, then startup up to the failure, then drain until returned.
+
+The work is split in two: `phase_gpu_ms`, a pure core (no SQL) from lease timelines and
+node GPUs to GPU-ms per pool and phase, and `lending_section`, the reader that feeds it
+from the two databases and prices the result. Times are timezone-aware UTC; amounts are
+integer GPU-milliseconds, split at hours exactly as the ledger splits (`split_ms`).
+
+It lives in `bridge/`, not `accounting/`, because it reads the lease store, which the
+ledger must not import (an import-linter contract).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlmodel import Session, col, or_, select
+
+from accounting.buckets import MS_PER_HOUR, split_ms, utc
+from accounting.errors import RateError
+from accounting.rates import RateBook, cost, money
+from accounting.report import Window, build_report
+from accounting.schema import NodeSpan
+from accounting.section import Section
+from bridge.leases.models import Lease, LeaseEvent
+from bridge.lifecycle import LeaseState
+
+__all__ = [
+    "LeaseTimeline",
+    "NodeGpus",
+    "PoolPhases",
+    "lending_section",
+    "phase_gpu_ms",
+    "read_timelines",
+]
+
+#: the pool column of the total row
+TOTAL = "(total)"
+KEY = "lending"
+TITLE = "Lending: time lent and what the transitions cost"
+
+_S = LeaseState
+#: states that mean the lease's Triton job has started on the node
+_STARTED = frozenset({_S.STARTING, _S.SERVING, _S.DRAINING})
+
+
+# ---- the pure core ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeaseTimeline:
+    """One lease's status changes: (time, state entered), creation first."""
+
+    lease_id: int
+    node: str
+    #: the pool the node was lent from
+    pool: str
+    changes: tuple[tuple[datetime, LeaseState], ...]
+
+    @staticmethod
+    def of(lease: Lease, events: Iterable[LeaseEvent]) -> LeaseTimeline:
+        """From the store's rows (events in the order they happened)."""
+        assert lease.id is not None
+        changes = tuple((utc(e.at), LeaseState(e.to_state)) for e in events)
+        return LeaseTimeline(lease.id, lease.node, lease.pool, changes)
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    gpus: int
+    gpu_type: str
+
+
+@dataclass
+class PoolPhases:
+    """One pool's leases within a window: how many, and GPU-ms per phase."""
+
+    leases: int = 0
+    wait_ms: int = 0
+    startup_ms: int = 0
+    drain_ms: int = 0
+    #: startup + drain GPU-ms per (GPU type, UTC day): what pricing needs
+    transition_by_day: dict[tuple[str, date], int] = field(default_factory=dict)
+    #: nodes of its leases whose GPUs are unknown (counted as 0 GPUs)
+    unknown_nodes: set[str] = field(default_factory=set)
+
+    @property
+    def transition_ms(self) -> int:
+        return self.startup_ms + self.drain_ms
+
+
+def _phase(state: LeaseState, started: bool) -> str | None:
+    """The phase time in `state` counts to (None: serving or returned, not overhead)."""
+    if state in (_S.SERVING, _S.RETURNED):
+        return None
+    if state == _S.STARTING:
+        return "startup"
+    return "drain" if started else "wait"
+
+
+def phase_gpu_ms(
+    leases: Iterable[LeaseTimeline],
+    nodes: Mapping[str, NodeGpus],
+    start: datetime,
+    end: datetime,
+) -> dict[str, PoolPhases]:
+    """Per pool, the leases whose lifetime overlaps [start, end) and the GPU-ms of their
+    wait, startup and drain phases within it (each stretch clipped to the window, times the
+    node's GPUs from `nodes`; a node not there counts 0 GPUs and is named in
+    `unknown_nodes`). A lease not yet returned stays in its last state until `end`."""
+    start, end = utc(start), utc(end)
+    out: dict[str, PoolPhases] = {}
+    if end <= start:
+        return out
+    for lease in leases:
+        if not lease.changes:
+            continue
+        created = lease.changes[0][0]
+        last_at, last_state = lease.changes[-1]
+        returned = last_at if last_state == _S.RETURNED else None
+        if created >= end or (returned is not None and returned <= start):
+            continue
+        pool = out.setdefault(lease.pool, PoolPhases())
+        pool.leases += 1
+        node = nodes.get(lease.node)
+        if node is None:
+            pool.unknown_nodes.add(lease.node)
+            node = NodeGpus(0, "")
+        started = False
+        stops = [at for at, _ in lease.changes[1:]] + [end]
+        for (at, state), until in zip(lease.changes, stops, strict=True):
+            started = started or state in _STARTED
+            phase = _phase(state, started)
+            if phase is None or node.gpus == 0:
+                continue
+            for bucket, ms in split_ms(max(at, start), min(until, end)):
+                gpu_ms = ms * node.gpus
+                if phase == "wait":
+                    pool.wait_ms += gpu_ms
+                    continue
+                if phase == "startup":
+                    pool.startup_ms += gpu_ms
+                else:
+                    pool.drain_ms += gpu_ms
+                key = (node.gpu_type, bucket.date())
+                pool.transition_by_day[key] = pool.transition_by_day.get(key, 0) + gpu_ms
+    return out
+
+
+# ---- the reader ------------------------------------------------------------------------
+
+
+def read_timelines(leases: Engine, start: datetime, end: datetime) -> list[LeaseTimeline]:
+    """The leases created before `end` and not returned by `start`, with their history."""
+    with Session(leases) as session:
+        rows = session.exec(
+            select(Lease)
+            .where(col(Lease.created_at) < end)
+            .where(or_(col(Lease.state) != _S.RETURNED, col(Lease.updated_at) > start))
+            .order_by(col(Lease.id))
+        ).all()
+        ids = [lease.id for lease in rows]
+        events: dict[int, list[LeaseEvent]] = defaultdict(list)
+        for i in range(0, len(ids), 500):
+            query = select(LeaseEvent).where(col(LeaseEvent.lease_id).in_(ids[i : i + 500]))
+            for event in session.exec(query.order_by(col(LeaseEvent.id))):
+                events[event.lease_id].append(event)
+    return [LeaseTimeline.of(lease, events[lease.id]) for lease in rows if lease.id is not None]
+
+
+def _node_gpus(
+    ledger: Engine, nodes: Sequence[str], window: Window, cluster: str
+) -> dict[str, NodeGpus]:
+    """Each node's GPUs from its latest `node_span` overlapping the window."""
+    out: dict[str, NodeSpan] = {}
+    with Session(ledger) as session:
+        for i in range(0, len(nodes), 500):
+            query = select(NodeSpan).where(
+                col(NodeSpan.node).in_(nodes[i : i + 500]),
+                col(NodeSpan.start) < window.end,
+                or_(col(NodeSpan.end).is_(None), col(NodeSpan.end) > window.start),
+            )
+            if cluster:
+                query = query.where(NodeSpan.cluster == cluster)
+            for span in session.exec(query):
+                seen = out.get(span.node)
+                if seen is None or span.start > seen.start:
+                    out[span.node] = span
+    return {node: NodeGpus(span.gpus, span.gpu_type) for node, span in out.items()}
+
+
+def _lent(
+    ledger: Engine, window: Window, cluster: str
+) -> tuple[dict[str, int], dict[str, set[str]]]:
+    """Per pool, the GPU-ms of the ledger's lent rows (lease != "") and their teams."""
+    report = build_report(
+        ledger, window, ("pool", "lease", "team"), filters={"cluster": cluster} if cluster else {}
+    )
+    gpu_ms: dict[str, int] = defaultdict(int)
+    teams: dict[str, set[str]] = defaultdict(set)
+    for line in report.lines:
+        if line.keys["lease"]:
+            gpu_ms[line.keys["pool"]] += line.gpu_ms
+            if line.keys["team"]:
+                teams[line.keys["pool"]].add(line.keys["team"])
+    return gpu_ms, teams
+
+
+def _hours(ms: int) -> float:
+    return ms / MS_PER_HOUR
+
+
+def lending_section(
+    ledger: Engine,
+    leases: Engine,
+    window: Window,
+    rates: RateBook | None,
+    cluster: str = "",
+    *,
+    now: datetime | None = None,
+) -> Section:
+    """The lending view over `window`: one row per lending pool and a total row.
+    `cluster` narrows the ledger rows and the node inventory (leases have no cluster).
+    Leases not yet returned are counted up to `now` (default: the current time)."""
+    now = utc(now) if now is not None else datetime.now(UTC)
+    until = max(window.start, min(window.end, now))
+    timelines = read_timelines(leases, window.start, until)
+    nodes = _node_gpus(ledger, sorted({t.node for t in timelines}), window, cluster)
+    phases = phase_gpu_ms(timelines, nodes, window.start, until)
+    lent, teams = _lent(ledger, window, cluster)
+    columns = (
+        "pool", "leases", "lent_gpu_hours", "borrowers", "wait_gpu_hours", "startup_gpu_hours",
+        "drain_gpu_hours", "transition_gpu_hours", "transition_share",
+    ) + (("transition_cost",) if rates else ())  # fmt: skip
+    notes = [
+        "lent_gpu_hours: the ledger's rows with a lease, booked to the pool the node was "
+        "lent from (the borrowing models' serving time); borrowers: their teams",
+        "wait: from the lend's request until its Triton job started (preempt: the grace "
+        "and requeue of the displaced elastic jobs; drain: waiting for the node to be "
+        "free); not in the serving job: the displaced job or the ledger's fenced line "
+        "holds it",
+        "startup: starting until serving (Triton's start and model load); drain: from "
+        "leaving serving until returned (draining, releasing); both are already inside "
+        "the serving job's time, so transition_share = (startup + drain) / lent",
+        "a lease that failed or never served: time after its job started counts as drain "
+        "(a failure's cleanup too), time before as wait",
+        "each phase is clipped to the window and counts the node's GPUs (its latest "
+        "node_span in the window); a lease not yet returned counts up to now",
+    ]
+    if not rates:
+        notes.append("no rates defined: GPU-hours only")
+    unknown = sorted(set().union(*(p.unknown_nodes for p in phases.values())))
+    if unknown:
+        notes.append(
+            f"no node_span in the window for node(s) {', '.join(unknown)}: their leases' "
+            "phases count 0 GPUs"
+        )
+
+    rows: list[dict[str, Any]] = []
+    total = PoolPhases()
+    total_cost: Decimal | None = Decimal(0)
+    for pool in sorted(set(phases) | set(lent)):
+        p = phases.get(pool, PoolPhases())
+        row = _row(pool, p, lent.get(pool, 0), teams.get(pool, set()))
+        if rates:
+            try:
+                amount = _transition_cost(p, pool, rates)
+            except RateError as exc:
+                notes.append(f"pool {pool}: no transition_cost: {exc}")
+                total_cost = None
+            else:
+                row["transition_cost"] = money(amount)
+                total_cost = None if total_cost is None else total_cost + amount
+        rows.append(row)
+        total.leases += p.leases
+        total.wait_ms += p.wait_ms
+        total.startup_ms += p.startup_ms
+        total.drain_ms += p.drain_ms
+    if rows:
+        row = _row(TOTAL, total, sum(lent.values()), set().union(*teams.values()))
+        if rates and total_cost is not None:
+            row["transition_cost"] = money(total_cost)
+        rows.append(row)
+    return Section(
+        key=KEY,
+        title=TITLE,
+        columns=columns,
+        rows=rows,
+        notes=notes,
+    )
+
+
+def _transition_cost(p: PoolPhases, pool: str, rates: RateBook) -> Decimal:
+    """Unrounded: each day's startup + drain GPU-ms at the rate of the node's GPU type in
+    the lease's pool that day (QOS "": the lend has none)."""
+    return sum(
+        (
+            cost(ms, rates.price(gpu_type, pool, "", day))
+            for (gpu_type, day), ms in sorted(p.transition_by_day.items())
+        ),
+        Decimal(0),
+    )
+
+
+def _row(pool: str, p: PoolPhases, lent_ms: int, teams: set[str]) -> dict[str, Any]:
+    return {
+        "pool": pool,
+        "leases": p.leases,
+        "lent_gpu_hours": _hours(lent_ms),
+        "borrowers": ", ".join(sorted(teams)),
+        "wait_gpu_hours": _hours(p.wait_ms),
+        "startup_gpu_hours": _hours(p.startup_ms),
+        "drain_gpu_hours": _hours(p.drain_ms),
+        "transition_gpu_hours": _hours(p.transition_ms),
+        "transition_share": p.transition_ms / lent_ms if lent_ms else None,
+    }
