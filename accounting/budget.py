@@ -218,7 +218,8 @@ def budget_section(statuses: Sequence[BudgetStatus]) -> Section:
         d = st.as_dict()
         unit = "GPU-hours" if st.budget.unit == "gpu-hours" else st.budget.currency
         rows.append({**{c: d[c] for c in BUDGET_COLUMNS}, "unit": unit})
-    notes = [
+    notes = [] if rows else ["no budgets set (stb budget set TEAM AMOUNT)"]
+    notes += [
         f"state: warn at {WARN_AT:.0%} used or a month-end forecast over the budget, over at "
         "100%; forecast: use so far plus the burn rate per day over the days left"
     ]

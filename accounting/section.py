@@ -68,19 +68,28 @@ def to_rich(section: Section) -> Table:
 
 
 def to_html(section: Section) -> str:
+    """The section as an HTML fragment (a heading, its table in a box that scrolls
+    sideways when wide, its notes); numbers right-aligned (class `num`)."""
     e = html.escape
-    head = "".join(f"<th>{e(c)}</th>" for c in section.columns)
+    first = section.rows[0] if section.rows else {}
+    num = {c for c in section.columns if isinstance(first.get(c), int | float | Decimal)}
+
+    def tag(name: str, c: str, text: str) -> str:
+        cls = ' class="num"' if c in num else ""
+        return f"<{name}{cls}>{e(text)}</{name}>"
+
+    head = "".join(tag("th", c, c) for c in section.columns)
     body = (
         "".join(
-            "<tr>" + "".join(f"<td>{e(cell(r.get(c)))}</td>" for c in section.columns) + "</tr>"
+            "<tr>" + "".join(tag("td", c, cell(r.get(c))) for c in section.columns) + "</tr>"
             for r in section.rows
         )
-        or f'<tr><td colspan="{len(section.columns)}">none in this window</td></tr>'
+        or f'<tr><td colspan="{max(1, len(section.columns))}">none in this window</td></tr>'
     )
     notes = "".join(f"<li>{e(n)}</li>" for n in section.notes)
     return (
-        f"<h2>{e(section.title)}</h2><table><thead><tr>{head}</tr></thead>"
-        f"<tbody>{body}</tbody></table>" + (f"<ul>{notes}</ul>" if notes else "")
+        f'<h2>{e(section.title)}</h2><div class="wide"><table><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>" + (f"<ul>{notes}</ul>" if notes else "")
     )
 
 

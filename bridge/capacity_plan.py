@@ -7,7 +7,9 @@ Method, per model and UTC hour of the window (from `accounting.serving.window_in
 the counters' increases between consecutive scrapes):
 
 - `held`: replicas held, time-weighted: the seconds of the hour each (job, instance) of the
-  model has increases covering (its versions' intervals merged), summed, over 3600;
+  model has increases covering (its versions' intervals merged), summed, over the seconds
+  of the hour any instance of the model was observed (the daemon may have scraped only
+  part of the hour);
 - `rate_peak`: each increase's requests spread evenly over its interval into 1-minute bins,
   summed over instances and versions; the largest bin of the hour / 60 (req/s);
   `rate_mean`: the hour's requests / 3600;
@@ -207,11 +209,24 @@ def plan(
             total_req[i.model] += i.requests * sec / length
             total_us[i.model] += i.compute_us * sec / length
 
-    held: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    # replica-seconds per hour over the seconds of the hour the model was observed at all
+    # (any instance scraped): the daemon's samples may cover only part of an hour
+    served: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    every: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for (model, _, _), ivs in held_iv.items():
+        every[model] += ivs
         for s, e in _merged(ivs):
             for h, sec in _spread(s, e, HOUR_S, lo, hi):
-                held[model][h] += sec / HOUR_S
+                served[model][h] += sec
+    held: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for model, ivs in every.items():
+        observed: dict[int, float] = defaultdict(float)
+        for s, e in _merged(ivs):
+            for h, sec in _spread(s, e, HOUR_S, lo, hi):
+                observed[h] += sec
+        for h, sec in observed.items():
+            if sec > 0:
+                held[model][h] = served[model][h] / sec
 
     peak: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for model, bins in minute_req.items():
@@ -288,13 +303,13 @@ def _summary(
     bursts = sum(1 for r in rows if r.needed is not None and r.needed > long_term)
     if bursts:
         verdict = (
-            f"bursty: {long_term} long-term replicas, lend up to {top - long_term} more "
-            f"for {bursts} hours"
+            f"bursty: {long_term} long-term replica{'s' if long_term != 1 else ''}, lend up "
+            f"to {top - long_term} more for {bursts} hour{'s' if bursts != 1 else ''}"
         )
     elif held_mean >= long_term + 1:
         verdict = f"over-provisioned: holds {held_mean:.1f}, needs {long_term}"
     else:
-        verdict = f"needs {long_term} long-term replicas"
+        verdict = f"needs {long_term} long-term replica{'s' if long_term != 1 else ''}"
     if top > cfg.max_replicas:
         verdict += f" (peak {top} is over max_replicas {cfg.max_replicas})"
     if n > len(needed):

@@ -216,8 +216,11 @@ def _ledger(
     window = Window(floor_hour(started), floor_hour(now) + timedelta(hours=1), "this demo")
     report = build_report(feed.ledger, window, ("team", "workload", "model"))
     console.print(to_table(report))
+    # deploy/lab/bridge.toml names the default lab's files relative to the repository
+    default = spec.lab_dir.resolve() == (project_root() / ".lab").resolve()
+    cfg = "deploy/lab/bridge.toml" if default else "<config>"
     console.print(
-        "the same ledger as a finance report: stb report -c <config> --window "
-        f"{now:%Y-%m} --format html -o report.html",
+        f"the same ledger as a finance report (unit economics, lending, capacity plan): "
+        f"stb report -c {cfg} --window {now:%Y-%m-%d} --format html -o report.html",
         highlight=False,
     )

@@ -246,3 +246,22 @@ def test_ledger_agrees_with_sacct_and_splits_the_serving_job(
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "0 new, 0 changed" in res.output and "0 rows written" in res.output, res.output
+
+    # 7. The unit economics from Triton's own counters: exactly the requests sent, per
+    # model and version, and the model's ledger time per request.
+    res = CliRunner().invoke(
+        app, ["report", "--window", window, "--by", "model", "--format", "json", "--with",
+              "economics", "-c", str(cfg_file)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rows_ = json.loads(res.stdout)["sections"]["unit_economics"]["rows"]
+    econ = {(r["model"], r["version"]): r for r in rows_}
+    assert econ[("busy", "1")]["requests"] == econ[("busy", "*")]["requests"] == 40, econ
+    assert econ[("echo", "1")]["requests"] == 20, econ
+    assert econ[("busy", "*")]["gpu_hours"] == round(by_model["busy"] / 3_600_000, 6)
+    assert econ[("busy", "*")]["gpu_seconds_per_request"] == pytest.approx(
+        by_model["busy"] / 1000 / 40
+    )
+    # loaded: busy and echo carry the job's unattributed time between them
+    loaded = econ[("busy", "*")]["loaded_gpu_hours"] + econ[("echo", "*")]["loaded_gpu_hours"]
+    assert loaded == pytest.approx(whole / 3_600_000, abs=1e-5)

@@ -82,7 +82,7 @@ def test_steady_load_needs_the_fewest_replicas_within_the_slo() -> None:
     (summary,) = got.models
     assert (summary.hours, summary.long_term, summary.burst_hours) == (1, n, 0)
     assert summary.needed_p10 == summary.needed_median == summary.needed_max == n
-    assert summary.verdict == f"needs {n} long-term replicas"
+    assert summary.verdict == f"needs {n} long-term replica{'s' if n != 1 else ''}"
 
 
 def test_the_search_agrees_with_predict_on_shared_gpus() -> None:
@@ -110,7 +110,8 @@ def test_a_burst_hour_raises_needed_that_hour_only() -> None:
     assert got.hours[1].held == pytest.approx(1 + 5 / 60)
     (s,) = got.models
     assert (s.long_term, s.needed_max, s.burst_hours) == (calm, burst, 1)
-    assert s.verdict.startswith(f"bursty: {calm} long-term replicas")
+    assert s.verdict.startswith(f"bursty: {calm} long-term replica")
+    assert s.verdict.endswith("more for 1 hour")
 
 
 def test_two_instances_held_half_an_hour_each_hold_one_replica() -> None:
@@ -201,7 +202,7 @@ def test_the_reader_end_to_end(tmp_path: Path) -> None:
     assert bert["rate_peak"] == pytest.approx(300.0)
     assert bert["service_s"] == pytest.approx(SERVICE)
     assert bert["long_term"] == bert["needed_max"] == n
-    assert bert["verdict"] == f"needs {n} long-term replicas"
+    assert bert["verdict"] == f"needs {n} long-term replica{'s' if n != 1 else ''}"
     assert gpt["model"] == "gpt" and gpt.get("long_term") is None
     assert "no SLO" in gpt["verdict"]
     assert sec.as_dict()["columns"][0] == "model"
@@ -214,3 +215,12 @@ def test_the_reader_end_to_end(tmp_path: Path) -> None:
         ("gpt", "2026-11-03T11:00Z", None),
     ]
     assert all(r["held"] == pytest.approx(1.0) for r in hourly.rows)
+
+
+def test_held_counts_the_part_of_the_hour_that_was_observed() -> None:
+    """Samples over ten minutes of an hour (the daemon ran only then): two replicas held
+    all that time read as 2, not as a sixth of 2."""
+    incs = [*_load(50.0, T0, 10), *_load(50.0, T0, 10, inst="b")]
+    got = plan(incs, T0, T0 + H, {"bert": BERT}, gpus=1)
+    (hour,) = got.hours
+    assert hour.held == pytest.approx(2.0)
