@@ -15,7 +15,12 @@ What can differ, and the cause each difference is given:
 - an hour slurmdbd rolled up before a job's record reached it, or an ingest before the
   hour ended: re-ingest or re-roll;
 - a pool whose allocation and down time exceed its capacity while another has room:
-  sreport clamps the cluster, the ledger each pool.
+  sreport clamps the cluster, the ledger each pool;
+- Planned: sreport books the time eligible jobs waited (its Planned) to CPUs only, in
+  22.05 and every release since (as_mysql_rollup.c at slurm-22-05-8-1, l. 1676-1680:
+  `TIME_RESV` on `TRES_CPU`, the job's requested CPUs): its gres/gpu Planned is 0, and
+  the GPU time jobs waited for is in its Idle, as in the ledger's. The ledger books no
+  planned GPU time; a Planned above 0 would mean a release that books GPUs too.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from accounting.schema import DOWN_WORKLOADS, LedgerRow
 
 LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
 #: sreport's columns the ledger is compared on
-COLUMNS = ("allocated", "down", "planned_down", "idle", "reported")
+COLUMNS = ("allocated", "down", "planned_down", "idle", "planned", "reported")
 
 
 @dataclass
@@ -43,6 +48,9 @@ class HourFigures:
     idle: int = 0
     reported: int = 0
     accounts: dict[str, int] = field(default_factory=dict)
+    #: sreport's Planned (after `accounts`, so the positional fields keep their places);
+    #: the ledger's is 0: sreport books Planned to CPUs only (module docstring)
+    planned: int = 0
 
     def column(self, name: str) -> int:
         return int(getattr(self, name))
@@ -102,9 +110,10 @@ def ledger_hour(engine: Engine, cluster: str, hour: datetime) -> HourFigures:
                 out.allocated += ms
                 accounts[account] += ms
     # Slurm's times are whole seconds, so the ledger's milliseconds are too
-    for name in ("allocated", "down", "planned_down", "idle"):
+    for name in ("allocated", "down", "planned_down", "idle", "planned"):
         setattr(out, name, round(getattr(out, name) / 1000))
-    out.reported = out.allocated + out.down + out.planned_down + out.idle
+    # sreport's Reported includes Planned (src/sreport/cluster_reports.c 22.05, l. 1549-1554)
+    out.reported = out.allocated + out.down + out.planned_down + out.idle + out.planned
     out.accounts = {a: round(ms / 1000) for a, ms in accounts.items()}
     return out
 
@@ -145,6 +154,12 @@ def _cause(column: str, delta: int) -> str:
         return (
             "down time differs: a node event the ledger has not read (re-ingest), or sreport "
             "clamped the cluster where the ledger clamps each pool"
+        )
+    if column == "planned":
+        return (
+            "sreport booked GPU time to Planned (eligible jobs waiting): 22.05 books Planned "
+            "to CPUs only, so this Slurm release differs; the ledger keeps waiting time in "
+            "idle"
         )
     if column == "allocated":
         return (

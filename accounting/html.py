@@ -77,6 +77,8 @@ th { background: #f0f0f0; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 tfoot td { font-weight: bold; background: #f7f7f7; }
 .muted { color: #888; }
+.wide { overflow-x: auto; }
+.wide th { font-size: .85em; }
 footer { margin-top: 2em; font-size: .85em; color: #666; }
 """
 
@@ -333,8 +335,8 @@ def _utilization_chart(engine: Engine, report: Report) -> Chart:
         fig.legend(title="pool", loc="outside right upper", frameon=False)
     caption = (
         f"Per pool and {step} (UTC): allocated GPU-hours / capacity GPU-hours, where capacity "
-        "is allocation plus idle from the node inventory (a pool the inventory does not "
-        "cover shows 100%)."
+        "is allocation plus the capacity lines (idle, down) from slurmdbd's events or the node "
+        "inventory (a pool they do not cover shows 100%)."
     )
     if report.filters:
         caption += " The whole fleet: the report's filters do not apply to this chart."

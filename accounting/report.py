@@ -28,7 +28,7 @@ from accounting.buckets import MS_PER_HOUR, utc
 from accounting.errors import WindowError
 from accounting.rates import ROUNDING, RateBook, cost, money
 from accounting.rollup import DAYS, usable
-from accounting.schema import LedgerRow
+from accounting.schema import CAPACITY_WORKLOADS, LedgerRow
 
 LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
 #: the keys a report may group or filter by (the ledger's columns; `user` is user_name)
@@ -332,20 +332,21 @@ def _share_idle(lines: list[Line], report: Report) -> None:
 
 
 def utilization(engine: Engine, window: Window, step: str = "day") -> list[dict[str, Any]]:
-    """Per period and pool: allocated and capacity GPU-hours (capacity = allocated + idle,
-    where the inventory covers the pool)."""
+    """Per period and pool: allocated and capacity GPU-hours (capacity = allocated + the
+    capacity lines: idle and the down lines, where the capacity covers the pool; none of
+    those is allocated)."""
     rep = build_report(engine, window, ("pool", "workload"), step=step)
     cells: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     for line in rep.lines:
         cell = cells[(line.period or "", line.keys["pool"])]
-        cell[0 if line.keys["workload"] != "idle" else 1] += line.gpu_ms
+        cell[1 if line.keys["workload"] in CAPACITY_WORKLOADS else 0] += line.gpu_ms
     return [
         {
             "period": period,
             "pool": pool,
             "allocated_gpu_hours": alloc / MS_PER_HOUR,
-            "capacity_gpu_hours": (alloc + idle) / MS_PER_HOUR,
-            "utilization": alloc / (alloc + idle) if alloc + idle else None,
+            "capacity_gpu_hours": (alloc + spare) / MS_PER_HOUR,
+            "utilization": alloc / (alloc + spare) if alloc + spare else None,
         }
-        for (period, pool), (alloc, idle) in sorted(cells.items())
+        for (period, pool), (alloc, spare) in sorted(cells.items())
     ]

@@ -1,6 +1,6 @@
 """The ledger against sreport, hour by hour, on the lab's own history: for each completed
-hour slurmdbd has rolled up, the ledger's allocated, down, planned-down, idle and reported
-GPU-seconds and its GPU-seconds per account beside `sreport -T gres/gpu cluster
+hour slurmdbd has rolled up, the ledger's allocated, down, planned-down, idle, planned and
+reported GPU-seconds and its GPU-seconds per account beside `sreport -T gres/gpu cluster
 Utilization` and `cluster AccountUtilizationByUser`.
 
 The window is ingested afresh into a scratch SQLite ledger twice, in the same run:

@@ -49,6 +49,7 @@ def sreport_agreement(
             idle=u.idle,
             reported=u.reported,
             accounts=slurm.account_utilization(hour, hour + HOUR),
+            planned=u.planned,
         )
         out.hours.append(hour)
         out.figures[hour] = (led, srep)

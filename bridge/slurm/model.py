@@ -139,6 +139,12 @@ class AccountingRecord:
     #: tags the workload: "stb:triton,stb:workload=inference"
     comment: str
     restarts: int
+    #: when the job became eligible to start (sacct's `time.eligible`); None: never (held)
+    #: or not known. With `gpus_requested`: how long the job waited for how many GPUs
+    eligible: datetime | None = None
+    #: gres/gpu the job requested (`tres.requested`, typed and untyped counted once): what
+    #: it waits for before it starts; `gpus` is what it was allocated
+    gpus_requested: int = 0
 
     @property
     def key(self) -> str:
@@ -189,5 +195,16 @@ class SlurmEvent:
 
     @property
     def is_registration(self) -> bool:
-        """A "Cluster Registered TRES" event: the cluster's nodes existed for its span."""
+        """A "Cluster Registered TRES" event: the cluster's nodes existed for its span.
+        slurmdbd inserts it with no state (as_mysql_cluster.c at slurm-22-05-8-1, l. 1736-1742)
+        and looks for it by `state=0` (l. 1655-1658)."""
         return not self.node and self.state_raw == 0
+
+    @property
+    def is_disconnect(self) -> bool:
+        """A "slurmctld disconnect" event (TrackSlurmctldDown=yes in slurmdbd.conf): slurmctld
+        was not connected to slurmdbd for its span. slurmdbd inserts it with node name "",
+        no cluster nodes, state NODE_STATE_DOWN and the cluster's TRES (as_mysql_cluster.c
+        at slurm-22-05-8-1, l. 1618-1622); the rollup takes any cluster event with a state
+        for one (as_mysql_rollup.c l. 937-952), MAINT ones aside (l. 886-890)."""
+        return not self.node and self.state_raw != 0 and not self.state_raw & NODE_STATE_MAINT

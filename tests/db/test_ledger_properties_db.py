@@ -49,7 +49,7 @@ from accounting.ingest import (
 )
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates, money
 from accounting.report import Report, Window, build_report
-from accounting.schema import CAPACITY_SOURCE, UNATTRIBUTED
+from accounting.schema import CAPACITY_SOURCE, CAPACITY_WORKLOADS, UNATTRIBUTED
 from bridge.slurm.model import AccountingRecord
 
 DB_PROPS = settings(max_examples=25, deadline=None, database=None)
@@ -118,6 +118,8 @@ class Job:
             state="RUNNING" if self.running else "COMPLETED", submit=start, start=start,
             end=end, elapsed_s=(self.end - self.start) // 1000, nodes=self.nodes,
             gpus=self.gpn * len(self.nodes), gpu_type=None, comment=self.comment, restarts=0,
+            # waited from half-way to its start: the wait changes none of the job's rows
+            eligible=W0 + self.start // 2 * MS, gpus_requested=self.gpn * len(self.nodes),
         )  # fmt: skip
 
 
@@ -219,7 +221,8 @@ def ledger_content(engine: Engine) -> Counter[tuple[Any, ...]]:
 
 
 def check_capacity(engine: Engine, allocation: dict[Cell, int], summary: IngestSummary) -> None:
-    """allocated + idle = capacity per pool, GPU type and hour; allocation as expected."""
+    """allocated + the capacity lines (idle, planned, down) = capacity per pool, GPU type
+    and hour; allocation as expected."""
     used: dict[Cell, int] = defaultdict(int)
     idle: dict[Cell, int] = defaultdict(int)
     with engine.connect() as conn:
@@ -229,9 +232,9 @@ def check_capacity(engine: Engine, allocation: dict[Cell, int], summary: IngestS
         ).all()  # fmt: skip
     for pool, gpu_type, bucket, workload, source, ms in rows:
         assert W0 <= bucket < W1
-        assert (workload == "idle") == (source == CAPACITY_SOURCE)
+        assert (workload in CAPACITY_WORKLOADS) == (source == CAPACITY_SOURCE)
         cell = (pool, gpu_type, bucket)
-        (idle if workload == "idle" else used)[cell] += ms
+        (idle if workload in CAPACITY_WORKLOADS else used)[cell] += ms
     capacity = expected_capacity()
     assert dict(used) == allocation
     assert set(idle) <= set(capacity)

@@ -234,3 +234,17 @@ def test_compare_names_each_difference() -> None:
     assert set(diffs) == {"down", "idle", "reported", "account c"}
     assert diffs["reported"].delta == 40 and "did not have" in diffs["reported"].cause
     assert "re-ingest" in diffs["account c"].cause
+
+
+def test_a_gpu_planned_in_sreport_is_named() -> None:
+    """sreport books Planned (eligible jobs waiting) to CPUs only, and the recorded lab hour
+    shows 0 for GPUs; should a release book GPUs too, the comparison says so."""
+    from accounting.agreement import HourFigures, compare
+
+    (u,) = parse_sreport_utilization((DATA / "sreport-utilization-22.05.txt").read_text())
+    assert u.planned == 0
+    led = HourFigures(100, 20, 0, 80, 200, {"a": 100})
+    srep = HourFigures(100, 20, 0, 50, 200, {"root": 100, "a": 100}, planned=30)
+    diffs = {d.what: d for d in compare(T0, led, srep)}
+    assert set(diffs) == {"idle", "planned"}
+    assert "CPUs only" in diffs["planned"].cause
