@@ -1,5 +1,6 @@
 """Small helpers shared by unit tests: loading a bench script as a module, checking that
-an HTML report loads nothing from outside itself, writing an API tokens file."""
+an HTML report loads nothing from outside itself, writing an API tokens file, writing
+ledger rows directly."""
 
 from __future__ import annotations
 
@@ -9,6 +10,11 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from sqlalchemy import Engine, insert
+
+from accounting.attribution import Entry
+from accounting.ingest import LEDGER, write_transaction
+from accounting.rollup import DayDelta
 from bridge.paths import project_root
 
 
@@ -39,3 +45,20 @@ def write_tokens(path: Path, tokens: dict[str, tuple[str, str]]) -> Path:
     path.write_text("".join(f"{n} {roles} {tok}\n" for n, (roles, tok) in tokens.items()))
     path.chmod(0o600)
     return path
+
+
+def insert_entries(engine: Engine, entries: list[Entry], source: str = "test") -> None:
+    """Ledger rows and their daily roll-up, as an ingest writes them."""
+    days = DayDelta()
+    with write_transaction(engine) as conn:
+        for e in entries:
+            row = {f: getattr(e, f) for f in Entry.__slots__ if f != "user"}  # type: ignore[attr-defined]
+            conn.execute(
+                insert(LEDGER),
+                row | {"user_name": e.user, "day": e.bucket.date(),
+                       "month": e.bucket.strftime("%Y-%m"), "source": source},
+            )  # fmt: skip
+            cell = (e.bucket.date(), e.cluster, e.pool, e.partition, e.workload, e.account,
+                    e.team, e.model, e.gpu_type, e.qos, e.lease)  # fmt: skip
+            days.add_cells([(cell, e.gpu_ms)])
+        days.apply(conn)

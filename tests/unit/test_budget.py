@@ -8,16 +8,15 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, insert
+from sqlalchemy import Engine
 
 from accounting.attribution import Entry
 from accounting.budget import BudgetError, BudgetSpec, budget_status, budgets, set_budget
 from accounting.db import open_ledger
-from accounting.ingest import LEDGER, write_transaction
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates
-from accounting.rollup import DayDelta
 from bridge.budget import REQUIRED, EnforcementError, check_enforcement, team_account
 from bridge.config import BridgeConfig
+from tests.unit.helpers import insert_entries
 
 NOW = datetime(2026, 11, 11, tzinfo=UTC)  # 10 of November's 30 days gone
 
@@ -35,25 +34,8 @@ def _ledger(tmp_path: Path) -> Engine:
         Entry(datetime(2026, 11, 5, 4, tzinfo=UTC), "c", "train", "", "down", "", "(down)",
               "root", "", "h100", "", "", 7 * 3_600_000),
     ]  # fmt: skip
-    _insert(engine, entries)
+    insert_entries(engine, entries)
     return engine
-
-
-def _insert(engine: Engine, entries: list[Entry]) -> None:
-    """Ledger rows and their daily roll-up, as an ingest writes them."""
-    days = DayDelta()
-    with write_transaction(engine) as conn:
-        for e in entries:
-            row = {f: getattr(e, f) for f in Entry.__slots__ if f != "user"}  # type: ignore[attr-defined]
-            conn.execute(
-                insert(LEDGER),
-                row | {"user_name": e.user, "day": e.bucket.date(),
-                       "month": e.bucket.strftime("%Y-%m"), "source": "test"},
-            )  # fmt: skip
-            cell = (e.bucket.date(), e.cluster, e.pool, e.partition, e.workload, e.account,
-                    e.team, e.model, e.gpu_type, e.qos, e.lease)  # fmt: skip
-            days.add_cells([(cell, e.gpu_ms)])
-        days.apply(conn)
 
 
 def test_burn_rate_forecast_and_states(tmp_path: Path) -> None:
@@ -135,7 +117,7 @@ def test_budget_metrics(tmp_path: Path) -> None:
     # the metrics are of the month now is in: 25 GPU-hours of team-a at its first hour
     now = datetime.now(UTC)
     first = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    _insert(engine, [Entry(first, "c", "train", "train", "training", "a", "team-a", "u", "",
+    insert_entries(engine, [Entry(first, "c", "train", "train", "training", "a", "team-a", "u", "",
                            "h100", "normal", "", 25 * 3_600_000)])  # fmt: skip
     set_budget(engine, BudgetSpec("team-a", Decimal(50), "gpu-hours"), "alice", now)
     registry = CollectorRegistry()

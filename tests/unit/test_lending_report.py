@@ -16,10 +16,9 @@ from sqlalchemy import Engine, insert
 from accounting.attribution import Entry
 from accounting.buckets import MS_PER_HOUR
 from accounting.db import open_ledger
-from accounting.ingest import LEDGER, write_transaction
+from accounting.ingest import write_transaction
 from accounting.rates import RateBook, RateSpec, money
 from accounting.report import Window
-from accounting.rollup import DayDelta
 from accounting.schema import NodeSpan
 from bridge.db import make_engine
 from bridge.leases.store import LeaseStore, create_schema
@@ -31,6 +30,7 @@ from bridge.lending_report import (
     phase_gpu_ms,
 )
 from bridge.lifecycle import LeaseState
+from tests.unit.helpers import insert_entries
 
 S = LeaseState
 DAY = Window(datetime(2026, 11, 2, tzinfo=UTC), datetime(2026, 11, 3, tzinfo=UTC), "2026-11-02")
@@ -204,20 +204,9 @@ def _ledger(tmp_path: Path) -> Engine:
         Entry(t(3, 5), "c", "elastic", "infer", "inference", "bridge", "team-y", "stb",
               "busy", "h100", "", "5.1762127140", 9_000_000),
     ]  # fmt: skip
-    days = DayDelta()
     with write_transaction(engine) as conn:
         conn.execute(insert(NodeSpan.__table__), spans)  # type: ignore[attr-defined]
-        for e in entries:  # ledger rows and their daily roll-up, as an ingest writes them
-            row = {f: getattr(e, f) for f in Entry.__slots__ if f != "user"}  # type: ignore[attr-defined]
-            conn.execute(
-                insert(LEDGER),
-                row | {"user_name": e.user, "day": e.bucket.date(),
-                       "month": e.bucket.strftime("%Y-%m"), "source": "test"},
-            )  # fmt: skip
-            cell = (e.bucket.date(), e.cluster, e.pool, e.partition, e.workload, e.account,
-                    e.team, e.model, e.gpu_type, e.qos, e.lease)  # fmt: skip
-            days.add_cells([(cell, e.gpu_ms)])
-        days.apply(conn)
+    insert_entries(engine, entries)
     return engine
 
 
