@@ -18,15 +18,36 @@ ingest reads the events and the node inventory from the ledger and writes what t
   order, then planned_down); idle is the rest. sreport clamps the whole cluster at once,
   the ledger each pool: they differ only where one pool's allocation and down time exceed
   its capacity while another pool has room (README, "Agreement with sreport").
+- slurmctld disconnected (`TrackSlurmctldDown=yes` in slurmdbd.conf; `SlurmEvent.
+  is_disconnect`): when slurmctld's connection to slurmdbd closes, slurmdbd inserts a
+  cluster event with node name "", no cluster nodes, state NODE_STATE_DOWN, reason
+  "slurmctld disconnect", user none (reason_uid NO_VAL) and the cluster's registered TRES
+  (as_mysql_cluster.c at slurm-22-05-8-1, `as_mysql_fini_ctld` l. 1588-1622; called from
+  slurmdbd's rpc_mgr.c l. 154 and slurmdbd.c l. 687). The registration stays open. slurmctld
+  registering again ends it (same TRES and nodes: l. 1754-1766; changed: every open event
+  ends, l. 1724-1731). The rollup (as_mysql_rollup.c) counts a cluster event with a state
+  as a disconnect (l. 937-952), its TRES x seconds in the hour (l. 960, 309-323); takes
+  from it each job's TRES x the seconds the job ran in it (l. 1510-1534) and, for each
+  node event (not MAINT) over it, the *cluster's* count x the seconds of overlap (l.
+  1051-1069), never below 0 (l. 170-173); and adds the rest to the cluster's Down (l.
+  1768-1781), clamped with the rest after allocation (l. 568-600). So the ledger books, per
+  disconnect and cell: the registered capacity over the disconnect, less the allocation
+  of the job runs in it (`RunAlloc`, pro rata over each run's time in the hour) and less
+  the cell's capacity over each node event's overlap, never below 0, as `down` (user as
+  recorded: none), then clamped with the other down lines after allocation. The rollup
+  takes from the cluster as a whole, the ledger per cell: they differ only where one
+  cell's deductions exceed its part of the disconnect while another's do not. Without
+  `allocations` the jobs in the gap are not taken from it (their GPUs would be booked
+  down where they ran: the caller passes them).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from accounting.attribution import Entry, capacity_ms
 from accounting.buckets import utc
@@ -48,6 +69,10 @@ from bridge.slurm.model import (
 UNKNOWN_POOL = "(unknown)"
 
 Cell = tuple[str, str, str, datetime]  # cluster, pool, gpu_type, hour
+#: a capacity span: cluster, pool, gpu_type, GPUs, start, end
+_Span = tuple[str, str, str, int, datetime, datetime]
+
+HOUR = timedelta(hours=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +84,18 @@ class NodeAttrs:
     pool: str
     gpu_type: str
     gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunAlloc:
+    """A job run's allocated GPU-ms in one cell (its ledger rows there, summed), with the
+    run's [start, end) (end None: still running). Taken from a slurmctld disconnect over it
+    pro rata to the run's time in the cell's hour (a run's GPUs do not change)."""
+
+    cell: Cell
+    gpu_ms: int
+    start: datetime
+    end: datetime | None
 
 
 def down_class(event: SlurmEvent) -> str | None:
@@ -115,17 +152,21 @@ def event_capacity(
     attrs: Mapping[str, Sequence[NodeAttrs]],
     start: datetime,
     end: datetime,
+    allocations: Iterable[RunAlloc] = (),
 ) -> tuple[dict[Cell, int], dict[tuple[Cell, str, str], int]]:
     """Capacity per cell, and raw (unclamped) down time per (cell, down line, who set it),
     in GPU-ms over [start, end), from the events. Capacity of a node with no inventory
     record goes to pool `UNKNOWN_POOL`, its GPUs the event's total less the known nodes'
-    (shared evenly among the unknown ones)."""
+    (shared evenly among the unknown ones). A slurmctld disconnect books `down` over the
+    registered capacity less the job runs in `allocations` and the node events over it
+    (module docstring)."""
     lo, hi = utc(start), utc(end)
     inv = _Inventory(attrs)
-    spans: list[tuple[str, str, str, int, datetime, datetime | None]] = []
+    spans: list[_Span] = []
     registered: list[tuple[datetime, datetime]] = []
     node_events = [ev for ev in events if not ev.is_cluster]
-    # slurmctld-disconnected cluster events (TrackSlurmctldDown) are no capacity of their own
+    # slurmctld-disconnected cluster events (TrackSlurmctldDown) are no capacity of their
+    # own: they book down within it (`_disconnect_down`)
     cluster_events = sorted((ev for ev in events if ev.is_registration), key=lambda e: utc(e.start))
     for i, ev in enumerate(cluster_events):
         # Slurm closes one registration before it opens the next; should two overlap, the
@@ -167,12 +208,70 @@ def event_capacity(
             for s, e, a in inv.pieces(ev.node, *clip):
                 pool, gpu_type = (a.pool, a.gpu_type) if a else (UNKNOWN_POOL, "gpu")
                 down_spans[(line, ev.user)].append((ev.cluster, pool, gpu_type, ev.gpus, s, e))
-    down: dict[tuple[Cell, str, str], int] = {}
+    down: dict[tuple[Cell, str, str], int] = defaultdict(int)
     for (line, user), pieces in down_spans.items():
         for cell, ms in capacity_ms(pieces, lo, hi).items():
             if ms:
-                down[(cell, line, user)] = ms
-    return capacity, down
+                down[(cell, line, user)] += ms
+    disconnects = [ev for ev in events if ev.is_disconnect]
+    if disconnects and spans:
+        runs = list(allocations)
+        counted = [ev for ev in node_events if not ev.state_raw & NODE_STATE_MAINT]
+        for ev in disconnects:
+            for cell, ms in _disconnect_down(ev, spans, counted, runs, lo, hi).items():
+                down[(cell, "down", ev.user)] += ms
+    return capacity, dict(down)
+
+
+def _within(spans: Sequence[_Span], lo: datetime, hi: datetime) -> list[_Span]:
+    """The spans' parts in [lo, hi)."""
+    out = []
+    for cluster, pool, gpu_type, gpus, s, e in spans:
+        clip = _clip(s, e, lo, hi)
+        if clip is not None:
+            out.append((cluster, pool, gpu_type, gpus, *clip))
+    return out
+
+
+def _disconnect_down(
+    ev: SlurmEvent,
+    spans: Sequence[_Span],
+    node_events: Sequence[SlurmEvent],
+    runs: Sequence[RunAlloc],
+    lo: datetime,
+    hi: datetime,
+) -> dict[Cell, int]:
+    """One slurmctld disconnect's down time per cell, as the rollup books it: the
+    registered capacity over it, less each node event's overlap with it (the capacity over
+    the overlap) and the job runs in it, never below 0 (module docstring)."""
+    gap = _clip(ev.start, ev.end, lo, hi)
+    if gap is None:
+        return {}
+    mine = [s for s in spans if s[0] == ev.cluster]
+    raw = capacity_ms(_within(mine, *gap), lo, hi)
+    cut: dict[Cell, int] = defaultdict(int)
+    for nev in node_events:
+        if nev.cluster != ev.cluster:
+            continue
+        over = _clip(nev.start, nev.end, *gap)
+        if over is not None:
+            for cell, ms in capacity_ms(_within(mine, *over), lo, hi).items():
+                cut[cell] += ms
+    for run in runs:
+        if run.cell not in raw or run.gpu_ms <= 0:
+            continue
+        hour = utc(run.cell[3])
+        in_hour = _clip(run.start, run.end, hour, min(hour + HOUR, hi))
+        if in_hour is None:
+            continue
+        over = _clip(in_hour[0], in_hour[1], *gap)
+        if over is not None:
+            cut[run.cell] += run.gpu_ms * _span_ms(*over) // _span_ms(*in_hour)
+    return {cell: ms - cut[cell] for cell, ms in raw.items() if ms > cut[cell]}
+
+
+def _span_ms(s: datetime, e: datetime) -> int:
+    return (e - s) // timedelta(milliseconds=1)
 
 
 def capacity_entries(

@@ -63,8 +63,8 @@ from accounting.attribution import (
     ServingPoint,
     capacity_ms,
 )
-from accounting.buckets import HOUR, hours, month_of, utc
-from accounting.capacity import capacity_entries, event_capacity
+from accounting.buckets import HOUR, floor_hour, hours, month_of, utc
+from accounting.capacity import RunAlloc, capacity_entries, event_capacity
 from accounting.errors import ClosedPeriodError, IngestError, LedgerError
 from accounting.prepare import (
     COPY_HEADER,
@@ -766,9 +766,14 @@ def _recompute_idle(
         down: dict[tuple[tuple[str, str, str, datetime], str, str], int] = {}
         if by_events:
             events = load_events(conn, by_events, lo, hi)
+            runs = _runs_in_disconnects(conn, events, lo, hi)
             for cluster in by_events:
                 ev_cap, ev_down = event_capacity(
-                    [e for e in events if e.cluster == cluster], node_attrs(conn, cluster), lo, end
+                    [e for e in events if e.cluster == cluster],
+                    node_attrs(conn, cluster),
+                    lo,
+                    end,
+                    [r for r in runs if r.cell[0] == cluster],
                 )
                 cap.update(ev_cap)
                 down.update(ev_down)
@@ -822,6 +827,45 @@ def _recompute_idle(
             conn.execute(insert(LEDGER), [_row(e, CAPACITY_SOURCE) for e in fresh.values()])
             summary.rows_written += len(fresh)
     return len(todo)
+
+
+def _runs_in_disconnects(
+    conn: Connection, events: Sequence[SlurmEvent], lo: datetime, hi: datetime
+) -> list[RunAlloc]:
+    """The job runs' GPU-ms per cell in the hours of [lo, hi) a slurmctld disconnect
+    covers, with each run's start and end (`capacity.RunAlloc`): what the disconnect's down
+    time leaves out, as slurmdbd's rollup does. None without a disconnect."""
+    buckets: set[datetime] = set()
+    for ev in events:
+        if ev.is_disconnect:
+            h = max(floor_hour(ev.start), lo)
+            stop = min(utc(ev.end), hi) if ev.end else hi
+            while h < stop:
+                buckets.add(h)
+                h += HOUR
+    if not buckets:
+        return []
+    rows = conn.execute(
+        select(
+            LEDGER.c.cluster, LEDGER.c.pool, LEDGER.c.gpu_type, LEDGER.c.bucket,
+            SOURCES.c.start, SOURCES.c.end, func.sum(LEDGER.c.gpu_ms),
+        )
+        .join(SOURCES, SOURCES.c.key == LEDGER.c.source)
+        .where(
+            LEDGER.c.bucket.in_(sorted(buckets)),
+            LEDGER.c.source != CAPACITY_SOURCE,
+            SOURCES.c.kind == SACCT,
+        )
+        .group_by(
+            LEDGER.c.cluster, LEDGER.c.pool, LEDGER.c.gpu_type, LEDGER.c.bucket,
+            LEDGER.c.source, SOURCES.c.start, SOURCES.c.end,
+        )
+    ).all()  # fmt: skip
+    return [
+        RunAlloc((c, p, t, utc(b)), int(ms), utc(s), utc(e) if e else None)
+        for c, p, t, b, s, e, ms in rows
+        if s is not None
+    ]
 
 
 def _capacity_cell(

@@ -140,6 +140,12 @@ class SlurmCLI:
             raise ValueError("events() needs timezone-aware datetimes")
         if until <= since:
             raise ValueError(f"event window is empty: {since} .. {until}")
+        # Every event over the window, cluster and node alike: no Events=, States= or User=
+        # (each of the last two keeps node events only), so the registrations and the
+        # "slurmctld disconnect" events (TrackSlurmctldDown) are listed too
+        # (src/sacctmgr/event_functions.c at slurm-22-05-8-1, l. 173-215, 259-281;
+        # as_mysql_cluster.c l. 1169-1171, 1225-1241: start before End, end after Start
+        # or open).
         out = self._run(
             "sacctmgr", "-P", "-n", "show", "event",
             f"Start=uts{int(since.timestamp())}", f"End=uts{int(until.timestamp())}",

@@ -14,6 +14,7 @@ from accounting.attribution import capacity_ms
 from accounting.capacity import (
     UNKNOWN_POOL,
     NodeAttrs,
+    RunAlloc,
     capacity_entries,
     down_class,
     event_capacity,
@@ -45,6 +46,12 @@ def _cluster(
     start: datetime, end: datetime | None, nodes: tuple[str, ...], gpus: int
 ) -> SlurmEvent:
     return SlurmEvent("c", "", nodes, start, end, 0, "", "", "Cluster Registered TRES", gpus)
+
+
+def _disconnect(start: datetime, end: datetime | None, gpus: int = 12) -> SlurmEvent:
+    """What slurmdbd 22.05 inserts when slurmctld's connection closes (TrackSlurmctldDown):
+    no node, no cluster nodes, state DOWN, the cluster's TRES, no user."""
+    return SlurmEvent("c", "", (), start, end, 0x0001, "", "", "slurmctld disconnect", gpus)
 
 
 ATTRS = {
@@ -151,6 +158,109 @@ def test_disconnect_events_add_no_capacity() -> None:
     assert cap == {}
 
 
+# a "slurmctld disconnect" event as `sacctmgr -P -n show event Format=<EVENT_FIELDS>` prints
+# it (event_functions.c at slurm-22-05-8-1: State empty for a cluster event, l. 483-490;
+# User empty for reason_uid NO_VAL, l. 507-515; cluster_nodes never set, as_mysql_cluster.c
+# l. 1618-1622)
+DISCONNECT_LINE = (
+    "Cluster|stblab|||1796090000|1796090180|1|||billing=32,cpu=32,energy=0,fs/disk=0,"
+    "gres/gpu:h100=16,gres/gpu=16,mem=32G,node=4,pages=0,vmem=0|slurmctld disconnect"
+)
+
+
+def test_a_disconnect_is_not_a_registration_nor_the_other_way() -> None:
+    (d,) = parse_sacctmgr_events(DISCONNECT_LINE)
+    assert d.is_cluster and d.is_disconnect and not d.is_registration
+    assert d.nodes == () and d.gpus == 16 and d.user == "" and d.state_raw == 1
+    assert d.end is not None and (d.end - d.start).total_seconds() == 180
+    (reg,) = [e for e in parse_sacctmgr_events((DATA / "sacctmgr-events-22.05.txt").read_text())
+              if e.is_cluster]  # fmt: skip
+    assert reg.is_registration and not reg.is_disconnect
+    # a node event is neither, whatever its state; a MAINT cluster event the rollup skips
+    assert not any(f(_ev("n1", T0, None, raw)) for raw in (0, 1)
+                   for f in (SlurmEvent.is_registration.fget, SlurmEvent.is_disconnect.fget))  # type: ignore[attr-defined]  # fmt: skip
+    maint = SlurmEvent("c", "", (), T0, None, 0x8001, "", "", "x", 4)
+    assert not maint.is_disconnect and not maint.is_registration
+
+
+def test_disconnect_between_registrations_books_down_on_the_registered_nodes() -> None:
+    """slurmctld stopped at +5 min and came back at +20 min with a node more: slurmdbd ends
+    the first registration and the disconnect then and opens a second registration. The
+    gap is down on the nodes registered then (n1, n2), none on n3; nothing of it idle."""
+    m = timedelta(minutes=1)
+    events = [
+        _cluster(T0 - H, T0 + 20 * m, ("n1", "n2"), 8),
+        _disconnect(T0 + 5 * m, T0 + 20 * m, 8),
+        _cluster(T0 + 20 * m, None, ("n1", "n2", "n3"), 12),
+    ]
+    cap, down = event_capacity(events, ATTRS, T0, T0 + H)
+    train, elastic = ("c", "train", "h100", T0), ("c", "elastic", "h100", T0)
+    assert cap == {train: 8 * MS_H, elastic: 4 * MS_H * 40 // 60}
+    assert down == {(train, "down", ""): 8 * 15 * 60_000}
+    entries, over = capacity_entries(cap, {}, down)
+    got = {(e.pool, e.workload): e.gpu_ms for e in entries}
+    # idle: the capacity outside the gap only
+    assert got == {("train", "down"): 2 * MS_H, ("train", "idle"): 6 * MS_H,
+                   ("elastic", "idle"): 4 * MS_H * 40 // 60}  # fmt: skip
+    assert not over
+
+
+def test_disconnect_leaves_out_the_jobs_running_in_it() -> None:
+    """A 4-GPU job on n1 runs across a 30-minute gap: the rollup takes its GPUs x seconds
+    from the disconnect (as_mysql_rollup.c l. 1510-1534), so Down is the free GPUs of the
+    gap, the job stays allocated, and idle is only what was idle outside the gap."""
+    m = timedelta(minutes=1)
+    events = [_cluster(T0 - H, None, ("n1", "n2", "n3"), 12), _disconnect(T0 + 10 * m, T0 + 40 * m)]
+    train, elastic = ("c", "train", "h100", T0), ("c", "elastic", "h100", T0)
+    job = RunAlloc(train, 4 * 50 * 60_000, T0 - 30 * m, T0 + 50 * m)  # 4 GPUs, 50 min here
+    cap, down = event_capacity(events, ATTRS, T0, T0 + H, [job])
+    assert down == {(train, "down", ""): 4 * 30 * 60_000, (elastic, "down", ""): 4 * 30 * 60_000}
+    entries, _ = capacity_entries(cap, {train: job.gpu_ms}, down)
+    got = {(e.pool, e.workload): e.gpu_ms for e in entries}
+    # outside the gap: train 8 GPUs x 30 min less the job's 4 x 20 min; elastic 4 x 30 min
+    assert got == {("train", "down"): 2 * MS_H, ("train", "idle"): (8 * 30 - 4 * 20) * 60_000,
+                   ("elastic", "down"): 2 * MS_H, ("elastic", "idle"): 2 * MS_H}  # fmt: skip
+    # without the runs the job's GPUs would be down as well as allocated
+    _, blind = event_capacity(events, ATTRS, T0, T0 + H)
+    assert blind[(train, "down", "")] == 8 * 30 * 60_000
+
+
+def test_disconnect_open_until_the_window_ends() -> None:
+    """slurmctld still away at the ingest: the gap runs to the window's end."""
+    cap, down = event_capacity(
+        [_cluster(T0 - H, None, ("n1", "n2", "n3"), 12), _disconnect(T0 + H / 2, None)],
+        ATTRS, T0, T0 + H,
+    )  # fmt: skip
+    entries, _ = capacity_entries(cap, {}, down)
+    got = {(e.pool, e.workload): e.gpu_ms for e in entries}
+    assert got == {("train", "down"): 4 * MS_H, ("train", "idle"): 4 * MS_H,
+                   ("elastic", "down"): 2 * MS_H, ("elastic", "idle"): 2 * MS_H}  # fmt: skip
+
+
+def test_node_event_in_a_disconnect_takes_the_cluster_count() -> None:
+    """The rollup takes the cluster's GPU count x the overlap from the disconnect for each
+    node event over it (as_mysql_rollup.c l. 1051-1069), so a node down in the second half
+    of a one-hour gap leaves the disconnect only the first half; the node's own down time
+    stays. Down = 12 x 30 min + 4 x 30 min, as sreport books it."""
+    m = timedelta(minutes=1)
+    events = [
+        _cluster(T0 - H, None, ("n1", "n2", "n3"), 12),
+        _disconnect(T0, T0 + H),
+        _ev("n1", T0 + 30 * m, None, 0x0801),
+        _ev("n3", T0 - H, None, 0x8201),  # MAINT: skipped by the rollup, takes nothing
+    ]
+    _, down = event_capacity(events, ATTRS, T0, T0 + H)
+    train, elastic = ("c", "train", "h100", T0), ("c", "elastic", "h100", T0)
+    assert down == {(train, "down", ""): 8 * 30 * 60_000,
+                    (train, "down", "root"): 4 * 30 * 60_000,
+                    (elastic, "down", ""): 4 * 30 * 60_000}  # fmt: skip
+    assert sum(down.values()) == (12 * 30 + 4 * 30) * 60_000
+    # a node down all through the gap leaves the disconnect nothing
+    events[2] = _ev("n1", T0 - H, None, 0x0801)
+    _, down = event_capacity(events, ATTRS, T0, T0 + H)
+    assert down == {(train, "down", "root"): 4 * MS_H}
+
+
 def test_pool_change_splits_the_node() -> None:
     attrs = {"n3": [NodeAttrs(T0, T0 + H / 2, "elastic", "h100", 4),
                     NodeAttrs(T0 + H / 2, None, "train", "h100", 4)]}  # fmt: skip
@@ -177,20 +287,37 @@ _minutes = st.integers(min_value=0, max_value=180)
         max_size=6,
     ),
     alloc_frac=st.lists(st.integers(min_value=0, max_value=120), min_size=9, max_size=9),
+    disconnects=st.lists(st.tuples(_minutes, _minutes), max_size=3),
 )
-def test_conservation(cluster, node_events, alloc_frac) -> None:  # type: ignore[no-untyped-def]
+def test_conservation(cluster, node_events, alloc_frac, disconnects) -> None:  # type: ignore[no-untyped-def]
     """Per cell: allocation + down lines + idle = capacity (allocation within capacity);
-    down never exceeds what the events say; the lines are sreport's."""
+    down never exceeds what the events say; the lines are sreport's; slurmctld disconnects
+    (the job runs over them taken out) book down within the capacity over them."""
     m = timedelta(minutes=1)
     events = [_cluster(T0 + min(a, b) * m, T0 + max(a, b) * m + m, ("n1", "n2", "n3"), 12)
               for a, b in cluster]  # fmt: skip
     events += [
         _ev(n, T0 + min(a, b) * m, T0 + max(a, b) * m + m, raw) for n, a, b, raw in node_events
     ]
+    gaps = [(T0 + min(a, b) * m, T0 + max(a, b) * m + m) for a, b in disconnects]
+    events += [_disconnect(s, e) for s, e in gaps]
     end = T0 + 3 * H
-    cap, down = event_capacity(events, ATTRS, T0, end)
+    cap, _ = event_capacity(events, ATTRS, T0, end)
     cells = sorted(cap)
     alloc = {c: cap[c] * alloc_frac[i % 9] // 100 for i, c in enumerate(cells)}
+    # each cell's allocation one run over its hour
+    runs = [RunAlloc(c, ms, c[3], c[3] + H) for c, ms in alloc.items()]
+    _, down = event_capacity(events, ATTRS, T0, end, runs)
+    # a disconnect's down in a cell is at most the capacity over it
+    over_gaps = capacity_ms(
+        [("c", a.pool, a.gpu_type, a.gpus, s, e) for s, e in gaps
+         for attrs in ATTRS.values() for a in attrs],
+        T0, end,
+    )  # fmt: skip
+    for (c, line, user), ms in down.items():
+        assert c in cap
+        if user == "":
+            assert line == "down" and ms <= over_gaps.get(c, 0)
     entries, over = capacity_entries(cap, alloc, down)
     for c in cells:
         lines = [e for e in entries if (e.cluster, e.pool, e.gpu_type, e.bucket) == c]
