@@ -33,12 +33,12 @@ ingest reads the events and the node inventory from the ledger and writes what t
   1768-1781), clamped with the rest after allocation (l. 568-600). So the ledger books, per
   disconnect and cell: the registered capacity over the disconnect, less the allocation
   of the job runs in it (`RunAlloc`, pro rata over each run's time in the hour) and less
-  the cell's capacity over each node event's overlap, never below 0, as `down` (user as
-  recorded: none), then clamped with the other down lines after allocation. The rollup
-  takes from the cluster as a whole, the ledger per cell: they differ only where one
-  cell's deductions exceed its part of the disconnect while another's do not. Without
-  `allocations` the jobs in the gap are not taken from it (their GPUs would be booked
-  down where they ran: the caller passes them).
+  the cell's capacity over each node event's overlap, never below 0, as `down` with user
+  `DISCONNECT_USER` (slurmdbd records none), then clamped with the other down lines after
+  allocation. The rollup takes from the cluster as a whole, the ledger per cell: they
+  differ only where one cell's deductions exceed its part of the disconnect while
+  another's do not. Without `allocations` the jobs in the gap are not taken from it (their
+  GPUs would be booked down where they ran: the caller passes them).
 """
 
 from __future__ import annotations
@@ -67,6 +67,9 @@ from bridge.slurm.model import (
 
 #: the pool of capacity on a node the inventory never recorded
 UNKNOWN_POOL = "(unknown)"
+#: the `user` of a slurmctld disconnect's down line (slurmdbd records no one): tells it
+#: from a node's own down time in the ledger
+DISCONNECT_USER = "(slurmctld)"
 
 Cell = tuple[str, str, str, datetime]  # cluster, pool, gpu_type, hour
 #: a capacity span: cluster, pool, gpu_type, GPUs, start, end
@@ -219,7 +222,7 @@ def event_capacity(
         counted = [ev for ev in node_events if not ev.state_raw & NODE_STATE_MAINT]
         for ev in disconnects:
             for cell, ms in _disconnect_down(ev, spans, counted, runs, lo, hi).items():
-                down[(cell, "down", ev.user)] += ms
+                down[(cell, "down", ev.user or DISCONNECT_USER)] += ms
     return capacity, dict(down)
 
 

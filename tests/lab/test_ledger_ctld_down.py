@@ -37,6 +37,7 @@ import pytest
 from sqlalchemy import select
 
 from accounting.buckets import HOUR, floor_hour
+from accounting.capacity import DISCONNECT_USER
 from accounting.db import open_ledger
 from accounting.ingest import LEDGER
 from accounting.schema import CAPACITY_SOURCE
@@ -178,28 +179,34 @@ def test_slurmctld_down_is_booked_as_sreport_books_it(lab: LabSpec, tmp_path: Pa
     # every run in the gap (other tests' jobs too), from sacct
     runs = [r for r in cli.accounting(since, now) if r.start and r.gpus]
     node_events = [e for e in events if not e.is_cluster and not e.state_raw & 0x8000]
+    # every disconnect of the hours (an earlier test may have stopped slurmctld too)
+    gaps = [(e.start, e.end or now) for e in events if e.is_disconnect and e.cluster == lab.cluster]
     hours = sorted({floor_hour(gap[0]), floor_hour(gap[1] - timedelta(microseconds=1))})
     for h in hours:
         h_end = min(h + HOUR, now)
-        g = _overlap_ms(*gap, h, h_end)
-        jobs = sum(r.gpus * _overlap_ms(r.start, r.end or now, max(gap[0], h), min(gap[1], h_end))
-                   for r in runs if r.start)  # fmt: skip
-        nodes_in = sum(_overlap_ms(e.start, e.end or now, max(gap[0], h), min(gap[1], h_end))
-                       for e in node_events)  # fmt: skip
-        want = max(0, cluster_gpus * g - jobs - cluster_gpus * nodes_in)
-        got = sum(ms for b, w, u, _s, ms in rows if b == h and w == "down" and u == "")
-        print(f"{h:%H:%M}: gap {g} ms, jobs {jobs} GPU-ms, node events {nodes_in} ms in it: "
-              f"down {got} GPU-ms, sreport's rule {want}")  # fmt: skip
+        want = g_all = jobs_all = nodes_all = 0
+        for g0, g1 in gaps:
+            g = _overlap_ms(g0, g1, h, h_end)
+            if not g:
+                continue
+            lo, hi = max(g0, h), min(g1, h_end)
+            jobs = sum(r.gpus * _overlap_ms(r.start, r.end or now, lo, hi) for r in runs if r.start)
+            nodes_in = sum(_overlap_ms(e.start, e.end or now, lo, hi) for e in node_events)
+            want += max(0, cluster_gpus * g - jobs - cluster_gpus * nodes_in)
+            g_all, jobs_all, nodes_all = g_all + g, jobs_all + jobs, nodes_all + nodes_in
+        got = sum(ms for b, w, u, _s, ms in rows if b == h and w == "down" and u == DISCONNECT_USER)
+        print(f"{h:%H:%M}: gaps {g_all} ms, jobs {jobs_all} GPU-ms, node events {nodes_all} ms "
+              f"in them: down {got} GPU-ms, sreport's rule {want}")  # fmt: skip
         assert abs(got - want) <= MS * (len(runs) + cluster_gpus), (h, got, want)
-        # no idle in the gap: idle fits in the registered time outside it, less the
-        # allocation outside it (and the room node events in it leave, as in sreport)
+        # no idle in the gaps: idle fits in the registered time outside them, less the
+        # allocation outside them (and the room node events in them leave, as in sreport)
         reg_ms = sum(
             sum(node_gpus.get(n, 0) for n in e.nodes) * _overlap_ms(e.start, e.end or now, h, h_end)
             for e in registered
         )
         alloc = sum(ms for b, _w, _u, src, ms in rows if b == h and src != CAPACITY_SOURCE)
         idle = sum(ms for b, w, _u, _s, ms in rows if b == h and w == "idle")
-        room = reg_ms - cluster_gpus * g - (alloc - jobs) + cluster_gpus * nodes_in
+        room = reg_ms - cluster_gpus * g_all - (alloc - jobs_all) + cluster_gpus * nodes_all
         assert idle <= room + MS * (len(runs) + cluster_gpus), (h, idle, room)
 
     # per hour: allocated + down lines + idle = registered GPUs x registered seconds

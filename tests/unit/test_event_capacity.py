@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from accounting.attribution import capacity_ms
 from accounting.capacity import (
+    DISCONNECT_USER,
     UNKNOWN_POOL,
     NodeAttrs,
     RunAlloc,
@@ -196,7 +197,7 @@ def test_disconnect_between_registrations_books_down_on_the_registered_nodes() -
     cap, down = event_capacity(events, ATTRS, T0, T0 + H)
     train, elastic = ("c", "train", "h100", T0), ("c", "elastic", "h100", T0)
     assert cap == {train: 8 * MS_H, elastic: 4 * MS_H * 40 // 60}
-    assert down == {(train, "down", ""): 8 * 15 * 60_000}
+    assert down == {(train, "down", DISCONNECT_USER): 8 * 15 * 60_000}
     entries, over = capacity_entries(cap, {}, down)
     got = {(e.pool, e.workload): e.gpu_ms for e in entries}
     # idle: the capacity outside the gap only
@@ -214,7 +215,10 @@ def test_disconnect_leaves_out_the_jobs_running_in_it() -> None:
     train, elastic = ("c", "train", "h100", T0), ("c", "elastic", "h100", T0)
     job = RunAlloc(train, 4 * 50 * 60_000, T0 - 30 * m, T0 + 50 * m)  # 4 GPUs, 50 min here
     cap, down = event_capacity(events, ATTRS, T0, T0 + H, [job])
-    assert down == {(train, "down", ""): 4 * 30 * 60_000, (elastic, "down", ""): 4 * 30 * 60_000}
+    assert down == {
+        (train, "down", DISCONNECT_USER): 4 * 30 * 60_000,
+        (elastic, "down", DISCONNECT_USER): 4 * 30 * 60_000,
+    }
     entries, _ = capacity_entries(cap, {train: job.gpu_ms}, down)
     got = {(e.pool, e.workload): e.gpu_ms for e in entries}
     # outside the gap: train 8 GPUs x 30 min less the job's 4 x 20 min; elastic 4 x 30 min
@@ -222,7 +226,7 @@ def test_disconnect_leaves_out_the_jobs_running_in_it() -> None:
                    ("elastic", "down"): 2 * MS_H, ("elastic", "idle"): 2 * MS_H}  # fmt: skip
     # without the runs the job's GPUs would be down as well as allocated
     _, blind = event_capacity(events, ATTRS, T0, T0 + H)
-    assert blind[(train, "down", "")] == 8 * 30 * 60_000
+    assert blind[(train, "down", DISCONNECT_USER)] == 8 * 30 * 60_000
 
 
 def test_disconnect_open_until_the_window_ends() -> None:
@@ -251,9 +255,9 @@ def test_node_event_in_a_disconnect_takes_the_cluster_count() -> None:
     ]
     _, down = event_capacity(events, ATTRS, T0, T0 + H)
     train, elastic = ("c", "train", "h100", T0), ("c", "elastic", "h100", T0)
-    assert down == {(train, "down", ""): 8 * 30 * 60_000,
+    assert down == {(train, "down", DISCONNECT_USER): 8 * 30 * 60_000,
                     (train, "down", "root"): 4 * 30 * 60_000,
-                    (elastic, "down", ""): 4 * 30 * 60_000}  # fmt: skip
+                    (elastic, "down", DISCONNECT_USER): 4 * 30 * 60_000}  # fmt: skip
     assert sum(down.values()) == (12 * 30 + 4 * 30) * 60_000
     # a node down all through the gap leaves the disconnect nothing
     events[2] = _ev("n1", T0 - H, None, 0x0801)
