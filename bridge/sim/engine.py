@@ -23,8 +23,10 @@ act). The rest is incremental: replica groups' layout, lease views and the free-
 index are kept up to date rather than rebuilt each tick; results are those of the plain
 loop (`tests/unit/test_sim_golden.py` compares them with a recording made before). The
 hot paths (a job's arrival, start and end; the latency model's tick) are written out
-rather than layered: the shortcuts are each compared with the plain code in
-`tests/unit/test_sim_speed.py`.
+rather than layered (a job that comes alone at its instant, with no job waiting, is
+started without entering the queue: `Fleet.start_alone`; the latency model's tick is
+kept as plain numbers; samples and views are made by `bridge.sim.views`): the shortcuts
+are each compared with the plain code in `tests/unit/test_sim_speed.py`.
 Slurm schedules when events arrive (a pass per instant with events), the bridge acts on
 ticks only, so routing changes, and with them the latency model's replica groups, happen
 on ticks.
@@ -34,12 +36,13 @@ from __future__ import annotations
 
 import gc
 import heapq
+import itertools
 import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import cast
 
 import numpy as np
 
@@ -47,7 +50,6 @@ from bridge.config import BridgeConfig
 from bridge.lifecycle import LeaseState, check
 from bridge.policy import (
     Action,
-    JobView,
     LeaseView,
     Lend,
     ModelSample,
@@ -65,6 +67,9 @@ from bridge.sim import latency
 from bridge.sim.fleet import Fleet, JobRun, SimNode
 from bridge.sim.quiet import LeaseFacts, QuietProof
 from bridge.sim.result import Decision, ModelOutcome, PolicyResult, QueueOutcome
+from bridge.sim.views import job_view as _job_view
+from bridge.sim.views import model_sample as _model_sample
+from bridge.sim.views import node_view as _node_view
 from bridge.sim.workload import ArrivalSeries, SimJob
 
 #: Triton's latency summaries (prometheus-cpp): observations of the last 60 s, kept in 5
@@ -185,12 +190,17 @@ class Group:
     models: tuple[str, ...]
     nodes: int = 0
     backlog_s: float = 0.0
-    #: (tick end, its requests, its quantile `wait_quantile()`) of the ticks that may still
-    #: be in Triton's summary window
-    window: deque[tuple[float, float, float]] = field(default_factory=deque)
+    #: the ticks in Triton's summary window, oldest first: their (quantile
+    #: `wait_quantile()`, requests), their requests alone and their end times. A tick
+    #: leaves all three once the window has rotated past it (`_window_start`; it never
+    #: comes back)
+    window: deque[tuple[float, float]] = field(default_factory=deque)
+    window_n: deque[float] = field(default_factory=deque)
+    window_at: deque[float] = field(default_factory=deque)
     extra_p99_s: float | None = None
-    #: the last tick's state, its `mean_extra()` and `share_within(budget)` by budget
-    state: latency.TickState | None = None
+    #: the last tick's state (`latency.TickState`'s delay_lo_s, delay_hi_s, wait_p and
+    #: wait_rate), its `mean_extra()` and `share_within(budget)` by budget
+    state: tuple[float, float, float, float] | None = None
     mean_extra: float = 0.0
     within: dict[float, float] = field(default_factory=dict)
     #: when its first replica came up (the summaries' rotation runs from there)
@@ -229,8 +239,11 @@ class Engine:
         self.next_arrival = 0
         #: their submit times, and inf after the last
         self.arrival_times = [r.job.submit_s for r in self.arrival_order] + [math.inf]
-        self.events: list[tuple[float, int, str, object]] = []
-        self.seq = 0
+        #: the event heap: (when, seq, kind, payload), or (when, seq, run, run number) for
+        #: a job's end (`_pass`)
+        self.events: list[tuple[float, int, object, object]] = []
+        #: the events' order among those of one instant
+        self.seq = itertools.count(1)
         self.now = 0.0
         self.leases: dict[int, SimLease] = {}
         #: drain-mode leases, by id, that may still need their Triton job's start
@@ -327,61 +340,69 @@ class Engine:
     # ---- events ----------------------------------------------------------------------
 
     def _at(self, when: float, kind: str, payload: object) -> None:
-        self.seq += 1
-        heapq.heappush(self.events, (when, self.seq, kind, payload))
+        heapq.heappush(self.events, (when, next(self.seq), kind, payload))
 
     def _advance(self, until: float) -> None:
         """Process arrivals and events up to `until` (inclusive). Slurm schedules on
         events: a pass runs once the events of one instant are all in. (The hot loop of a
-        run: a job's end is handled here rather than in `_event`, as it does.)"""
+        run: a job's end is handled here rather than in `_event`; the pass's flag
+        `dirty_sched` is kept in a local meanwhile, and the pass is `_schedule` written
+        out.)"""
         events, arrivals, order = self.events, self.arrival_times, self.arrival_order
-        fleet, stale, heappop = self.fleet, self.stale, heapq.heappop
-        submit, end, inf = fleet.submit, fleet.end, math.inf
+        fleet, stale, heappop, heappush = self.fleet, self.stale, heapq.heappop, heapq.heappush
+        submit, start_alone, end = fleet.submit, fleet.start_alone, fleet.end
+        inf, run_type, seq = math.inf, JobRun, self.seq
         nxt = self.next_arrival
+        t_arr = arrivals[nxt]
+        dirty = self.dirty_sched
         now = self.now  # (kept equal to self.now, which the calls below read)
         while True:
             t_event = events[0][0] if events else inf
-            t_arr = arrivals[nxt]
             t = t_arr if t_arr < t_event else t_event
-            if t > now and self.dirty_sched:
-                if fleet.waiting:
-                    self._schedule()
-                else:  # (`_schedule`: the pass would start nothing)
-                    self.dirty_sched = False
+            fresh = t > now  # (a new instant)
+            if fresh and dirty:
+                dirty = False
+                if fleet.waiting:  # (else the pass would start nothing)
+                    self._pass(now)
             if t > until:
                 break
-            if t > now:
+            if fresh:
                 now = self.now = t
             if t_arr <= t_event:
-                submit(order[nxt])
+                run = order[nxt]
                 nxt += 1
-                self.next_arrival = nxt
-                self.dirty_sched = True
+                t_next = arrivals[nxt]
+                if fresh and t_next > t < t_event and start_alone(run, now):
+                    # alone at its instant, no job waiting: the instant's pass is its
+                    # start (`_pass`, made here: no submit, no pass)
+                    stale.update(run.nodes)
+                    done = now + (run.job.duration_s - run.done_s)
+                    heappush(events, (done, next(seq), run, run.run))
+                else:
+                    submit(run)
+                    dirty = True
+                t_arr = t_next
                 continue
-            _, _, kind, payload = heappop(events)
-            if kind == "end":
-                run, number = cast(tuple[JobRun, int], payload)
-                if run.run == number and run.started_at is not None:
+            _, _, what, detail = heappop(events)
+            if what.__class__ is run_type:  # a job's end: (when, seq, its run, run number)
+                run = what
+                if run.run == detail and run.started_at is not None:
                     stale.update(run.nodes)  # the nodes' indexes (`_touch`)
                     end(run, now)
-                    self.dirty_sched = True
+                    dirty = True
                     if self.drain_pending:
                         self._drain_ready()
             else:
-                self._event(kind, payload)
+                self.dirty_sched = dirty
+                self._event(cast(str, what), detail)
+                dirty = self.dirty_sched
+        self.next_arrival = nxt
+        self.dirty_sched = dirty
         self._schedule()
         self.now = until
 
     def _event(self, kind: str, payload: object) -> None:
-        if kind == "end":
-            run, number = cast(tuple[JobRun, int], payload)
-            if run.run == number and run.started_at is not None:
-                self.stale.update(run.nodes)  # the nodes' indexes (`_touch`)
-                self.fleet.finish(run, self.now)
-                self.dirty_sched = True
-                if self.drain_pending:
-                    self._drain_ready()
-        elif kind == "eligible":
+        if kind == "eligible":
             self.dirty_sched = True
         elif kind == "triton_run":
             lease = payload
@@ -426,16 +447,17 @@ class Engine:
         if not self.dirty_sched:
             return
         self.dirty_sched = False
-        if not self.fleet.waiting:
-            return  # (the pass would start nothing)
-        now, stale, events = self.now, self.stale, self.events
+        if self.fleet.waiting:  # (else the pass would start nothing)
+            self._pass(self.now)
+
+    def _pass(self, now: float) -> None:
+        """A scheduling pass at `now`; each job it starts gets its end event, kept in the
+        heap as (when, seq, run, run number) (the other events: (when, seq, kind,
+        payload))."""
+        stale, events, seq, push = self.stale, self.events, self.seq, heapq.heappush
         for run in self.fleet.schedule(now):
             stale.update(run.nodes)  # the nodes' indexes (`_touch`)
-            # `_at(now + run.remaining_s, "end", (run, run.run))`
-            self.seq += 1
-            heapq.heappush(
-                events, (now + (run.job.duration_s - run.done_s), self.seq, "end", (run, run.run))
-            )
+            push(events, (now + (run.job.duration_s - run.done_s), next(seq), run, run.run))
 
     def _touch(self, nodes: Sequence[SimNode]) -> None:
         for node in nodes:
@@ -446,8 +468,14 @@ class Engine:
     def _join(self, models: tuple[str, ...], n: int) -> None:
         group = self.groups.get(models)
         if group is None:
-            window: deque[tuple[float, float, float]] = deque(maxlen=self.window_ticks + 1)
-            group = self.groups[models] = Group(models, window=window, born=self.now)
+            size = self.window_ticks + 1
+            group = self.groups[models] = Group(
+                models,
+                window=deque(maxlen=size),
+                window_n=deque(maxlen=size),
+                window_at=deque(maxlen=size),
+                born=self.now,
+            )
         if n > 0 and group.nodes > 0:  # a fresh replica starts with an empty queue
             group.backlog_s *= group.nodes / (group.nodes + n)
         group.nodes += n
@@ -489,6 +517,7 @@ class Engine:
         rates = [series[k] for series in self._rate_series]
         cv2 = self.s.service_cv2
         servers = self.replica_gpus
+        advance, wait_quantile = latency.advance, latency.wait_quantile
         for group, members in per_group:
             node_rate = 0.0
             node_load = 0.0
@@ -496,21 +525,27 @@ class Engine:
                 share = rates[i] / r
                 node_rate += share
                 node_load += share * service
-            stepped = latency.step(servers, node_load, node_rate, group.backlog_s, dt, cv2)
-            group.backlog_s = stepped.backlog_s
+            # `latency.step`, as plain numbers
+            lo = group.backlog_s
+            hi, p, tail, queued = advance(servers, node_load, node_rate, lo, dt, cv2)
+            group.backlog_s = hi
             busy = min(node_load, servers) / servers
             self.inference_used_s += busy * self.node_gpus * group.nodes * dt
-            state = stepped.state
-            window = group.window
-            window.append((now, state.requests, state.wait_quantile()))
-            group.state = state
-            group.mean_extra = state.mean_extra()
+            window, window_n, window_at = group.window, group.window_n, group.window_at
+            requests = node_rate * dt
+            window.append((wait_quantile(lo, hi, p, tail), requests))
+            window_n.append(requests)
+            window_at.append(now)
+            group.state = (lo, hi, p, tail)
+            group.mean_extra = (lo + hi) / 2.0 + (p / tail if tail > 0 else 0.0)  # `mean_extra`
             group.within.clear()
-            group.pending = stepped.pending
+            group.pending = queued
             start = _window_start(group.born, now)
-            group.extra_p99_s = latency.window_quantile_of(
-                [(n, q) for t, n, q in window if t > start]
-            )
+            while window_at[0] <= start:  # (the newest tick is always in)
+                window_at.popleft()
+                window_n.popleft()
+                window.popleft()
+            group.extra_p99_s = _window_quantile(window, window_n)
         requests_total = 0.0
         worst = 0.0
         proof = self.proof
@@ -535,22 +570,34 @@ class Engine:
                 history.append(sample)
                 samples.append(sample)
                 continue
-            pending = 0.0
-            within = 0.0
-            mean_s = 0.0
-            for share, group in parts:
-                # the group's tick, once for all its models (of the same budget)
+            if len(parts) == 1:  # (most models: one group holds them all) the loop below
+                share, group = parts[0]
                 part = group.within.get(budget)
                 if part is None:
                     assert group.state is not None
-                    part = group.within[budget] = group.state.share_within(budget)
-                within += share * part
-                mean_s += share * (s_m + group.mean_extra)
-                pending += group.pending
+                    part = group.within[budget] = latency.share_within(*group.state, budget)
+                within = 0.0 + share * part  # (`0.0 +`: the loop's sums, exactly)
+                mean_s = 0.0 + share * (s_m + group.mean_extra)
+                pending = 0.0 + group.pending
                 if group.extra_p99_s is not None:
-                    q = (s_m + group.extra_p99_s) * 1000.0
-                    if p99 is None or q > p99:  # (`max`, without the call)
-                        p99 = q
+                    p99 = (s_m + group.extra_p99_s) * 1000.0
+            else:
+                pending = 0.0
+                within = 0.0
+                mean_s = 0.0
+                for share, group in parts:
+                    # the group's tick, once for all its models (of the same budget)
+                    part = group.within.get(budget)
+                    if part is None:
+                        assert group.state is not None
+                        part = group.within[budget] = latency.share_within(*group.state, budget)
+                    within += share * part
+                    mean_s += share * (s_m + group.mean_extra)
+                    pending += group.pending
+                    if group.extra_p99_s is not None:
+                        q = (s_m + group.extra_p99_s) * 1000.0
+                        if p99 is None or q > p99:  # (`max`, without the call)
+                            p99 = q
             if lam > 0:
                 mean = mean_s * 1000.0
             if p99 is not None and sum(rate_window) <= 0:
@@ -733,22 +780,26 @@ class Engine:
     def _node_view(self, node: SimNode, leased: set[str] | None = None) -> NodeView:
         """`leased`: the names of the nodes with an open lease (None: looked up)."""
         every = self.s.checkpoint_s
-        now, runs = self.now, self.fleet.runs
+        now, running = self.now, node.jobs
         jobs = []
-        for job_id in sorted(node.jobs):  # `fleet.running_on(node)`
-            r = runs[job_id]
+        for job_id in sorted(running):  # `fleet.running_on(node)`
+            r = running[job_id]
             job = r.job
             at = r.checkpoint_at(now, every) if every and job.kind == "elastic" else None
-            jobs.append(
-                _job_view(
-                    job_id,
-                    job.gpus_per_node * job.nodes,
-                    r.started_at,
-                    r.restarts,
-                    r.submitted_at,
-                    at,
-                )
+            if at is None and r.view_run == r.run:  # the view made for this run (a job
+                jobs.append(r.view)  # on many nodes, or seen before)
+                continue
+            view = _job_view(
+                job_id,
+                job.gpus_per_node * job.nodes,
+                r.started_at,
+                r.restarts,
+                r.submitted_at,
+                at,
             )
+            if at is None:
+                r.view, r.view_run = view, r.run
+            jobs.append(view)
         if leased is None:
             held = any(lease.node is node for lease in self.leases.values())
         else:
@@ -893,76 +944,19 @@ class Engine:
 _KINDS = ("training", "elastic")
 
 
-def _job_view(
-    job_id: str,
-    gpus: int,
-    started_at: float | None,
-    restarts: int,
-    submitted_at: float | None,
-    checkpoint_at: float | None,
-) -> JobView:
-    """`JobView(job_id, gpus, ...)`, made as `_model_sample` is (a snapshot makes one
-    for each job on the nodes whose jobs changed: thousands)."""
-    return _frozen(
-        JobView,
-        job_id=job_id,
-        gpus=gpus,
-        started_at=started_at,
-        restarts=restarts,
-        submitted_at=submitted_at,
-        checkpoint_at=checkpoint_at,
-    )
-
-
-def _node_view(
-    name: str, pool: str, gpus: int, jobs: tuple[JobView, ...], has_triton: bool
-) -> NodeView:
-    """`NodeView(name, pool, True, gpus, jobs, has_triton)`, made as `_model_sample` is
-    (a decide call's snapshot makes one for each node whose jobs changed)."""
-    return _frozen(
-        NodeView,
-        name=name,
-        pool=pool,
-        usable=True,
-        gpus=gpus,
-        jobs=jobs,
-        has_triton=has_triton,
-        reserved=False,
-    )
-
-
-def _model_sample(
-    at: float,
-    p99_ms: float | None,
-    request_rate: float | None,
-    pending: float | None,
-    mean_ms: float | None,
-    compute_ms: float | None,
-) -> ModelSample:
-    """`ModelSample(at, p99_ms, ...)`, made without the frozen dataclass's `__init__` (its
-    six `object.__setattr__` calls are a tenth of a tick's latency model): the same
-    fields, in the same order, compared and hashed alike."""
-    return _frozen(
-        ModelSample,
-        at=at,
-        p99_ms=p99_ms,
-        request_rate=request_rate,
-        pending=pending,
-        mean_ms=mean_ms,
-        compute_ms=compute_ms,
-    )
-
-
-_T = TypeVar("_T")
-
-
-def _frozen(cls: type[_T], **fields: Any) -> _T:
-    """An instance of a frozen dataclass made without its `__init__` (one
-    `object.__setattr__` per field): `fields` must be all of them, in order, so it compares
-    and hashes as one made by `cls(...)` (tests/unit/test_sim_speed.py checks each)."""
-    obj: _T = object.__new__(cls)
-    vars(obj).update(fields)
-    return obj
+def _window_quantile(
+    window: Sequence[tuple[float, float]], requests: Sequence[float]
+) -> float | None:
+    """`latency.window_quantile_of` of a group's window ((quantile, requests) of each
+    tick, and the requests alone): most often the slowest tick alone holds the share of
+    requests over the quantile, and this finds it without a Python loop."""
+    total = sum(requests)  # (`window_quantile_of`'s sum: the same terms, in order)
+    if total <= 0:
+        return None
+    top = max(window)  # the slowest tick, the most requests among equals
+    if top[1] > 0 and top[1] >= (1.0 - latency.Q) * total:
+        return top[0]
+    return latency.window_quantile_of([(n, extra) for extra, n in window])
 
 
 def _window_start(born: float, now: float) -> float:

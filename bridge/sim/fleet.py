@@ -23,6 +23,7 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from bridge.sim.result import USES
 from bridge.sim.workload import SimJob
@@ -38,8 +39,8 @@ class SimNode:
     partition: str | None
     gpus: int
     free: int = 0
-    #: running job ids
-    jobs: set[str] = field(default_factory=set)
+    #: running jobs: job id -> its run
+    jobs: dict[str, JobRun] = field(default_factory=dict)
     #: a Triton job runs here (baseline or lease) or is about to
     triton: bool = False
     #: the bridge's drain fence (reservation)
@@ -70,6 +71,10 @@ class JobRun:
     wait_s: float | None = None
     #: run time saved by checkpoints of earlier runs (a requeued run resumes from there)
     done_s: float = 0.0
+    #: the engine's view of this run in the policy's snapshot (`bridge.policy.JobView`,
+    #: without a checkpoint) and the `run` it was made for: kept while the run goes on
+    view: Any = None
+    view_run: int = -1
 
     @property
     def remaining_s(self) -> float:
@@ -136,6 +141,11 @@ class Fleet:
         self.checkpoint_s = checkpoint_s
         self.max_job_test = max_job_test
         self.usage = Usage(sorted({n.pool for n in nodes}))
+        #: pool -> its (gpus, since, seconds) of `usage`, for the hot paths' `_move`
+        self._rows = {
+            p: (self.usage.gpus[p], self.usage._since[p], self.usage.seconds[p])
+            for p in self.usage.gpus
+        }
         self.partitions = sorted({n.partition for n in nodes if n.partition})
         #: partition -> free GPUs -> schedulable nodes with that many free
         self._free: dict[str, list[set[int]]] = {}
@@ -206,6 +216,24 @@ class Fleet:
         self._pending_of[run.job.kind] += 1
         self.waiting += 1
 
+    def start_alone(self, run: JobRun, now: float) -> bool:
+        """`submit(run)` and then `schedule(now)`, for a single-node job submitted when no
+        job waits (the engine's common case: most jobs start as they come): True when the
+        pass would start it, and it is started; False changes nothing (then submit it)."""
+        job = run.job
+        partition = run.partition
+        if job.nodes != 1 or run.eligible_at > now or self.max_job_test <= 0 or self.waiting:
+            return False
+        if not self._avail[partition]:
+            return False  # (the pass skips the partition)
+        buckets = self._free[partition]
+        for g in range(job.gpus_per_node, len(buckets)):
+            if buckets[g]:
+                self._settled.pop(partition, None)  # (`submit`)
+                self._start_on(run, next(iter(buckets[g])), now)
+                return True
+        return False
+
     def schedule(self, now: float) -> list[JobRun]:
         """One scheduling pass over every partition: the runs it started."""
         started: list[JobRun] = []
@@ -217,6 +245,33 @@ class Fleet:
                 continue  # the same pass as the last, which started nothing
             buckets = self._free[partition]
             top = len(buckets)
+            if len(queue) == 1 and self.max_job_test > 0:
+                # the loop below on a queue of one job (most passes: jobs seldom wait)
+                run = queue[0][2]
+                if run.eligible_at > now:
+                    settled[partition] = run.eligible_at
+                    continue
+                job = run.job
+                if job.nodes == 1:
+                    for g in range(job.gpus_per_node, top):
+                        if buckets[g]:
+                            self._start_on(run, next(iter(buckets[g])), now)
+                            break
+                    else:
+                        settled[partition] = math.inf
+                        continue
+                else:
+                    chosen = self._fit(partition, job)
+                    if chosen is None:
+                        settled[partition] = math.inf
+                        continue
+                    self._start(run, chosen, now)
+                self._pending_of[job.kind] -= 1
+                self.waiting -= 1
+                started.append(run)
+                queue.clear()
+                settled.pop(partition, None)
+                continue
             taken: list[int] = []
             looked = 0
             wakes = math.inf
@@ -280,7 +335,7 @@ class Fleet:
                 self._avail[partition] -= 1
         free -= gpn
         node.free = free
-        node.jobs.add(job.job_id)
+        node.jobs[job.job_id] = run
         if not node.triton and not node.fenced:  # `_index`
             bucket = buckets[free]
             if i not in bucket:
@@ -289,8 +344,8 @@ class Fleet:
                     self._avail[partition] += 1
                 self._settled.pop(partition, None)
         if gpn:  # `usage.move(node.pool, "idle", job.kind, gpn, now)`, written out
-            usage, pool, kind = self.usage, node.pool, job.kind
-            gpus, since, seconds = usage.gpus[pool], usage._since[pool], usage.seconds[pool]
+            kind = job.kind
+            gpus, since, seconds = self._rows[node.pool]
             dt = now - since["idle"]
             if dt > 0:
                 if gpus["idle"]:
@@ -328,7 +383,7 @@ class Fleet:
                         avail[partition] -= 1
             free -= gpn
             node.free = free
-            node.jobs.add(job_id)
+            node.jobs[job_id] = run
             if partition is not None and not node.triton and not node.fenced:
                 bucket = buckets[free]
                 if i not in bucket:
@@ -357,7 +412,7 @@ class Fleet:
                         avail[partition] -= 1
             free += gpn
             node.free = free
-            node.jobs.discard(job_id)
+            node.jobs.pop(job_id, None)
             fenced = node.fenced
             if partition is not None and not node.triton and not fenced:
                 bucket = buckets[free]
@@ -398,7 +453,7 @@ class Fleet:
                     self._avail[partition] -= 1
         free += gpn
         node.free = free
-        node.jobs.discard(job.job_id)
+        node.jobs.pop(job.job_id, None)
         fenced = node.fenced
         if partition is not None and not node.triton and not fenced:  # `_index`
             bucket = buckets[free]
@@ -407,7 +462,21 @@ class Fleet:
                 if free > 0:
                     self._avail[partition] += 1
                 self._settled.pop(partition, None)
-        _move(self.usage, node.pool, job.kind, "fenced" if fenced else "idle", gpn, now)
+        if gpn:  # `_move(self.usage, node.pool, job.kind, idle or fenced, gpn, now)`
+            src, dst = job.kind, "fenced" if fenced else "idle"
+            gpus, since, seconds = self._rows[node.pool]
+            dt = now - since[src]
+            if dt > 0:
+                if gpus[src]:
+                    seconds[src] += gpus[src] * dt
+                since[src] = now
+            dt = now - since[dst]
+            if dt > 0:
+                if gpus[dst]:
+                    seconds[dst] += gpus[dst] * dt
+                since[dst] = now
+            gpus[src] -= gpn
+            gpus[dst] += gpn
         run.nodes = ()
         run.started_at = None
 
@@ -455,8 +524,9 @@ class Fleet:
         self._index(node)
 
     def running_on(self, node: SimNode) -> Iterator[JobRun]:
-        for job_id in sorted(node.jobs):
-            yield self.runs[job_id]
+        jobs = node.jobs
+        for job_id in sorted(jobs):
+            yield jobs[job_id]
 
     def pending_count(self, kind: str) -> int:
         """Pending jobs of `kind` (counted as they are submitted and started)."""

@@ -46,40 +46,54 @@ class TickState:
     def wait_quantile(self, q: float = Q) -> float:
         """Extra seconds (delay + wait) that a share `q` of this tick's requests stay under
         (taken at the tick's larger backlog: an upper bound)."""
-        w = 0.0
-        if self.wait_p > 1.0 - q and self.wait_rate > 0:
-            w = math.log(self.wait_p / (1.0 - q)) / self.wait_rate
-        return max(self.delay_lo_s, self.delay_hi_s) + w
+        return wait_quantile(self.delay_lo_s, self.delay_hi_s, self.wait_p, self.wait_rate, q)
 
     def mean_extra(self) -> float:
-        wait = self.wait_p / self.wait_rate if self.wait_rate > 0 else 0.0
-        return (self.delay_lo_s + self.delay_hi_s) / 2.0 + wait
+        return mean_extra(self.delay_lo_s, self.delay_hi_s, self.wait_p, self.wait_rate)
 
     def share_within(self, budget_s: float) -> float:
         """Share of this tick's requests whose delay + wait is at most `budget_s`."""
-        lo, hi = self.delay_lo_s, self.delay_hi_s
-        if lo > hi:
-            lo, hi = hi, lo
-        if hi - lo < 1e-12:
-            return self._within_at(budget_s - lo)
-        # average of P(W <= budget - D) for D uniform on [lo, hi]: x = budget - D
-        x1, x2 = budget_s - hi, budget_s - lo
-        if x2 <= 0:
-            return 0.0
-        x1 = max(0.0, x1)
-        covered = x2 - x1
-        if self.wait_rate > 0 and self.wait_p > 0 and math.isfinite(self.wait_rate):
-            covered -= (self.wait_p / self.wait_rate) * (
-                math.exp(-self.wait_rate * x1) - math.exp(-self.wait_rate * x2)
-            )
-        return max(0.0, min(1.0, covered / (hi - lo)))
+        return share_within(self.delay_lo_s, self.delay_hi_s, self.wait_p, self.wait_rate, budget_s)
 
-    def _within_at(self, x: float) -> float:
+
+# `TickState`'s methods on its fields as plain numbers (the engine keeps a tick's state as
+# these four: lo, hi, wait_p, wait_rate; no object per group and tick)
+
+
+def wait_quantile(lo: float, hi: float, wait_p: float, wait_rate: float, q: float = Q) -> float:
+    """`TickState.wait_quantile`."""
+    w = 0.0
+    if wait_p > 1.0 - q and wait_rate > 0:
+        w = math.log(wait_p / (1.0 - q)) / wait_rate
+    return max(lo, hi) + w
+
+
+def mean_extra(lo: float, hi: float, wait_p: float, wait_rate: float) -> float:
+    """`TickState.mean_extra`."""
+    wait = wait_p / wait_rate if wait_rate > 0 else 0.0
+    return (lo + hi) / 2.0 + wait
+
+
+def share_within(lo: float, hi: float, wait_p: float, wait_rate: float, budget_s: float) -> float:
+    """`TickState.share_within`."""
+    if lo > hi:
+        lo, hi = hi, lo
+    if hi - lo < 1e-12:
+        x = budget_s - lo  # `_within_at`
         if x < 0:
             return 0.0
-        if self.wait_p <= 0 or not math.isfinite(self.wait_rate):
+        if wait_p <= 0 or not math.isfinite(wait_rate):
             return 1.0
-        return 1.0 - self.wait_p * math.exp(-self.wait_rate * x)
+        return 1.0 - wait_p * math.exp(-wait_rate * x)
+    # average of P(W <= budget - D) for D uniform on [lo, hi]: x = budget - D
+    x1, x2 = budget_s - hi, budget_s - lo
+    if x2 <= 0:
+        return 0.0
+    x1 = max(0.0, x1)
+    covered = x2 - x1
+    if wait_rate > 0 and wait_p > 0 and math.isfinite(wait_rate):
+        covered -= (wait_p / wait_rate) * (math.exp(-wait_rate * x1) - math.exp(-wait_rate * x2))
+    return max(0.0, min(1.0, covered / (hi - lo)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,20 +123,30 @@ def step(
     """
     if servers <= 0:
         raise ValueError(f"servers must be positive, got {servers}")
+    new_backlog, p, tail, pending = advance(servers, load, rate, backlog_s, dt, cv2)
+    return GroupStep(TickState(rate * dt, backlog_s, new_backlog, p, tail), new_backlog, pending)
+
+
+def advance(
+    servers: int, load: float, rate: float, backlog_s: float, dt: float, cv2: float
+) -> tuple[float, float, float, int]:
+    """`step` as plain numbers, for the engine's tick (`servers` > 0): the new backlog,
+    the stationary queue's wait_p and wait_rate (`capacity.queue`, written out: no
+    `Queue` made), and the pending requests."""
     mean_service = load / rate if rate > 0 else 0.0
     # the fluid backlog: excess work piles up, spare capacity drains it
     new_backlog = max(0.0, backlog_s + (load - servers) / servers * dt)
-    stationary = capacity.queue(servers, load, rate, cv2)
-    if stationary is not None and rate > 0:
-        p, tail = stationary.wait_p, stationary.tail
-        queued = p * load / (servers - load)
-    else:
+    if rate <= 0 or load <= 0:  # `capacity.queue`: nobody waits
+        p, tail, queued = 0.0, math.inf, 0.0
+    elif load >= servers:
         # saturated: the backlog carries the waiting; the stationary part is not defined
         p, tail, queued = (0.0, math.inf, 0.0)
+    else:
+        p = capacity.erlang_c(servers, load)
+        tail = (servers / mean_service - rate) * 2.0 / (1.0 + max(0.0, cv2))
+        queued = p * load / (servers - load)
     pending = queued + (new_backlog * servers / mean_service if mean_service > 0 else 0.0)
-    return GroupStep(
-        TickState(rate * dt, backlog_s, new_backlog, p, tail), new_backlog, math.floor(pending)
-    )
+    return new_backlog, p, tail, math.floor(pending)
 
 
 def window_quantile(states: list[TickState], q: float = Q) -> float | None:

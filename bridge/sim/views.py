@@ -1,0 +1,77 @@
+"""The policy's view of the simulated world, made fast: `bridge.policy`'s frozen
+dataclasses (`ModelSample`, `NodeView`, `JobView`) built without their `__init__`.
+
+A frozen dataclass's `__init__` sets each field with `object.__setattr__`: for the
+samples the engine makes at every tick (one per model) and the views a decide call's
+snapshot makes (one per node whose jobs changed, one per job on it), that was a tenth of
+the run. These makers fill a fresh instance's `__dict__` with every field, in the class's
+order, so it compares, hashes and prints as one made by the class
+(tests/unit/test_sim_speed.py checks each against its class). Called by
+`bridge.sim.engine`.
+"""
+
+from __future__ import annotations
+
+from bridge.policy import JobView, ModelSample, NodeView
+
+
+def job_view(
+    job_id: str,
+    gpus: int,
+    started_at: float | None,
+    restarts: int,
+    submitted_at: float | None,
+    checkpoint_at: float | None,
+) -> JobView:
+    """`JobView(job_id, gpus, ...)`, made as `model_sample` is (a snapshot makes one
+    for each job on the nodes whose jobs changed: thousands)."""
+    obj = object.__new__(JobView)  # (no `__init__`)
+    d = obj.__dict__
+    d["job_id"] = job_id
+    d["gpus"] = gpus
+    d["started_at"] = started_at
+    d["restarts"] = restarts
+    d["submitted_at"] = submitted_at
+    d["checkpoint_at"] = checkpoint_at
+    return obj
+
+
+def node_view(
+    name: str, pool: str, gpus: int, jobs: tuple[JobView, ...], has_triton: bool
+) -> NodeView:
+    """`NodeView(name, pool, True, gpus, jobs, has_triton)`, made as `model_sample` is
+    (a decide call's snapshot makes one for each node whose jobs changed)."""
+    obj = object.__new__(NodeView)  # (no `__init__`)
+    d = obj.__dict__
+    d["name"] = name
+    d["pool"] = pool
+    d["usable"] = True
+    d["gpus"] = gpus
+    d["jobs"] = jobs
+    d["has_triton"] = has_triton
+    d["reserved"] = False
+    return obj
+
+
+def model_sample(
+    at: float,
+    p99_ms: float | None,
+    request_rate: float | None,
+    pending: float | None,
+    mean_ms: float | None,
+    compute_ms: float | None,
+) -> ModelSample:
+    """`ModelSample(at, p99_ms, ...)`, made without the frozen dataclass's `__init__` (its
+    six `object.__setattr__` calls are a tenth of a tick's latency model): an instance
+    whose `__dict__` is filled directly with every field, in the class's order, so it
+    compares and hashes as one made by `ModelSample(...)` (tests/unit/test_sim_speed.py
+    checks each of these makers against its class)."""
+    obj = object.__new__(ModelSample)  # (no `__init__`)
+    d = obj.__dict__
+    d["at"] = at
+    d["p99_ms"] = p99_ms
+    d["request_rate"] = request_rate
+    d["pending"] = pending
+    d["mean_ms"] = mean_ms
+    d["compute_ms"] = compute_ms
+    return obj
