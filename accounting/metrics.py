@@ -1,5 +1,5 @@
 """Prometheus metrics of the ledger: `stb_ledger_gpu_hours_total{team,workload}` (all GPU
-time booked so far; the capacity lines under their own workload: idle, planned, down, ...) and
+time booked so far; the capacity lines under their own workload: idle, down, ...) and
 `stb_ledger_last_ingest_timestamp_seconds`; with budgets, `stb_budget_used_ratio{team}` and
 `stb_budget_forecast_ratio{team}` of this month (deploy/prometheus/alerts.yml alerts on
 them). A custom collector that reads the ledger at

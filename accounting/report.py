@@ -195,11 +195,12 @@ class Report:
         }
 
 
-def _column(table: Any, key: str) -> Any:
+def _column(table: Any, key: str, *, labelled: bool = True) -> Any:
     """The SQL expression of a report key: a ledger column, or for `lent` whether the row
     came under a lease."""
     if key == "lent":
-        return case((table.c.lease != "", LENT), else_=OWN).label("lent")
+        lent = case((table.c.lease != "", LENT), else_=OWN)
+        return lent.label("lent") if labelled else lent
     return table.c[_COLUMN[key]]
 
 
@@ -239,7 +240,9 @@ def build_report(
     fine = list(
         dict.fromkeys([*by, *filters, *_PRICING, *(["source"] if usage is not None else [])])
     )
+    table: Any
     if rollup and usage is None and usable([_COLUMN[k] for k in fine], step, window):
+        table = DAYS
         cols = [_column(DAYS, k) for k in fine] + [DAYS.c.day, DAYS.c.month]
         q = (
             select(*cols, func.sum(DAYS.c.gpu_ms))
@@ -247,6 +250,7 @@ def build_report(
             .group_by(*cols)
         )
     else:
+        table = LEDGER
         cols = [_column(LEDGER, k) for k in fine] + [LEDGER.c.day, LEDGER.c.month]
         if step == "hour":
             cols.append(LEDGER.c.bucket)
@@ -255,6 +259,12 @@ def build_report(
             .where(LEDGER.c.bucket >= window.start, LEDGER.c.bucket < window.end)
             .group_by(*cols)
         )
+    # Filters narrow the rows in SQL too where no line's price depends on another's (every
+    # case but idle shared out over a pool): the same lines, fewer of them read
+    pushed = bool(filters) and not (priced and idle == "shared")
+    if pushed:
+        for k, v in filters.items():
+            q = q.where(_column(table, k, labelled=False) == v)
     with engine.connect() as conn:
         rows = conn.execute(q).all()
     n = len(fine)
@@ -299,7 +309,11 @@ def build_report(
     if not rates:
         report.notes.append("no rates defined: GPU-hours only")
     if not rows:
-        report.notes.append("the ledger has no rows in this window")
+        report.notes.append(
+            "no ledger rows in this window match the filters"
+            if pushed
+            else "the ledger has no rows in this window"
+        )
     return report
 
 

@@ -312,7 +312,8 @@ def report(
         chosen = parse_views(views, fmt, rep.by)
         if chosen and fmt in ("csv", "xlsx"):
             raise typer.BadParameter(f"--with: the {fmt} format holds the report's lines only")
-        sections = build_sections(cfg, engine, win, chosen, rates, rep.filters, datetime.now(UTC))
+        now = datetime.now(UTC)
+        sections = build_sections(cfg, engine, win, chosen, rates, rep.filters, now, rep.step)
         if fmt == "xlsx":
             from accounting.xlsx import render_xlsx
 

@@ -48,7 +48,7 @@ from sqlmodel import Session, col, or_, select
 from accounting.buckets import MS_PER_HOUR, split_ms, utc
 from accounting.errors import RateError
 from accounting.rates import RateBook, cost, money
-from accounting.report import Window, build_report
+from accounting.report import LENT, Window, build_report
 from accounting.schema import NodeSpan
 from accounting.section import Section
 from bridge.leases.models import Lease, LeaseEvent
@@ -221,17 +221,15 @@ def _node_gpus(
 def _lent(
     ledger: Engine, window: Window, cluster: str
 ) -> tuple[dict[str, int], dict[str, set[str]]]:
-    """Per pool, the GPU-ms of the ledger's lent rows (lease != "") and their teams."""
-    report = build_report(
-        ledger, window, ("pool", "lease", "team"), filters={"cluster": cluster} if cluster else {}
-    )
+    """Per pool, the GPU-ms of the ledger's lent rows (report key `lent`) and their teams."""
+    filters = {"lent": LENT, **({"cluster": cluster} if cluster else {})}
+    report = build_report(ledger, window, ("pool", "team"), filters=filters)
     gpu_ms: dict[str, int] = defaultdict(int)
     teams: dict[str, set[str]] = defaultdict(set)
     for line in report.lines:
-        if line.keys["lease"]:
-            gpu_ms[line.keys["pool"]] += line.gpu_ms
-            if line.keys["team"]:
-                teams[line.keys["pool"]].add(line.keys["team"])
+        gpu_ms[line.keys["pool"]] += line.gpu_ms
+        if line.keys["team"]:
+            teams[line.keys["pool"]].add(line.keys["team"])
     return gpu_ms, teams
 
 

@@ -77,9 +77,11 @@ def build_sections(
     rates: RateBook | None,
     filters: Mapping[str, str],
     now: datetime,
+    step: str | None = None,
 ) -> list[Section]:
     """The sections of `views`, in the order of `VIEWS`. The report's filters narrow the
-    unit economics where it has the key (model, team, cluster)."""
+    unit economics where it has the key (model, team, cluster); a report by hour has the
+    capacity plan hour by hour."""
     out: list[Section] = []
     if "economics" in views:
         kept = {k: v for k, v in filters.items() if k in FILTER_KEYS}
@@ -88,7 +90,9 @@ def build_sections(
         out.append(_lending(config.database_url, ledger, window, rates, now))
     if "plan" in views:
         gpus = typical_gpus(ledger)
-        out.append(plan_section(ledger, window, config.models, gpus, cv2=config.policy.service_cv2))
+        hourly = step == "hour"
+        cv2 = config.policy.service_cv2
+        out.append(plan_section(ledger, window, config.models, gpus, hourly=hourly, cv2=cv2))
     if "budgets" in views:
         try:
             out.append(budget_section(budget_status(ledger, now, rates=rates or None)))

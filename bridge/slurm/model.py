@@ -139,12 +139,6 @@ class AccountingRecord:
     #: tags the workload: "stb:triton,stb:workload=inference"
     comment: str
     restarts: int
-    #: when the job became eligible to start (sacct's `time.eligible`); None: never (held)
-    #: or not known. With `gpus_requested`: how long the job waited for how many GPUs
-    eligible: datetime | None = None
-    #: gres/gpu the job requested (`tres.requested`, typed and untyped counted once): what
-    #: it waits for before it starts; `gpus` is what it was allocated
-    gpus_requested: int = 0
 
     @property
     def key(self) -> str:

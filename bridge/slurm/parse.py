@@ -467,9 +467,7 @@ def parse_sacct_json_plain(text: str) -> list[AccountingRecord]:
             array = j.get("array") or {}
             array_job = num(array.get("job_id")) or None
             task = num(array.get("task_id"))
-            tres = j.get("tres", {})
-            gpu_type, gpus = gpus_from_tres_list(tres.get("allocated", []))
-            _, gpus_requested = gpus_from_tres_list(tres.get("requested", []))
+            gpu_type, gpus = gpus_from_tres_list(j.get("tres", {}).get("allocated", []))
             t = j.get("time", {})
             nodes = _text(j.get("nodes"))
             comment = j.get("comment")
@@ -495,8 +493,6 @@ def parse_sacct_json_plain(text: str) -> list[AccountingRecord]:
                     gpu_type=gpu_type,
                     comment=_sacct_comment(comment),
                     restarts=num(j.get("restart_cnt")) or 0,
-                    eligible=timestamp(t.get("eligible")),
-                    gpus_requested=gpus_requested,
                 )
             )
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
@@ -539,7 +535,6 @@ class _Tres(msgspec.Struct):
 
 class _TresLists(msgspec.Struct):
     allocated: list[_Tres] = []
-    requested: list[_Tres] = []
 
 
 class _Array(msgspec.Struct):
@@ -549,7 +544,6 @@ class _Array(msgspec.Struct):
 
 class _Time(msgspec.Struct):
     submission: _NumField = None
-    eligible: _NumField = None
     start: _NumField = None
     end: _NumField = None
     elapsed: _NumField = None
@@ -620,8 +614,12 @@ def _sacct_record(j: _SacctJob) -> AccountingRecord:
     array = j.array
     array_job = (_tnum(array.job_id) or None) if array is not None else None
     task = _tnum(array.task_id) if array is not None else None
-    gpu_type, gpus = _gpus_of(j.tres.allocated)
-    _, gpus_requested = _gpus_of(j.tres.requested)
+    gres = [
+        f"{t.type}/{t.name}={_tnum(t.count) or 0}"
+        for t in j.tres.allocated
+        if t.type == "gres" and t.name
+    ]
+    gpu_type, gpus = _gpus_cached(",".join(gres)) if gres else (None, 0)
     t = j.time
     state = j.state
     if isinstance(state, _State):
@@ -657,17 +655,7 @@ def _sacct_record(j: _SacctJob) -> AccountingRecord:
         gpu_type=gpu_type,
         comment=comment_text,
         restarts=_tnum(j.restart_cnt) or 0,
-        eligible=_tstamp(t.eligible),
-        gpus_requested=gpus_requested,
     )
-
-
-def _gpus_of(items: list[_Tres]) -> tuple[str | None, int]:
-    """`gpus_from_tres_list` of a typed TRES list."""
-    gres = [
-        f"{t.type}/{t.name}={_tnum(t.count) or 0}" for t in items if t.type == "gres" and t.name
-    ]
-    return _gpus_cached(",".join(gres)) if gres else (None, 0)
 
 
 # --- sacctmgr show event ------------------------------------------------------------

@@ -118,8 +118,6 @@ class Job:
             state="RUNNING" if self.running else "COMPLETED", submit=start, start=start,
             end=end, elapsed_s=(self.end - self.start) // 1000, nodes=self.nodes,
             gpus=self.gpn * len(self.nodes), gpu_type=None, comment=self.comment, restarts=0,
-            # waited from half-way to its start: the wait changes none of the job's rows
-            eligible=W0 + self.start // 2 * MS, gpus_requested=self.gpn * len(self.nodes),
         )  # fmt: skip
 
 
@@ -221,8 +219,8 @@ def ledger_content(engine: Engine) -> Counter[tuple[Any, ...]]:
 
 
 def check_capacity(engine: Engine, allocation: dict[Cell, int], summary: IngestSummary) -> None:
-    """allocated + the capacity lines (idle, planned, down) = capacity per pool, GPU type
-    and hour; allocation as expected."""
+    """allocated + the capacity lines (idle, down) = capacity per pool, GPU type and hour;
+    allocation as expected."""
     used: dict[Cell, int] = defaultdict(int)
     idle: dict[Cell, int] = defaultdict(int)
     with engine.connect() as conn:

@@ -205,6 +205,13 @@ def test_views_beside_the_report(cfg: Path, tmp_path: Path) -> None:
     assert sections["lending"]["notes"][0].startswith("no lease database at")
     assert not (tmp_path / "bridge.db").exists()
     assert [r["team"] for r in sections["budgets"]["rows"]] == ["team-nlp"]
+    # by hour: the capacity plan hour by hour (busy served 09:00-09:30)
+    hourly = json.loads(_ok([*base, "--by", "model", "--step", "hour", "--format", "json",
+                             "--with", "plan"]))["sections"]["capacity_plan"]  # fmt: skip
+    assert [(r["model"], r["hour"]) for r in hourly["rows"] if r["model"] == "busy"] == [
+        ("busy", "2026-11-03T09:00Z")
+    ]
+    assert "needed" in hourly["columns"] and "long_term" not in hourly["columns"]
     # by model: the unit economics by default; --with none drops it
     assert "sections" in json.loads(_ok([*base, "--by", "model", "--format", "json"]))
     plain = json.loads(_ok([*base, "--by", "model", "--format", "json", "--with", "none"]))
