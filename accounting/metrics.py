@@ -3,7 +3,8 @@ time booked so far; the capacity lines under their own workload: idle, down, ...
 `stb_ledger_last_ingest_timestamp_seconds`; with budgets, `stb_budget_used_ratio{team}` and
 `stb_budget_forecast_ratio{team}` of this month (deploy/prometheus/alerts.yml alerts on
 them). A custom collector that reads the ledger at
-most once per `ttl_s` (a scrape never waits on a large GROUP BY more than once a minute).
+most once per `ttl_s`, and the GPU-hours from the daily roll-up (`ledger_day`: a few
+thousand cells, where the hourly rows of a year are millions).
 Registered in the daemon's exporter registry.
 """
 
@@ -22,9 +23,9 @@ from sqlalchemy import Engine, func, select
 from accounting.buckets import MS_PER_HOUR
 from accounting.budget import BudgetError, budget_status
 from accounting.rates import RateBook, list_rates
-from accounting.schema import IngestRun, LedgerRow
+from accounting.schema import IngestRun, LedgerDay
 
-LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
+DAYS = LedgerDay.__table__  # type: ignore[attr-defined]
 RUNS = IngestRun.__table__  # type: ignore[attr-defined]
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,8 @@ class LedgerCollector(Collector):
                 return
             with self._engine.connect() as conn:
                 rows = conn.execute(
-                    select(LEDGER.c.team, LEDGER.c.workload, func.sum(LEDGER.c.gpu_ms)).group_by(
-                        LEDGER.c.team, LEDGER.c.workload
+                    select(DAYS.c.team, DAYS.c.workload, func.sum(DAYS.c.gpu_ms)).group_by(
+                        DAYS.c.team, DAYS.c.workload
                     )
                 ).all()
                 last = conn.scalar(select(func.max(RUNS.c.finished_at)))

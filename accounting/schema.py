@@ -69,10 +69,9 @@ def _s(length: int, *, index: bool = False, nullable: bool = False) -> Column:  
 
 class LedgerRow(SQLModel, table=True):
     __tablename__ = "ledger_row"
-    __table_args__ = (
-        Index("ix_ledger_row_month_team", "month", "team"),
-        Index("ix_ledger_row_bucket_pool", "bucket", "pool"),
-    )
+    #: by hour and pool: hourly reports and the idle recompute; by source: a changed
+    #: record's rows (every index costs each ingested row its upkeep: migration 0006)
+    __table_args__ = (Index("ix_ledger_row_bucket_pool", "bucket", "pool"),)
 
     id: int | None = Field(
         default=None,

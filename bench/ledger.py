@@ -6,7 +6,7 @@ The records take the real path: synthetic `sacct --json` documents in the Slurm 
 (the shape of tests/data/slurm/sacct-requeue-22.05.json; checked key for key at start), 10,000
 jobs per document, written to files once (phase `generate`, not timed as part of any other) ->
 `accounting.ingest.ingest_documents` with `accounting.prepare.read_sacct_file`: a worker
-process per CPU but one reads each file, parses it (`bridge.slurm.parse.parse_sacct_json`) and
+process per CPU (at most 4) reads each file, parses it (`bridge.slurm.parse.parse_sacct_json`) and
 prepares its records (digests, attribution, rows encoded for COPY or executemany) while the
 main process does the database work (a few documents in memory at a time). The workload,
 seeded and deterministic:
@@ -40,7 +40,8 @@ Phases, each in its own process (peak RSS = that process's ru_maxrss, from wait4
                only the writes are timed (the floor for the same rows; idle rows not included)
   setup        `open_ledger` (Alembic migration) + `record_inventory` (1,000 nodes)
   ingest       end to end: read, parse and ingest (one transaction), `ingest_documents`; its
-               peak RSS is the main process's, its worker's beside it (RESULT: their sum)
+               peak RSS is the main process's, the largest worker's beside it (RESULT: main +
+               workers x the largest worker's, a bound on their sum)
   report       `build_report` of 2026-11 by team (it reads the daily roll-up, `ledger_day`)
 At the end the report's GPU-ms per team (idle, the team "(idle)" line, excluded) must equal
 the sum over the ingested records of GPUs x their time inside the month, computed from the
@@ -94,7 +95,7 @@ from accounting.ingest import (
     insert_rows,
     record_inventory,
 )
-from accounting.prepare import read_sacct_file
+from accounting.prepare import default_workers, read_sacct_file
 from accounting.report import Window, build_report
 from accounting.schema import CAPACITY_SOURCE, IDLE_TEAM, LedgerRow, SourceRecord
 from bridge.hostlist import compress
@@ -649,7 +650,7 @@ def phase_ingest(args: argparse.Namespace) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     paths = sorted(Path(args.input).glob("sacct-*.json"))
-    workers = args.workers if args.workers >= 0 else None
+    workers = args.workers if args.workers >= 0 else default_workers()
     summary = ingest_documents(
         engine, paths, read_sacct_file, ctx, progress=progress, workers=workers
     )
@@ -658,7 +659,9 @@ def phase_ingest(args: argparse.Namespace) -> dict[str, Any]:
     print(f"[{label}] {summary.line()}", file=sys.stderr, flush=True)
     return {
         "seconds": seconds,
+        #: the largest worker's peak (getrusage gives the largest child's, not their sum)
         "workers_rss_kib": kids.ru_maxrss,
+        "workers": workers,
         #: CPU seconds of the main process (with its writer thread) and of its workers
         "cpu_s": [own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime],
         "summary": {
@@ -845,7 +848,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plain", action="store_true", help="skip the plain parser's baseline")
     ap.add_argument(
         "--workers", type=int, default=-1,
-        help="the ingest's worker processes (default: one per CPU but one; 0: none)",
+        help="the ingest's worker processes (default: one per CPU, at most 4; 0: none)",
     )  # fmt: skip
     ap.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="", help=argparse.SUPPRESS)
@@ -942,7 +945,8 @@ def _run(args: argparse.Namespace, backends: list[str], inp: Path) -> int:
                 note = (
                     f"end to end (read, parse, ingest): {s['rows_written']:,} ledger rows +"
                     f" {s['new']:,} source rows; idle for {s['idle_hours']:,} hours;"
-                    f" the worker process's peak RSS {_mib(r['workers_rss_kib'])};"
+                    f" {r['workers']} worker(s), the largest's peak RSS"
+                    f" {_mib(r['workers_rss_kib'])};"
                     f" CPU {r['cpu_s'][0]:.0f} s main + {r['cpu_s'][1]:.0f} s workers"
                 )
                 if "floor" in phases:
@@ -959,9 +963,10 @@ def _run(args: argparse.Namespace, backends: list[str], inp: Path) -> int:
         tag = "pg" if backend == "postgresql" else backend
         ing = phases["ingest"]
         figures[f"{tag}_ingest_s"] = f"{ing['seconds']:.1f}"
-        # the main process and its worker together (each at its own peak)
+        # the main process and its workers together, each at the largest one's peak (a
+        # bound on their sum: getrusage gives no sum)
         figures[f"{tag}_ingest_rss_mib"] = (
-            f"{(ing['rss_kib'] + ing.get('workers_rss_kib', 0)) / 1024:.0f}"
+            f"{(ing['rss_kib'] + ing['workers'] * ing['workers_rss_kib']) / 1024:.0f}"
         )
         figures[f"{tag}_report_s"] = f"{phases['report']['seconds']:.2f}"
         if "floor" in phases:

@@ -445,18 +445,19 @@ def _sacct_comment(comment: Any) -> str:
     return ",".join(p for p in parts if p and p not in _NULLS)
 
 
-def parse_sacct_json(text: str) -> list[AccountingRecord]:
-    """`sacct --json` -> one record per job run. Typed decoding (msgspec) of the fields the
-    ledger reads; a document it cannot take whole (any other shape, bad input, an `errors`
-    list with a real error) goes through `parse_sacct_json_plain`, which gives the same
-    records or raises with its precise message."""
+def parse_sacct_json(text: str | bytes) -> list[AccountingRecord]:
+    """`sacct --json` (text, or its UTF-8 bytes) -> one record per job run. Typed decoding
+    (msgspec) of the fields the ledger reads; a document it cannot take whole (any other
+    shape, bad input, an `errors` list with a real error) goes through
+    `parse_sacct_json_plain`, which gives the same records or raises with its precise
+    message."""
     try:
         doc = _SACCT_DECODER.decode(text)
         if doc.errors and any(not _benign(e) for e in doc.errors):
             raise ValueError("errors")
         return [_sacct_record(j) for j in doc.jobs]
     except Exception:  # any doubt: the plain parser decides, and says what was wrong
-        return parse_sacct_json_plain(text)
+        return parse_sacct_json_plain(text if isinstance(text, str) else text.decode())
 
 
 def parse_sacct_json_plain(text: str) -> list[AccountingRecord]:

@@ -75,6 +75,21 @@ def test_the_bench_documents_read_the_same() -> None:
 )
 def test_bad_or_odd_input_gives_the_same_answer(text: str) -> None:
     same(text)
+    try:
+        raw = text.encode()
+    except UnicodeEncodeError:  # a lone surrogate has no UTF-8 bytes
+        return
+    # the ingest's workers hand the file's bytes over as they are: the same answer
+    assert outcome(parse_sacct_json, raw) == outcome(parse_sacct_json, text)
+
+
+@pytest.mark.parametrize("name", ["sacct-requeue-22.05.json", "sacct-admin-comment-22.05.json"])
+def test_bytes_read_as_the_text(name: str) -> None:
+    raw = (DATA / name).read_bytes()
+    assert parse_sacct_json(raw) == parse_sacct_json(raw.decode())
+    # a byte that is not UTF-8 is refused as reading the file as text refused it
+    with pytest.raises(UnicodeDecodeError):
+        parse_sacct_json(raw.replace(b'"jobs"', b'"jobs\xff"', 1))
 
 
 # --- generated documents --------------------------------------------------------------
