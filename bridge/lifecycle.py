@@ -10,6 +10,10 @@ contract checks it), so every layer can share this one copy of the state machine
 - the simulator (`bridge.sim.engine`) moves its leases through `check`, which raises
   `IllegalMove` for a move the table forbids.
 
+`StepTimes` holds how long a lend's steps took on the lab: the simulator's default timing
+(`bridge.sim.engine.Timing`) and the advisory pass's shadow leases
+(`bridge.daemon.shadow`) both take them from here.
+
 A lease is one node lent to Triton. It moves only forward:
 
     requested -> submitted -> starting -> serving -> draining -> releasing -> returned
@@ -22,6 +26,7 @@ transition: the store treats it as an idempotent no-op before this table is cons
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -148,3 +153,19 @@ def check(old: LeaseState, new: LeaseState, *, lease_id: int | None = None) -> N
     """Raise `IllegalMove` unless the table allows old -> new (a same-state pair too)."""
     if not allowed(old, new):
         raise IllegalMove(old, new, lease_id=lease_id)
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds each step of a lend takes, measured on the lab (bench/lend_latency.py,
+    bench/triton_startup.py; Slurm 22.05)."""
+
+    #: sbatch of a Triton job to running, on a free node
+    slurm_start_s: float = 1.37
+    #: the same when the node's jobs must go first: the bridge requeues them itself and
+    #: submits with -w (waiting for slurmctld's own preemption pass took 18-33 s)
+    preempt_start_s: float = 3.8
+    #: job running to Triton ready with its models loaded
+    triton_ready_s: float = 2.08
+    #: scancel of a Triton job to the node free in Slurm
+    cancel_s: float = 3.11

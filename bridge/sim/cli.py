@@ -1,16 +1,24 @@
 """`stb simulate`: compare the set-ups of `bridge.sim.policies` on a simulated fleet, fed
-by the public traces (or generators), and print or write the comparison. Registered in
-`bridge.cli`. Thin: checks the options, builds the `Scenario` (`bridge.sim.workload`),
-runs `compare` with a progress bar on stderr, renders with `bridge.sim.render`.
+by a site's own data (`bridge.sim.inputs`), by generators (the defaults: they need
+nothing outside the repository) or by the public traces, and print or write the
+comparison. Registered in `bridge.cli`. Thin: checks the options, reads the site's data
+(`bridge.sim.inputs.site.resolve`), builds the `Scenario` (`bridge.sim.workload` for the
+generators and traces), runs `compare` with a progress bar on stderr, renders with
+`bridge.sim.render`.
 
-The models are named m0, m1, ...; model i gets `--mean-rps` / (i + 1) requests per second
-on average (a Zipf-like popularity: m0 the full rate, m1 half, m2 a third, ...), every one
-with the same SLO and service time. The job load is a share of the GPUs left outside a
-peak-sized inference pool, so every set-up faces the same offered work.
+Generated models are named m0, m1, ...; model i gets `--mean-rps` / (i + 1) requests per
+second on average (a Zipf-like popularity: m0 the full rate, m1 half, m2 a third, ...),
+every one with the same SLO and service time. A site's arrivals (`--arrivals prometheus`
+or `csv`) bring their own models, each with its SLO from --config's [models] (else
+--slo-ms) and its service time from Triton's counters (`--service-from`) or
+--service-ms. Generated jobs are a share of the GPUs left outside a peak-sized inference
+pool, so every set-up faces the same offered work; a site's jobs (`--jobs sacct`) are
+replayed as they came.
 
-Bad input (an option out of range, an unknown policy, a missing or unreadable trace, a
-fleet too small for the inference load) ends with one line on stderr and exit code 2, and
-writes nothing; an output file is written whole or not at all (temp file + rename).
+Bad input (an option out of range, an unknown policy, a missing or unreadable trace or
+site file, a Prometheus that does not answer, a fleet too small for the inference load)
+ends with one line on stderr and exit code 2, and writes nothing; an output file is
+written whole or not at all (temp file + rename).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -34,13 +43,36 @@ from bridge.config import PolicyConfig
 from bridge.config_cli import ConfigOpt, fail, load_or_exit
 from bridge.paths import traces_dir
 from bridge.sim import workload
-from bridge.sim.policies import POLICIES, Scenario, compare, setup_for, size
+from bridge.sim.engine import Timing
+from bridge.sim.inputs import JobReplay
+from bridge.sim.inputs.site import (
+    DEFAULT_DAYS,
+    SERVICE_FROM,
+    SITE_ARRIVALS,
+    SITE_JOBS,
+    TIMING_FROM,
+    SiteOptions,
+    per_model,
+    resolve,
+)
+from bridge.sim.policies import (
+    POLICIES,
+    Scenario,
+    compare,
+    known,
+    setup_for,
+    size,
+    tradeoff,
+    tradeoff_sizes,
+    with_separate,
+)
 from bridge.sim.result import SimReport
+from bridge.sim.selection import Criteria, Selection, parse_criteria, select
 from bridge.sim.workload import ArrivalSeries, SimJob
 
-FORMATS = ("table", "json", "html")
-ARRIVALS = ("azure", "synthetic", "ramps")
-JOBS = ("alibaba", "synthetic")
+FORMATS = ("table", "json", "html", "markdown")
+ARRIVALS = ("azure", "synthetic", "ramps", *SITE_ARRIVALS)
+JOBS = ("alibaba", "synthetic", *SITE_JOBS)
 AZURE_TRACE = "azure_llm_conv_2023.csv"
 ALIBABA_TRACE = "alibaba_gpu2023_tasks.csv"
 DAY_S = 86400.0
@@ -91,11 +123,11 @@ def parse_policies(text: str) -> list[str]:
     names = list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
     if not names:
         raise BadInput(f"--policies is empty; choose from {', '.join(POLICIES)}")
-    unknown = [p for p in names if p not in POLICIES]
+    unknown = [p for p in names if not known(p)]
     if unknown:
         raise BadInput(
             f"--policies: unknown policy {', '.join(map(repr, unknown))}; "
-            f"choose from {', '.join(POLICIES)}"
+            f"choose from {', '.join(POLICIES)} or separate-N (N inference nodes)"
         )
     return names
 
@@ -126,21 +158,23 @@ def _check(
     models: int,
     mean_rps: float,
     slo_ms: float,
-    service_ms: float,
+    service_ms: float | None,
     load: float,
     arrivals: str,
     jobs: str,
     fmt: str,
     output: Path | None,
 ) -> None:
-    """Every option that can be checked before reading a trace; BadInput naming it."""
+    """Every option that can be checked before reading a trace; BadInput naming it.
+    `service_ms`: --service-ms' value for every model (None: it names models only)."""
     positive = {
         "--days": days,
         "--mean-rps": mean_rps,
         "--slo-ms": slo_ms,
-        "--service-ms": service_ms,
         "--load": load,
     }
+    if service_ms is not None:
+        positive["--service-ms"] = service_ms
     for option, value in positive.items():
         if not (math.isfinite(value) and value > 0):
             raise BadInput(f"{option} must be a number > 0, got {value:g}")
@@ -149,7 +183,7 @@ def _check(
             raise BadInput(f"{option} must be at least 1, got {count}")
     if models < 1:
         raise BadInput(f"--models must be at least 1, got {models}")
-    if service_ms >= slo_ms:
+    if service_ms is not None and service_ms >= slo_ms:
         raise BadInput(
             f"--service-ms {service_ms:g} is not below --slo-ms {slo_ms:g}: no replica "
             "could meet the SLO"
@@ -227,25 +261,42 @@ def build_scenario(
     policy: PolicyConfig | None = None,
     tick_s: float = STEP_S,
     about: Mapping[str, object] | None = None,
+    series: ArrivalSeries | None = None,
+    site_jobs: JobReplay | None = None,
+    models: Mapping[str, tuple[float, float]] | None = None,
+    timing: Timing | None = None,
 ) -> Scenario:
     """The scenario the options describe. The fleet is sized first without jobs (the peak
     inference pool), so the job load can be a share of the GPUs outside it; every policy's
     set-up is checked before the jobs are generated. `policy` and `tick_s` are the bridge's
     (defaults: PolicyConfig's and 5 s); `about` adds to what the report says about the
-    inputs. Raises ValueError (BadInput for the options) naming the problem."""
+    inputs. A site's own data (`bridge.sim.inputs`) replaces what would be generated:
+    `series` the arrivals (its `about` goes to the report), `site_jobs` the jobs (as they
+    came: `load` does not scale them); `models` gives each model's (SLO ms, service ms)
+    (default: `slo_ms`, `service_ms` for every model of `rates`), `timing` the actuation
+    times (default: the lab's). Raises ValueError (BadInput for the options) naming the
+    problem."""
     horizon = days * DAY_S
-    series, arrivals_about = _arrivals(arrivals, arrivals_trace, rates, horizon, seed)
+    if arrivals in SITE_ARRIVALS and series is None:
+        raise ValueError(f"{arrivals} arrivals are the site's: pass them as `series`")
+    if jobs in SITE_JOBS and site_jobs is None:
+        raise ValueError(f"{jobs} jobs are the site's: pass them as `site_jobs`")
+    if series is None:
+        series, arrivals_about = _arrivals(arrivals, arrivals_trace, rates, horizon, seed)
+    else:
+        arrivals_about = dict(series.about)
     probe = Scenario(
         nodes=nodes,
         gpus_per_node=gpus_per_node,
         arrivals=series,
         jobs=[],
-        models={m: (slo_ms, service_ms) for m in rates},
+        models=dict(models) if models is not None else {m: (slo_ms, service_ms) for m in rates},
         horizon_s=horizon,
         policy=policy or PolicyConfig(),
         tick_s=tick_s,
         checkpoint_s=checkpoint_s,
         reserve=reserve,
+        timing=timing or Timing(),
     )
     sizing = size(probe)
     rest = nodes - sizing.peak_nodes
@@ -260,11 +311,15 @@ def build_scenario(
     for name in policies:
         setup_for(name, probe, sizing)  # a fleet too small says so here
     capacity = (nodes - sizing.peak_nodes) * gpus_per_node
-    job_list, jobs_about = _jobs(jobs, jobs_trace, horizon, capacity, load, gpus_per_node, seed)
+    if site_jobs is None:
+        job_list, jobs_about = _jobs(jobs, jobs_trace, horizon, capacity, load, gpus_per_node, seed)
+    else:
+        job_list = list(site_jobs.jobs)
+        jobs_about = {**site_jobs.about, "capacity_gpus": capacity}
     described = {
         "days": days,
         "seed": seed,
-        "load": load,
+        "load": load if site_jobs is None else None,  # a site's jobs come as they came
         "arrivals": arrivals_about,
         "batch_jobs": jobs_about,
         **(about or {}),
@@ -301,6 +356,36 @@ def run(scenario: Scenario, policies: list[str]) -> SimReport:
     return report
 
 
+def run_selection(
+    scenario: Scenario, report: SimReport, sizes: list[int], criteria: Criteria
+) -> tuple[SimReport, Selection]:
+    """The selection report's trade-off runs (`tradeoff` at `sizes`, with a progress bar
+    per run on stderr; none when `sizes` is empty) added to `report`, and its selection."""
+    if sizes:
+        with Progress(
+            TextColumn("{task.description:<14}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+            console=errors,
+            transient=not sys.stderr.isatty(),
+        ) as progress:
+            tasks: dict[str, TaskID] = {}
+
+            def step(name: str, t: float, total: float) -> None:
+                if name not in tasks:  # the next run's first report: the others ended
+                    for task in tasks.values():
+                        progress.update(task, completed=total)
+                    tasks[name] = progress.add_task(name, total=total)
+                progress.update(tasks[name], completed=t)
+
+            runs = tradeoff(scenario, sizes, criteria.target, step, report.results)
+            for task in tasks.values():
+                progress.update(task, completed=scenario.horizon_s)
+        report = dataclasses.replace(report, tradeoff=runs)
+    return report, select(report, criteria)
+
+
 def _write(path: Path, text: str) -> None:
     """Write `text` to `path` whole or not at all: a temp file beside it, then a rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -318,9 +403,19 @@ def _write(path: Path, text: str) -> None:
 
 
 def simulate(
-    days: Annotated[float, typer.Option(help="Simulated days.")] = 7.0,
-    nodes: Annotated[int, typer.Option(help="Nodes in the fleet (every set-up).")] = 256,
-    gpus_per_node: Annotated[int, typer.Option(help="GPUs per node.")] = 8,
+    days: Annotated[
+        float | None,
+        typer.Option(
+            help=f"Simulated days (default {DEFAULT_DAYS:g}; with site data, its own span "
+            "unless --since/--until say otherwise)."
+        ),
+    ] = None,
+    nodes: Annotated[
+        int | None, typer.Option(help="Nodes in the fleet (every set-up; default 256).")
+    ] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option(help="GPUs per node (default 8, or the --fleet-nodes').")
+    ] = None,
     models: Annotated[int, typer.Option(help="Models m0, m1, ... served.")] = 4,
     mean_rps: Annotated[
         float,
@@ -329,24 +424,131 @@ def simulate(
             "inference at about 6% of 256 nodes on average and 12% at its peak minute."
         ),
     ] = 3000.0,
-    slo_ms: Annotated[float, typer.Option(help="p99 latency SLO of every model (ms).")] = 100.0,
+    slo_ms: Annotated[
+        float,
+        typer.Option(help="p99 latency SLO (ms) of every model --config gives none."),
+    ] = 100.0,
     service_ms: Annotated[
-        float, typer.Option(help="Service time of one request (ms; the lab's `busy` model).")
-    ] = 20.0,
-    arrivals: Annotated[str, typer.Option(help="|".join(ARRIVALS))] = "azure",
+        str,
+        typer.Option(
+            help="Service time of one request (ms; the lab's `busy` model): 20 for every "
+            "model, busy=20,echo=1 per model, or both (20,busy=35)."
+        ),
+    ] = "20",
+    arrivals: Annotated[
+        str,
+        typer.Option(
+            help=f"{'|'.join(ARRIVALS)}: generated (synthetic, ramps), the public Azure "
+            "trace, or the site's own (a Prometheus range query, a CSV)."
+        ),
+    ] = "synthetic",
     arrivals_trace: Annotated[
         Path | None,
         typer.Option(help=f"Azure LLM trace (default: $STB_TRACES_DIR/{AZURE_TRACE})."),
     ] = None,
-    jobs: Annotated[str, typer.Option(help="|".join(JOBS))] = "alibaba",
+    jobs: Annotated[
+        str,
+        typer.Option(
+            help=f"{'|'.join(JOBS)}: the public Alibaba trace, generated, or the site's own "
+            "sacct records (--sacct-json)."
+        ),
+    ] = "synthetic",
     jobs_trace: Annotated[
         Path | None,
         typer.Option(help=f"Alibaba GPU trace (default: $STB_TRACES_DIR/{ALIBABA_TRACE})."),
     ] = None,
     load: Annotated[
         float,
-        typer.Option(help="Offered job GPU-load, a share of the GPUs outside peak inference."),
+        typer.Option(
+            help="Offered job GPU-load, a share of the GPUs outside peak inference (not "
+            "for --jobs sacct: those come as they came)."
+        ),
     ] = 0.85,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Start of the site's window: ISO 8601 with a zone, or epoch seconds."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="End of the site's window (as --since).")
+    ] = None,
+    prometheus_url: Annotated[
+        str | None,
+        typer.Option(help="The site's Prometheus (http://host:9090): arrivals, service times."),
+    ] = None,
+    prometheus_json: Annotated[
+        Path | None,
+        typer.Option(help="A saved answer of Prometheus' /api/v1/query_range (the arrivals)."),
+    ] = None,
+    prometheus_save: Annotated[
+        Path | None,
+        typer.Option(help="Save the --prometheus-url query's answer here (replay it later)."),
+    ] = None,
+    query: Annotated[
+        str,
+        typer.Option(
+            help="The arrivals' range query, a series per model (default: sum by (model) "
+            "(rate(nv_inference_request_success[1m])))."
+        ),
+    ] = "",
+    arrivals_file: Annotated[
+        Path | None,
+        typer.Option(help="--arrivals csv: a CSV of time,model,rate (requests/s at time)."),
+    ] = None,
+    scale: Annotated[
+        float, typer.Option(help="The site's arrivals times this (1.5: half as much again).")
+    ] = 1.0,
+    max_gap_s: Annotated[
+        float,
+        typer.Option(
+            help="A missing stretch of the site's arrivals up to this long holds the sample "
+            "before it; a longer one is a gap (rate 0, listed in the report)."
+        ),
+    ] = 60.0,
+    sacct_json: Annotated[
+        list[Path] | None,
+        typer.Option(help="--jobs sacct: `sacct --json --duplicates -a` output (repeatable)."),
+    ] = None,
+    partition_kind: Annotated[
+        str,
+        typer.Option(
+            help="Partitions no pool or [accounting] workloads names: PART=training|elastic|"
+            "inference,... (inference: not batch work)."
+        ),
+    ] = "",
+    fleet_nodes: Annotated[
+        Path | None,
+        typer.Option(help="The fleet: `scontrol show node -o` output; pools from --config."),
+    ] = None,
+    fleet_partitions: Annotated[
+        Path | None,
+        typer.Option(help="With --fleet-nodes: `scontrol show partition -o` output."),
+    ] = None,
+    service_from: Annotated[
+        str,
+        typer.Option(
+            help=f"{'|'.join(SERVICE_FROM)}: service times from --service-ms, from Triton's "
+            "counters through Prometheus, or from those the daemon stored in --config's ledger."
+        ),
+    ] = "options",
+    service_json: Annotated[
+        Path | None,
+        typer.Option(help="--service-from prometheus: a saved answer of its service query."),
+    ] = None,
+    load_s: Annotated[
+        str,
+        typer.Option(
+            help="Seconds loading a model adds to a lent replica's start past Triton's own: "
+            "30, or llm=90,small=5 (default 0: the lab's models; --timing leases' "
+            "starting -> serving already holds the loads of the models lent then)."
+        ),
+    ] = "",
+    timing: Annotated[
+        str,
+        typer.Option(
+            help=f"{'|'.join(TIMING_FROM)}: actuation times measured on the lab, or the "
+            "medians of the bridge's own lease history (--config's database_url)."
+        ),
+    ] = "default",
     policies: Annotated[str, typer.Option(help="Set-ups to compare, comma-separated.")] = ALL,
     config: ConfigOpt = None,
     seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 0,
@@ -364,6 +566,36 @@ def simulate(
             "per-minute load) or a number of nodes."
         ),
     ] = "mean",
+    separate_nodes: Annotated[
+        int,
+        typer.Option(
+            help="Also compare separate pools with this many inference nodes (separate-N: "
+            "the site's inference partition as it is, say). 0: none."
+        ),
+    ] = 0,
+    tradeoff_at: Annotated[
+        str,
+        typer.Option(
+            "--tradeoff",
+            help="Reserved sizes the selection report runs the bridge at: auto (4 from 1 "
+            "node to the peak's, and the bridge's own), none, or node counts 4,8,16 (each "
+            "a full run; at most 12).",
+        ),
+    ] = "auto",
+    slo_target: Annotated[
+        float,
+        typer.Option(
+            help="The selection report's SLO attainment target: the share of requests "
+            "within SLO a set-up must reach."
+        ),
+    ] = 0.99,
+    criteria: Annotated[
+        str,
+        typer.Option(
+            help="The selection report's other thresholds, name=value,...: budget_slack, "
+            "max_lends_per_day, max_lost_share, max_exposure, min_wait_cut, min_nodes_saved."
+        ),
+    ] = "",
     fmt: Annotated[str, typer.Option("--format", help="|".join(FORMATS))] = "table",
     output: Annotated[
         Path | None,
@@ -374,51 +606,76 @@ def simulate(
     inference SLOs, job queueing and completion, GPU use. Uses the bridge's own policy;
     --config takes the policy section and tick_s of a bridge TOML."""
     try:
+        service_default, _ = per_model(service_ms, "--service-ms")
         _check(
-            days=days, nodes=nodes, gpus_per_node=gpus_per_node, models=models,
-            mean_rps=mean_rps, slo_ms=slo_ms, service_ms=service_ms, load=load,
+            days=DEFAULT_DAYS if days is None else days,
+            nodes=256 if nodes is None else nodes,
+            gpus_per_node=8 if gpus_per_node is None else gpus_per_node, models=models,
+            mean_rps=mean_rps, slo_ms=slo_ms, service_ms=service_default, load=load,
             arrivals=arrivals, jobs=jobs, fmt=fmt, output=output,
         )  # fmt: skip
-        chosen = parse_policies(policies)
+        chosen = with_separate(parse_policies(policies), separate_nodes)
         if not checkpoint_s >= 0:
             raise BadInput(f"--checkpoint-s must be >= 0 seconds, got {checkpoint_s}")
-    except BadInput as exc:
+    except ValueError as exc:
         raise _bad(exc) from exc
     try:
         cfg = load_or_exit(config) if config is not None else None
     except typer.Exit:  # it named each bad field; a bad file is bad input here too
         raise typer.Exit(code=2) from None
+    site_options = SiteOptions(
+        arrivals=arrivals, jobs=jobs, days=days, since=since, until=until,
+        prometheus_url=prometheus_url, prometheus_json=prometheus_json,
+        prometheus_save=prometheus_save, query=query, arrivals_file=arrivals_file,
+        scale=scale, max_gap_s=max_gap_s, sacct_json=tuple(sacct_json or ()),
+        partition_kind=partition_kind, fleet_nodes=fleet_nodes,
+        fleet_partitions=fleet_partitions, nodes=nodes, gpus_per_node=gpus_per_node,
+        slo_ms=slo_ms, service_ms=service_ms, service_from=service_from,
+        service_json=service_json, load_s=load_s, timing=timing, step_s=STEP_S,
+    )  # fmt: skip
     try:
+        rates = model_rates(models, mean_rps)
+        site = resolve(site_options, cfg, list(rates), now=datetime.now(UTC))
         scenario = build_scenario(
-            days=days, nodes=nodes, gpus_per_node=gpus_per_node,
-            rates=model_rates(models, mean_rps), slo_ms=slo_ms, service_ms=service_ms,
+            days=site.days, nodes=site.nodes, gpus_per_node=site.gpus_per_node,
+            rates=rates, slo_ms=slo_ms, service_ms=service_default or 20.0,
             arrivals=arrivals, arrivals_trace=arrivals_trace, jobs=jobs, jobs_trace=jobs_trace,
             load=load, policies=chosen, seed=seed, reserve=reserve,
             checkpoint_s=checkpoint_s or None,
             policy=cfg.policy if cfg else None, tick_s=cfg.tick_s if cfg else STEP_S,
-            about={"config": config.name if config else "none (policy defaults, 5 s ticks)"},
+            about={
+                "config": config.name if config else "none (policy defaults, 5 s ticks)",
+                **site.about,
+            },
+            series=site.series, site_jobs=site.jobs, models=site.models, timing=site.timing,
         )  # fmt: skip
+        thresholds = parse_criteria(criteria, Criteria(target=slo_target))
+        sizes = tradeoff_sizes(tradeoff_at, size(scenario), scenario.nodes)
     except (ValueError, OSError) as exc:
         raise _bad(exc) from exc
-    report = run(scenario, chosen)
+    report, selection = run_selection(scenario, run(scenario, chosen), sizes, thresholds)
 
-    from bridge.sim import render  # matplotlib: loaded only when a simulation ran
+    from bridge.sim import render, selection_render  # matplotlib: only when a run ran
 
     if fmt == "table":
         if output is None:
             out = Console(width=None if sys.stdout.isatty() else 160)
             for table in render.tables(report):
                 out.print(table)
+            selection_render.print_tables(selection, out)
             return
         buf = io.StringIO()
         text_console = Console(file=buf, width=160, color_system=None)
         for table in render.tables(report):
             text_console.print(table)
+        selection_render.print_tables(selection, text_console)
         text = buf.getvalue()
     elif fmt == "json":
-        text = render.to_json(report)
+        text = render.to_json(report, selection)
+    elif fmt == "markdown":
+        text = selection_render.to_markdown(report, selection)
     else:
-        text = render.to_html(report)
+        text = selection_render.to_html(report, selection)
     if output is None:
         sys.stdout.write(text)
         return

@@ -47,7 +47,7 @@ from typing import cast
 import numpy as np
 
 from bridge.config import BridgeConfig
-from bridge.lifecycle import LeaseState, check
+from bridge.lifecycle import LeaseState, StepTimes, check
 from bridge.policy import (
     Action,
     LeaseView,
@@ -94,20 +94,25 @@ SERIES = (
 
 @dataclass(frozen=True)
 class Timing:
-    """Seconds each step takes, measured on the lab (bench/lend_latency.py,
-    bench/triton_startup.py; Slurm 22.05)."""
+    """Seconds each step takes: by default the lab's measured `bridge.lifecycle.StepTimes`
+    (each field's meaning there). A site's own, from its bridge's lease history:
+    `bridge.sim.inputs.timing_from_leases`."""
 
-    #: sbatch of a Triton job to running, on a free node
-    slurm_start_s: float = 1.37
-    #: the same when the node's jobs must go first: the bridge requeues them itself and
-    #: submits with -w (waiting for slurmctld's own preemption pass took 18-33 s)
-    preempt_start_s: float = 3.8
-    #: job running to Triton ready with its models loaded
-    triton_ready_s: float = 2.08
-    #: scancel of a Triton job to the node free in Slurm
-    cancel_s: float = 3.11
+    slurm_start_s: float = StepTimes.slurm_start_s
+    preempt_start_s: float = StepTimes.preempt_start_s
+    triton_ready_s: float = StepTimes.triton_ready_s
+    cancel_s: float = StepTimes.cancel_s
     #: a requeued job may start again after this long (Slurm's fixed requeue delay)
     requeue_delay_s: float = 121.0
+    #: per model, the seconds loading it adds after `triton_ready_s` (its weights: a
+    #: site's large models); a lent replica is ready once its slowest model is. Empty by
+    #: default: the lab's small models load within `triton_ready_s`
+    model_load_s: Mapping[str, float] = field(default_factory=dict, hash=False)
+
+    def load_s(self, models: Sequence[str]) -> float:
+        """The extra seconds a replica holding `models` takes to be ready."""
+        loads = self.model_load_s
+        return max((loads.get(m, 0.0) for m in models), default=0.0) if loads else 0.0
 
 
 @dataclass
@@ -417,7 +422,8 @@ class Engine:
             self.fleet.take(node, self.now)
             self._touch([node])
             lease.running_at = self.now
-            lease.ready_at = self.now + self.s.timing.triton_ready_s
+            timing = self.s.timing
+            lease.ready_at = self.now + timing.triton_ready_s + timing.load_s(lease.models)
             self.dirty_sched = True
         elif kind == "triton_gone":
             lease = payload

@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -277,7 +278,7 @@ def replayed_timing(
         if t.lease == lease:
             seen.setdefault(t.state, t.at_s)
     half = tick_s / 2.0
-    changes: dict[str, float] = {}
+    changes: dict[str, Any] = {}  # (Any: `replace` checks each against its field's type)
     S = LeaseState
     if S.SUBMITTED in seen and S.STARTING in seen:
         start = max(0.0, seen[S.STARTING] - seen[S.SUBMITTED] - half)

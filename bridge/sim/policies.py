@@ -12,16 +12,27 @@ Every set-up has the same number of nodes; what differs is who owns them and who
   the per-minute load, the peak, a node count); the bridge lends from the elastic pool
   (preempt) and the training pool (drain), at most as many nodes as the peak needs above
   what it reserves.
+- `separate-N` (N a node count, e.g. `separate-24`, the site's inference partition as it
+  is): separate pools, inference owns N nodes; nothing is lent.
 
 The nodes outside peak inference are split between training and elastic in proportion
 to their offered GPU-hours, the same in every set-up (training's guarantee); the nodes a
 set-up reserves below the peak go to elastic (the bridge lends from there first). Every
 set-up is driven by the real `decide`; the separate ones have
-`max_lent_nodes = 0`.
+`max_lent_nodes = 0`. A pool larger than the peak takes its extra nodes from elastic,
+and from training once elastic is down to one node.
+
+`tradeoff(scenario, sizes, target)` runs what the selection report
+(`bridge.sim.selection`) needs beyond the comparison: the bridge at several reserved sizes
+(full runs), and separate pools at those sizes and at the sizes a search for the smallest
+one meeting the attainment target visits, with no jobs: a separate pool lends nothing, so
+its service does not depend on them (tests/unit/test_sim_selection.py checks that), and a
+run without jobs costs a fraction of one with them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -32,7 +43,7 @@ from bridge.config import BridgeConfig, ModelConfig, PolicyConfig, PoolConfig
 from bridge.policy import capacity
 from bridge.sim.engine import Engine, Setup, Timing
 from bridge.sim.fleet import SimNode
-from bridge.sim.result import PolicyResult, SimReport
+from bridge.sim.result import TRADEOFF_SERIES, PolicyResult, SimReport, Tradeoff
 from bridge.sim.workload import ArrivalSeries, SimJob
 
 POLICIES = ("separate-peak", "separate-mean", "idle-loan", "bridge")
@@ -44,6 +55,46 @@ DESCRIPTIONS = {
     "bridge": "inference sized for mean, the bridge lends elastic (preempt) and "
     "training (drain) nodes on SLO breach",
 }
+#: `separate-N`: separate pools with N inference nodes (a size the site chooses)
+SEPARATE_AT = "separate-"
+#: the trade-off runs: the bridge at N reserved nodes is named `bridge@N`
+BRIDGE_AT = "bridge@"
+#: trade-off sizes `auto_sizes` picks: this many, evenly from 1 node to the peak's
+AUTO_POINTS = 4
+#: most sizes one trade-off runs (each is a full run of the bridge: the cost is bounded)
+MAX_POINTS = 12
+
+
+def separate_size(policy: str) -> int | None:
+    """N of a `separate-N` policy name (N digits), else None (`separate-peak` too)."""
+    rest = policy.removeprefix(SEPARATE_AT)
+    return int(rest) if rest != policy and rest.isdigit() else None
+
+
+def known(policy: str) -> bool:
+    """A policy `setup_for` accepts by name: one of POLICIES or `separate-N`."""
+    return policy in POLICIES or separate_size(policy) is not None
+
+
+def with_separate(policies: Sequence[str], nodes: int) -> list[str]:
+    """`policies` with `separate-NODES` among the separate ones (after the last of them
+    given first, else first), once; `nodes` 0: as they are."""
+    name = f"{SEPARATE_AT}{nodes}"
+    out = list(policies)
+    if nodes == 0 or name in out:
+        return out
+    at = 0
+    while at < len(out) and out[at].startswith(SEPARATE_AT):
+        at += 1
+    return [*out[:at], name, *out[at:]]
+
+
+def describe(policy: str) -> str:
+    """What the set-up is, in one line."""
+    n = separate_size(policy)
+    if n is not None:
+        return f"separate pools, inference owns {n} nodes (a chosen size); nothing is lent"
+    return DESCRIPTIONS[policy]
 
 
 @dataclass(frozen=True)
@@ -154,11 +205,17 @@ def _split(rest: int, jobs: Sequence[SimJob]) -> tuple[int, int]:
 
 
 def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    if not known(policy):
+        raise ValueError(
+            f"unknown policy {policy!r}; choose from {', '.join(POLICIES)} or "
+            f"{SEPARATE_AT}N (N inference nodes)"
+        )
     n, g = scenario.nodes, scenario.gpus_per_node
+    chosen = separate_size(policy)
+    if chosen is not None and not 1 <= chosen <= n:
+        raise ValueError(f"{policy}: give a separate pool of 1 to {n} nodes")
     infer = {"separate-peak": sizing.peak_nodes, "bridge": sizing.reserved_nodes}.get(
-        policy, sizing.mean_nodes
+        policy, sizing.mean_nodes if chosen is None else chosen
     )
     loan = sizing.peak_nodes - sizing.mean_nodes if policy == "idle-loan" else 0
     rest = n - infer - loan
@@ -173,6 +230,8 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
     # from first, as the loan pool of idle-loan runs elastic work.
     training, _ = _split(n - sizing.peak_nodes, scenario.jobs)
     elastic = rest - training
+    if elastic < 1:  # a pool above the peak takes from elastic, then from training
+        training, elastic = rest - 1, 1
     nodes: list[SimNode] = []
     layout = [
         ("inference", None, infer),
@@ -207,7 +266,7 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
     )
     return Setup(
         name=policy,
-        description=DESCRIPTIONS[policy],
+        description=describe(policy),
         config=config,
         nodes=nodes,
         jobs=scenario.jobs,
@@ -256,3 +315,118 @@ def compare(
         checkpoint_s=scenario.checkpoint_s,
     )
     return SimReport(about, results)
+
+
+# -- the selection report's trade-off runs ----------------------------------------------
+
+
+def auto_sizes(sizing: Sizing, points: int = AUTO_POINTS) -> list[int]:
+    """`points` reserved sizes evenly from 1 node to the peak's, and the bridge's own
+    reserved size (the comparison has run it already): ascending, each once."""
+    peak = sizing.peak_nodes
+    steps = max(1, points - 1)
+    sizes = {max(1, round(1 + (peak - 1) * i / steps)) for i in range(points)}
+    sizes.add(sizing.reserved_nodes)
+    return sorted(sizes)
+
+
+def tradeoff_sizes(text: str, sizing: Sizing, nodes: int) -> list[int]:
+    """The reserved sizes a trade-off option names: "auto" (`auto_sizes`), "none" (no
+    trade-off: []), or node counts "4,8,16" (each from 1 to the fleet's nodes less 2, at
+    most MAX_POINTS). ValueError naming the problem."""
+    text = text.strip()
+    if text == "none":
+        return []
+    if text == "auto":
+        return auto_sizes(sizing)
+    sizes: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part.isdigit() or not 1 <= int(part) <= nodes - 2:
+            raise ValueError(
+                f"trade-off size {part!r}: give auto, none, or node counts from 1 to "
+                f"{nodes - 2} (the fleet's {nodes} less 2 for training and elastic)"
+            )
+        sizes.add(int(part))
+    if len(sizes) > MAX_POINTS:
+        raise ValueError(
+            f"{len(sizes)} trade-off sizes: at most {MAX_POINTS} (each one is a full run)"
+        )
+    return sorted(sizes)
+
+
+def _slim(result: PolicyResult) -> PolicyResult:
+    """A trade-off run as the report keeps it: no decisions, only TRADEOFF_SERIES."""
+    series = {k: v for k, v in result.series.items() if k in TRADEOFF_SERIES}
+    return dataclasses.replace(result, decisions=[], series=series)
+
+
+def tradeoff(
+    scenario: Scenario,
+    sizes: Sequence[int],
+    target: float,
+    progress: Callable[[str, float, float], None] | None = None,
+    done: Sequence[PolicyResult] = (),
+) -> Tradeoff:
+    """The bridge at each reserved size in `sizes` (`bridge@N`; a bridge run in `done` of
+    that size is taken as it is), and separate pools with no jobs: at each size from the
+    mean load's nodes up (smaller ones cannot carry the mean load), and at those a
+    bisection for the smallest pool whose share of requests within SLO is at least
+    `target` visits (in 1 .. nodes - 2; more nodes never serve worse). A separate run in
+    `done` (the comparison's) stands for its size, jobs and all. `progress` gets (run
+    name, simulated seconds, horizon) as `compare`'s does."""
+
+    def run(setup: Setup) -> PolicyResult:
+        hook = None
+        if progress is not None:
+
+            def hook(t: float, total: float, name: str = setup.name) -> None:
+                progress(name, t, total)
+
+        return _slim(Engine(setup).run(hook))
+
+    bridge = []
+    for n in sizes:
+        given = next(
+            (r for r in done if r.policy == "bridge" and r.pools.get("inference") == n), None
+        )
+        if given is not None:
+            result = _slim(dataclasses.replace(given, policy=f"{BRIDGE_AT}{n}"))
+        else:
+            at = dataclasses.replace(scenario, reserve=str(n))
+            setup = setup_for("bridge", at, size(at))
+            result = run(dataclasses.replace(setup, name=f"{BRIDGE_AT}{n}"))
+        bridge.append(dataclasses.replace(result, description=f"the bridge, {n} reserved nodes"))
+
+    sizing = size(scenario)
+    alone = dataclasses.replace(scenario, jobs=[])
+    separate: dict[int, PolicyResult] = {}
+    for r in done:  # the comparison's separate pools: their service is the same
+        if r.policy.startswith(SEPARATE_AT) and r.pools.get("loan", 0) == 0:
+            n = r.pools.get("inference", 0)
+            separate.setdefault(n, _slim(dataclasses.replace(r, policy=f"{SEPARATE_AT}{n}")))
+
+    def attains(n: int) -> bool:
+        if n not in separate:
+            setup = setup_for(f"{SEPARATE_AT}{n}", alone, sizing)
+            separate[n] = run(
+                dataclasses.replace(setup, description=f"{setup.description}; no jobs")
+            )
+        return separate[n].within_share >= target
+
+    for n in sizes:
+        if n >= sizing.mean_nodes:  # (smaller pools cannot carry the mean load, and runs
+            attains(n)  # of overloaded pools are the slowest; the search may still visit)
+    top = scenario.nodes - 2
+    hi = min(sizing.peak_nodes, top)
+    if not attains(hi) and hi < top:
+        hi = top
+    if attains(hi):  # bisect between the largest failing and the smallest attaining size
+        hi = min(n for n in separate if attains(n))
+        lo = max((n for n in separate if n < hi and not attains(n)), default=0)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if attains(mid):
+                hi = mid
+            else:
+                lo = mid
+    return Tradeoff(bridge, [separate[n] for n in sorted(separate)], target)

@@ -5,13 +5,18 @@ for the terminal, JSON, and a self-contained HTML page. Called by `stb simulate`
 - `tables(report)`: service and GPU use per policy, queues and lending per policy, and,
   when `separate-peak` is in the report, each policy against it as Lyra reports
   (queueing and job completion times as "x shorter", GPU usage as "+%").
-- `to_json(report)`: exactly `report.as_dict()`, keys sorted, infinities and NaN as null.
-- `to_html(report)`: one file with no scripts, fonts, images or URLs (as
+- `to_json(report, selection)`: exactly `report.as_dict()` (with the selection report's
+  `as_dict()` under "selection" when one is given), keys sorted, infinities and NaN as
+  null.
+- `to_html(report, sections)`: one file with no scripts, fonts, images or URLs (as
   `accounting.html`): the scenario, the same tables, charts as inline SVG (matplotlib's
   object API, glyphs as paths, a fixed hash salt and no metadata, so the same report
-  gives the same bytes) and each policy's decisions. All text is escaped.
+  gives the same bytes) and each policy's decisions. All text is escaped. `sections`
+  (the selection report's, `bridge.sim.selection_render`) come before the comparison.
 
-The tables and the page show the same cells: both are drawn from `grids(report)`.
+The tables and the page show the same cells: both are drawn from `grids(report)` (as
+`Grid`s, which `rich_table`, `html_table` and `markdown_table` draw). The numbers
+(utilisation, waits, ...) are `bridge.sim.selection`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +38,15 @@ from rich.table import Table
 
 from accounting.html import WORKLOAD_COLOURS, Chart, no_data, svg
 from bridge.sim.result import USES, PolicyResult, QueueOutcome, SimReport
+from bridge.sim.selection import (
+    GPU_USES,
+    Selection,
+    completion_mean_s,
+    gpu_hours_by_use,
+    human,
+    utilisation,
+    wait_mean_s,
+)
 
 #: the policy the others are compared against (as Lyra compares against separate pools)
 BASELINE = "separate-peak"
@@ -42,8 +57,6 @@ POOL_LABELS: Mapping[str, str] = {
     "training": "train",
     "elastic": "el",
 }
-#: the GPU uses the report sums over pools ("idle" includes fenced GPUs)
-GPU_USES = ("training", "elastic", "inference", "idle")
 #: decisions listed per policy on the HTML page
 MAX_DECISIONS = 200
 #: runs up to this long get an x axis in hours, longer ones in days
@@ -59,60 +72,6 @@ KIND_COLOURS: Mapping[str, str] = {
 
 
 # -- the numbers ------------------------------------------------------------------------
-
-
-def gpu_hours_by_use(result: PolicyResult) -> dict[str, float]:
-    """GPU-hours per use (GPU_USES), summed over the pools; fenced counts as idle."""
-    out = dict.fromkeys(GPU_USES, 0.0)
-    for uses in result.gpu_hours.values():
-        for use, hours in uses.items():
-            key = "idle" if use == "fenced" else use
-            out[key] = out.get(key, 0.0) + hours
-    return out
-
-
-def utilisation(result: PolicyResult) -> float:
-    """GPU-hours at work / all GPU-hours (0 for an empty run): jobs' GPU-hours, and of the
-    inference GPU-hours only those busy serving requests. An inference pool sized for its
-    peak holds its GPUs all day but works them only as hard as the load asks."""
-    hours = gpu_hours_by_use(result)
-    total = sum(hours.values())
-    work = hours["training"] + hours["elastic"] + result.inference_used_gpu_hours
-    return work / total if total else 0.0
-
-
-def wait_mean_s(result: PolicyResult) -> float:
-    """Mean queueing time of all jobs, training and elastic together."""
-    qs = result.queues.values()
-    jobs = sum(q.submitted for q in qs)
-    return sum(q.wait_mean_s * q.submitted for q in qs) / jobs if jobs else 0.0
-
-
-def completion_mean_s(result: PolicyResult) -> float:
-    """Mean job completion time (submit to end) of all finished jobs."""
-    qs = result.queues.values()
-    jobs = sum(q.finished for q in qs)
-    return sum(q.completion_mean_s * q.finished for q in qs) / jobs if jobs else 0.0
-
-
-def human(seconds: float) -> str:
-    """A duration as people read it: 4.2s, 45s, 5m, 12m 05s, 2h 31m, 3d 04h."""
-    if not math.isfinite(seconds):
-        return "-"
-    s = max(0.0, seconds)
-    if s < 10:
-        return f"{s:.1f}s"
-    if s < 60:
-        return f"{s:.0f}s"
-    whole = round(s)
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours:02d}h"
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    return f"{minutes}m {secs:02d}s" if secs else f"{minutes}m"
 
 
 def nodes_text(pools: Mapping[str, int]) -> str:
@@ -184,7 +143,7 @@ def grids(report: SimReport) -> list[Grid]:
         )
     out = [
         Grid(
-            _title(report),
+            title(report),
             (
                 "policy",
                 "nodes per pool",
@@ -283,7 +242,8 @@ def ratio_grid(report: SimReport) -> Grid | None:
     )
 
 
-def _title(report: SimReport) -> str:
+def title(report: SimReport) -> str:
+    """The report's title: the fleet, horizon, models and jobs."""
     s = report.scenario
     parts = []
     if "nodes" in s:
@@ -313,15 +273,35 @@ def _inputs(report: SimReport) -> str:
 
 def tables(report: SimReport) -> list[Table]:
     """The comparison as rich tables, one row per policy (see `grids`)."""
-    out = []
-    for grid in grids(report):
-        table = Table(title=grid.title, caption=grid.caption or None)
-        for i, head in enumerate(grid.headers):
-            table.add_column(head, justify="right" if grid.numeric(i) else "left")
-        for row in grid.rows:
-            table.add_row(*row)
-        out.append(table)
-    return out
+    return [rich_table(grid) for grid in grids(report)]
+
+
+def rich_table(grid: Grid) -> Table:
+    """A grid as a rich table (numbers right-aligned)."""
+    table = Table(title=grid.title, caption=grid.caption or None)
+    for i, head in enumerate(grid.headers):
+        table.add_column(head, justify="right" if grid.numeric(i) else "left")
+    for row in grid.rows:
+        table.add_row(*row)
+    return table
+
+
+def markdown_table(grid: Grid) -> str:
+    """A grid as a GitHub-flavoured markdown table under a "###" title, its caption
+    after it; "|" in a cell is escaped, a header's line break is a space."""
+
+    def cell(text: str) -> str:
+        return text.replace("\\", "\\\\").replace("|", "\\|").replace(chr(10), " ")
+
+    heads = "| " + " | ".join(cell(h) for h in grid.headers) + " |"
+    rule = (
+        "|"
+        + "|".join("---:" if grid.numeric(i) else ":---" for i in range(len(grid.headers)))
+        + "|"
+    )
+    rows = ["| " + " | ".join(cell(c) for c in row) + " |" for row in grid.rows]
+    caption = [f"\n{grid.caption}"] if grid.caption else []
+    return "\n".join([f"### {grid.title}", "", heads, rule, *rows, *caption]) + "\n"
 
 
 # -- JSON -------------------------------------------------------------------------------
@@ -340,9 +320,13 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def to_json(report: SimReport) -> str:
-    """`report.as_dict()` as JSON: keys sorted, indent 2, infinities and NaN as null."""
-    return json.dumps(_finite(report.as_dict()), sort_keys=True, indent=2, allow_nan=False) + "\n"
+def to_json(report: SimReport, selection: Selection | None = None) -> str:
+    """`report.as_dict()` as JSON (and `selection.as_dict()` under "selection"): keys
+    sorted, indent 2, infinities and NaN as null."""
+    data = report.as_dict()
+    if selection is not None:
+        data["selection"] = selection.as_dict()
+    return json.dumps(_finite(data), sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 
 # -- HTML -------------------------------------------------------------------------------
@@ -372,12 +356,21 @@ footer { margin-top: 2em; font-size: .85em; color: #666; }
 """
 
 
-def to_html(report: SimReport) -> str:
-    """The report as one self-contained HTML document; the same report, the same bytes."""
-    e = html.escape
-    title = _title(report)
-    # glyphs as paths (no font needed to read them); "$" in a policy name is no math
+@contextmanager
+def drawing() -> Iterator[None]:
+    """matplotlib's settings for the page's charts: glyphs as paths (no font needed to
+    read them), and "$" in a policy name is no math."""
     with matplotlib.rc_context({"svg.fonttype": "path", "text.parse_math": False, "font.size": 9}):
+        yield
+
+
+def to_html(report: SimReport, sections: Sequence[str] = ()) -> str:
+    """The report as one self-contained HTML document; the same report, the same bytes.
+    `sections`: HTML fragments (escaped by their maker, self-contained) placed after the
+    list of policies, before the comparison."""
+    e = html.escape
+    heading = title(report)
+    with drawing():
         summary = [_slo_chart(report.results), _wait_chart(report.results)]
         timelines = [_timeline_chart(r, i) for i, r in enumerate(report.results)]
     parts = [
@@ -386,8 +379,8 @@ def to_html(report: SimReport) -> str:
         # belt and braces: the file may load nothing at all
         '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
         "style-src 'unsafe-inline'; img-src data:\">",
-        f"<title>{e(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{e(title)}</h1>",
+        f"<title>{e(heading)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{e(heading)}</h1>",
         "<h2>Scenario</h2>",
         '<dl class="meta">',
         *(
@@ -399,14 +392,15 @@ def to_html(report: SimReport) -> str:
         "<ul>",
         *(f"<li><strong>{e(r.policy)}</strong>: {e(r.description)}</li>" for r in report.results),
         "</ul>",
+        *sections,
         "<h2>Comparison</h2>",
     ]
     for grid in grids(report):
-        parts.append(_html_table(grid))
+        parts.append(html_table(grid))
     parts.append("<h2>Service and queues</h2>")
-    parts += [_figure(c) for c in summary]
+    parts += [figure(c) for c in summary]
     parts.append("<h2>Over time</h2>")
-    parts += [_figure(c) for c in timelines]
+    parts += [figure(c) for c in timelines]
     parts.append("<h2>Decisions</h2>")
     parts += [_decisions(r) for r in report.results]
     parts += ["<footer>Generated by stb simulate.</footer>", "</body></html>"]
@@ -428,7 +422,8 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _html_table(grid: Grid) -> str:
+def html_table(grid: Grid) -> str:
+    """A grid as an HTML table under an h3 title, its caption after it (all escaped)."""
     e = html.escape
 
     def head(i: int, text: str) -> str:
@@ -449,7 +444,8 @@ def _html_table(grid: Grid) -> str:
     )
 
 
-def _figure(chart: Chart) -> str:
+def figure(chart: Chart) -> str:
+    """A chart under an h3 title, with its caption (escaped)."""
     e = html.escape
     return (
         f"<h3>{e(chart.title)}</h3>"

@@ -1,5 +1,7 @@
 """What a simulation run reports, per policy: plain dataclasses, JSON-ready through
-`as_dict`. Filled by `bridge.sim.engine`, read by `bridge.sim.render` and the bench."""
+`as_dict`. Filled by `bridge.sim.engine` (and the trade-off runs of
+`bridge.sim.policies.tradeoff`), read by `bridge.sim.render`, `bridge.sim.selection` and
+the bench."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from typing import Any
 
 #: how a pool's GPU-hours were used
 USES = ("training", "elastic", "inference", "fenced", "idle")
+#: the series a trade-off run keeps (the selection's fault-domain exposure reads them)
+TRADEOFF_SERIES = ("replicas",)
 
 
 @dataclass
@@ -113,11 +117,42 @@ class PolicyResult:
 
 
 @dataclass
+class Tradeoff:
+    """The runs behind the selection report's trade-off curve, on the comparison's fleet
+    and workload (`bridge.sim.policies.tradeoff`). Each run keeps no decisions and only
+    the TRADEOFF_SERIES."""
+
+    #: the bridge at each reserved size (`bridge@N`; full runs, jobs included)
+    bridge: list[PolicyResult]
+    #: separate pools (`separate-N`) run with no jobs (their queues are empty; the
+    #: comparison's own separate runs stand for their sizes): the sizes above and those the
+    #: search for the smallest one meeting `target` visited, ascending
+    separate: list[PolicyResult]
+    #: the share of requests within SLO the separate search looked for
+    target: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "bridge": [r.as_dict() for r in self.bridge],
+            "separate": [r.as_dict() for r in self.separate],
+            "target": self.target,
+        }
+
+
+@dataclass
 class SimReport:
-    """One comparison: the scenario (inputs, fleet, horizon) and each policy's result."""
+    """One comparison: the scenario (inputs, fleet, horizon) and each policy's result, and
+    the trade-off runs when the selection report asked for them."""
 
     scenario: dict[str, Any]
     results: list[PolicyResult]
+    tradeoff: Tradeoff | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"scenario": self.scenario, "results": [r.as_dict() for r in self.results]}
+        out: dict[str, Any] = {
+            "scenario": self.scenario,
+            "results": [r.as_dict() for r in self.results],
+        }
+        if self.tradeoff is not None:
+            out["tradeoff"] = self.tradeoff.as_dict()
+        return out

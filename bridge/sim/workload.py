@@ -1,5 +1,6 @@
-"""Simulation inputs: inference arrival series and job lists, from the public traces in
-the formats of `shared/traces/` (see its SOURCES.md) or from synthetic generators.
+"""Simulation inputs: inference arrival series and job lists, from synthetic generators
+(`stb simulate`'s defaults) or the public traces in the formats of `shared/traces/` (see
+its SOURCES.md). A site's own data is read into the same types by `bridge.sim.inputs`.
 
 Called by `bridge.sim.policies` and `stb simulate`. Pure functions of their inputs and a
 seed: the same arguments give the same workload, so every compared policy sees the same one.
@@ -10,7 +11,8 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
@@ -49,6 +51,12 @@ class ArrivalSeries:
 
     step_s: float
     rates: dict[str, npt.NDArray[np.float64]]
+    #: what its source says about it (a site's series: where it came from, its gaps);
+    #: the report's scenario carries it. Not compared: the rates are the series
+    about: Mapping[str, object] = field(default_factory=dict, compare=False)
+    #: the wall-clock time of t = 0 for a site's own series (`bridge.sim.inputs`); None
+    #: for a generated one
+    origin: datetime | None = field(default=None, compare=False)
 
     def rate(self, model: str, t: float) -> float:
         series = self.rates[model]

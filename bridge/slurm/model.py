@@ -139,6 +139,11 @@ class AccountingRecord:
     #: tags the workload: "stb:triton,stb:workload=inference"
     comment: str
     restarts: int
+    #: when the run became eligible to start (sacct's `time.eligible`): later than
+    #: `submit` for a job held by `--begin` or a dependency, reset at each requeue; None
+    #: when not known, or never eligible (held). The simulator replays a job from here
+    #: (`bridge.sim.inputs`); the ledger does not read it
+    eligible: datetime | None = None
 
     @property
     def key(self) -> str:

@@ -494,6 +494,7 @@ def parse_sacct_json_plain(text: str) -> list[AccountingRecord]:
                     gpu_type=gpu_type,
                     comment=_sacct_comment(comment),
                     restarts=num(j.get("restart_cnt")) or 0,
+                    eligible=timestamp(t.get("eligible")),
                 )
             )
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
@@ -545,6 +546,7 @@ class _Array(msgspec.Struct):
 
 class _Time(msgspec.Struct):
     submission: _NumField = None
+    eligible: _NumField = None
     start: _NumField = None
     end: _NumField = None
     elapsed: _NumField = None
@@ -622,6 +624,9 @@ def _sacct_record(j: _SacctJob) -> AccountingRecord:
     ]
     gpu_type, gpus = _gpus_cached(",".join(gres)) if gres else (None, 0)
     t = j.time
+    submit = _tstamp(t.submission)
+    # most jobs are eligible when submitted: the same instant, one datetime made
+    eligible = submit if t.eligible == t.submission else _tstamp(t.eligible)
     state = j.state
     if isinstance(state, _State):
         state = state.current
@@ -647,7 +652,7 @@ def _sacct_record(j: _SacctJob) -> AccountingRecord:
         user=j.user or "",
         qos=j.qos or "",
         state=first,
-        submit=_tstamp(t.submission),
+        submit=submit,
         start=_tstamp(t.start),
         end=_tstamp(t.end),
         elapsed_s=_tnum(t.elapsed) or 0,
@@ -656,6 +661,7 @@ def _sacct_record(j: _SacctJob) -> AccountingRecord:
         gpu_type=gpu_type,
         comment=comment_text,
         restarts=_tnum(j.restart_cnt) or 0,
+        eligible=eligible,
     )
 
 

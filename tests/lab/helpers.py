@@ -1,12 +1,20 @@
-"""Small helpers the lab tests share: run Slurm commands, wait for job states."""
+"""Small helpers the lab tests share: run Slurm commands, wait for job states, a Prometheus
+server scraping the lab's Triton servers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import socket
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
@@ -107,3 +115,51 @@ def tick_until_baseline(rec: Reconciler, lab: LabSpec, log: list[str] | None = N
         120,
         log,
     )
+
+
+@contextlib.contextmanager
+def prometheus_scraping(targets: Sequence[str], interval_s: float, folder: Path) -> Iterator[str]:
+    """A real Prometheus server (Debian's, installed by `stb lab up`) scraping `targets`
+    (host:port of metrics pages) every `interval_s`, its data in `folder`; yields its URL
+    once it answers, and stops it (SIGTERM, then kill) on the way out."""
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus is installed by `stb lab up`"
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "prometheus.yml"
+    listed = ", ".join(f'"{t}"' for t in targets)
+    config.write_text(
+        f"global:\n  scrape_interval: {interval_s:g}s\n  evaluation_interval: {interval_s:g}s\n"
+        f"scrape_configs:\n  - job_name: triton\n    static_configs:\n"
+        f"      - targets: [{listed}]\n"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    url = f"http://127.0.0.1:{port}"
+    with open(folder / "prometheus.log", "ab") as log:
+        proc = subprocess.Popen(
+            [
+                binary, f"--config.file={config}", f"--storage.tsdb.path={folder / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, (folder / "prometheus.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "prometheus did not get ready in 30 s"
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

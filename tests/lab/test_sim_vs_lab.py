@@ -36,21 +36,27 @@ import contextlib
 import math
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.leases.store import make_engine
+from bridge.lending_report import read_timelines
 from bridge.lifecycle import LeaseState
 from bridge.load.arrivals import Schedule, poisson
 from bridge.load.runner import Counters, RunConfig, parse_endpoint, run
-from bridge.sim import labcheck
+from bridge.sim import inputs, labcheck
 from bridge.sim.engine import Timing
 from bridge.sim.result import Decision
+from bridge.slurm.cli import SlurmCLI
+from bridge.triton.client import METRICS_PORT
 
-from .helpers import sbatch, squeue_state, tick_until
+from .helpers import prometheus_scraping, sbatch, squeue_state, tick_until
 
 pytestmark = pytest.mark.lab
 
@@ -60,6 +66,9 @@ HEAVY_S = 50.0  # long enough for the lend to preempt, start Triton and serve
 LIGHT_RATE = 4.0
 LOAD_S = 200.0  # the schedule's length; the sender is stopped once the lease is back
 DEADLINE_S = 180.0  # from t = 0: the lease must be back by then
+#: per model, the rate of successful requests over the last two scrapes: what the
+#: reconciler's own counter deltas see each tick
+RATE_QUERY = "sum by (model) (irate(nv_inference_request_success[{window:g}s]))"
 
 
 class Sender(threading.Thread):
@@ -110,7 +119,9 @@ def _schedule() -> Schedule:
     return Schedule(offsets, LOAD_S, f"{HEAVY_RATE:g}/s for {HEAVY_S:g}s, then {LIGHT_RATE:g}/s")
 
 
-def test_simulator_decides_as_the_lab_does(lab: LabSpec, bridge: tuple[Reconciler, str]) -> None:
+def test_simulator_decides_as_the_lab_does(
+    lab: LabSpec, bridge: tuple[Reconciler, str], tmp_path: Path
+) -> None:
     rec, endpoint = bridge
     config = rec.config
     tick = config.tick_s
@@ -129,6 +140,14 @@ def test_simulator_decides_as_the_lab_does(lab: LabSpec, bridge: tuple[Reconcile
     )  # fmt: skip
     log: list[str] = []
     sender: Sender | None = None
+    # A real Prometheus scrapes both Triton servers (the baseline and, once lent, the
+    # elastic node's) every tick, as a site's would: the twin from recorded data reads the
+    # run's request rates from it.
+    scraped = [
+        f"{n.addr}:{METRICS_PORT}" for n in [*lab.pool_nodes("infer"), *lab.pool_nodes("elastic")]
+    ]
+    prometheus = contextlib.ExitStack()
+    prom_url = prometheus.enter_context(prometheus_scraping(scraped, tick, tmp_path / "prom"))
     try:
         # Before t = 0: the baseline Triton up and scraped twice (so the first tick of
         # the step has counter deltas), every batch job running.
@@ -185,17 +204,33 @@ def test_simulator_decides_as_the_lab_does(lab: LabSpec, bridge: tuple[Reconcile
             for lease in [rec.store.get(lease_id)]
             for e in rec.store.history(lease_id)
         ]
+        # The twin from recorded data: what a site gives `stb simulate`. Its request
+        # rates from Prometheus (the sample at T is the rate of the tick before T: irate
+        # over the last two scrapes, so the series starts one tick after the step, the
+        # grid the reconciler ticked on); its jobs from sacct; its delays from the lease
+        # history. Read while Prometheus still runs; the horizon as below.
+        horizon = math.ceil((at + 60.0) / tick) * tick
+        step_at = datetime.fromtimestamp(t0, UTC)
+        until = step_at + timedelta(seconds=horizon)
+        time.sleep(2 * tick)  # the last ticks' scrapes
+        answer = inputs.query_range(
+            prom_url,
+            RATE_QUERY.format(window=3 * tick),
+            step_at,
+            until + timedelta(seconds=tick),
+            tick,
+        )
     finally:
         if sender is not None:
             sender.stop()
         slurm(lab, "scancel", elastic, *training, check=False)
+        prometheus.close()
     lab_s = time.monotonic() - began
 
     # The simulator on the twin: same nodes, configuration, jobs and requests, run past
     # the lab's end so that a later return still shows. Twice: with the delays this lab
     # lease took (Slurm's preemption, Triton's start, the cancel: they vary from run to
     # run), which is what the tolerances hold it to, and with the bench's medians.
-    horizon = math.ceil((lab_end + 60.0) / tick) * tick
     offsets = {MODEL: [t for t in schedule.offsets if t < horizon]}
     jobs = labcheck.showcase_jobs(lab, training_ids=training, elastic_id=elastic)
     arrivals = labcheck.arrivals_from_offsets(offsets, list(config.models), tick, horizon)
@@ -205,6 +240,30 @@ def test_simulator_decides_as_the_lab_does(lab: LabSpec, bridge: tuple[Reconcile
     for name, timing in (("the lab's delays", replayed), ("the bench's delays", Timing())):
         setup = labcheck.lab_setup(lab, config, jobs, arrivals, horizon, timing=timing)
         runs[name] = labcheck.simulate(setup)
+    records = SlurmCLI(env=lab.env()).accounting(step_at - timedelta(minutes=15), until)
+    site_jobs = inputs.replay_records(
+        records, start=step_at, end=until, kind_of_partition=inputs.partition_kinds(config)
+    )
+    site_arrivals = inputs.arrivals_from_prometheus(
+        answer,
+        start=step_at + timedelta(seconds=tick),
+        step_s=tick,
+        end=until + timedelta(seconds=tick),
+    )
+    for model in config.models:  # a model Prometheus has no series of got no request
+        site_arrivals.rates.setdefault(model, np.zeros(int(horizon // tick)))
+    site_timing, timing_about = inputs.timing_from_leases(
+        read_timelines(make_engine(config.database_url), step_at, until),
+        lend_mode_of_pool=inputs.lend_modes(config),
+        tick_s=tick,
+    )
+    recorded = labcheck.simulate(
+        labcheck.lab_setup(lab, config, site_jobs.jobs, site_arrivals, horizon, timing=site_timing)
+    )
+    runs["recorded data"] = recorded
+    recorded_rows = labcheck.compare_decisions(
+        lab_decisions, recorded.result.decisions, pools, tolerance
+    )
     twin, bench = runs["the lab's delays"], runs["the bench's delays"]
     rows = labcheck.compare_decisions(lab_decisions, twin.result.decisions, pools, tolerance)
     order_only = labcheck.Tolerance(default_s=math.inf)
@@ -225,7 +284,18 @@ def test_simulator_decides_as_the_lab_does(lab: LabSpec, bridge: tuple[Reconcile
         f"{Timing().cancel_s:g}s"
     )
     print(f"tolerance: lend ±{tolerance.of('lend'):g}s, return ±{tolerance.of('return'):g}s")
-    for name, table in (("the lab's delays", rows), ("the bench's delays", bench_rows)):
+    print(
+        f"recorded data: {site_jobs.about['jobs']} jobs from {site_jobs.about['records']} "
+        f"sacct records (left out: {site_jobs.about['left_out']}); {MODEL}'s rate from "
+        f"Prometheus, mean {float(np.mean(site_arrivals.rates[MODEL])):.1f} req/s over "
+        f"{horizon:g}s (sent: {len(offsets[MODEL]) / horizon:.1f}); delays {timing_about}"
+    )
+    tables = (
+        ("the lab's delays", rows),
+        ("the bench's delays", bench_rows),
+        ("recorded data (sacct, Prometheus, lease history)", recorded_rows),
+    )
+    for name, table in tables:
         print(
             f"\ndecisions, simulator with {name} (t: seconds from the load step)\n"
             + labcheck.format_decisions(table)
@@ -255,3 +325,6 @@ def test_simulator_decides_as_the_lab_does(lab: LabSpec, bridge: tuple[Reconcile
     # order (kind, node, pool, models) with the bench's.
     assert all(r.ok for r in rows), labcheck.format_decisions(rows)
     assert all(r.ok for r in bench_rows), labcheck.format_decisions(bench_rows)
+    # And from the site's own records alone (sacct's jobs, Prometheus's rates, the lease
+    # history's delays), in order and in time as with the lab's delays.
+    assert all(r.ok for r in recorded_rows), labcheck.format_decisions(recorded_rows)

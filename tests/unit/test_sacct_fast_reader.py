@@ -39,6 +39,19 @@ def test_recorded_documents_read_the_same(name: str) -> None:
     assert fast and fast == parse_sacct_json_plain(text)
 
 
+def test_recorded_documents_give_the_eligible_time() -> None:
+    """22.05 writes `time.eligible` for every run; a requeued run's is reset with its
+    submit time (the recorded requeue: job 8's second run)."""
+    text = (DATA / "sacct-requeue-22.05.json").read_text()
+    raw = json.loads(text)["jobs"]
+    records = parse_sacct_json(text)
+    for j, rec in zip(raw, records, strict=True):
+        want = j["time"]["eligible"]
+        assert (int(rec.eligible.timestamp()) if rec.eligible else 0) == want
+    reruns = [r for r in records if r.job_id == "8"]
+    assert len(reruns) == 2 and reruns[0].eligible != reruns[1].eligible
+
+
 def test_the_bench_documents_read_the_same() -> None:
     from tests.unit.helpers import load_bench
 
@@ -180,13 +193,16 @@ def job(draw: st.DrawFn) -> dict[str, Any]:
                 {},
                 optional={
                     k: maybe(number(epoch), wrong)
-                    for k in ("submission", "start", "end", "elapsed")
+                    for k in ("submission", "eligible", "start", "end", "elapsed")
                 },
             )
         ),
         "working_directory": "/home/x",
         "steps": [],
     }
+    times = fields["time"]
+    if "submission" in times and draw(st.booleans()):  # most jobs: eligible when submitted
+        times["eligible"] = times["submission"]
     keep = draw(st.lists(st.sampled_from(sorted(fields)), unique=True))
     required = {"job_id", "state"} if draw(st.integers(0, 19)) else set()
     return {k: v for k, v in fields.items() if k in keep or k in required}

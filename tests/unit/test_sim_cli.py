@@ -19,6 +19,8 @@ from bridge.sim.policies import POLICIES
 RUN = CliRunner()
 SMALL = ["simulate", "--days", "0.05", "--nodes", "16", "--models", "2", "--mean-rps", "150"]
 SYNTHETIC = ["--arrivals", "synthetic", "--jobs", "synthetic"]
+#: the public traces, named: the defaults are the generators
+PUBLIC = ["--arrivals", "azure", "--jobs", "alibaba"]
 TRACES = all(
     (path := default_trace(name)) is not None and path.is_file()
     for name in (AZURE_TRACE, ALIBABA_TRACE)
@@ -30,8 +32,8 @@ def test_model_rates_fall_like_zipf() -> None:
 
 
 @pytest.mark.skipif(not TRACES, reason="no shared/traces beside the checkout")
-def test_table_from_the_default_traces() -> None:
-    res = RUN.invoke(app, SMALL)
+def test_table_from_the_public_traces() -> None:
+    res = RUN.invoke(app, [*SMALL, *PUBLIC])
     assert res.exit_code == 0, res.output
     for policy in POLICIES:
         assert policy in res.stdout
@@ -41,7 +43,7 @@ def test_table_from_the_default_traces() -> None:
 
 @pytest.mark.skipif(not TRACES, reason="no shared/traces beside the checkout")
 def test_json_names_the_traces_not_their_paths() -> None:
-    res = RUN.invoke(app, [*SMALL, "--format", "json", "--policies", "bridge"])
+    res = RUN.invoke(app, [*SMALL, *PUBLIC, "--format", "json", "--policies", "bridge"])
     assert res.exit_code == 0, res.output
     scenario = json.loads(res.stdout)["scenario"]
     assert scenario["arrivals"]["trace"] == AZURE_TRACE
@@ -85,7 +87,8 @@ def test_html_is_written_whole(tmp_path: Path) -> None:
     res = RUN.invoke(app, [*SMALL, *SYNTHETIC, "--format", "html", "--output", str(out)])
     assert res.exit_code == 0, res.output
     page = out.read_text()
-    assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 2 + len(POLICIES)
+    # the selection's trade-off chart, the SLO and wait charts, a timeline per policy
+    assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 1 + 2 + len(POLICIES)
     for policy in POLICIES:
         assert f"<td>{policy}</td>" in page
     assert [p.name for p in tmp_path.iterdir()] == ["sim.html"]  # no temp file left
@@ -143,13 +146,16 @@ def test_bad_output_exits_2_before_simulating(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_without_a_traces_folder_the_trace_defaults_say_what_to_give(
+def test_without_a_traces_folder_the_named_traces_say_what_to_give(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The product ships no traces: from a clone alone the default arrivals name the
-    missing file and the ways out, and the synthetic generators need nothing."""
+    """The product ships no traces: from a clone alone the public traces, once named, name
+    the missing file and the ways out; the defaults (the generators) need nothing
+    (test_sim_cli_site.py runs them from a fresh folder)."""
     monkeypatch.delenv("STB_TRACES_DIR", raising=False)
-    res = RUN.invoke(app, SMALL)
+    res = RUN.invoke(app, [*SMALL, "--arrivals", "azure"])
     assert res.exit_code == 2
     assert AZURE_TRACE in res.output and "STB_TRACES_DIR" in res.output
-    assert RUN.invoke(app, [*SMALL, *SYNTHETIC, "--policies", "bridge"]).exit_code == 0
+    res = RUN.invoke(app, [*SMALL, "--jobs", "alibaba"])
+    assert res.exit_code == 2 and ALIBABA_TRACE in res.output
+    assert RUN.invoke(app, [*SMALL, "--policies", "bridge"]).exit_code == 0
