@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from bridge.accounting_cli import accounting_app, report
+from bridge.advise.cli import advise_app
 from bridge.budget_cli import budget_app
 from bridge.config_cli import config_app
 from bridge.daemon.cli import daemon, drain, lend, resume, return_, status, token
@@ -25,6 +26,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(accounting_app, name="accounting")
 app.add_typer(budget_app, name="budget")
 app.add_typer(models_app, name="models")
+app.add_typer(advise_app, name="advise")
 app.command()(report)
 app.command()(daemon)
 app.command()(status)

@@ -1,4 +1,5 @@
-"""`stb daemon` and `stb status`: run the bridge, and show what it holds.
+"""`stb daemon` and `stb status`: run the bridge (`--advise`: the advisory mode, which
+acts on nothing), and show what it holds.
 
 `status` reads the lease store, asks Slurm for the pools, and reads the running daemon's
 own view (each model's p99, each lease's retries, its last pass's outcome) from its
@@ -43,13 +44,25 @@ from bridge.slurm.select import open_backend
 console = Console()
 
 
-def daemon(config: ConfigOpt = None) -> None:
-    """Run the bridge: observe, decide, act every tick, until SIGTERM."""
+AdviseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--advise",
+        help="Advisory mode: observe and decide as the daemon would, record each decision "
+        "it would take (`stb advise report`), and act on nothing (no Slurm or Triton "
+        "write, no lease, no routing).",
+    ),
+]
+
+
+def daemon(config: ConfigOpt = None, advise: AdviseOpt = False) -> None:
+    """Run the bridge: observe, decide, act every tick, until SIGTERM (with --advise:
+    observe, decide and record, never act)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for noisy in ("apscheduler", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        run_daemon(load_or_exit(config))
+        run_daemon(load_or_exit(config), advise=advise)
     except DaemonError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(code=1) from exc

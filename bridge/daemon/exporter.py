@@ -65,10 +65,13 @@ class BridgeMetrics:
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.time,
         instance: str = "",
+        advisory: bool = False,
     ) -> None:
         self.registry = registry or CollectorRegistry()
         self._clock = clock
         self.instance = instance
+        #: an advisory daemon (`stb daemon --advise`): it never acts, whatever the election
+        self.advisory = advisory
         r = self.registry
         self.active = Gauge(
             "stb_active",
@@ -84,7 +87,15 @@ class BridgeMetrics:
         #: whether this instance acts, read when scraped (the leader election's answer
         #: as of now, not as of its last beat)
         self.is_active: Callable[[], bool] = lambda: True
-        self.active.labels(instance).set_function(lambda: float(self.is_active()))
+        self.active.labels(instance).set_function(
+            lambda: 0.0 if self.advisory else float(self.is_active())
+        )
+        self.shadow_leases = Gauge(
+            "stb_shadow_leases",
+            "An advisory daemon's shadow leases (the lends it would have made), by state.",
+            ["state"],
+            registry=r,
+        )
         self.leases = Gauge("stb_leases", "Leases by state.", ["state"], registry=r)
         self.lends = Counter("stb_lends", "Nodes lent, by pool.", ["pool"], registry=r)
         self.returns = Counter(
@@ -194,6 +205,9 @@ class BridgeMetrics:
             for lease_id, n in report.retries.items():
                 self.lease_retries.labels(str(lease_id)).set(n)
             self.leases_stuck.set(len(report.stuck))
+        if report.shadow_states is not None:
+            for state in LeaseState:
+                self.shadow_leases.labels(state.value).set(report.shadow_states.get(state.value, 0))
         for model, p99 in report.p99_ms.items():
             self.model_p99.labels(model).set(float("nan") if p99 is None else p99)
         for model, slo in (slo_ms or {}).items():
@@ -204,6 +218,8 @@ class BridgeMetrics:
 
     @property
     def role(self) -> str:
+        if self.advisory:
+            return "advisory"
         return "active" if self.is_active() else "standby"
 
     def record_epoch(self, epoch: int | None) -> None:

@@ -19,7 +19,8 @@ by tests with an injected clock. Each pass:
 
 A standby (another daemon leads: `bridge.leases.leader`) runs only steps 1, 2 and 7 and
 the metrics: it never acts. A pass whose write is fenced (this instance was deposed)
-stops there.
+stops there. The advisory pass (`stb daemon --advise`, `bridge.daemon.advisory`) builds
+the policy's view with the same `policy_snapshot` and `LendMemory`, over shadow leases.
 
 Errors are data (`bridge.daemon.report`): an adapter error is a `StepError` and the pass
 goes on; a permanent one fails its lease with the adapter's words, a transient one is
@@ -77,6 +78,79 @@ def lease_view(lease: LeaseRecord) -> LeaseView:
     )
 
 
+class LendMemory:
+    """What the policy remembers of past lends from one pass to the next, kept by the pass
+    that decides (the reconciler over its leases, the advisory pass over its shadow
+    leases: `bridge.daemon.advisory`). Kept in memory: after a restart the cooldown
+    anchors come back from the open leases and the lead times start again from
+    `lend_lead_s`."""
+
+    def __init__(self) -> None:
+        #: per model, when a lend carrying it was last made (scale-out cooldown anchor)
+        self.last_lend_at: dict[str, float] = {}
+        #: per pool, the running estimate of seconds from a lend to its replica serving
+        self.lend_s: dict[str, float] = {}
+        self._timed: set[int] = set()
+        self._waited: set[int] = set()
+
+    def lent(self, models: Sequence[str], at: float) -> None:
+        """A lend carrying `models` was made at `at` (epoch seconds)."""
+        for m in models:
+            self.last_lend_at[m] = at
+
+    def anchor(self, leases: Sequence[LeaseRecord]) -> None:
+        """The scale-out cooldown runs from when a lend's replica began serving (or from
+        the lend while it is on its way): a new replica is judged by the p99 it brings."""
+        for lease in leases:
+            anchor = lease.updated_at if lease.state == S.SERVING else lease.created_at
+            for m in lease.models:
+                self.last_lend_at[m] = max(self.last_lend_at.get(m, 0.0), anchor)
+
+    def measure(self, leases: Sequence[LeaseRecord], snap: Snapshot) -> None:
+        """The running estimate, per pool, of seconds from a lend to its replica serving
+        (the forecast's lead time). A drain lend that waited for its node's jobs says
+        nothing about actuation and is left out."""
+        for view in snap.leases:
+            if view.waiting:
+                self._waited.add(view.lease_id)
+        for lease in leases:
+            if lease.state != S.SERVING or lease.id in self._timed:
+                continue
+            self._timed.add(lease.id)
+            if lease.id in self._waited:
+                continue
+            took = max(0.0, lease.updated_at - lease.created_at)
+            self.lend_s[lease.pool] = next_lead(self.lend_s.get(lease.pool), took)
+        live = {lease.id for lease in leases}
+        self._timed &= live
+        self._waited &= live
+
+
+def policy_snapshot(
+    obs: Observation,
+    config: BridgeConfig,
+    leases: Sequence[LeaseRecord],
+    memory: LendMemory,
+    preemptions_last_hour: int,
+    held: frozenset[str],
+) -> Snapshot:
+    """The policy's view of this pass: the observation, the open leases (their cooldown
+    anchors and lead times folded into `memory`), the hour's preemptions and the held
+    pools. The one place the reconciler and the advisory pass build what `decide` reads."""
+    memory.anchor(leases)
+    snap = snapshot(
+        obs,
+        config,
+        [lease_view(x) for x in leases],
+        memory.last_lend_at,
+        memory.lend_s,
+        preemptions_last_hour,
+        held,
+    )
+    memory.measure(leases, snap)
+    return snap
+
+
 class Reconciler:
     def __init__(
         self,
@@ -101,14 +175,20 @@ class Reconciler:
         self.requests = requests
         self.settings = Settings.of(config)
         self.actuator = Actuator(config, slurm, store, triton_for, router, forget_triton)
-        #: per model, when a lend carrying it was last made (scale-out cooldown anchor)
-        self.last_lend_at: dict[str, float] = {}
-        #: per pool, seconds from a lend to its replica serving (see `_measure_lends`)
-        self.lend_s: dict[str, float] = {}
-        self._timed: set[int] = set()
-        self._waited: set[int] = set()
+        #: what the policy remembers of past lends (cooldown anchors, lend lead times)
+        self.memory = LendMemory()
         #: the last pass's observation (for tools and tests that want the same view)
         self.last_observation: Observation | None = None
+
+    @property
+    def last_lend_at(self) -> dict[str, float]:
+        """Per model, when a lend carrying it was last made (scale-out cooldown anchor)."""
+        return self.memory.last_lend_at
+
+    @property
+    def lend_s(self) -> dict[str, float]:
+        """Per pool, seconds from a lend to its replica serving (`LendMemory.measure`)."""
+        return self.memory.lend_s
 
     # ---- the pass ------------------------------------------------------------------
 
@@ -150,18 +230,14 @@ class Reconciler:
         holds = self.requests.holds() if self.requests is not None else {}
         self._operator_requests(obs, now, report, holds)
         held = self._return_held(holds, obs, now, report)
-        open_now = act.open_leases()
-        self._anchor_lends(open_now)
-        snap = snapshot(
+        snap = policy_snapshot(
             obs,
             self.config,
-            [lease_view(x) for x in open_now],
-            self.last_lend_at,
-            self.lend_s,
+            act.open_leases(),
+            self.memory,
             act.preemptions_since(t - 3600.0),
             held,
         )
-        self._measure_lends(open_now, snap)
         report.actions = decide(snap, self.config, t)
         for action in report.actions:
             self._act(action, obs, now, report)
@@ -191,34 +267,6 @@ class Reconciler:
             self.actuator.route(report)
         except RoutingError as exc:  # the old routes keep serving
             report.error("route", exc)
-
-    def _measure_lends(self, leases: Sequence[LeaseRecord], snap: Snapshot) -> None:
-        """The running estimate, per pool, of seconds from a lend to its replica serving
-        (the forecast's lead time). A drain lend that waited for its node's jobs says
-        nothing about actuation and is left out. Kept in memory: after a restart the
-        policy starts again from `lend_lead_s`."""
-        for view in snap.leases:
-            if view.waiting:
-                self._waited.add(view.lease_id)
-        for lease in leases:
-            if lease.state != S.SERVING or lease.id in self._timed:
-                continue
-            self._timed.add(lease.id)
-            if lease.id in self._waited:
-                continue
-            took = max(0.0, lease.updated_at - lease.created_at)
-            self.lend_s[lease.pool] = next_lead(self.lend_s.get(lease.pool), took)
-        live = {lease.id for lease in leases}
-        self._timed &= live
-        self._waited &= live
-
-    def _anchor_lends(self, leases: Sequence[LeaseRecord]) -> None:
-        # The scale-out cooldown runs from when a lend's replica began serving (or from
-        # the lend while it is on its way): a new replica is judged by the p99 it brings.
-        for lease in leases:
-            anchor = lease.updated_at if lease.state == S.SERVING else lease.created_at
-            for m in lease.models:
-                self.last_lend_at[m] = max(self.last_lend_at.get(m, 0.0), anchor)
 
     def _orphans(self, obs: Observation, now: datetime, report: TickReport) -> None:
         act = self.actuator
@@ -324,8 +372,7 @@ class Reconciler:
             f"{','.join(action.models)}: {action.reason})"
         )
         report.lent.append(action.pool)
-        for m in action.models:
-            self.last_lend_at[m] = now.timestamp()
+        self.memory.lent(action.models, now.timestamp())
         step = planner.plan_lease(lease, obs, now.timestamp(), self.settings)
         if step is not None:
             self.actuator.run(step, now, report)
@@ -363,4 +410,4 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-__all__ = ["Reconciler", "TickReport", "lease_view"]
+__all__ = ["LendMemory", "Reconciler", "TickReport", "lease_view", "policy_snapshot"]

@@ -68,8 +68,11 @@ class TickReport:
     served: list[tuple[str, float]] = field(default_factory=list)
     #: lends recorded this pass, by pool
     lent: list[str] = field(default_factory=list)
-    #: False on a standby's pass (it observed and routed, and did nothing else)
+    #: False on a standby's pass (it observed and routed, and did nothing else) and on an
+    #: advisory pass (it observed and decided, and acted on nothing)
     active: bool = True
+    #: an advisory pass's shadow leases by state (`bridge.daemon.shadow`; None: not one)
+    shadow_states: Mapping[str, int] | None = None
 
     @property
     def outcome(self) -> Outcome:

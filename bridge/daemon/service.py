@@ -7,6 +7,14 @@ Which instance acts: on PostgreSQL, the leader row (`bridge.leases.leader`), bea
 thread of its own every third of its TTL; a standby that takes the lease runs its first
 active pass at once. On SQLite, an exclusive file lock: one daemon on one host.
 
+`stb daemon --advise` (`build_advisory`, `run_advisory`: an `AdvisoryBridge`) runs the
+advisory pass (`bridge.daemon.advisory.Advisor`) on the same scheduler, tick thread and
+exporter, and never acts: it takes no part in the election and holds its own lock file
+(`<lock_file>.advise`), so an active daemon may run beside it; it starts no nginx,
+publishes no routing, feeds no ledger, serves no operator API, starts no Triton server
+(its Triton key reads each server's model list, nothing else), and `/healthz` says
+`"role": "advisory"`.
+
 The passes run on an executor of their own with one thread, so
 they never wait behind a slow ledger ingest and always use the same thread (the Triton
 clients are per thread: see `bridge.daemon.clients`). Called by `stb daemon`; `build()`
@@ -24,15 +32,19 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from types import FrameType
 from typing import IO
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from accounting.db import open_ledger
 from bridge.config import BridgeConfig
+from bridge.daemon.advisory import Advisor
 from bridge.daemon.api import finance_routes, operator_routes
 from bridge.daemon.auth import TokensError, TokenTable
 from bridge.daemon.clients import TritonClients
@@ -42,6 +54,7 @@ from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
 from bridge.daemon.report import Outcome, TickReport
 from bridge.leases import leader
+from bridge.leases.advice import AdviceStore
 from bridge.leases.leader import LeaderLease
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
@@ -73,6 +86,13 @@ class Bridge:
     #: this instance's side of the leader election (None: SQLite, the file lock)
     leader: LeaderLease | None = None
     requests: RequestQueue | None = None
+    #: not an advisory daemon (`AdvisoryBridge`): it acts while it leads
+    advisory = False
+
+    @property
+    def loop(self) -> Reconciler:
+        """The pass each tick runs."""
+        return self.reconciler
 
     @property
     def active(self) -> bool:
@@ -87,6 +107,35 @@ class Bridge:
         self.clients.close()
         if self.nginx is not None:
             self.nginx.stop()
+
+
+@dataclass
+class AdvisoryBridge:
+    """The parts of an advisory daemon (`build_advisory`): its pass, metrics and Triton
+    clients; none that acts (no routing, nginx, ledger, election or request queue)."""
+
+    config: BridgeConfig
+    advisor: Advisor
+    metrics: BridgeMetrics
+    clients: TritonClients
+    publisher: None = None
+    ledger: None = None
+    leader: None = None
+    advisory = True
+    active = False
+
+    @property
+    def loop(self) -> Advisor:
+        """The pass each tick runs."""
+        return self.advisor
+
+    @property
+    def instance(self) -> str:
+        return instance_name(self.config)
+
+    def close(self) -> None:
+        self.advisor.observer.close()
+        self.clients.close()
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -173,6 +222,28 @@ def build(
     return Bridge(config, reconciler, metrics, publisher, proc, clients, feed, lease, requests)
 
 
+def build_advisory(
+    config: BridgeConfig, *, slurm_env: Mapping[str, str] | None = None
+) -> AdvisoryBridge:
+    """The advisory daemon's parts: the same Slurm adapter and observer as `build`'s, the
+    advisory pass over them, the exporter's metrics; no routing, no ledger, no election,
+    no operator requests (their pool holds are read). It holds the Triton key as the
+    daemon does, since Triton lists a server's models only behind it (the repository
+    index), and calls no other keyed API; it needs no key shim (it starts no server)."""
+    key_file = config.triton.key_file
+    if not key_file.exists():
+        raise DaemonError(f"triton.key_file {key_file} does not exist")
+    clients = TritonClients(key_file.read_text().strip())
+    engine = make_engine(config.database_url)
+    create_schema(engine)
+    requests = RequestQueue(engine)
+    slurm = open_backend(env=slurm_env)
+    metrics = BridgeMetrics(instance=instance_name(config), advisory=True)
+    observer = Observer(slurm, config, clients, prometheus=prometheus_source(config))
+    advisor = Advisor(config, observer, AdviceStore(engine), metrics, holds=requests.holds)
+    return AdvisoryBridge(config, advisor, metrics, clients)
+
+
 def _leader_only(
     record: Callable[[str, str, float, MetricsPage], None], lease: LeaderLease | None
 ) -> Callable[[str, str, float, MetricsPage], None]:
@@ -195,8 +266,11 @@ def prometheus_source(config: BridgeConfig) -> PrometheusSignal | None:
     return PrometheusSignal(o.prometheus_url, o.max_staleness_s, o.timeout_s)
 
 
-def api_routes(bridge: Bridge) -> dict[str, Endpoint]:
-    """The operator endpoints, and finance's report when the daemon feeds a ledger."""
+def api_routes(bridge: Bridge | AdvisoryBridge) -> dict[str, Endpoint]:
+    """The operator endpoints, and finance's report when the daemon feeds a ledger; none
+    on an advisory daemon (it takes no request)."""
+    if isinstance(bridge, AdvisoryBridge):
+        return {}
     assert bridge.requests is not None
     routes = operator_routes(bridge.config, bridge.requests, bridge.reconciler.store)
     if bridge.ledger is not None:
@@ -204,7 +278,7 @@ def api_routes(bridge: Bridge) -> dict[str, Endpoint]:
     return routes
 
 
-def exporter_for(bridge: Bridge) -> ExporterServer:
+def exporter_for(bridge: Bridge | AdvisoryBridge) -> ExporterServer:
     """The exporter and API as configured (`[daemon] exporter_listen`, `[api]`)."""
     config = bridge.config
     host, port = _host_port(config.daemon.exporter_listen)
@@ -224,11 +298,11 @@ def exporter_for(bridge: Bridge) -> ExporterServer:
     )
 
 
-def tick_once(bridge: Bridge) -> TickReport | None:
+def tick_once(bridge: Bridge | AdvisoryBridge) -> TickReport | None:
     """One pass as the scheduler runs it: the report's lines logged; an exception (a bug,
     since adapter errors come back as data) counted as a failed tick with its traceback."""
     try:
-        report = bridge.reconciler.run_once(datetime.now(UTC))
+        report = bridge.loop.run_once(datetime.now(UTC))
     except Exception as exc:  # the loop never dies; the failure is counted and logged
         bridge.metrics.record_exception(exc)
         log.exception("tick failed")
@@ -241,7 +315,7 @@ def tick_once(bridge: Bridge) -> TickReport | None:
 
 
 def scheduler_for(
-    bridge: Bridge, scheduler_cls: type[BaseScheduler] = BlockingScheduler
+    bridge: Bridge | AdvisoryBridge, scheduler_cls: type[BaseScheduler] = BlockingScheduler
 ) -> BaseScheduler:
     """The daemon's scheduler with its tick job: one pass at a time on the `tick`
     executor's single thread, late passes coalesced; other jobs go to `ledger`."""
@@ -289,9 +363,20 @@ def single_instance(path: os.PathLike[str]) -> Iterator[IO[str]]:
         handle.close()
 
 
-def run_daemon(config: BridgeConfig) -> None:
+def advisory_lock(config: BridgeConfig) -> Path:
+    """The advisory daemon's own lock file: one advisory per host and lock, beside (never
+    instead of) the active daemon's."""
+    lock = config.daemon.lock_file
+    return lock.with_name(lock.name + ".advise")
+
+
+def run_daemon(config: BridgeConfig, *, advise: bool = False) -> None:
     """Run until SIGTERM or SIGINT: on PostgreSQL as one of several instances (the
-    leader acts), on SQLite as the only one."""
+    leader acts), on SQLite as the only one; with `advise`, as an advisory daemon that
+    never acts."""
+    if advise:
+        run_advisory(config)
+        return
     elect = leader.supported(make_engine(config.database_url))
     with nullcontext() if elect else single_instance(config.daemon.lock_file):
         bridge = build(config, elect=elect)
@@ -345,11 +430,6 @@ def run_daemon(config: BridgeConfig) -> None:
                 id="ledger-ingest",
             )
 
-        def stop(signum: int, frame: FrameType | None) -> None:
-            scheduler.shutdown(wait=False)
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
         log.info(
             "bridge daemon %s: tick %ss, %s on %s",
             bridge.instance,
@@ -357,13 +437,48 @@ def run_daemon(config: BridgeConfig) -> None:
             "API and metrics",
             exporter.url,
         )
-        try:
-            scheduler.start()
-        finally:
-            exporter.stop()
+
+        def closing() -> None:
             if election is not None:
                 election.release()
             bridge.close()
+
+        _serve(scheduler, exporter, closing)
+
+
+def run_advisory(config: BridgeConfig) -> None:
+    """`stb daemon --advise` until SIGTERM or SIGINT: the advisory pass on the daemon's
+    scheduler and exporter, under its own lock file (`advisory_lock`)."""
+    with single_instance(advisory_lock(config)):
+        bridge = build_advisory(config)
+        exporter = exporter_for(bridge).start()
+        scheduler = scheduler_for(bridge)
+        log.warning(
+            "bridge daemon %s: ADVISORY mode, acts on nothing: it observes and decides every "
+            "%ss and records what it would do in the advice tables of %s (no Slurm or Triton "
+            "write, no lease, no routing, no operator request); metrics and /healthz (role "
+            "advisory) on %s",
+            bridge.instance,
+            config.tick_s,
+            _redacted(config.database_url),
+            exporter.url,
+        )
+        _serve(scheduler, exporter, bridge.close)
+
+
+def _serve(scheduler: BaseScheduler, exporter: ExporterServer, closing: Callable[[], None]) -> None:
+    """Run the scheduler until SIGTERM or SIGINT, then stop the exporter and close."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        scheduler.shutdown(wait=False)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        scheduler.start()
+    finally:
+        exporter.stop()
+        closing()
 
 
 def _beat(bridge: Bridge, scheduler: BaseScheduler) -> None:
@@ -381,3 +496,11 @@ def _beat(bridge: Bridge, scheduler: BaseScheduler) -> None:
         log.warning("%s is standing by (%s)", bridge.instance, election.last_error or "deposed")
     elif not now_active and election.last_error:
         log.warning("leader election: %s", election.last_error)
+
+
+def _redacted(url: str) -> str:
+    """A database URL without its password, for the log."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "the bridge's database"

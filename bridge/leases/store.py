@@ -12,8 +12,9 @@ CLI (`stb lend`, `stb return`, `stb status`). Every write is one transaction:
 
 Leases returned are detached copies: changing one changes nothing in the database.
 
-Schema: `create_schema` runs `create_all` for the two lease tables. Alembic migrations come
-with the GPU-hour ledger issue, which brings the first schema change to manage.
+Schema: `create_schema` runs `create_all` for the lease tables and their neighbours.
+Alembic migrations come with the GPU-hour ledger issue, which brings the first schema
+change to manage.
 """
 
 from __future__ import annotations
@@ -52,12 +53,13 @@ _SETTABLE = frozenset(LeaseFields.__annotations__)
 
 
 def create_schema(engine: Engine) -> None:
-    """Create the lease tables, the operator requests, the pool holds, the leader row
-    (PostgreSQL) and their indexes if missing (no migrations yet: these are new tables
-    only; a new column would need one)."""
-    from bridge.leases import leader, requests  # noqa: F401 - register their tables
+    """Create the lease tables, the operator requests, the pool holds, the advisory
+    mode's record (`bridge.leases.advice`), the leader row (PostgreSQL) and their indexes
+    if missing (no migrations yet: these are new tables only; a new column would need
+    one)."""
+    from bridge.leases import advice, leader, requests  # noqa: F401 - register their tables
 
-    names = ["lease", "lease_event", "operator_request", "pool_hold"]
+    names = ["lease", "lease_event", "operator_request", "pool_hold", *advice.TABLES]
     if leader.supported(engine):
         names.append("stb_leader")
     tables = [SQLModel.metadata.tables[name] for name in names]

@@ -1,0 +1,372 @@
+"""Shadow leases: the leases the advisory pass would have made, moved through the lease
+states on the timing the simulator models, so that the pure policy sees, tick after tick,
+what it would have seen had it acted (its cooldowns, the cap on lent nodes, the return
+after calm, the preemption budget).
+
+Pure: no I/O, no clock (`now` is a parameter, epoch seconds). Called by the advisory pass
+(`bridge.daemon.advisory.Advisor`) once per tick: `sync` first (each open shadow moves at
+most one state, as the reconciler's passive sync moves a real lease), then `observation`
+(the tick's real `Observation` with the shadows made real: each serving shadow is a ready
+replica, each shadow's Triton job is on its node, the jobs a lend would have requeued
+carry that requeue), then `lend` and `return_` for the policy's actions. Tested with
+literal observations in tests/unit/test_shadow.py.
+
+The timing is the lab's measured `bridge.lifecycle.StepTimes`, the same the simulator's
+`Timing` defaults to (one place for both: the runtime may not import the simulator). A
+shadow moves:
+
+- lend: requested -> submitted in the lend's own pass (as the reconciler submits at once);
+  its Triton job would run `preempt_start_s` later when its node has jobs to requeue,
+  `slurm_start_s` when it is free; a drain-mode lend's job runs `slurm_start_s` after the
+  tick that sees its node free of jobs (in Slurm: nothing fences the node, see below);
+- submitted -> starting once that time has come, starting -> serving `triton_ready_s`
+  later;
+- return: serving -> draining, then releasing at the next tick (the simulator's drain: no
+  request left after a tick), returned `cancel_s` after that; submitted or starting ->
+  releasing at once;
+- a shadow whose node vanished from Slurm fails, and is returned at the next tick.
+
+An advised baseline (a reserved node without its Triton server) is a stand-in job on its
+node at once and a ready replica of every configured model `slurm_start_s +
+triton_ready_s` later, until a real Triton job appears there (kept in memory only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from bridge.daemon.observation import Observation, TritonServer
+from bridge.daemon.planner import LeaseRecord
+from bridge.lifecycle import LeaseState, StepTimes, check
+from bridge.policy import Lend
+from bridge.slurm.model import TRITON_TAG, Job
+from bridge.triton.client import HTTP_PORT
+
+S = LeaseState
+#: the tag of a shadow's stand-in Triton job in the advisory's view (never in Slurm)
+SHADOW_TAG = "stb:shadow"
+
+
+@dataclass
+class ShadowLease:
+    """A lease the advisory pass would have made. Its state changes only through
+    `ShadowBook._move`, which checks each move against `bridge.lifecycle.TRANSITIONS`."""
+
+    id: int
+    node: str
+    pool: str
+    lend_mode: str
+    models: tuple[str, ...]
+    created_at: float
+    state: LeaseState = S.REQUESTED
+    updated_at: float = 0.0
+    reason: str = ""
+    #: when its Triton job would run, be ready, be gone (None: not yet known)
+    running_at: float | None = None
+    ready_at: float | None = None
+    gone_at: float | None = None
+    #: the jobs its lend would have requeued (a preempt-mode lend of a busy node)
+    victims: tuple[str, ...] = ()
+
+    def record(self) -> LeaseRecord:
+        """The planner's copy, as the reconciler hands a real lease to the policy."""
+        return LeaseRecord(
+            self.id,
+            self.node,
+            self.pool,
+            self.lend_mode,
+            self.state,
+            self.models,
+            None,
+            self.created_at,
+            self.updated_at,
+            self.reason,
+        )
+
+
+@dataclass(frozen=True)
+class ShadowMove:
+    lease_id: int
+    node: str
+    old: LeaseState | None
+    new: LeaseState
+    at: float
+    reason: str
+
+    def line(self) -> str:
+        old = self.old.value if self.old is not None else "(new)"
+        return (
+            f"shadow lease {self.lease_id} {self.node}: {old} -> {self.new.value} ({self.reason})"
+        )
+
+
+@dataclass
+class _Requeue:
+    """A job a shadow lend would have requeued: when, and its restarts then."""
+
+    at: float
+    restarts: int
+
+
+@dataclass
+class ShadowBook:
+    """The open shadow leases, and the requeues their lends would have made."""
+
+    timing: StepTimes = field(default_factory=StepTimes)
+    #: a preempt-mode lend requeues its node's jobs itself (`[leases] requeue_victims`):
+    #: those count in the policy's preemption budget
+    requeue_victims: bool = True
+    #: how long a would-be requeue is remembered (the preemption budget's hour, or the
+    #: policy's `preempt_guard_s` if longer)
+    remember_s: float = 3600.0
+    leases: dict[int, ShadowLease] = field(default_factory=dict)
+    next_id: int = 1
+    #: job id -> the requeue a shadow lend would have made
+    requeued: dict[str, _Requeue] = field(default_factory=dict)
+    #: the shadows changed since `take_changed` was last called (to be persisted)
+    changed: dict[int, ShadowLease] = field(default_factory=dict)
+    #: reserved nodes whose baseline the advisory would have submitted: node -> when
+    #: (kept in memory only: a restarted advisory advises it again)
+    baselines: dict[str, float] = field(default_factory=dict)
+    #: the models a baseline server holds (every configured model)
+    baseline_models: tuple[str, ...] = ()
+
+    @classmethod
+    def restore(
+        cls,
+        leases: Iterable[ShadowLease],
+        next_id: int,
+        *,
+        timing: StepTimes | None = None,
+        requeue_victims: bool = True,
+        remember_s: float = 3600.0,
+        baseline_models: tuple[str, ...] = (),
+    ) -> ShadowBook:
+        """A book carrying on from stored shadows (the open ones, and the recent ones whose
+        victims still count: their creation time is the requeue's)."""
+        book = cls(
+            timing or StepTimes(),
+            requeue_victims,
+            remember_s,
+            next_id=next_id,
+            baseline_models=baseline_models,
+        )
+        for lease in leases:
+            if lease.state != S.RETURNED:
+                book.leases[lease.id] = lease
+            if requeue_victims:
+                for job_id in lease.victims:
+                    book.requeued.setdefault(job_id, _Requeue(lease.created_at, -1))
+            book.next_id = max(book.next_id, lease.id + 1)
+        return book
+
+    # ---- what the policy sees --------------------------------------------------------
+
+    def open_records(self) -> list[LeaseRecord]:
+        return [self.leases[i].record() for i in sorted(self.leases)]
+
+    def serving(self) -> int:
+        return sum(1 for lease in self.leases.values() if lease.state == S.SERVING)
+
+    def states(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for lease in self.leases.values():
+            out[lease.state.value] = out.get(lease.state.value, 0) + 1
+        return out
+
+    def preemptions_since(self, since: float) -> int:
+        """Jobs the shadow lends would have requeued at or after `since`."""
+        return sum(1 for r in self.requeued.values() if r.at >= since)
+
+    def observation(self, obs: Observation) -> Observation:
+        """`obs` as the active daemon would have seen it had it made the shadows' lends:
+        each open shadow's Triton job on its node (a stand-in, tagged `stb:shadow`), each
+        serving shadow a ready replica of its models, and each job a shadow lend would
+        have requeued with that requeue (one more restart, submitted then: the policy's
+        preemption guard reads them). The rest is the real observation."""
+        if not self.leases and not self.requeued and not self.baselines:
+            return obs
+        jobs = []
+        for job in obs.jobs:
+            r = self.requeued.get(job.job_id)
+            if r is not None and r.restarts in (-1, job.restarts):
+                if r.restarts == -1:  # restored from the store: the restarts then unknown
+                    r.restarts = job.restarts
+                job = replace(
+                    job,
+                    restarts=job.restarts + 1,
+                    submit_time=datetime.fromtimestamp(r.at, UTC),
+                )
+            jobs.append(job)
+        servers = list(obs.servers)
+        for lease in self.leases.values():
+            if lease.state in (S.REQUESTED, S.FAILED, S.RETURNED):
+                continue
+            node = obs.nodes.get(lease.node)
+            job = _stand_in(lease, node.gpus if node is not None else 1)
+            jobs.append(job)
+            if lease.state == S.SERVING and node is not None:
+                address = f"{node.addr}:{HTTP_PORT}"
+                servers.append(TritonServer(job, lease.node, address, True, lease.models))
+        t = self.timing
+        for node_name, since in sorted(self.baselines.items()):
+            node = obs.nodes.get(node_name)
+            if node is None:
+                continue
+            running = obs.at >= since + t.slurm_start_s
+            job = _stand_in_job(f"shadow-baseline-{node_name}", node_name, node.gpus, running)
+            jobs.append(job)
+            if obs.at >= since + t.slurm_start_s + t.triton_ready_s:
+                address = f"{node.addr}:{HTTP_PORT}"
+                servers.append(TritonServer(job, node_name, address, True, self.baseline_models))
+        return replace(obs, jobs=tuple(jobs), servers=tuple(servers))
+
+    # ---- the passive sync ------------------------------------------------------------
+
+    def sync(self, obs: Observation, now: float) -> list[ShadowMove]:
+        """Each open shadow moves at most one state (the reconciler's passive sync), on
+        `timing`; returned shadows leave the book."""
+        self._forget(now)
+        real = {n for j in obs.jobs if TRITON_TAG in j.tags for n in (j.nodes or j.requested_nodes)}
+        for node in [n for n in self.baselines if n not in obs.nodes or n in real]:
+            del self.baselines[node]  # gone, or a real Triton job is there now
+        moves: list[ShadowMove] = []
+        t = self.timing
+        for lease_id in sorted(self.leases):
+            lease = self.leases[lease_id]
+            state = lease.state
+            if state in (S.REQUESTED, S.SUBMITTED, S.STARTING, S.SERVING) and (
+                lease.node not in obs.nodes
+            ):
+                moves.append(self._move(lease, S.FAILED, now, f"node {lease.node} vanished"))
+                continue
+            if state == S.SUBMITTED:
+                if lease.running_at is None and not obs.work.get(lease.node):
+                    # a drain lend's node is free: its Triton job would start now
+                    lease.running_at = now + t.slurm_start_s
+                    lease.ready_at = lease.running_at + t.triton_ready_s
+                    self.changed[lease.id] = lease
+                if lease.running_at is not None and lease.running_at <= now:
+                    moves.append(self._move(lease, S.STARTING, now, "its job would run"))
+            elif state == S.STARTING:
+                if lease.ready_at is not None and lease.ready_at <= now:
+                    moves.append(self._move(lease, S.SERVING, now, "Triton would be ready"))
+            elif state == S.DRAINING:
+                lease.gone_at = now + t.cancel_s
+                moves.append(self._move(lease, S.RELEASING, now, "drained; job cancelled"))
+            elif state == S.RELEASING:
+                if lease.gone_at is None or lease.gone_at <= now:
+                    moves.append(self._move(lease, S.RETURNED, now, "node back with Slurm"))
+            elif state == S.FAILED:
+                moves.append(self._move(lease, S.RETURNED, now, "cleaned up after failure"))
+        return moves
+
+    # ---- the policy's actions --------------------------------------------------------
+
+    def lend(
+        self, action: Lend, obs: Observation, now: float
+    ) -> tuple[ShadowLease, list[ShadowMove]]:
+        """Make the shadow of `action`: requested, then submitted in the same pass."""
+        lease = ShadowLease(
+            self.next_id,
+            action.node,
+            action.pool,
+            action.lend_mode,
+            tuple(action.models),
+            now,
+            S.REQUESTED,
+            now,
+            action.reason,
+        )
+        self.next_id += 1
+        self.leases[lease.id] = lease
+        self.changed[lease.id] = lease
+        moves = [ShadowMove(lease.id, lease.node, None, S.REQUESTED, now, action.reason)]
+        work = obs.work.get(action.node, ())
+        t = self.timing
+        if action.lend_mode == "preempt":
+            lease.running_at = now + (t.preempt_start_s if work else t.slurm_start_s)
+            lease.ready_at = lease.running_at + t.triton_ready_s
+            if self.requeue_victims:
+                lease.victims = tuple(sorted(j.job_id for j in work))
+                for j in work:
+                    self.requeued[j.job_id] = _Requeue(now, j.restarts)
+        moves.append(self._move(lease, S.SUBMITTED, now, "its Triton job would be submitted"))
+        return lease, moves
+
+    def return_(self, lease_id: int, reason: str, now: float) -> ShadowMove | None:
+        """Give a shadow back, as `bridge.daemon.planner.plan_return` gives a lease back;
+        None when it is unknown or already leaving."""
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            return None
+        why = f"return: {reason}"
+        if lease.state == S.SERVING:
+            return self._move(lease, S.DRAINING, now, why)
+        if lease.state in (S.SUBMITTED, S.STARTING):
+            running = lease.running_at is not None and lease.running_at <= now
+            lease.gone_at = now + self.timing.cancel_s if running else now
+            return self._move(lease, S.RELEASING, now, why)
+        if lease.state == S.REQUESTED:
+            return self._move(lease, S.RETURNED, now, f"abandoned: {reason}")
+        return None
+
+    def baseline(self, node: str, now: float) -> bool:
+        """The baseline of reserved `node` would be submitted now; False when it already
+        was (the advisory records it once)."""
+        if node in self.baselines:
+            return False
+        self.baselines[node] = now
+        return True
+
+    def take_changed(self) -> list[ShadowLease]:
+        """The shadows changed since the last call (returned ones included), once each."""
+        out = [self.changed[i] for i in sorted(self.changed)]
+        self.changed.clear()
+        return out
+
+    # ---- internals -------------------------------------------------------------------
+
+    def _move(self, lease: ShadowLease, new: LeaseState, now: float, reason: str) -> ShadowMove:
+        old = lease.state
+        check(old, new, lease_id=lease.id)
+        lease.state = new
+        lease.updated_at = now
+        lease.reason = reason
+        self.changed[lease.id] = lease
+        if new == S.RETURNED:
+            self.leases.pop(lease.id, None)
+        return ShadowMove(lease.id, lease.node, old, new, now, reason)
+
+    def _forget(self, now: float) -> None:
+        for job_id in [j for j, r in self.requeued.items() if now - r.at >= self.remember_s]:
+            del self.requeued[job_id]
+
+
+def _stand_in(lease: ShadowLease, gpus: int) -> Job:
+    """The Triton job a shadow would have on its node, as the advisory's view shows it."""
+    return _stand_in_job(f"shadow-{lease.id}", lease.node, gpus, lease.state != S.SUBMITTED)
+
+
+def _stand_in_job(job_id: str, node: str, gpus: int, running: bool) -> Job:
+    return Job(
+        job_id,
+        "stb-triton-shadow",
+        "",
+        "",
+        "",
+        "RUNNING" if running else "PENDING",
+        "None" if running else "Resources",
+        (node,) if running else (),
+        f"{TRITON_TAG},{SHADOW_TAG}",
+        gpus,
+        0,
+        None,
+        None,
+        requested_nodes=(node,),
+    )
+
+
+__all__ = ["SHADOW_TAG", "ShadowBook", "ShadowLease", "ShadowMove"]
