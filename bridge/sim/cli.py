@@ -12,8 +12,8 @@ every one with the same SLO and service time. A site's arrivals (`--arrivals pro
 or `csv`) bring their own models, each with its SLO from --config's [models] (else
 --slo-ms) and its service time from Triton's counters (`--service-from`) or
 --service-ms. Generated jobs are a share of the GPUs left outside a peak-sized inference
-pool, so every set-up faces the same offered work; a site's jobs (`--jobs sacct`) are
-replayed as they came.
+pool, so every set-up faces the same offered work; a site's jobs (`--jobs sacct`, or
+`--jobs ledger`: those the GPU-hour ledger booked) are replayed as they came.
 
 Bad input (an option out of range, an unknown policy, a missing or unreadable trace or
 site file, a Prometheus that does not answer, a fleet too small for the inference load)
@@ -450,7 +450,7 @@ def simulate(
         str,
         typer.Option(
             help=f"{'|'.join(JOBS)}: the public Alibaba trace, generated, or the site's own "
-            "sacct records (--sacct-json)."
+            "sacct records (--sacct-json) or GPU-hour ledger (jobs arrive as they started)."
         ),
     ] = "synthetic",
     jobs_trace: Annotated[
@@ -461,7 +461,7 @@ def simulate(
         float,
         typer.Option(
             help="Offered job GPU-load, a share of the GPUs outside peak inference (not "
-            "for --jobs sacct: those come as they came)."
+            "for --jobs sacct or ledger: those come as they came)."
         ),
     ] = 0.85,
     since: Annotated[
@@ -515,6 +515,13 @@ def simulate(
             "inference,... (inference: not batch work)."
         ),
     ] = "",
+    ledger_url: Annotated[
+        str | None,
+        typer.Option(
+            help="--jobs ledger, --service-from ledger: the GPU-hour ledger's database URL "
+            "(default: --config's [accounting] ledger_url). Read only."
+        ),
+    ] = None,
     fleet_nodes: Annotated[
         Path | None,
         typer.Option(help="The fleet: `scontrol show node -o` output; pools from --config."),
@@ -628,7 +635,7 @@ def simulate(
         prometheus_url=prometheus_url, prometheus_json=prometheus_json,
         prometheus_save=prometheus_save, query=query, arrivals_file=arrivals_file,
         scale=scale, max_gap_s=max_gap_s, sacct_json=tuple(sacct_json or ()),
-        partition_kind=partition_kind, fleet_nodes=fleet_nodes,
+        partition_kind=partition_kind, ledger_url=ledger_url, fleet_nodes=fleet_nodes,
         fleet_partitions=fleet_partitions, nodes=nodes, gpus_per_node=gpus_per_node,
         slo_ms=slo_ms, service_ms=service_ms, service_from=service_from,
         service_json=service_json, load_s=load_s, timing=timing, step_s=STEP_S,

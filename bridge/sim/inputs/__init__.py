@@ -12,6 +12,9 @@ One module per source:
 - `jobs`: batch jobs from `sacct --json --duplicates` (`replay_records`), replayed as
   they came: requeued runs, arrays, multi-node and still-running jobs as the docstring
   says; the bridge's Triton servers are serving, not batch work, and are left out.
+- `ledger_jobs`: the same jobs from the GPU-hour ledger (`replay_ledger`: the runs it
+  booked, through `jobs`' rules), for a site whose slurmdbd purged them; they arrive at
+  their first run's start (the ledger keeps no submit time), as the docstring says.
 - `arrivals`: per model, the request rate over time as it happened, resampled to the
   simulator's step with its gaps said (`resample`); a CSV of `time,model,rate`.
 - `prometheus`: the same from a Prometheus range query (`query_range`) or a saved
@@ -40,6 +43,7 @@ from bridge.sim.inputs.jobs import (
     replay_records,
     replay_sacct_files,
 )
+from bridge.sim.inputs.ledger_jobs import replay_ledger
 from bridge.sim.inputs.prometheus import (
     DEFAULT_QUERY,
     arrivals_from_prometheus,
@@ -80,6 +84,7 @@ __all__ = [
     "read_ledger_service",
     "read_sacct_files",
     "record_span",
+    "replay_ledger",
     "replay_records",
     "replay_sacct_files",
     "resample",

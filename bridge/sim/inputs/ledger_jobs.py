@@ -29,8 +29,8 @@ left out counted). What the ledger does not keep is approximated, and `about` sa
   inference is the bridge's serving, left out and counted; any other workload (a ledger
   written by something else) takes its partition's kind from `kind_of_partition`, and a
   partition it does not name raises `InputError` naming it, as with sacct's records.
-- A run still running at the last ingest (state RUNNING) runs as long as that ingest
-  booked it (a lower bound of its length, like sacct's elapsed time so far).
+- A run still running at the last ingest (state RUNNING, SUSPENDED, ...) runs as long as
+  that ingest booked it (a lower bound of its length, like sacct's elapsed time so far).
 - Not in the ledger, so neither replayed nor counted: jobs that never ran, jobs with no
   GPU, records slurmdbd had not finished writing at the last ingest. Idle and down rows
   (source `capacity`) are no jobs.
@@ -47,6 +47,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy import Connection, Engine, and_, func, select
 from sqlalchemy.exc import SQLAlchemyError
@@ -65,6 +66,8 @@ SOURCES = SourceRecord.__table__  # type: ignore[attr-defined]
 
 #: the states a run ends in when Slurm requeues its job: the next run is the same job
 REQUEUED_STATES = frozenset({"REQUEUED", "PREEMPTED", "NODE_FAIL"})
+#: the states of a run that had not ended at the last ingest (which booked it to then)
+RUNNING_STATES = frozenset({"RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "STOPPED"})
 #: the workloads the ledger books a sacct run under (`accounting.schema.WORKLOADS`)
 BOOKED = ("training", "elastic", "inference")
 #: what `about` says of the arrivals
@@ -98,7 +101,6 @@ class _Hour:
     """The rows of a run's first hour (one per node that held GPUs)."""
 
     bucket: datetime
-    cluster: str
     partition: str
     workload: str
     account: str
@@ -121,12 +123,11 @@ def replay_ledger(
     start, end = aware(start, "start"), aware(end, "end")
     if end <= start:
         raise InputError(f"ledger: the window ends ({iso(end)}) before it starts")
-    owned = isinstance(url_or_engine, str)
     if isinstance(url_or_engine, str):
-        engine = open_database(url_or_engine, "ledger")
+        engine, owned = open_database(url_or_engine, "ledger"), True
         shown = shown_db(url_or_engine)
     else:
-        engine = url_or_engine
+        engine, owned = url_or_engine, False
         shown = engine.url.render_as_string(hide_password=True)
     try:
         with engine.connect() as conn:
@@ -142,8 +143,7 @@ def replay_ledger(
     if not window_keys:
         held = f"its runs span {iso(span[0])} to {iso(span[1])}" if span else "it holds none"
         raise InputError(
-            f"ledger {shown}: no sacct run booked in the window {iso(start)} to {iso(end)} "
-            f"({held})"
+            f"ledger {shown}: no sacct run booked in the window {iso(start)} to {iso(end)} ({held})"
         )
     records, odd = _records(runs, window_keys, hours)
     replay = replay_records(
@@ -151,12 +151,21 @@ def replay_ledger(
     )
     replay.about.update(
         source="ledger",
-        ledger=shown,
+        ledger=_named(engine),
         arrival=ARRIVAL,
         not_in_ledger="jobs that never ran or held no GPU (the ledger books no time for them)",
         gpus_inconsistent={"runs": len(odd), **({"e.g.": odd[0]} if odd else {})},
     )
     return replay
+
+
+def _named(engine: Engine) -> str:
+    """The ledger as the report names it: a SQLite file by its name (a report carries no
+    path of the machine it was made on), another database by its URL, password hidden."""
+    url = engine.url
+    if url.get_backend_name() == "sqlite" and url.database:
+        return Path(url.database).name
+    return url.render_as_string(hide_password=True)
 
 
 def _check_schema(conn: Connection, shown: str) -> None:
@@ -178,8 +187,7 @@ def _span(conn: Connection) -> tuple[datetime, datetime] | None:
     """From the first sacct run's start to the last one's end; None without one."""
     cols = SOURCES.c
     lo, hi = conn.execute(
-        select(func.min(cols.start), func.max(cols.end))
-        .where(cols.kind == SACCT)
+        select(func.min(cols.start), func.max(cols.end)).where(cols.kind == SACCT)
     ).one()
     return (lo, hi) if lo is not None and hi is not None else None
 
@@ -201,27 +209,17 @@ def _read(
         return window_keys, [], {}
     ids = select(SOURCES.c.job_id).where(SOURCES.c.kind == SACCT, SOURCES.c.key.in_(in_window))
     of_ids = and_(SOURCES.c.kind == SACCT, SOURCES.c.job_id.in_(ids))
-    cols = SOURCES.c
-    runs = [
-        _Run(r.key, r.job_id, r.state, r.start, r.end, r.gpu_ms)
-        for r in conn.execute(
-            select(cols.key, cols.job_id, cols.state, cols.start, cols.end, cols.gpu_ms).where(
-                of_ids
-            )
-        )
-    ]
+    fields = ("key", "job_id", "state", "start", "end", "gpu_ms")
+    runs = [_Run(*r) for r in conn.execute(select(*(SOURCES.c[f] for f in fields)).where(of_ids))]
     first = (
         select(LEDGER.c.source, func.min(LEDGER.c.bucket).label("bucket"))
         .where(LEDGER.c.source.in_(select(SOURCES.c.key).where(of_ids)))
         .group_by(LEDGER.c.source)
         .subquery()
     )
+    names = ("source", "bucket", "partition", "workload", "account", "user_name", "qos", "gpu_ms")
     rows = conn.execute(
-        select(
-            LEDGER.c.source, LEDGER.c.bucket, LEDGER.c.cluster, LEDGER.c.partition,
-            LEDGER.c.workload, LEDGER.c.account, LEDGER.c.user_name, LEDGER.c.qos,
-            LEDGER.c.gpu_ms,
-        )  # fmt: skip
+        select(*(LEDGER.c[n] for n in names))
         .join(first, and_(LEDGER.c.source == first.c.source, LEDGER.c.bucket == first.c.bucket))
         .order_by(LEDGER.c.source, LEDGER.c.id)
     )
@@ -230,7 +228,7 @@ def _read(
         hour = hours.get(r.source)
         if hour is None:
             hour = hours[r.source] = _Hour(
-                r.bucket, r.cluster, r.partition, r.workload, r.account, r.user_name, r.qos, []
+                r.bucket, r.partition, r.workload, r.account, r.user_name, r.qos, []
             )
         hour.gpu_ms.append(r.gpu_ms)
         if r.workload != hour.workload and "inference" in (r.workload, hour.workload):
@@ -248,7 +246,7 @@ def _records(
         by_id[(run.cluster, run.job_id)].append(run)
     records: list[AccountingRecord] = []
     odd: list[str] = []
-    for (cluster, job_id), group in by_id.items():
+    for (cluster, _), group in by_id.items():
         if not any(run.key in window_keys for run in group):
             continue  # another cluster's job of the same id
         previous: _Run | None = None
@@ -283,8 +281,7 @@ def _gpus(run: _Run, hour: _Hour) -> tuple[int, str | None]:
         return gpus, f"a row of hour {iso(hour.bucket)} holds {bad:.3f} GPUs"
     if gpus * whole_ms != run.gpu_ms:
         return gpus, (
-            f"its {run.gpu_ms} GPU-ms are not its first hour's {gpus} GPUs over its "
-            f"{whole_ms} ms"
+            f"its {run.gpu_ms} GPU-ms are not its first hour's {gpus} GPUs over its {whole_ms} ms"
         )
     return gpus, None
 
@@ -294,7 +291,7 @@ def _record(
 ) -> AccountingRecord:
     """The run as sacct's record of it, as far as the ledger knows it (a run without rows,
     such as a requeued run cancelled as it started, ran for 0 s)."""
-    running = run.state == "RUNNING"
+    running = run.state in RUNNING_STATES
     elapsed = 0
     if hour is not None and run.start is not None and run.end is not None:
         elapsed = int((run.end - run.start) / timedelta(seconds=1))

@@ -6,7 +6,8 @@ parameter (`now`: the end of a live Prometheus query without --until).
 
 The window is --since to --until where given; else the site data's own span: the
 arrivals' (a saved Prometheus answer, a CSV), else the sacct records'; a live Prometheus
-query without them ends now and spans --days (default 7). With only generators, --days.
+query or the ledger's jobs without them end now and span --days (default 7). With only
+generators, --days.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from bridge.sim.inputs.jobs import (
     record_span,
     replay_records,
 )
+from bridge.sim.inputs.ledger_jobs import replay_ledger
 from bridge.sim.inputs.prometheus import (
     DEFAULT_QUERY,
     arrivals_from_prometheus,
@@ -47,7 +49,7 @@ from bridge.sim.workload import ArrivalSeries, JobKind
 
 #: arrivals and jobs read from a site (the others are generators or public traces)
 SITE_ARRIVALS = ("prometheus", "csv")
-SITE_JOBS = ("sacct",)
+SITE_JOBS = ("sacct", "ledger")
 SERVICE_FROM = ("options", "prometheus", "ledger")
 TIMING_FROM = ("default", "leases")
 DAY_S = 86400.0
@@ -76,6 +78,8 @@ class SiteOptions:
     max_gap_s: float = 60.0
     sacct_json: Sequence[Path] = ()
     partition_kind: str = ""
+    #: the ledger `--jobs ledger` and `--service-from ledger` read (None: --config's)
+    ledger_url: str | None = None
     fleet_nodes: Path | None = None
     fleet_partitions: Path | None = None
     nodes: int | None = None
@@ -177,8 +181,10 @@ def check(opts: SiteOptions, cfg: BridgeConfig | None) -> None:
         raise InputError("--arrivals csv and --arrivals-file FILE go together")
     if (opts.jobs == "sacct") != bool(opts.sacct_json):
         raise InputError("--jobs sacct and --sacct-json FILE go together")
-    if opts.partition_kind and opts.jobs != "sacct":
-        raise InputError("--partition-kind goes with --jobs sacct")
+    if opts.partition_kind and opts.jobs not in SITE_JOBS:
+        raise InputError("--partition-kind goes with --jobs sacct or ledger")
+    if opts.ledger_url is not None and "ledger" not in (opts.jobs, opts.service_from):
+        raise InputError("--ledger-url goes with --jobs ledger or --service-from ledger")
     if opts.fleet_partitions is not None and opts.fleet_nodes is None:
         raise InputError("--fleet-partitions goes with --fleet-nodes FILE")
     if opts.fleet_nodes is not None and opts.nodes is not None:
@@ -200,10 +206,12 @@ def check(opts: SiteOptions, cfg: BridgeConfig | None) -> None:
         raise InputError(f"--timing {opts.timing!r}: choose from {', '.join(TIMING_FROM)}")
     for option, needs in (
         ("--timing leases", opts.timing == "leases"),
-        ("--service-from ledger", opts.service_from == "ledger"),
+        ("--service-from ledger", opts.service_from == "ledger" and opts.ledger_url is None),
+        ("--jobs ledger", opts.jobs == "ledger" and opts.ledger_url is None),
     ):
         if needs and cfg is None:
-            raise InputError(f"{option} reads the bridge's database: give --config FILE")
+            also = "" if option == "--timing leases" else " (its ledger_url) or --ledger-url URL"
+            raise InputError(f"{option} reads the bridge's database: give --config FILE{also}")
     if not (math.isfinite(opts.scale) and opts.scale > 0):
         raise InputError(f"--scale must be a number > 0, got {opts.scale:g}")
     if not (math.isfinite(opts.max_gap_s) and opts.max_gap_s >= 0):
@@ -315,13 +323,12 @@ def _models(
             measured = service_from_prometheus(query_instant(opts.prometheus_url, query, end))
             source = f"prometheus {shown_url(opts.prometheus_url)}"
     elif opts.service_from == "ledger":
-        assert cfg is not None
         if window is None:
             raise InputError(
                 "--service-from ledger: give the window (--since and --until) or site data "
                 "that has one"
             )
-        measured = read_ledger_service(cfg.accounting.ledger_url, *window)
+        measured = read_ledger_service(_ledger_url(opts, cfg), *window)
         source = "ledger (the daemon's stored Triton counters)"
     unknown = sorted(set(named) - set(names))
     if unknown:
@@ -355,6 +362,14 @@ def _models(
             "service_from": whence,
         }
     return models, said
+
+
+def _ledger_url(opts: SiteOptions, cfg: BridgeConfig | None) -> str:
+    """--ledger-url, else --config's [accounting] ledger_url (`check` made sure of one)."""
+    if opts.ledger_url is not None:
+        return opts.ledger_url
+    assert cfg is not None
+    return cfg.accounting.ledger_url
 
 
 def _timing(
@@ -409,6 +424,9 @@ def resolve(
             if until is None:
                 days = opts.days
                 until = since + timedelta(seconds=days * DAY_S) if days else span[1]
+    elif opts.jobs == "ledger":  # as a live query: the last --days up to now
+        until = until or _floor(now, opts.step_s)
+        since = since or until - timedelta(seconds=(opts.days or DEFAULT_DAYS) * DAY_S)
     window = (since, until) if since is not None and until is not None else None
     days = (
         (window[1] - window[0]).total_seconds() / DAY_S
@@ -416,19 +434,27 @@ def resolve(
         else (opts.days or DEFAULT_DAYS)
     )
     replay = None
+    kinds = {**partition_kinds(config), **_kinds(opts.partition_kind)}
     if records is not None:
         assert window is not None
-        kinds = {**partition_kinds(config), **_kinds(opts.partition_kind)}
         files = ", ".join(p.name for p in opts.sacct_json)
         replay = replay_records(
             records, start=window[0], end=window[1], kind_of_partition=kinds, source=files
         )
         replay.about.update(source="sacct", files=[p.name for p in opts.sacct_json])
-        if not replay.jobs:
-            raise InputError(
-                f"--sacct-json {files}: no batch job in the window {iso(window[0])} to "
-                f"{iso(window[1])} (left out: {replay.about['left_out']})"
-            )
+        named = f"--sacct-json {files}"
+    elif opts.jobs == "ledger":
+        assert window is not None
+        replay = replay_ledger(
+            _ledger_url(opts, cfg), start=window[0], end=window[1], kind_of_partition=kinds
+        )
+        named = f"--jobs ledger {replay.about['ledger']}"
+    if replay is not None and not replay.jobs:
+        assert window is not None
+        raise InputError(
+            f"{named}: no batch job in the window {iso(window[0])} to "
+            f"{iso(window[1])} (left out: {replay.about['left_out']})"
+        )
     about: dict[str, object] = {}
     if window is not None:
         about["window"] = [iso(window[0]), iso(window[1])]
@@ -447,7 +473,7 @@ def resolve(
         wide = [j for j in replay.jobs if j.gpus_per_node > gpn]
         if wide:
             raise InputError(
-                f"--sacct-json: {len(wide)} jobs use more than the fleet's {gpn} GPUs a node "
+                f"--jobs {opts.jobs}: {len(wide)} jobs use more than the fleet's {gpn} GPUs a node "
                 f"(e.g. job {wide[0].job_id}: {wide[0].gpus_per_node}): give the fleet "
                 "(--fleet-nodes, --gpus-per-node) the jobs ran on"
             )
