@@ -8,7 +8,7 @@ import typer
 from bridge.accounting_cli import accounting_app, report
 from bridge.advise.cli import advise_app
 from bridge.budget_cli import budget_app
-from bridge.config_cli import config_app
+from bridge.config_cli import config_app, init
 from bridge.daemon.cli import daemon, drain, lend, resume, return_, status, token
 from bridge.lab.cli import lab_app
 from bridge.load.cli import load_app
@@ -36,6 +36,7 @@ app.command()(drain)
 app.command()(resume)
 app.command()(token)
 app.command()(simulate)
+app.command()(init)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,14 @@
-"""`stb config check FILE`: validate a configuration and say what is wrong, by field.
-Also what every command that reads the configuration shares: the `--config` option,
-`load_or_exit` and `fail` (an error printed on stderr, exit 1)."""
+"""`stb config check FILE [--live]`: validate a configuration and say what is wrong, by
+field, and with `--live` what would stop it working on this cluster; `stb init`: a
+starting configuration from the cluster (`bridge.init`). Also what every command that
+reads the configuration shares: the `--config` option, `load_or_exit` and `fail` (an
+error printed on stderr, exit 1)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from bridge.config import BridgeConfig, ConfigError, load_config, unknown_env
+from bridge.init import InitError, live_problems, propose, render
+from bridge.slurm.errors import SlurmError
+from bridge.slurm.model import Node, Partition
 
 config_app = typer.Typer(help="The bridge's configuration file.", no_args_is_help=True)
 console = Console()
@@ -37,7 +44,16 @@ def fail(exc: Exception) -> typer.Exit:
 
 
 @config_app.command()
-def check(path: Annotated[Path, typer.Argument(help="TOML configuration file.")]) -> None:
+def check(
+    path: Annotated[Path, typer.Argument(help="TOML configuration file.")],
+    live: Annotated[
+        bool,
+        typer.Option(
+            help="Also check it against the cluster Slurm describes now: partitions, the "
+            "bridge's account on the Triton partition, preemption as the pools need."
+        ),
+    ] = False,
+) -> None:
     """Validate FILE (with STB_ environment overrides); exit 1 naming each bad field."""
     for name in unknown_env(dict(os.environ)):
         console.print(f"[yellow]warning:[/yellow] environment variable {name} names no setting")
@@ -52,3 +68,123 @@ def check(path: Annotated[Path, typer.Argument(help="TOML configuration file.")]
         f"[green]{path}: valid[/green] ({len(cfg.pools)} pools, {len(cfg.models)} models, "
         f"tick {cfg.tick_s:g}s, database {cfg.database_url})"
     )
+    if not live:
+        return
+    partitions, nodes = _cluster(None, None)
+    problems = live_problems(cfg, partitions, nodes)
+    for problem in problems:
+        console.print(f"  [red]cluster[/red]: {escape(problem)}", soft_wrap=True)
+    if problems:
+        raise typer.Exit(code=1)
+    console.print(
+        f"[green]the cluster agrees[/green] ({len(partitions)} partitions, {len(nodes)} nodes)"
+    )
+
+
+def _cluster(
+    partitions_file: Path | None, nodes_file: Path | None
+) -> tuple[list[Partition], list[Node]]:
+    """Partitions and nodes from recorded `scontrol show partition/node -o` output, else
+    from Slurm now (`open_backend`); exit 1 naming what failed."""
+    from bridge.slurm.parse import parse_nodes, parse_partitions
+    from bridge.slurm.select import open_backend
+
+    try:
+        if partitions_file is not None and nodes_file is not None:
+            return (
+                parse_partitions(partitions_file.read_text()),
+                parse_nodes(nodes_file.read_text()),
+            )
+        slurm = open_backend()
+        return slurm.partitions(), slurm.nodes()
+    except (OSError, SlurmError) as exc:
+        raise fail(exc) from exc
+
+
+def _repository_models(repository: Path) -> dict[str, str]:
+    """Model -> where its SLO comes from, for the TOML's comment."""
+    from bridge.triton.repository import SLO_PARAMETER, ModelConfigError, parameters
+
+    out: dict[str, str] = {}
+    if not repository.is_dir():
+        return out
+    for model_dir in sorted(p for p in repository.iterdir() if (p / "config.pbtxt").is_file()):
+        try:
+            slo = parameters(model_dir).get(SLO_PARAMETER, "").strip()
+        except ModelConfigError as exc:
+            out[model_dir.name] = f"unreadable config.pbtxt ({exc})"
+            continue
+        out[model_dir.name] = (
+            f"{SLO_PARAMETER} = {slo} ms" if slo else f"no {SLO_PARAMETER}: served, not scaled"
+        )
+    return out
+
+
+def init(
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="Write the configuration here.")
+    ] = Path("bridge.toml"),
+    account: Annotated[str, typer.Option(help="The bridge's Slurm account.")] = "bridge",
+    model_repository: Annotated[
+        Path | None,
+        typer.Option(help="The Triton model repository (default: the project's triton_repo)."),
+    ] = None,
+    partitions_file: Annotated[
+        Path | None,
+        typer.Option("--partitions", help="`scontrol show partition -o` output (else Slurm)."),
+    ] = None,
+    nodes_file: Annotated[
+        Path | None,
+        typer.Option("--nodes", help="`scontrol show node -o` output (with --partitions)."),
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Replace OUTPUT if it exists.")] = False,
+) -> None:
+    """Write a starting configuration from Slurm's partitions and nodes and the model
+    repository, each choice explained in a comment; then `stb config check FILE --live`."""
+    from bridge.config import TritonJobConfig
+
+    if (partitions_file is None) != (nodes_file is None):
+        raise fail(ValueError("--partitions and --nodes go together"))
+    if output.exists() and not force:
+        raise fail(ValueError(f"{output} exists: give --force to replace it"))
+    if output.is_dir() or not output.parent.is_dir():
+        raise fail(ValueError(f"--output {output}: not a file in an existing directory"))
+    partitions, nodes = _cluster(partitions_file, nodes_file)
+    repository = model_repository or TritonJobConfig().model_repository
+    try:
+        proposal = propose(
+            partitions, nodes, account=account, models=_repository_models(repository)
+        )
+    except InitError as exc:
+        raise fail(exc) from exc
+    source = (
+        f"{partitions_file.name} and {nodes_file.name}"
+        if partitions_file is not None and nodes_file is not None
+        else "the cluster's partitions and nodes"
+    )
+    text = render(proposal, source=source)
+    _write(output, text)
+    for pool in proposal.pools:
+        console.print(
+            f"pool {pool.name}: partition {pool.partition}, {pool.lend_mode} "
+            f"({len(pool.nodes)} nodes, {pool.gpus} GPUs): {pool.why}",
+            soft_wrap=True,
+            highlight=False,
+        )
+    for note in proposal.notes:
+        console.print(f"left out: {note}", highlight=False)
+    console.print(f"wrote {output}; next: stb config check {output} --live", highlight=False)
+
+
+def _write(path: Path, text: str) -> None:
+    """`path` whole or not at all (a temp file beside it, then a rename)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -128,13 +128,25 @@ def demo(
     no_wait: Annotated[
         bool, typer.Option(help="Do not wait for the requeued elastic job to run again.")
     ] = False,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Take the pools (and models, if it names any) from this configuration, "
+            "e.g. `stb init`'s; the rest is deploy/lab/bridge.toml's.",
+        ),
+    ] = None,
 ) -> None:
     """The bridge at work: a load step lends a node, load falls, the node returns."""
+    from bridge.config import ConfigError, load_config
     from bridge.lab import demo as demo_mod
 
     try:
+        if config is not None:
+            load_config(config)  # a bad file is said before the lab starts
         spec = _spec(lab_dir)
         lab_mod.up(spec, say=_say)
-        demo_mod.run(spec, console, wait_requeued=not no_wait)
-    except RuntimeError as exc:
+        demo_mod.run(spec, console, wait_requeued=not no_wait, pools_from=config)
+    except (RuntimeError, ConfigError) as exc:
         raise _fail(exc) from exc

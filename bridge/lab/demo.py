@@ -34,14 +34,30 @@ from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.parse import parse_sacct_json
 
 
-def lab_config(spec: LabSpec) -> BridgeConfig:
-    """deploy/lab/bridge.toml with every path under this lab's directory."""
+def lab_config(spec: LabSpec, pools_from: Path | None = None) -> BridgeConfig:
+    """deploy/lab/bridge.toml with every path under this lab's directory. `pools_from`:
+    a configuration (`stb init`'s, say) whose pools, Triton partition and account, and
+    models where it names any, replace the lab file's; the lab's tick and policy stay
+    (tuned to the demo's short load step)."""
     base = load_config(project_root() / "deploy" / "lab" / "bridge.toml")
+    if pools_from is not None:
+        given = load_config(pools_from)
+        base = base.model_copy(
+            update={
+                "pools": given.pools,
+                "models": given.models or base.models,
+                "triton": base.triton.model_copy(
+                    update={"partition": given.triton.partition, "account": given.triton.account}
+                ),
+            }
+        )
     lab = spec.lab_dir
     return base.model_copy(
         update={
             "database_url": f"sqlite:///{lab / 'bridge.db'}",
-            "triton": triton.job_config(spec),
+            "triton": triton.job_config(spec).model_copy(
+                update={"partition": base.triton.partition, "account": base.triton.account}
+            ),
             "routing": base.routing.model_copy(
                 update={
                     "nginx_conf": lab / "routing" / "stb-upstreams.conf",
@@ -127,8 +143,14 @@ def _report_row(name: str, rep: object) -> list[str]:
     ]
 
 
-def run(spec: LabSpec, console: Console, *, wait_requeued: bool = True) -> ScenarioResult:
-    config = lab_config(spec)
+def run(
+    spec: LabSpec,
+    console: Console,
+    *,
+    wait_requeued: bool = True,
+    pools_from: Path | None = None,
+) -> ScenarioResult:
+    config = lab_config(spec, pools_from)
     started = datetime.now(UTC)
     with single_instance(config.daemon.lock_file):
         bridge = build(config, slurm_env=spec.env())
