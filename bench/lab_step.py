@@ -33,13 +33,14 @@ def one(spec: LabSpec, requeue: bool) -> dict[str, float]:
         bridge = build(config, slurm_env=spec.env())
         try:
             rec, endpoint = bridge.reconciler, config.routing.listen
+            slo_ms = rec.observer.models().scaled["busy"].slo_p99_ms
             res = Scenario(spec, rec, endpoint, say=lambda line: None).run()
         finally:
             for job in bridge.reconciler.slurm.jobs(tag="stb:triton"):
                 if "stb:baseline" not in job.tags:
                     bridge.reconciler.slurm.cancel(job.job_id)
             bridge.close()
-    times = res.step_times(config.models["busy"].slo_p99_ms)
+    times = res.step_times(slo_ms)
     assert times is not None and res.heavy is not None
     row = {
         "lend": times.lend_s,

@@ -70,6 +70,7 @@ from functools import partial
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
 from bridge.lifecycle import LeaseState
+from bridge.modelfacts import toml_models
 from bridge.paths import project_root
 from bridge.policy import (
     Action,
@@ -181,15 +182,17 @@ def build_fleet(nodes: int, instances: int, n_models: int, seed: int) -> Fleet:
     start = time.perf_counter()
     policy = PolicyConfig(max_lent_nodes=max(8, nodes // 100))
     config = BridgeConfig(models=_models(n_models, instances, rng), policy=policy)
+    # the models as the daemon scales them (no repository here: the TOML's alone)
+    specs = toml_models(config)
     config_s = time.perf_counter() - start
 
-    names = list(config.models)
+    names = list(specs)
     order = names[:]
     rng.shuffle(order)
     n_breach = max(8, n_models // 200)
     n_leases = max(5, nodes // 500)
     # The breaching models: all but one with room below max_replicas.
-    models = config.models
+    models = specs
     room = [m for m in order if models[m].max_replicas > models[m].min_replicas]
     full = [m for m in order if models[m].max_replicas == models[m].min_replicas][:1]
     breach = room[: n_breach - len(full)] + full
@@ -218,7 +221,7 @@ def build_fleet(nodes: int, instances: int, n_models: int, seed: int) -> Fleet:
     # Baseline replicas: each model on min_replicas reserved nodes.
     placed: list[list[str]] = [[] for _ in range(instances)]
     for name in names:
-        for slot in rng.sample(range(instances), config.models[name].min_replicas):
+        for slot in rng.sample(range(instances), specs[name].min_replicas):
             placed[slot].append(name)
     replicas = [ReplicaView(node_list[i].name, tuple(placed[i])) for i in range(instances)]
 
@@ -264,7 +267,7 @@ def build_fleet(nodes: int, instances: int, n_models: int, seed: int) -> Fleet:
     history: dict[str, tuple[ModelSample, ...]] = {}
     depth = history_depth(config)
     for name in names:
-        model = config.models[name]
+        model = specs[name]
         if name in nodata:
             kind = "nodata"
         elif name in calm_set:
@@ -272,19 +275,21 @@ def build_fleet(nodes: int, instances: int, n_models: int, seed: int) -> Fleet:
         else:
             kind = "spike" if rng.random() < 0.05 else "steady"
         history[name] = _history(model, policy, kind, rng, depth)
-    quiet = Snapshot(tuple(node_list), tuple(replicas), history, tuple(leases), last_lend_at)
+    quiet = Snapshot(
+        tuple(node_list), tuple(replicas), history, tuple(leases), last_lend_at, models=specs
+    )
     snapshot_s = time.perf_counter() - start
 
     breaching = dict(history)
     for name in breach:
-        breaching[name] = _history(config.models[name], policy, "breach", rng, depth)
+        breaching[name] = _history(specs[name], policy, "breach", rng, depth)
     # Case (c) calms the lease that began serving last: decide looks at every other
     # serving lease (oldest first) before it.
     serving = [lease for lease in leases if lease.state == LeaseState.SERVING]
     newest = max(serving, key=lambda lease: lease.serving_since or 0.0)
     calmed = dict(history)
     for name in newest.models:
-        calmed[name] = _history(config.models[name], policy, "calm", rng, depth)
+        calmed[name] = _history(specs[name], policy, "calm", rng, depth)
     cases = (
         Case("quiet", quiet, None),
         Case("breach", replace(quiet, history=breaching), Lend),
@@ -340,8 +345,8 @@ def part_decide(args: argparse.Namespace, result: dict[str, str]) -> int:
     Its figures go into `result` (the RESULT line)."""
     fleet = build_fleet(args.nodes, args.instances, args.models, args.seed)
     config = fleet.config
-    names = list(config.models)
     quiet = fleet.cases[0].snapshot
+    names = list(quiet.models)
     print(
         f"decide: {len(quiet.nodes):,} nodes ({args.instances:,} reserved with a baseline "
         f"replica), {fleet.jobs:,} jobs, {len(quiet.replicas):,} replicas, {len(names):,} "

@@ -13,7 +13,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
@@ -51,7 +58,10 @@ class PoolConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    """A served model's service-level objective and replica bounds."""
+    """A served model's effective service-level objective and replica bounds: what the
+    policy scales it by. Not read from the TOML as such: `bridge.modelfacts.merge_models`
+    makes it from the model repository's metadata (config.pbtxt's `stb.*` parameters and
+    its instance_group) and the TOML's `[models.NAME]` overrides (`ModelOverride`)."""
 
     slo_p99_ms: float = Field(gt=0, description="Latency objective: p99 in milliseconds.")
     min_replicas: int = Field(
@@ -79,6 +89,42 @@ class ModelConfig(_Strict):
             raise ValueError(
                 f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
             )
+        return self
+
+
+class ModelOverride(_Strict):
+    """A site's override of a model's facts, field by field (`[models.NAME]`). A model
+    needs no entry: its config.pbtxt in the model repository says its SLO
+    (`stb.slo_p99_ms`), bounds (`stb.min_replicas`, `stb.max_replicas`) and instances
+    (instance_group). A field set here wins over the repository's, and the daemon, `stb
+    config check` and `stb status` say so; unset fields keep the repository's value."""
+
+    slo_p99_ms: float | None = Field(
+        default=None, gt=0, description="Latency objective: p99 in milliseconds."
+    )
+    min_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="Replicas kept on the reserved nodes at all times (baseline servers).",
+    )
+    max_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description="Upper bound of replicas, lent ones included; bounds what one model's "
+        "burst can take from training.",
+    )
+    instances: int | None = Field(
+        default=None,
+        ge=1,
+        description="Parallel executions of the model on one replica (the repository's: "
+        "its instance_group count, when every group is on CPU or names its GPUs).",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ModelOverride:
+        low, high = self.min_replicas, self.max_replicas
+        if low is not None and high is not None and high < low:
+            raise ValueError(f"max_replicas ({high}) is below min_replicas ({low})")
         return self
 
 
@@ -210,8 +256,43 @@ class PolicyConfig(_Strict):
         return self
 
 
+_APPTAINER_URIS = ("docker://", "oras://", "library://")
+_BIND_MODES = ("ro", "rw")
+
+
+def _bind_spec(spec: str) -> str:
+    """`SRC[:DST][:ro|rw]` as `SRC:DST:MODE` (DST defaults to SRC, MODE to ro)."""
+    parts = spec.split(":")
+    if parts[-1] in _BIND_MODES:
+        mode, parts = parts[-1], parts[:-1]
+    else:
+        mode = "ro"
+    if not 1 <= len(parts) <= 2:
+        raise ValueError(f"bind {spec!r} is not SRC[:DST][:ro|rw] (a path holds no ':')")
+    src, dst = parts[0], parts[-1]
+    for path in (src, dst):
+        if not path.startswith("/"):
+            raise ValueError(f"bind {spec!r}: {path!r} is not an absolute path")
+        if any(c in path for c in ",;=\n") or any(c.isspace() for c in path):
+            raise ValueError(
+                f"bind {spec!r}: a path may not hold ',', ';', '=' or spaces (both runtimes "
+                "split their mount lists on ',', the job's environment on ';')"
+            )
+    return f"{src}:{dst}:{mode}"
+
+
+def _image_is_path(runtime: str, image: str) -> bool:
+    """Whether `image` names a file on the nodes rather than a registry reference:
+    apptainer takes a URI with a scheme, else a path; pyxis takes a path when it starts
+    with '/' or '.' (pyxis_slurmstepd.c), else an enroot URI."""
+    if runtime == "apptainer":
+        return "://" not in image
+    return image.startswith(("/", "."))
+
+
 class TritonJobConfig(_Strict):
-    """How a Triton server is submitted (always a Slurm job)."""
+    """How a Triton server is submitted (always a Slurm job), and what runs it: the
+    wheel's tritonserver, or a Triton container through Apptainer or pyxis/enroot."""
 
     sbatch_script: Path = Field(
         default=Path("deploy/slurm/triton-server.sbatch"),
@@ -243,8 +324,100 @@ class TritonJobConfig(_Strict):
         default=300,
         gt=0,
         description="Seconds from job start to Triton ready before a lease fails "
-        "(measured start: about 2 s; model loads can take minutes).",
+        "(measured start: about 2 s; model loads can take minutes; a container image "
+        "given as a registry reference is pulled on a node's first start, which can take "
+        "longer: use a local image file there).",
     )
+    runtime: Literal["wheel", "apptainer", "pyxis"] = Field(
+        default="wheel",
+        description="What runs tritonserver inside the Slurm job. wheel: the binary of "
+        "the nvidia-pytriton wheel the bridge is installed with (the default: it needs "
+        "no container runtime, which is why the lab uses it); apptainer: `apptainer "
+        "exec --nv` of `image`; pyxis: `srun --container-image` of `image` "
+        "(pyxis/enroot). Readiness, drain on SIGTERM, tags and the key are the same "
+        "for all three (deploy/slurm/triton-server.sbatch).",
+    )
+    image: str | None = Field(
+        default=None,
+        description="The Triton container, for apptainer and pyxis only (no default: a "
+        "site picks its Triton release). apptainer: a `.sif` file (converted once, on "
+        "storage the inference nodes read: no pull at start) or "
+        "`docker://nvcr.io/nvidia/tritonserver:<yy.mm>-py3`; pyxis: a squashfs file "
+        "(`enroot import`, a path starting with '/' or '.') or an enroot URI "
+        "`nvcr.io#nvidia/tritonserver:<yy.mm>-py3` ('#' between registry and image). "
+        "A relative file path is taken from the working directory, like the other paths.",
+    )
+    binds: tuple[str, ...] = Field(
+        default=(),
+        description="Extra host paths the container sees, each `SRC[:DST][:ro|rw]` "
+        "(absolute paths; DST defaults to SRC, the mode to ro: Triton only reads). "
+        "The model repository, key_file, the key shim and a set backend_directory are "
+        "always bound read-only at their own paths and need no entry here.",
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _image_text(cls, image: str | None) -> str | None:
+        if image is not None and (not image or any(c in image for c in ",; \t\n")):
+            raise ValueError(
+                f"image {image!r} is empty or holds ',', ';' or white space (sbatch "
+                "exports the job's environment split on ',')"
+            )
+        return image
+
+    @field_validator("binds")
+    @classmethod
+    def _bind_specs(cls, binds: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_bind_spec(b) for b in binds)
+
+    @model_validator(mode="after")
+    def _runtime_needs(self) -> TritonJobConfig:
+        if self.runtime == "wheel":
+            if self.image is not None or self.binds:
+                raise ValueError(
+                    'triton.image and triton.binds are for runtime = "apptainer" or '
+                    '"pyxis"; runtime "wheel" runs the nvidia-pytriton binary'
+                )
+            return self
+        image = self.image
+        if image is None:
+            example = (
+                '"/shared/triton-24.10.sif" or "docker://nvcr.io/nvidia/tritonserver:24.10-py3"'
+                if self.runtime == "apptainer"
+                else '"nvcr.io#nvidia/tritonserver:24.10-py3" or "/shared/triton-24.10.sqsh"'
+            )
+            raise ValueError(f"runtime {self.runtime!r} needs triton.image, e.g. {example}")
+        if self.runtime == "apptainer":
+            if "://" in image and not image.startswith(_APPTAINER_URIS):
+                raise ValueError(
+                    f"apptainer image {image!r}: the URI schemes used here are "
+                    f"{', '.join(_APPTAINER_URIS)}; else give a .sif file"
+                )
+            if "://" not in image and not image.endswith(".sif"):
+                raise ValueError(
+                    f"apptainer image {image!r} is neither a URI (docker://...) nor a .sif file"
+                )
+            return self
+        if image.startswith("oras://") or image.startswith("library://"):
+            raise ValueError(f"pyxis image {image!r}: pyxis imports Docker images only")
+        ref = image.removeprefix("docker://")
+        first = ref.split("/", 1)[0]
+        looks_like_host = "/" in ref and ("." in first or ":" in first or first == "localhost")
+        if not _image_is_path("pyxis", image) and "#" not in ref and looks_like_host:
+            fixed = ref.replace("/", "#", 1)
+            raise ValueError(
+                f"pyxis image {image!r}: enroot separates the registry from the image "
+                f"with '#', or it looks the name up on Docker Hub: write {fixed!r}"
+            )
+        return self
+
+    @property
+    def image_reference(self) -> str | None:
+        """`image` as the runtime gets it: a file path made absolute (the job's working
+        directory is not the daemon's), a registry reference as written."""
+        if self.image is None or not _image_is_path(self.runtime, self.image):
+            return self.image
+        return str(Path(self.image).resolve())
 
     @property
     def key_shim_path(self) -> Path:
@@ -499,8 +672,11 @@ class BridgeConfig(BaseSettings):
         },
         description="Pools by name.",
     )
-    models: dict[str, ModelConfig] = Field(
-        default_factory=dict, description="Served models by Triton model name."
+    models: dict[str, ModelOverride] = Field(
+        default_factory=dict,
+        description="Per-site overrides of the model repository's facts, by Triton model "
+        "name, field by field (bridge.modelfacts). Empty by default: every model's facts "
+        "come from its config.pbtxt.",
     )
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     triton: TritonJobConfig = Field(default_factory=TritonJobConfig)
@@ -510,6 +686,18 @@ class BridgeConfig(BaseSettings):
     api: ApiConfig = Field(default_factory=ApiConfig)
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
     accounting: AccountingConfig = Field(default_factory=AccountingConfig)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _overrides(cls, value: Any) -> Any:
+        """A complete `ModelConfig` given in code (tests, tools) is taken as the override
+        of the fields it sets."""
+        if isinstance(value, dict):
+            return {
+                k: v.model_dump(exclude_unset=True) if isinstance(v, ModelConfig) else v
+                for k, v in value.items()
+            }
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> BridgeConfig:
@@ -570,6 +758,13 @@ OTHER_ENV = {
     "STB_LAB_DB_USER",
     "STB_LAB_DB_PASSWORD",
     "STB_SLURM_BACKEND",
+    # the slurmrestd backend's settings (bridge.slurm.rest.RestSettings)
+    "STB_SLURM_REST_URL",
+    "STB_SLURM_REST_USER",
+    "STB_SLURM_REST_TOKEN",
+    "STB_SLURM_REST_TOKEN_LIFESPAN_S",
+    "STB_SLURM_REST_TIMEOUT_S",
+    "STB_SLURM_REST_VERSION",
 }
 
 

@@ -1,5 +1,7 @@
 """`stb config check FILE [--live]`: validate a configuration and say what is wrong, by
-field, and with `--live` what would stop it working on this cluster; `stb init`: a
+field, show each model's effective SLO and bounds and where each came from (the model
+repository or the TOML's override; exit 1 when a model's metadata is refused), and with
+`--live` what would stop it working on this cluster; `stb init`: a
 starting configuration from the cluster (`bridge.init`). Also what every command that
 reads the configuration shares: the `--config` option, `load_or_exit` and `fail` (an
 error printed on stderr, exit 1)."""
@@ -65,9 +67,11 @@ def check(
             console.print(f"  [bold]{field}[/bold]: {msg}")
         raise typer.Exit(code=1) from exc
     console.print(
-        f"[green]{path}: valid[/green] ({len(cfg.pools)} pools, {len(cfg.models)} models, "
+        f"[green]{path}: valid[/green] ({len(cfg.pools)} pools, {len(cfg.models)} model overrides, "
         f"tick {cfg.tick_s:g}s, database {cfg.database_url})"
     )
+    if show_models(cfg):
+        raise typer.Exit(code=1)
     if not live:
         return
     partitions, nodes = _cluster(None, None)
@@ -79,6 +83,41 @@ def check(
     console.print(
         f"[green]the cluster agrees[/green] ({len(partitions)} partitions, {len(nodes)} nodes)"
     )
+
+
+def show_models(cfg: BridgeConfig) -> bool:
+    """Each model's effective SLO and bounds, where each value came from (the
+    repository's config.pbtxt, the TOML's override, a default) or why it is not scaled,
+    then every override, warning and problem; True when a model's facts are refused."""
+    from bridge.triton.catalog import site_models
+
+    facts = site_models(cfg)
+    where = facts.repository or "no model repository"
+    console.print(escape(f"models ({where}, with the TOML's [models] overrides):"), highlight=False)
+    for name, fact in facts.facts.items():
+        m = fact.model
+        if m is None:
+            console.print(f"  {name}: [yellow]{escape(fact.why)}[/yellow]", soft_wrap=True)
+            continue
+        src = fact.source_of
+        instances = f", instances {m.instances} ({src('instances')})" if m.instances else ""
+        console.print(
+            f"  {name}: SLO p99 {m.slo_p99_ms:g} ms ({src('slo_p99_ms')}), replicas "
+            f"{m.min_replicas} ({src('min_replicas')}) to {m.max_replicas} "
+            f"({src('max_replicas')}){instances}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if facts.repository_note:
+        console.print(f"  [yellow]{escape(facts.repository_note)}[/yellow]", soft_wrap=True)
+    for fact in facts.facts.values():
+        for line in fact.problems:
+            console.print(f"  [red]error[/red]: {escape(line)}", soft_wrap=True)
+        for line in fact.warnings:
+            console.print(f"  [yellow]warning[/yellow]: {escape(line)}", soft_wrap=True)
+        for line in fact.overrides:
+            console.print(f"  override: {escape(line)}", highlight=False, soft_wrap=True)
+    return bool(facts.problems)
 
 
 def _cluster(

@@ -25,6 +25,7 @@ from bridge.capacity_plan import plan_section, typical_gpus
 from bridge.config import BridgeConfig
 from bridge.db import make_engine
 from bridge.lending_report import lending_section
+from bridge.triton.catalog import site_models
 
 VIEWS = ("economics", "lending", "plan", "budgets")
 
@@ -92,7 +93,9 @@ def build_sections(
         gpus = typical_gpus(ledger)
         hourly = step == "hour"
         cv2 = config.policy.service_cv2
-        out.append(plan_section(ledger, window, config.models, gpus, hourly=hourly, cv2=cv2))
+        # the models as the daemon scales them: the repository's with the TOML's overrides
+        models = site_models(config).scaled
+        out.append(plan_section(ledger, window, models, gpus, hourly=hourly, cv2=cv2))
     if "budgets" in views:
         try:
             out.append(budget_section(budget_status(ledger, now, rates=rates or None)))

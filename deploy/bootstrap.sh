@@ -38,6 +38,11 @@ fi
 if ! command -v lua5.1 >/dev/null; then
     apt_install lua5.1
 fi
+# The linter ShellCheck checks the Triton job script (deploy/slurm/triton-server.sbatch)
+# for every runtime in tests/unit/test_triton_runtimes.py.
+if ! command -v shellcheck >/dev/null; then
+    apt_install shellcheck
+fi
 
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv

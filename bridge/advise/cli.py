@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -25,13 +26,14 @@ from accounting.errors import WindowError
 from accounting.report import Window
 from bridge.accounting_cli import parse_time
 from bridge.advise.summary import Summary, arrivals, summarise
-from bridge.config import BridgeConfig
+from bridge.config import BridgeConfig, ModelConfig
 from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.db import make_engine
 from bridge.leases.advice import AdviceSample, AdviceStore
 from bridge.leases.store import create_schema
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.select import open_backend
+from bridge.triton.catalog import site_models
 
 if TYPE_CHECKING:
     from bridge.advise.replay import Replay
@@ -101,12 +103,14 @@ def report(
     store = AdviceStore(engine)
     advice = store.advice_between(start, end)
     samples = store.samples_between(start, end)
-    summary = summarise(advice, samples, cfg, start, end, label)
+    # the models as the daemon scales them: the repository's with the TOML's overrides
+    specs = site_models(cfg).scaled
+    summary = summarise(advice, samples, cfg, start, end, label, models=specs)
     replayed: Replay | None = None
     problem = None
     span = replay_span(samples, start, end, cfg.tick_s)
     if with_replay and span is not None:
-        replayed, problem = _replay(cfg, samples, summary, *span)
+        replayed, problem = _replay(cfg, specs, samples, summary, *span)
     elif with_replay:
         problem = "no samples in the window: nothing to replay"
     if fmt == "json":
@@ -120,6 +124,7 @@ def report(
 
 def _replay(
     cfg: BridgeConfig,
+    specs: Mapping[str, ModelConfig],
     samples: list[AdviceSample],
     summary: Summary,
     start: datetime,
@@ -135,9 +140,9 @@ def _replay(
         records = slurm.accounting(start, end)
     except SlurmError as exc:  # the summary stands without the replay
         return None, f"Slurm: {exc}"
-    load = arrivals(samples, list(cfg.models), start, end, cfg.tick_s)
+    load = arrivals(samples, list(specs), start, end, cfg.tick_s)
     try:
-        return replay(cfg, nodes, records, load, summary), None
+        return replay(cfg, nodes, records, load, summary, models=specs), None
     except InputError as exc:  # sacct's records the simulator cannot take
         return None, str(exc)
 

@@ -21,14 +21,14 @@ running counts its run so far.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import numpy as np
 
 from bridge.advise.summary import HOLD_S, Arrivals, Summary
-from bridge.config import BridgeConfig
+from bridge.config import BridgeConfig, ModelConfig
 from bridge.daemon.observation import pool_of
 from bridge.sim.engine import Engine, Setup, Timing
 from bridge.sim.fleet import SimNode
@@ -36,6 +36,7 @@ from bridge.sim.inputs import jobs_from_records, partition_kinds
 from bridge.sim.result import PolicyResult
 from bridge.sim.workload import ArrivalSeries, JobKind, SimJob
 from bridge.slurm.model import AccountingRecord, Node
+from bridge.triton.catalog import site_models
 
 #: the kind of batch work a pool's nodes run, by its lend mode (the simulator names a
 #: node's batch partition after the jobs it takes; a reserved pool takes none)
@@ -90,8 +91,12 @@ def replay(
     load: Arrivals,
     summary: Summary,
     timing: Timing | None = None,
+    models: Mapping[str, ModelConfig] | None = None,
 ) -> Replay:
-    """Run the window twice on the simulator, with and without lending."""
+    """Run the window twice on the simulator, with and without lending. `models`: the
+    models scaled, with their facts (default: `config`'s repository merged with its
+    TOML, as the daemon reads them)."""
+    specs = dict(site_models(config).scaled if models is None else models)
     notes: list[str] = []
     fleet = sim_nodes(nodes, config)
     kinds = {n.partition for n in fleet if n.partition}
@@ -102,7 +107,7 @@ def replay(
         notes.append(f"{len(dropped)} batch jobs of a kind no node of the fleet runs: left out")
         jobs = [j for j in jobs if j.kind in kinds]
     service_ms: dict[str, float] = {}
-    for name in config.models:
+    for name in specs:
         seen = summary.models.get(name)
         if seen is not None and seen.compute_ms is not None:
             service_ms[name] = seen.compute_ms
@@ -116,9 +121,9 @@ def replay(
         )
     series = ArrivalSeries(
         load.step_s,
-        {m: np.asarray(load.rates.get(m, [0.0] * load.steps), float) for m in config.models},
+        {m: np.asarray(load.rates.get(m, [0.0] * load.steps), float) for m in specs},
     )
-    instances = [m.instances for m in config.models.values() if m.instances]
+    instances = [m.instances for m in specs.values() if m.instances]
 
     def setup(name: str, description: str, cfg: BridgeConfig) -> Setup:
         return Setup(
@@ -134,6 +139,7 @@ def replay(
             service_cv2=config.policy.service_cv2,
             series_step_s=max(config.tick_s, 60.0),
             replica_servers=max(instances) if instances else None,
+            models=specs,
         )
 
     none_config = config.model_copy(

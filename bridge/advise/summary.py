@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from bridge.config import BridgeConfig
+from bridge.config import BridgeConfig, ModelConfig
 from bridge.leases.advice import KINDS, Advice, AdviceSample
+from bridge.triton.catalog import site_models
 
 #: a gap in the samples longer than this is not filled from the sample before it: the
 #: advisory was not running, and nothing is known of the load
@@ -85,7 +86,11 @@ def summarise(
     start: datetime,
     end: datetime,
     label: str = "",
+    models: Mapping[str, ModelConfig] | None = None,
 ) -> Summary:
+    """`models`: the models the advisory scaled, with their SLOs (default: `config`'s
+    repository merged with its TOML, as the daemon reads them)."""
+    specs = site_models(config).scaled if models is None else models
     out = Summary(start, end, label or f"{start.isoformat()}..{end.isoformat()}")
     for row in advice:
         out.decisions += 1
@@ -99,7 +104,7 @@ def summarise(
             out.returns_by_pool[row.pool] = out.returns_by_pool.get(row.pool, 0) + 1
         if row.shadow_serving:
             out.under_shadow += 1
-    by_model: dict[str, list[AdviceSample]] = {m: [] for m in config.models}
+    by_model: dict[str, list[AdviceSample]] = {m: [] for m in specs}
     ticks: set[datetime] = set()
     for s in samples:
         by_model.setdefault(s.model, []).append(s)
@@ -108,7 +113,7 @@ def summarise(
     out.first_sample = min(ticks) if ticks else None
     out.last_sample = max(ticks) if ticks else None
     for model, mine in by_model.items():
-        cfg = config.models.get(model)
+        cfg = specs.get(model)
         if cfg is None:
             continue
         seen = ModelSeen(cfg.slo_p99_ms)

@@ -341,9 +341,9 @@ class Actuator:
             for lease in self.leases.values()
             if (lease.state == S.SERVING or lease.id == include) and lease.id != exclude
         }
-        # Every configured model has a route (none ready: nginx answers 503); a model
-        # published to the repository and loaded on a replica is routed too.
-        routes: dict[str, list[str]] = {m: [] for m in self.config.models}
+        # Every model the repository holds has a route (none ready: nginx answers 503);
+        # a model loaded on a replica is routed too.
+        routes: dict[str, list[str]] = {m: [] for m in self._obs.models.served}
         targets = []
         for s in self._obs.servers:
             ref = launcher.lease_of(s.job.tags)

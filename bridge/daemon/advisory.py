@@ -101,7 +101,7 @@ def key_figures(snap: Snapshot, config: BridgeConfig, now: float) -> dict[str, A
     lent, not reserved) and its lendable ones (what `choose_nodes` would take for a
     capacity deficit now: idle, or busy elastic within the preemption budget)."""
     models: dict[str, dict[str, float | int | None]] = {}
-    for name in config.models:
+    for name in snap.models:
         history = snap.history.get(name, ())
         last = history[-1] if history else None
         models[name] = {
@@ -206,7 +206,6 @@ class Advisor:
             timing=timing,
             requeue_victims=config.leases.requeue_victims,
             remember_s=remember,
-            baseline_models=tuple(config.models),
         )
         #: the last pass's observation as the advisory saw it (shadows made real)
         self.last_observation: Observation | None = None
@@ -235,7 +234,9 @@ class Advisor:
         report.seconds = time.monotonic() - started
         for err in report.errors:
             log.warning("%s", err.line())
-        self.metrics.record(report, {m: c.slo_p99_ms for m, c in self.config.models.items()})
+        seen = self.last_observation
+        slo = {m: c.slo_p99_ms for m, c in seen.models.scaled.items()} if seen else {}
+        self.metrics.record(report, slo)
         return report
 
     def _pass(self, now: datetime, report: TickReport) -> None:
@@ -243,6 +244,8 @@ class Advisor:
         obs = self.observer.observe(t)
         holds = self.holds() if self.holds is not None else {}
         book = self.book
+        # a baseline server holds every model the repository has (this tick's)
+        book.baseline_models = obs.models.served
         report.events += [m.line() for m in book.sync(obs, t)]
         returns: list[Return] = []
         for lease in list(book.leases.values()):

@@ -30,6 +30,8 @@ from bridge.config import BridgeConfig
 from bridge.daemon.exporter import ApiRequest, Endpoint
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore
+from bridge.modelfacts import ModelFacts
+from bridge.triton.catalog import site_models
 
 #: a Slurm node or pool name as the API takes it
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
@@ -100,12 +102,16 @@ def operator_routes(
     queue: RequestQueue,
     store: LeaseStore,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    models: Callable[[], ModelFacts] | None = None,
 ) -> dict[str, Endpoint]:
-    """The operator endpoints on `queue` (writes no lease: the daemon does)."""
+    """The operator endpoints on `queue` (writes no lease: the daemon does). `models`:
+    the models' facts now (the daemon's observer's; default: the repository read for
+    each lend)."""
+    facts = models or (lambda: site_models(config))
 
     def lend(req: ApiRequest) -> tuple[int, bytes]:
         body = _body(LendBody, req.body)
-        unknown = sorted(set(body.models) - set(config.models))
+        unknown = sorted(set(body.models) - set(facts().names))
         if unknown:
             raise ApiError(400, f"models: unknown {', '.join(unknown)}")
         row = queue.request_lend(body.node, body.models, clock(), req.principal.name)

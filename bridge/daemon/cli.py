@@ -4,7 +4,9 @@ acts on nothing), and show what it holds.
 `status` reads the lease store, asks Slurm for the pools, and reads the running daemon's
 own view (each model's p99, each lease's retries, its last pass's outcome) from its
 exporter; each open lease says whether it is stuck past its state's deadline, and the
-leases that failed in the last day are listed with the reason. `--json` prints the same as
+leases that failed in the last day are listed with the reason; each model shows its
+effective SLO and bounds and where each came from (its config.pbtxt in the repository,
+the TOML's override, a default), or why it is not scaled. `--json` prints the same as
 one document.
 """
 
@@ -40,6 +42,7 @@ from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.select import open_backend
+from bridge.triton.catalog import site_models
 
 console = Console()
 
@@ -147,13 +150,20 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
                     pools[pool]["lent"].append(node.name)
     except SlurmError as exc:
         error = str(exc)
+    facts = site_models(cfg)
     models = {
         name: {
-            "slo_p99_ms": m.slo_p99_ms,
+            "scaled": f.model is not None,
+            "slo_p99_ms": f.model.slo_p99_ms if f.model else None,
             "p99_ms": daemon.p99_ms.get(name) if daemon else None,
-            "replicas": [m.min_replicas, m.max_replicas],
+            "replicas": [f.model.min_replicas, f.model.max_replicas] if f.model else None,
+            "instances": f.model.instances if f.model else None,
+            # where each value came from: "repository" (config.pbtxt), "toml", "default"
+            "sources": dict(f.sources),
+            "why": f.why,
+            "notes": [*f.problems, *f.warnings, *f.overrides],
         }
-        for name, m in cfg.models.items()
+        for name, f in facts.facts.items()
     }
     holder = leader.current(engine)
     holds = RequestQueue(engine).holds()
@@ -259,21 +269,42 @@ def status(
     models = Table(
         title="models" + ("" if doc["daemon_reachable"] else " (daemon not reachable: no p99)")
     )
-    for col in ("model", "p99 ms", "SLO ms", "replicas min-max"):
+    for col in ("model", "p99 ms", "SLO ms", "replicas min-max", "from"):
         models.add_column(col)
+    notes: list[str] = []
     for name, m in doc["models"].items():
         p99 = m["p99_ms"]
+        notes += m["notes"]
+        if not m["scaled"]:
+            shown = "-" if p99 is None else f"{p99:.0f}"
+            models.add_row(name, shown, "-", "-", f"[yellow]{escape(m['why'])}[/yellow]")
+            continue
         shown = (
             "-"
             if p99 is None
             else (f"[red]{p99:.0f}[/red]" if p99 > m["slo_p99_ms"] else f"{p99:.0f}")
         )
         models.add_row(
-            name, shown, f"{m['slo_p99_ms']:g}", f"{m['replicas'][0]}-{m['replicas'][1]}"
+            name,
+            shown,
+            f"{m['slo_p99_ms']:g}",
+            f"{m['replicas'][0]}-{m['replicas'][1]}",
+            _sources(m["sources"]),
         )
     console.print(models)
+    for note in notes:
+        console.print(f"  {escape(note)}", highlight=False, soft_wrap=True)
     if doc["slurm_error"]:
         console.print(f"[yellow]Slurm: {doc['slurm_error']}[/yellow]")
+
+
+def _sources(sources: dict[str, str]) -> str:
+    """Where a model's values came from, shortest first: `repository`, or each field
+    that came from elsewhere (`slo_p99_ms: toml`)."""
+    other = {k: v for k, v in sources.items() if v != "repository"}
+    if not other:
+        return "repository"
+    return ", ".join(f"{k}: {v}" for k, v in other.items())
 
 
 def _queue(cfg: BridgeConfig) -> tuple[RequestQueue, LeaseStore]:
@@ -426,7 +457,9 @@ def lend(
     node: Annotated[str, typer.Argument(help="Slurm node to lend to Triton.")],
     models: Annotated[
         str,
-        typer.Option(help="Models to place, comma-separated (default: every configured model)."),
+        typer.Option(
+            help="Models to place, comma-separated (default: every model the repository has)."
+        ),
     ] = "",
     config: ConfigOpt = None,
     wait: WaitOpt = 30,
@@ -437,9 +470,10 @@ def lend(
     """Ask the running daemon to lend NODE (through the lease state machine)."""
     cfg = load_or_exit(config)
     names = [m for m in models.split(",") if m]
-    unknown = sorted(set(names) - set(cfg.models))
+    known = site_models(cfg).names
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        _fail(f"unknown models {', '.join(unknown)}; configured: {', '.join(cfg.models)}")
+        _fail(f"unknown models {', '.join(unknown)}; known: {', '.join(known)}")
     channel = Channel(cfg, api, token_file, ca)
     request_id = channel.lend(node, names)
     console.print(f"request {request_id}: lend {node}")

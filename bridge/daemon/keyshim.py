@@ -7,6 +7,11 @@ key is on no command line and in no environment (the README's threat model).
 once, for its nodes), else built here with the C compiler next to the key file (where the
 nodes already read the key from), again whenever the source is newer. Called when the
 daemon starts and when the lab prepares Triton; the launcher only names the path.
+
+Under a container runtime (`[triton] runtime`) the job binds the library into the
+container at the same path and the image's own glibc loads it: it needs glibc 2.28 or
+newer there (its newest symbol version; tests/unit/test_triton_runtimes.py checks), and
+the job refuses to start tritonserver when the library did not load.
 """
 
 from __future__ import annotations

@@ -2,6 +2,11 @@
 (script, partition, account, tags, node, GPUs, the environment the script reads: paths
 only, the model-control key's file and the shim that reads it, never the key).
 
+`[triton] runtime` picks what runs tritonserver in the job (the wheel's binary, or a
+container through Apptainer or pyxis); the script, the tags and the node are the same for
+each, and only the environment says which runtime and image (`deploy/slurm/
+triton-server.sbatch` turns that into the runtime's command).
+
 Called by the reconciler (baselines and lends) and by the lab (`bridge.lab.triton`).
 Tags: every Triton job's comment holds `stb:triton`; a lent one also `stb:lease=<id>`,
 and a baseline `stb:baseline`, so the reconciler can tell whose job it sees.
@@ -79,18 +84,14 @@ def triton_job(
             f"no key shim at {shim}: `stb daemon` and `stb lab up` build it (from "
             "deploy/slurm/stb-keyshim.c), or set triton.key_shim"
         )
-    home = triton_home()
     env = {
-        "STB_TRITON_HOME": str(home),
-        "STB_TRITON_BACKENDS": str((cfg.backend_directory or home / "backends").resolve()),
+        "STB_TRITON_RUNTIME": cfg.runtime,
         "STB_MODEL_REPO": str(cfg.model_repository.resolve()),
         "STB_TRITON_KEY_FILE": str(cfg.key_file.resolve()),
         "STB_KEY_SHIM": str(shim),
         # ';' not ',' between models: sbatch's --export splits on commas
         "STB_MODELS": ";".join(models) if models else "*",
-        # The Python backend's stub finds numpy through the python3 first on PATH.
-        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-    }
+    } | _runtime_env(cfg)
     tags = [TRITON_TAG, lease_tag(lease) if lease is not None else BASELINE_TAG]
     output = str(cfg.log_dir.resolve() / "triton-%j.log") if cfg.log_dir else None
     return JobSpec(
@@ -108,3 +109,26 @@ def triton_job(
         output=output,
         env=env,
     )
+
+
+def _runtime_env(cfg: TritonJobConfig) -> dict[str, str]:
+    """What the script needs to know of the runtime: the wheel's install, or the image
+    and the extra binds of a container (whose backends are the image's own unless
+    `backend_directory` is set)."""
+    if cfg.runtime == "wheel":
+        home = triton_home()
+        return {
+            "STB_TRITON_HOME": str(home),
+            "STB_TRITON_BACKENDS": str((cfg.backend_directory or home / "backends").resolve()),
+            # The Python backend's stub finds numpy through the python3 first on PATH.
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        }
+    image = cfg.image_reference
+    if image is None:  # TritonJobConfig's own validation refuses this
+        raise LauncherError(f"triton.runtime {cfg.runtime!r} needs triton.image")
+    env = {"STB_TRITON_IMAGE": image}
+    if cfg.binds:
+        env["STB_TRITON_BINDS"] = ";".join(cfg.binds)
+    if cfg.backend_directory is not None:
+        env["STB_TRITON_BACKENDS"] = str(cfg.backend_directory.resolve())
+    return env

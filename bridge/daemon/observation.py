@@ -1,6 +1,8 @@
-"""The tick's view of the outside world as plain values: `Observation` (what Slurm and
-Triton said this tick), `TritonServer` (one running Triton job and its server's answers),
-and `snapshot()`, the policy's view of an observation and the open leases.
+"""The tick's view of the outside world as plain values: `Observation` (what Slurm,
+Triton and the model repository said this tick), `TritonServer` (one running Triton job
+and its server's answers), and `snapshot()`, the policy's view of an observation and the
+open leases (each model's SLO and bounds: the repository's facts merged with the TOML's
+overrides, `bridge.modelfacts`).
 
 Pure: no I/O. Built by `bridge.daemon.observe.Observer`; read by the planner, the policy
 (through `snapshot`), routing and `stb status`. Nothing reads the adapters any other way.
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from bridge.config import BridgeConfig
+from bridge.modelfacts import ModelFacts
 from bridge.policy.snapshot import (
     JobView,
     LeaseView,
@@ -61,6 +64,9 @@ class Observation:
     history: Mapping[str, tuple[ModelSample, ...]]
     #: the site's own reservations (not the bridge's fences), with nodes and times
     site_reservations: tuple[Reservation, ...] = ()
+    #: every model's effective facts this tick (the repository merged with the TOML);
+    #: the policy scales `models.scaled`
+    models: ModelFacts = field(default_factory=ModelFacts)
 
     def triton_jobs(self) -> dict[str, Job]:
         """The Triton jobs (tagged `stb:triton`) by job id."""
@@ -198,4 +204,5 @@ def snapshot(
         dict(last_lend_at),
         dict(lend_s or {}),
         preemptions_last_hour,
+        obs.models.scaled,
     )

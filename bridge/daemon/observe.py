@@ -9,7 +9,10 @@ signal comes from each server's metrics page (`[observe] source = "direct"`), or
 site's Prometheus server (`"prometheus"`, `bridge.triton.prometheus`: one query a tick
 whatever the fleet's size; a leased replica's page is still read, for its drain). The
 planner, the policy and routing all read this one value; nothing reads the adapters'
-answers any other way.
+answers any other way. Each tick also reads the model repository (`ModelCatalog`: a
+config.pbtxt is parsed again only when it changed) merged with the TOML's overrides: the
+observation's `models`, and a history for each of them, so a model published since the
+last tick is scaled from this one.
 
 Failures to reach one Triton server make that replica "not ready" and its models' sample
 "no data"; they never raise. A metrics page refused by the client (over its size limit) or
@@ -33,10 +36,12 @@ from concurrent.futures import ThreadPoolExecutor
 from bridge.config import BridgeConfig
 from bridge.daemon.launcher import lease_of
 from bridge.daemon.observation import RESERVATION_PREFIX, Observation, TritonServer
+from bridge.modelfacts import ModelFacts
 from bridge.policy import history_depth
 from bridge.policy.snapshot import ModelSample
 from bridge.slurm.model import TRITON_TAG, Job, Node
 from bridge.slurm.protocol import SlurmProtocol
+from bridge.triton.catalog import ModelCatalog
 from bridge.triton.client import HTTP_PORT
 from bridge.triton.errors import TritonError
 from bridge.triton.metrics import MetricsPage, parse_page
@@ -62,6 +67,7 @@ class Observer:
         clock: Callable[[], float] = time.monotonic,
         on_page: Callable[[str, str, float, MetricsPage], None] | None = None,
         prometheus: PrometheusSignal | None = None,
+        catalog: ModelCatalog | None = None,
     ) -> None:
         self._slurm = slurm
         #: called with (job id, address, wall time, page) for each scraped instance: the
@@ -72,10 +78,10 @@ class Observer:
         self._clock = clock
         #: the signal's source at scale (`[observe] source = "prometheus"`); None: direct
         self._prometheus = prometheus
-        depth = history_depth(config)
-        self._history: dict[str, deque[ModelSample]] = {
-            m: deque(maxlen=depth) for m in config.models
-        }
+        #: each model's facts: the repository's metadata with the TOML's overrides
+        self.catalog = catalog or ModelCatalog.of(config)
+        self._depth = history_depth(config)
+        self._history: dict[str, deque[ModelSample]] = {}
         self._previous: dict[str, Scrape] = {}
         #: more than one: servers are asked on a pool of threads (each keeps its own
         #: clients, `bridge.daemon.clients`); one: on the caller's thread, as before
@@ -91,6 +97,11 @@ class Observer:
             self._pool.shutdown(wait=False, cancel_futures=True)
         if self._prometheus is not None:
             self._prometheus.close()
+
+    def models(self) -> ModelFacts:
+        """The models' effective facts now (the repository as it is, with the TOML's
+        overrides)."""
+        return self.catalog.facts()
 
     def latest(self, model: str) -> ModelSample | None:
         """The model's most recent sample (None before the first tick)."""
@@ -170,6 +181,12 @@ class Observer:
             per_model = model_signals(signals)
         else:
             per_model = self._from_prometheus()
+        facts = self.catalog.facts()
+        for gone in set(self._history) - set(facts.names):
+            del self._history[gone]  # retired: its history goes (a new one if it is back)
+        for model in facts.names:
+            if model not in self._history:
+                self._history[model] = deque(maxlen=self._depth)
         for model, history in self._history.items():
             sig = per_model.get(model)
             history.append(
@@ -190,6 +207,7 @@ class Observer:
             tuple(servers),
             {m: tuple(h) for m, h in self._history.items()},
             site,
+            facts,
         )
 
     def _purge_pool(self) -> None:

@@ -514,7 +514,9 @@ def check_operator_lend(
     leases: Sequence[LeaseRecord],
     config: BridgeConfig,
 ) -> tuple[str, str, tuple[str, ...]] | str:
-    """An operator's lend, validated: (pool, lend mode, models), or the refusal's text."""
+    """An operator's lend, validated: (pool, lend mode, models), or the refusal's text.
+    The models are those of this tick's facts (default: every model the repository
+    holds)."""
     known = obs.nodes.get(node)
     if known is None:
         return f"refused: Slurm has no node {node!r}"
@@ -523,7 +525,7 @@ def check_operator_lend(
         return f"refused: {node} is in no lendable pool (pool {pool})"
     if any(lease.node == node and lease.state != S.RETURNED for lease in leases):
         return f"refused: {node} is already lent"
-    unknown = sorted(set(models) - set(config.models))
+    unknown = sorted(set(models) - set(obs.models.names))
     if unknown:
         return f"refused: unknown models {', '.join(unknown)}"
-    return pool, config.pools[pool].lend_mode, tuple(models) or tuple(config.models)
+    return pool, config.pools[pool].lend_mode, tuple(models) or obs.models.served

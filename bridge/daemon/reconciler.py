@@ -5,7 +5,9 @@ Called by `stb daemon` every `tick_s` (APScheduler, on the tick's own thread) an
 by tests with an injected clock. Each pass:
 1. Read the open leases once (the lease store is not read again for decisions).
 2. Observe: one `Observation` (Slurm nodes, jobs and reservations; Triton servers and
-   metrics). Without it the pass stops: nothing acts on a stale view.
+   metrics; each model's SLO and bounds, the model repository's with the TOML's
+   overrides, read again each pass: a model published since the last pass is scaled in
+   this one). Without it the pass stops: nothing acts on a stale view.
 3. Sync: the pure planner (`bridge.daemon.planner.plan`) says what each lease needs from
    what Slurm and Triton report (job running, server ready, job gone, drain finished,
    deadline passed); the actuator carries it out. Then what no lease holds: tagged Triton
@@ -214,7 +216,9 @@ class Reconciler:
         report.seconds = time.monotonic() - started
         for err in report.errors:
             log.warning("%s", err.line())
-        self.metrics.record(report, {m: c.slo_p99_ms for m, c in self.config.models.items()})
+        seen = self.last_observation
+        facts = seen.models if seen is not None else self.observer.models()
+        self.metrics.record(report, {m: c.slo_p99_ms for m, c in facts.scaled.items()})
         return report
 
     def _pass(self, now: datetime, report: TickReport) -> None:

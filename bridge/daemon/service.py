@@ -272,7 +272,12 @@ def api_routes(bridge: Bridge | AdvisoryBridge) -> dict[str, Endpoint]:
     if isinstance(bridge, AdvisoryBridge):
         return {}
     assert bridge.requests is not None
-    routes = operator_routes(bridge.config, bridge.requests, bridge.reconciler.store)
+    routes = operator_routes(
+        bridge.config,
+        bridge.requests,
+        bridge.reconciler.store,
+        models=bridge.reconciler.observer.models,
+    )
     if bridge.ledger is not None:
         routes |= finance_routes(bridge.ledger.ledger, bridge.config.accounting.idle_cost)
     return routes

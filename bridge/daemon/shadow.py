@@ -27,7 +27,7 @@ shadow moves:
 - a shadow whose node vanished from Slurm fails, and is returned at the next tick.
 
 An advised baseline (a reserved node without its Triton server) is a stand-in job on its
-node at once and a ready replica of every configured model `slurm_start_s +
+node at once and a ready replica of every model the repository has `slurm_start_s +
 triton_ready_s` later, until a real Triton job appears there (kept in memory only).
 """
 
@@ -130,7 +130,8 @@ class ShadowBook:
     #: reserved nodes whose baseline the advisory would have submitted: node -> when
     #: (kept in memory only: a restarted advisory advises it again)
     baselines: dict[str, float] = field(default_factory=dict)
-    #: the models a baseline server holds (every configured model)
+    #: the models a baseline server holds (every model the repository has: the
+    #: advisory sets it each pass from the observation's facts)
     baseline_models: tuple[str, ...] = ()
 
     @classmethod

@@ -94,12 +94,6 @@ def daemon_toml(
     return f"""
 tick_s = {tick_s}
 database_url = "{database_url}"
-[models.busy]
-slo_p99_ms = 100
-instances = 1
-[models.echo]
-slo_p99_ms = 50
-instances = 1
 [policy]
 max_lent_nodes = 1
 [triton]
@@ -154,11 +148,12 @@ def run(
     started = datetime.now(UTC)
     with single_instance(config.daemon.lock_file):
         bridge = build(config, slurm_env=spec.env())
+        # busy's SLO as the daemon scales it: the repository's, or the TOML's override
+        slo_ms = bridge.reconciler.observer.models().scaled["busy"].slo_p99_ms
         try:
             console.print(
                 f"[bold]bridge at work[/bold]: tick {config.tick_s:g}s, traffic "
-                f"through nginx at {config.routing.listen}, SLO busy "
-                f"{config.models['busy'].slo_p99_ms:g} ms"
+                f"through nginx at {config.routing.listen}, SLO busy {slo_ms:g} ms"
             )
             res = Scenario(
                 spec,
@@ -179,7 +174,7 @@ def run(
     if res.light:
         table.add_row(*_report_row("trickle during return, 4/s", res.light))
     console.print(table)
-    times = res.step_times(config.models["busy"].slo_p99_ms)
+    times = res.step_times(slo_ms)
     if times is not None:
         console.print(
             f"after the step: lend decided at {times.lend_s:.1f} s, the lent replica serving "

@@ -20,14 +20,16 @@ from rich.table import Table
 from bridge.config import BridgeConfig
 from bridge.config_cli import ConfigOpt, fail, load_or_exit
 from bridge.daemon.launcher import BASELINE_TAG
+from bridge.modelfacts import ModelFact
 from bridge.models.publish import PublishError, Server, publish, retire, rollback
 from bridge.models.repo import ModelRepository, RepositoryError, check_source
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.select import open_backend
+from bridge.triton.catalog import ModelCatalog
 from bridge.triton.client import HTTP_PORT as TRITON_HTTP_PORT
 from bridge.triton.client import TritonHttpClient
 from bridge.triton.errors import TritonError
-from bridge.triton.repository import ModelConfigError, check_model, check_name, read_config
+from bridge.triton.repository import ModelConfigError, check_name
 
 console = Console(stderr=True)
 models_app = typer.Typer(
@@ -92,9 +94,12 @@ def publish_cmd(
 
 @models_app.command("list")
 def list_cmd(repository: RepoOpt = None, config: ConfigOpt = None) -> None:
-    """Models in the repository: versions, team, SLO, replica bounds, where served."""
+    """Models in the repository: versions, team, the SLO and replica bounds the bridge
+    scales them by (the config.pbtxt's, a value the TOML overrides marked `(toml)`),
+    where served."""
     cfg = load_or_exit(config)
     repo = _repo(cfg, repository)
+    facts = ModelCatalog(repo.root, cfg.models, say=False).facts()
     table = Table("model", "versions", "team", "SLO p99 ms", "replicas", "served on")
     try:
         with running_servers(cfg) as servers:
@@ -107,20 +112,30 @@ def list_cmd(repository: RepoOpt = None, config: ConfigOpt = None) -> None:
                 except TritonError:
                     continue
             for name in repo.models():
-                try:
-                    meta = check_model(read_config(repo.root / name), name, name)
-                    info = (
-                        meta.team,
-                        f"{meta.slo_p99_ms:g}",
-                        f"{meta.min_replicas}-{meta.max_replicas}",
-                    )
-                except ModelConfigError as exc:
-                    info = (f"[red]{escape(str(exc))}[/red]", "", "")
+                fact = facts.facts.get(name)
+                if fact is None or fact.problems:
+                    why = "; ".join(fact.problems) if fact else "unreadable"
+                    info = (f"[red]{escape(why)}[/red]", "", "")
+                elif fact.model is None:
+                    info = (fact.team or "-", f"[yellow]{escape(fact.why)}[/yellow]", "")
+                else:
+                    info = (fact.team or "-", _marked(fact, "slo_p99_ms"), _bounds(fact))
                 versions = ",".join(map(str, repo.versions(name))) or "-"
                 table.add_row(name, versions, *info, "; ".join(served.get(name, [])) or "-")
     except SlurmError as exc:
         raise fail(exc) from exc
     Console().print(table)
+
+
+def _marked(fact: ModelFact, field: str) -> str:
+    """A scaled model's value of `field`, marked `(toml)` where the TOML overrides it."""
+    assert fact.model is not None
+    value = getattr(fact.model, field)
+    return f"{value:g}" + (" (toml)" if fact.source_of(field) == "toml" else "")
+
+
+def _bounds(fact: ModelFact) -> str:
+    return f"{_marked(fact, 'min_replicas')}-{_marked(fact, 'max_replicas')}"
 
 
 @models_app.command("rollback")

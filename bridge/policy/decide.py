@@ -31,6 +31,10 @@ checkpoint). Never a node in a site reservation, never one with a job requeued w
 `preempt_guard_s` or requeued `max_requeues_per_job` times, and never more victims than
 the hour's `max_preemptions_per_hour` budget leaves.
 
+Each model's SLO, replica bounds and instances are `snapshot.models`: the model
+repository's facts with the TOML's overrides (`bridge.modelfacts`); a model not there
+(served but without an SLO) is never lent for.
+
 Measured-latency hysteresis (`evaluate_model`, for the backstop and the return): breach
 above high_watermark x SLO for `breach_evaluations` ticks with the tick's mean latency
 above the low watermark (Triton's p99 window lags a minute behind), calm below
@@ -168,7 +172,7 @@ def _demand(
     forecast). Returning: return_headroom x max(the dwell's highest, forecast)."""
     policy = config.policy
     out: dict[str, capacity.Demand] = {}
-    for name, model in config.models.items():
+    for name, model in snapshot.models.items():
         history = snapshot.history.get(name, ())
         if not history:
             continue
@@ -249,7 +253,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
 
     def is_calm(m: str) -> bool:
         if m not in calm:
-            model = config.models.get(m)
+            model = snapshot.models.get(m)
             calm[m] = (
                 model is not None
                 and evaluate_model(snapshot.history.get(m, ()), model, config) == ModelStatus.CALM
@@ -314,7 +318,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             groups,
             demand,
             [gpus] * slots,
-            lambda m, n: n < config.models[m].max_replicas,
+            lambda m, n: n < snapshot.models[m].max_replicas,
             policy.service_cv2,
         )
 
@@ -323,7 +327,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
         covered = {m for models in wanted for m in models}
         breach = [
             name
-            for name, model in config.models.items()
+            for name, model in snapshot.models.items()
             if name not in covered
             and evaluate_model(snapshot.history.get(name, ()), model, config) == ModelStatus.BREACH
         ]
@@ -332,11 +336,11 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             backstop = [
                 name
                 for name in breach
-                if ready[name] + in_flight[name] < config.models[name].max_replicas
+                if ready[name] + in_flight[name] < snapshot.models[name].max_replicas
                 and now - snapshot.last_lend_at.get(name, -math.inf) >= policy.scale_out_cooldown_s
                 and not in_flight[name]
             ]
-            backstop.sort(key=lambda m: -_severity(snapshot.history.get(m, ()), config.models[m]))
+            backstop.sort(key=lambda m: -_severity(snapshot.history.get(m, ()), snapshot.models[m]))
     return Assessment(returns, wanted, backstop, demand)
 
 
@@ -494,7 +498,7 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
             node, models = spare[0], tuple(plan.backstop)
             worst = snapshot.history[models[0]][-1].p99_ms or 0.0
             reason = (
-                f"p99 {worst:.0f} ms over SLO {config.models[models[0]].slo_p99_ms:g} ms "
+                f"p99 {worst:.0f} ms over SLO {snapshot.models[models[0]].slo_p99_ms:g} ms "
                 f"for {policy.breach_evaluations} ticks"
             )
             actions.append(

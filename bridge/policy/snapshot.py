@@ -1,13 +1,15 @@
 """The immutable world the policy sees: nodes and their jobs, Triton replicas, each
-model's recent latency samples, and the open leases. Built by the reconciler's observe
-step from the Slurm and Triton adapters and the lease store; the policy imports none of
-those. Times are UTC epoch seconds (floats)."""
+model's recent latency samples and its effective SLO and bounds, and the open leases.
+Built by the reconciler's observe step from the Slurm and Triton adapters, the model
+repository (merged with the TOML's overrides) and the lease store; the policy imports
+none of those. Times are UTC epoch seconds (floats)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from bridge.config import ModelConfig
 from bridge.lifecycle import LeaseState
 
 
@@ -110,3 +112,6 @@ class Snapshot:
     lend_s: Mapping[str, float] = field(default_factory=dict)
     #: victims the bridge requeued in the last hour (the preemption budget)
     preemptions_last_hour: int = 0
+    #: the models the policy scales, with their effective SLO and bounds
+    #: (`bridge.modelfacts.merge_models`); a model not here is never lent for
+    models: Mapping[str, ModelConfig] = field(default_factory=dict)

@@ -46,8 +46,9 @@ from typing import cast
 
 import numpy as np
 
-from bridge.config import BridgeConfig
+from bridge.config import BridgeConfig, ModelConfig
 from bridge.lifecycle import LeaseState, StepTimes, check
+from bridge.modelfacts import toml_models
 from bridge.policy import (
     Action,
     LeaseView,
@@ -147,6 +148,10 @@ class Setup:
     #: elastic jobs checkpoint every this many seconds of run time and report it (the
     #: bridge's `stb:ckpt=` tag); a requeued run resumes there. None: no checkpoints
     checkpoint_s: float | None = None
+    #: the models the policy scales, with their effective SLO and bounds (the daemon's:
+    #: `bridge.modelfacts.merge_models` of a repository and the TOML); None: the TOML's
+    #: `[models]` alone (`toml_models`)
+    models: Mapping[str, ModelConfig] | None = None
 
 
 @dataclass(eq=False)
@@ -219,7 +224,11 @@ class Engine:
         self.s = setup
         cfg = setup.config
         self.tick_s = cfg.tick_s
-        self.models = list(cfg.models)
+        #: the models the policy scales (the snapshot's `models`)
+        self.specs: dict[str, ModelConfig] = (
+            dict(setup.models) if setup.models is not None else toml_models(cfg)
+        )
+        self.models = list(self.specs)
         unknown = [m for m in self.models if m not in setup.arrivals.rates]
         if unknown:
             raise ValueError(f"no arrivals for models {', '.join(unknown)}")
@@ -299,7 +308,9 @@ class Engine:
         #: ticks proven quiet without running assess
         self.proven = 0
         self.proof = (
-            QuietProof(cfg, self.models, self.rates, self.tick_s, depth, self.replica_gpus)
+            QuietProof(
+                cfg, self.models, self.rates, self.tick_s, depth, self.replica_gpus, self.specs
+            )
             if setup.prove_quiet and not setup.always_decide
             else None
         )
@@ -309,17 +320,17 @@ class Engine:
         self.views: list[NodeView] = [self._node_view(n) for n in self.policy_nodes]
         self.stale: set[int] = set()
         self.dirty_sched = True
-        out = {m: ModelOutcome(cfg.models[m].slo_p99_ms) for m in self.models}
+        out = {m: ModelOutcome(self.specs[m].slo_p99_ms) for m in self.models}
         self.outcome = out
         self.minute = {m: [0.0, 0.0] for m in self.models}
         #: what `_serve` reads of each model, in model order: SLO (ms), service time (s and
         #: ms), SLO budget beyond the service time (s), outcome, minute tally, history, rates
         self._per_model = [
             (
-                cfg.models[m].slo_p99_ms,
+                self.specs[m].slo_p99_ms,
                 setup.service_s[m],
                 setup.service_s[m] * 1000.0,
-                cfg.models[m].slo_p99_ms / 1000.0 - setup.service_s[m],
+                self.specs[m].slo_p99_ms / 1000.0 - setup.service_s[m],
                 out[m],
                 self.minute[m],
                 self.history[m],
@@ -838,6 +849,7 @@ class Engine:
             dict(self.last_lend_at),
             dict(self.lend_s),
             len(self.victims),
+            self.specs,
         )
 
     def _lease_view(self, lease: SimLease) -> LeaseView:

@@ -4,8 +4,11 @@ side-by-side comparison of what each run decided.
 A lab scenario (tests/lab/test_sim_vs_lab.py runs one) drives the real reconciler on the
 lab cluster; this module builds the `Setup` that mirrors it and compares the two runs:
 
+- `lab_models`: the models the reconciler scales (the repository's with the TOML's
+  overrides);
 - `lab_setup`: the lab's nodes (names, pools, partitions, GPUs) from its `LabSpec` and
-  the bridge configuration the reconciler ran with (same tick, pools, models, policy);
+  the bridge configuration the reconciler ran with (same tick, pools, policy; the models
+  it scaled: the repository's facts merged with the TOML's overrides);
   the models' service times and instances from the Triton model repository; the jobs
   (`showcase_jobs`: the showcase's training and elastic jobs) and the load
   (`arrivals_from_offsets`: the load generator's own schedule, counted per step);
@@ -32,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bridge.config import BridgeConfig
+from bridge.config import BridgeConfig, ModelConfig
 from bridge.lab.spec import LabSpec
 from bridge.lifecycle import LeaseState
 from bridge.paths import model_repository
@@ -41,6 +44,7 @@ from bridge.sim.engine import Engine, Setup, SimLease, Timing
 from bridge.sim.fleet import SimNode
 from bridge.sim.result import Decision, PolicyResult
 from bridge.sim.workload import ArrivalSeries, SimJob
+from bridge.triton.catalog import ModelCatalog
 from bridge.triton.repository import parameters, read_config
 
 #: the lab's Slurm partition of each pool -> the kind of batch job that runs there
@@ -153,6 +157,12 @@ def model_service(
     return service, instances
 
 
+def lab_models(config: BridgeConfig, repo: Path | None = None) -> dict[str, ModelConfig]:
+    """The models the lab's reconciler scales with `config`: the repository's (`repo`,
+    default: the project's) facts merged with the TOML's overrides."""
+    return ModelCatalog(repo or model_repository(), config.models, say=False).facts().scaled
+
+
 def lab_setup(
     spec: LabSpec,
     config: BridgeConfig,
@@ -165,9 +175,12 @@ def lab_setup(
     name: str = "lab-twin",
 ) -> Setup:
     """The simulator's twin of a lab run with `config` (the reconciler's configuration,
-    used as is: tick, pools, models, policy). Each replica runs the repository's model
-    instances (busy: one, 20 ms a request, deterministic: cv2 0)."""
-    models = list(config.models)
+    used as is: tick, pools, policy) and the repository `repo` (default: the project's):
+    the models are those the reconciler scales, the repository's facts with the TOML's
+    overrides (the one merge, `bridge.modelfacts`). Each replica runs the repository's
+    model instances (busy: one, 20 ms a request, deterministic: cv2 0)."""
+    specs = lab_models(config, repo)
+    models = list(specs)
     service, instances = model_service(models, repo)
     return Setup(
         name=name,
@@ -182,6 +195,7 @@ def lab_setup(
         service_cv2=0.0,
         series_step_s=max(config.tick_s, 60.0),
         replica_servers=instances,
+        models=specs,
     )
 
 

@@ -258,12 +258,7 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
     policy_config = scenario.policy.model_copy(
         update={"max_lent_nodes": lendable if lending else 0}
     )
-    config = BridgeConfig(
-        tick_s=scenario.tick_s,
-        pools=pools,
-        models=models,
-        policy=policy_config,
-    )
+    config = BridgeConfig(tick_s=scenario.tick_s, pools=pools, policy=policy_config)
     return Setup(
         name=policy,
         description=describe(policy),
@@ -273,6 +268,7 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
         arrivals=scenario.arrivals,
         service_s={m: ms / 1000.0 for m, (_, ms) in scenario.models.items()},
         horizon_s=scenario.horizon_s,
+        models=models,
         timing=scenario.timing,
         service_cv2=scenario.service_cv2,
         series_step_s=scenario.series_step_s,

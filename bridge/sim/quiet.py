@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from bridge.config import BridgeConfig
+from bridge.config import BridgeConfig, ModelConfig
 from bridge.lifecycle import LeaseState
+from bridge.modelfacts import toml_models
 from bridge.policy import ModelSample, Snapshot, capacity
 from bridge.policy.decide import LENDABLE, capacity_groups, capacity_inputs, model_set
 
@@ -110,15 +111,19 @@ class QuietProof:
         tick_s: float,
         depth: int,
         replica_gpus: int,
+        specs: Mapping[str, ModelConfig] | None = None,
     ) -> None:
+        """`specs`: the models' effective SLO and bounds, as the policy reads them (the
+        engine's); None: the TOML's `[models]` alone."""
         self.config = config
+        specs = toml_models(config) if specs is None else specs
         #: GPUs of every replica (the engine's): a serving lease's replica key has them
         self.replica_gpus = replica_gpus
         self.models = list(models)
         policy = config.policy
         self.runs = {m: _Runs() for m in self.models}
-        self.high = {m: policy.high_watermark * config.models[m].slo_p99_ms for m in models}
-        self.low = {m: policy.low_watermark * config.models[m].slo_p99_ms for m in models}
+        self.high = {m: policy.high_watermark * specs[m].slo_p99_ms for m in models}
+        self.low = {m: policy.low_watermark * specs[m].slo_p99_ms for m in models}
         self.kb = policy.breach_evaluations
         self.kc = max(1, math.ceil(policy.return_dwell_s / config.tick_s))
         self.depth = depth

@@ -7,8 +7,13 @@ ModelConfig protobuf (shipped with tritonclient), and the bridge's metadata kept
     parameters: { key: "stb.min_replicas" value: { string_value: "1" } }   # optional, 1
     parameters: { key: "stb.max_replicas" value: { string_value: "4" } }   # optional, 4
 
-Read by the ledger's ingest (a served model's team) and by `stb models` (publishing
-validates a model with `check_model` before anything is written).
+Read by the ledger's ingest (a served model's team), by `stb models` (publishing
+validates a model with `check_model` before anything is written) and, for the SLO, bounds
+and instances the policy scales a model by, by `PublishedModels` (every model's
+`Published` facts, read again only when its config.pbtxt changed), which
+`bridge.modelfacts.merge_models` merges with the TOML's overrides. The instances are the
+instance_group's: the sum of the counts when every group runs on CPU or names its GPUs
+(a group on every GPU of its node leaves them unset: the capacity model's default).
 
 A config is read only when it is a regular file of at most `MAX_CONFIG_BYTES` (it is not
 read past that), in UTF-8, nested at most `MAX_CONFIG_DEPTH` messages deep (checked before
@@ -18,12 +23,16 @@ what was wrong.
 
 from __future__ import annotations
 
+import math
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
+
+from bridge.modelfacts import FILE, Published
 
 TEAM_PARAMETER = "stb.team"
 SLO_PARAMETER = "stb.slo_p99_ms"
@@ -145,41 +154,138 @@ def check_model(cfg: model_config_pb2.ModelConfig, name: str, where: str) -> Mod
         raise ModelConfigError(f"{where}: names neither a backend nor a platform")
     if not cfg.input or not cfg.output:
         raise ModelConfigError(f"{where}: a model needs at least one input and one output")
-    params = {k: v.string_value for k, v in cfg.parameters.items()}
-    team = params.get(TEAM_PARAMETER, "").strip()
-    if not team:
+    facts = published_of(cfg)
+    if not facts.team:
         raise ModelConfigError(f"{where}: parameter {TEAM_PARAMETER} (the owning team) is missing")
-    slo = _number(params, SLO_PARAMETER, where, float, required=True)
-    low = int(_number(params, MIN_PARAMETER, where, int, default=1))
-    high = int(_number(params, MAX_PARAMETER, where, int, default=4))
-    if slo <= 0:
-        raise ModelConfigError(f"{where}: {SLO_PARAMETER} must be > 0 ms, got {slo:g}")
-    if low < 0 or high < 1 or low > high:
+    for key in ("slo_p99_ms", "min_replicas", "max_replicas"):
+        if key in facts.errors:
+            raise ModelConfigError(f"{where}: {facts.errors[key]}")
+    if facts.slo_p99_ms is None:
+        raise ModelConfigError(f"{where}: parameter {SLO_PARAMETER} is missing")
+    low = 1 if facts.min_replicas is None else facts.min_replicas
+    high = 4 if facts.max_replicas is None else facts.max_replicas
+    if low > high:
         raise ModelConfigError(
             f"{where}: replica bounds must be 0 <= {MIN_PARAMETER} <= {MAX_PARAMETER} and "
             f"{MAX_PARAMETER} >= 1, got {low}..{high}"
         )
-    return ModelMeta(team, float(slo), low, high)
+    return ModelMeta(facts.team, facts.slo_p99_ms, low, high)
 
 
-def _number(
+def published_of(cfg: model_config_pb2.ModelConfig) -> Published:
+    """The bridge's facts of a parsed config: each `stb.*` parameter read on its own, a
+    bad one kept in `errors` under its field (naming the parameter and the value), and
+    the instances of its instance_group."""
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    errors: dict[str, str] = {}
+    team = params.get(TEAM_PARAMETER, "").strip() or None
+    slo = _parsed(params, SLO_PARAMETER, float, errors, "slo_p99_ms")
+    if slo is not None and not (math.isfinite(slo) and slo > 0):
+        errors["slo_p99_ms"] = f"{SLO_PARAMETER} must be > 0 ms, got {slo:g}"
+        slo = None
+    low = _parsed(params, MIN_PARAMETER, int, errors, "min_replicas")
+    if low is not None and low < 0:
+        errors["min_replicas"] = f"replica bounds: {MIN_PARAMETER} must be >= 0, got {low:g}"
+        low = None
+    high = _parsed(params, MAX_PARAMETER, int, errors, "max_replicas")
+    if high is not None and high < 1:
+        errors["max_replicas"] = f"replica bounds: {MAX_PARAMETER} must be >= 1, got {high:g}"
+        high = None
+    return Published(
+        team,
+        slo,
+        None if low is None else int(low),
+        None if high is None else int(high),
+        instances_of(cfg),
+        errors,
+    )
+
+
+def instances_of(cfg: model_config_pb2.ModelConfig) -> int | None:
+    """Executions of the model one replica runs: the instance groups' counts (a count of
+    0 is Triton's 1), when every group is on CPU (or KIND_MODEL) or names its GPUs; None
+    when a group runs on every GPU of its node or there is no group (Triton's default:
+    one per GPU), which the capacity model reads as sharing the node's GPUs."""
+    group = model_config_pb2.ModelInstanceGroup
+    total = 0
+    for g in cfg.instance_group:
+        count = g.count if g.count > 0 else 1
+        if g.kind in (group.KIND_CPU, group.KIND_MODEL):
+            total += count
+        elif g.kind in (group.KIND_GPU, group.KIND_AUTO) and g.gpus:
+            total += count * len(g.gpus)
+        else:
+            return None
+    return total or None
+
+
+def read_published(model_dir: Path) -> Published:
+    """`published_of` a model folder's config.pbtxt; a file that cannot be read or parsed,
+    or a folder name that is no model name, is `errors[FILE]`."""
+    try:
+        check_name(model_dir.name)
+        return published_of(read_config(model_dir))
+    except ModelConfigError as exc:
+        return Published(errors={FILE: str(exc)})
+
+
+class PublishedModels:
+    """Every model of a repository with its `Published` facts, each config.pbtxt parsed
+    again only when it changed (its mtime, size or inode). Reading is cheap enough for
+    every tick: a folder listing and one `stat` a model. Safe to share between threads."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._cache: dict[str, tuple[tuple[int, int, int], Published]] = {}
+        self._lock = threading.Lock()
+        #: how many config.pbtxt files were parsed (the cache's misses)
+        self.parsed = 0
+
+    def read(self) -> dict[str, Published] | None:
+        """Model name -> facts, for every non-hidden folder that holds a config.pbtxt;
+        None when the repository is no folder."""
+        try:
+            entries = sorted(p for p in self.root.iterdir() if p.is_dir())
+        except OSError:
+            return None
+        out: dict[str, Published] = {}
+        with self._lock:
+            for model_dir in entries:
+                if model_dir.name.startswith("."):
+                    continue
+                try:
+                    st = (model_dir / "config.pbtxt").stat()
+                except OSError:
+                    continue  # no config: not a model (a folder being written, say)
+                key = (st.st_mtime_ns, st.st_size, st.st_ino)
+                hit = self._cache.get(model_dir.name)
+                if hit is None or hit[0] != key:
+                    hit = (key, read_published(model_dir))
+                    self._cache[model_dir.name] = hit
+                    self.parsed += 1
+                out[model_dir.name] = hit[1]
+            for gone in set(self._cache) - set(out):
+                del self._cache[gone]
+        return out
+
+
+def _parsed(
     params: dict[str, str],
     key: str,
-    where: str,
     kind: type[int] | type[float],
-    *,
-    required: bool = False,
-    default: float = 0,
-) -> float:
+    errors: dict[str, str],
+    field: str,
+) -> float | None:
+    """The parameter as a number; None when absent or blank, or (kept in `errors`) bad."""
     raw = params.get(key)
     if raw is None or raw.strip() == "":
-        if required:
-            raise ModelConfigError(f"{where}: parameter {key} is missing")
-        return default
+        return None
     try:
         return kind(raw)
     except ValueError:
-        raise ModelConfigError(f"{where}: parameter {key} must be a number, got {raw!r}") from None
+        whole = " (a whole one)" if kind is int else ""
+        errors[field] = f"parameter {key} must be a number{whole}, got {raw!r}"
+        return None
 
 
 def model_teams(repository: Path) -> dict[str, str]:

@@ -18,7 +18,9 @@
  *
  * glibc passes (argc, argv, envp) to ELF constructors; argv is the array main() gets.
  * Build: cc -shared -fPIC -O2 -o libstbkey.so stb-keyshim.c (the bridge does this for
- * the lab, bridge/daemon/keyshim.py).
+ * the lab, bridge/daemon/keyshim.py). In a container it is loaded by the image's glibc:
+ * statx (glibc 2.28) rather than fstat (a new symbol in 2.33) keeps the newest symbol it
+ * needs at GLIBC_2.28, whatever glibc it was built with.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -74,9 +76,10 @@ __attribute__((constructor)) static void stb_keyshim(int argc, char **argv, char
     if (!path || !*path) die("STB_TRITON_KEY_FILE is not set");
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) die("cannot open the key file named by STB_TRITON_KEY_FILE");
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) die("the key file is not a regular file");
-    if (st.st_mode & (S_IRWXG | S_IRWXO))
+    struct statx st;
+    if (statx(fd, "", AT_EMPTY_PATH, STATX_TYPE | STATX_MODE, &st) != 0 || !S_ISREG(st.stx_mode))
+        die("the key file is not a regular file");
+    if (st.stx_mode & (S_IRWXG | S_IRWXO))
         die("the key file is readable by group or others: chmod 600 it");
     char key[MAX_KEY + 2];
     ssize_t n = read(fd, key, MAX_KEY + 1);

@@ -65,6 +65,7 @@ from bridge.load.arrivals import Schedule, poisson
 from bridge.paths import project_root
 from bridge.policy import Lend
 from bridge.routing.publisher import RoutingPublisher
+from bridge.triton.catalog import site_models
 
 from .helpers import sbatch, squeue_state, tick_until, tick_until_baseline
 from .test_sim_vs_lab import Sender
@@ -223,7 +224,7 @@ def test_the_advisory_records_the_active_lend_and_changes_nothing(
         # ---- then: busy's slow requests leave Triton's p99 window ------------------
         # (watched by the advisory, which acts on nothing, so the reconciler sees none of
         # phase A; its shadow lease serves meanwhile)
-        low = config.policy.low_watermark * config.models[MODEL].slo_p99_ms
+        low = config.policy.low_watermark * site_models(config).scaled[MODEL].slo_p99_ms
 
         def calm(s: Any) -> bool:
             return (

@@ -233,7 +233,8 @@ def test_simulator_decides_as_the_lab_does(
     # run), which is what the tolerances hold it to, and with the bench's medians.
     offsets = {MODEL: [t for t in schedule.offsets if t < horizon]}
     jobs = labcheck.showcase_jobs(lab, training_ids=training, elastic_id=elastic)
-    arrivals = labcheck.arrivals_from_offsets(offsets, list(config.models), tick, horizon)
+    models = list(labcheck.lab_models(config))  # the repository's, with the TOML's overrides
+    arrivals = labcheck.arrivals_from_offsets(offsets, models, tick, horizon)
     replayed = labcheck.replayed_timing(transitions, tick)
     pools = labcheck.node_pools(lab, config)
     runs = {}
@@ -250,7 +251,7 @@ def test_simulator_decides_as_the_lab_does(
         step_s=tick,
         end=until + timedelta(seconds=tick),
     )
-    for model in config.models:  # a model Prometheus has no series of got no request
+    for model in models:  # a model Prometheus has no series of got no request
         site_arrivals.rates.setdefault(model, np.zeros(int(horizon // tick)))
     site_timing, timing_about = inputs.timing_from_leases(
         read_timelines(make_engine(config.database_url), step_at, until),

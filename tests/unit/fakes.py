@@ -437,7 +437,8 @@ def make_config(tmp_path: Path, *, tick_s: float = 5, **leases: float) -> Bridge
         tick_s=tick_s,
         database_url=f"sqlite:///{tmp_path / 'db' / 'bridge.db'}",
         models={"busy": ModelConfig(slo_p99_ms=100), "calm": ModelConfig(slo_p99_ms=200)},
-        triton=TritonJobConfig(key_file=key),
+        # no model repository: the models are the TOML's alone (not the checkout's)
+        triton=TritonJobConfig(key_file=key, model_repository=tmp_path / "no-repository"),
         leases=LeaseConfig(**leases),
     )
 

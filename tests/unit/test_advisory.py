@@ -27,6 +27,7 @@ from bridge.leases.models import Lease
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
+from bridge.modelfacts import ModelFacts, merge_models
 from bridge.policy import Lend, ModelSample, history_depth
 from bridge.slurm.model import Job
 
@@ -62,8 +63,10 @@ class Scripted:
     def __init__(self, config: BridgeConfig, load: Callable[[float], float] = step) -> None:
         self.load = load
         depth = history_depth(config)
+        #: the models as the daemon's merge gives them from the TOML alone
+        self.facts = merge_models(None, config.models)
         self.history: dict[str, deque[ModelSample]] = {
-            m: deque(maxlen=depth) for m in config.models
+            m: deque(maxlen=depth) for m in self.facts.names
         }
         self.nodes = {n.name: n for n in (N1, N3, N5)}
         self.jobs: tuple[Job, ...] = (BASELINE_JOB, ELASTIC_JOB, TRAIN_JOB)
@@ -90,7 +93,11 @@ class Scripted:
             frozenset(),
             (BASELINE,),
             {m: tuple(h) for m, h in self.history.items()},
+            models=self.facts,
         )
+
+    def models(self) -> ModelFacts:
+        return self.facts
 
     def close(self) -> None:
         self.closed = True

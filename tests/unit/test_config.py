@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge.config import ConfigError, load_config, unknown_env
+from bridge.config import ConfigError, ModelConfig, load_config, unknown_env
 from bridge.paths import project_root
+from bridge.triton.catalog import ModelCatalog
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -22,7 +23,13 @@ def test_the_lab_file_is_valid() -> None:
     cfg = load_config(project_root() / "deploy" / "lab" / "bridge.toml")
     assert cfg.pools["elastic"].lend_mode == "preempt"
     assert cfg.pools["training"].lend_mode == "drain"
-    assert cfg.models["busy"].slo_p99_ms == 100
+    # the lab's models' facts live in their config.pbtxt, not in the TOML
+    assert not cfg.models
+    facts = ModelCatalog(project_root() / "triton_repo", cfg.models, say=False).facts()
+    busy = facts.facts["busy"]
+    assert busy.model == ModelConfig(slo_p99_ms=100, min_replicas=1, max_replicas=3, instances=1)
+    assert set(busy.sources.values()) == {"repository"}
+    assert facts.problems == [] and facts.notes() == []
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,7 @@ from bridge.daemon.planner import (
     plan_return,
 )
 from bridge.lifecycle import LeaseState, allowed
+from bridge.modelfacts import merge_models
 from bridge.slurm.model import Job, Node
 
 S = LeaseState
@@ -153,6 +154,7 @@ def observe(
         frozenset(reservations),
         tuple(servers),
         {},
+        models=merge_models(None, CONFIG.models),
     )
 
 

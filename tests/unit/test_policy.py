@@ -9,7 +9,9 @@ from dataclasses import replace
 import pytest
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
+from bridge.modelfacts import toml_models
 from bridge.policy import (
+    Action,
     JobView,
     LeaseView,
     Lend,
@@ -20,9 +22,9 @@ from bridge.policy import (
     Return,
     Snapshot,
     StartBaseline,
-    decide,
     evaluate_model,
 )
+from bridge.policy import decide as policy_decide
 
 T0 = 1_800_000_000.0
 TICK = 5.0
@@ -42,6 +44,13 @@ CONFIG = BridgeConfig(
         return_dwell_s=20,
     ),
 )
+
+
+def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]:
+    """The policy on `snapshot` with `config`'s models as the daemon's merge makes them
+    from the TOML alone (no repository): the snapshot's `models`, which decide reads."""
+    return policy_decide(replace(snapshot, models=toml_models(config)), config, now)
+
 
 RESERVED = NodeView("n4", "inference", True, 4, has_triton=True)
 ELASTIC_IDLE = NodeView("n3", "elastic", True, 4)
@@ -124,7 +133,7 @@ def test_a_lagging_p99_without_slow_requests_now_is_no_breach() -> None:
 
 def test_no_data_is_never_a_breach_nor_calm() -> None:
     hist = samples(None, None, None, None, rate=None)
-    assert evaluate_model(hist, CONFIG.models["busy"], CONFIG) == ModelStatus.STEADY
+    assert evaluate_model(hist, toml_models(CONFIG)["busy"], CONFIG) == ModelStatus.STEADY
 
 
 def test_idle_node_before_busy_elastic_before_training_least_work_lost() -> None:
@@ -280,7 +289,7 @@ def test_decide_is_pure() -> None:
 def test_breach_is_strictly_above_the_high_watermark(p99: float) -> None:
     hist = samples(p99, p99, p99)
     want = ModelStatus.BREACH if p99 > 100 else ModelStatus.STEADY
-    assert evaluate_model(hist, CONFIG.models["busy"], CONFIG) == want
+    assert evaluate_model(hist, toml_models(CONFIG)["busy"], CONFIG) == want
 
 
 def test_a_job_started_at_time_zero_counts_as_work_lost() -> None:

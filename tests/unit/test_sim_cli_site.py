@@ -97,7 +97,12 @@ def _history(path: Path) -> Path:
 def test_a_site_run_end_to_end_on_recorded_inputs(tmp_path: Path) -> None:
     db = _history(tmp_path / "bridge.db")
     cfg = tmp_path / "bridge.toml"
-    cfg.write_text(f'database_url = "sqlite:///{db}"\n[models.busy]\nslo_p99_ms = 150\n')
+    # an empty model repository: busy's SLO is the TOML's, echo's --slo-ms
+    (tmp_path / "models").mkdir()
+    cfg.write_text(
+        f'database_url = "sqlite:///{db}"\n[models.busy]\nslo_p99_ms = 150\n'
+        f'[triton]\nmodel_repository = "{tmp_path / "models"}"\n'
+    )
     out = tmp_path / "sim.json"
     args = [*RECORDED, "--config", str(cfg), "--timing", "leases", "--load-s", "busy=30"]
     res = RUN.invoke(app, [*args, "--format", "json", "-o", str(out)])

@@ -125,9 +125,12 @@ def test_service_time_and_instances_of_another_repository(tmp_path: Path) -> Non
 
 
 def test_lab_setup_mirrors_the_lab(spec: LabSpec, config: BridgeConfig) -> None:
-    arrivals = labcheck.arrivals_from_offsets({"busy": [0.1]}, list(config.models), 2.0, 10.0)
+    models = list(labcheck.lab_models(config))
+    arrivals = labcheck.arrivals_from_offsets({"busy": [0.1]}, models, 2.0, 10.0)
     setup = labcheck.lab_setup(spec, config, labcheck.showcase_jobs(spec), arrivals, 10.0)
     assert setup.config is config
+    # the models the reconciler scales: the repository's facts (no TOML entry)
+    assert setup.models is not None and setup.models["busy"].max_replicas == 3
     assert setup.replica_servers == 1 and setup.service_cv2 == 0.0
     assert [n.name for n in setup.nodes] == ["n1", "n2", "n3", "n4"]
     assert setup.service_s["busy"] == pytest.approx(0.020)
@@ -142,7 +145,8 @@ def _step_setup(spec: LabSpec, config: BridgeConfig) -> Setup:
     heavy = np.arange(0.0, 50.0, 1 / 60)
     light = np.arange(50.0, 200.0, 1 / 4)
     offsets = {"busy": [*heavy, *light]}
-    arrivals = labcheck.arrivals_from_offsets(offsets, list(config.models), config.tick_s, 200.0)
+    models = list(labcheck.lab_models(config))
+    arrivals = labcheck.arrivals_from_offsets(offsets, models, config.tick_s, 200.0)
     return labcheck.lab_setup(spec, config, labcheck.showcase_jobs(spec), arrivals, 200.0)
 
 

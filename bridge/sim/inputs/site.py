@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.config import BridgeConfig
+from bridge.modelfacts import ModelFact
 from bridge.sim.engine import Timing
 from bridge.sim.inputs.arrivals import arrivals_from_csv
 from bridge.sim.inputs.common import InputError, iso, parse_time, write_json
@@ -46,6 +47,7 @@ from bridge.sim.inputs.service import (
 )
 from bridge.sim.inputs.timing import lend_modes, read_lease_timelines, timing_from_leases
 from bridge.sim.workload import ArrivalSeries, JobKind
+from bridge.triton.catalog import site_models
 
 #: arrivals and jobs read from a site (the others are generators or public traces)
 SITE_ARRIVALS = ("prometheus", "csv")
@@ -338,8 +340,12 @@ def _models(
         )
     models: dict[str, tuple[float, float]] = {}
     said: dict[str, object] = {}
+    # the SLOs the site's daemon scales by: its repository's, with its TOML's overrides
+    facts = site_models(cfg) if cfg is not None else None
     for m in names:
-        slo = cfg.models[m].slo_p99_ms if cfg is not None and m in cfg.models else opts.slo_ms
+        fact = facts.facts.get(m) if facts is not None else None
+        spec = fact.model if fact is not None else None
+        slo = spec.slo_p99_ms if spec is not None else opts.slo_ms
         if m in named:
             service, whence = named[m], "--service-ms"
         elif m in measured:
@@ -358,10 +364,17 @@ def _models(
             )
         models[m] = (slo, service)
         said[m] = {
-            "slo_from": "--config [models]" if cfg is not None and m in cfg.models else "--slo-ms",
+            "slo_from": _slo_from(fact) if fact is not None and spec is not None else "--slo-ms",
             "service_from": whence,
         }
     return models, said
+
+
+def _slo_from(fact: ModelFact) -> str:
+    """Where a model's SLO came from, as the report says it."""
+    if fact.source_of("slo_p99_ms") == "toml":
+        return "--config [models]"
+    return "--config's model repository (stb.slo_p99_ms)"
 
 
 def _ledger_url(opts: SiteOptions, cfg: BridgeConfig | None) -> str:
