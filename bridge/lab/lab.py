@@ -2,8 +2,10 @@
 
 `up` is idempotent: each daemon is started only when its pid file does not name a live
 process, configuration is rendered from templates and refused if it would change under
-running daemons. `down` cancels the lab's jobs, stops exactly the recorded daemons, and
-sweeps any process that still carries the lab's marker (slurmstepd, tritonserver).
+running daemons. slurmrestd (the REST backend's server) is started last, on the lab's
+loopback port, as an unprivileged user, where it and the auth/jwt plugin are installed.
+`down` cancels the lab's jobs, stops exactly the recorded daemons, and sweeps any process
+that still carries the lab's marker (slurmstepd, tritonserver).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from bridge.lab.tokens import ensure_tokens
 Say = Callable[[str], None]
 
 #: Start order; `down` stops in reverse.
-DAEMONS = ("mariadb", "munged", "slurmdbd", "slurmctld")
+DAEMONS = ("mariadb", "munged", "slurmdbd", "slurmctld", "slurmrestd")
 
 
 class LabError(RuntimeError):
@@ -81,12 +83,15 @@ def db_settings() -> render.DbSettings:
     )
 
 
-def _write_configs(spec: LabSpec, db: render.DbSettings, running: bool) -> None:
+def _write_configs(spec: LabSpec, db: render.DbSettings, running: bool, jwt: bool) -> None:
     files = {
-        spec.slurm_conf: (render.slurm_conf(spec), 0o644),
+        spec.slurm_conf: (render.slurm_conf(spec, jwt=jwt), 0o644),
         spec.etc / "gres.conf": (render.gres_conf(spec), 0o644),
-        spec.etc / "slurmdbd.conf": (render.slurmdbd_conf(spec, db), 0o600),
+        spec.etc / "slurmdbd.conf": (render.slurmdbd_conf(spec, db, jwt=jwt), 0o600),
     }
+    cgroup = render.cgroup_conf(system.slurm_release())  # Slurm 24.05 and later only
+    if cgroup is not None:
+        files[spec.etc / "cgroup.conf"] = (cgroup, 0o644)
     # Read afresh by Slurm at each use (slurmctld reloads job_submit.lua when it changes,
     # slurmd runs the hooks per job): updated even under running daemons.
     live = {
@@ -214,6 +219,9 @@ def up(spec: LabSpec, say: Say = print, install: bool = True) -> None:
     spec.save()
     ensure_tokens(spec.api_dir)
     system.make_munge_key(spec)
+    jwt = system.has_plugin("auth_jwt.so")
+    if jwt:
+        system.make_jwt_key(spec)
     system.make_gpu_devices(spec)
     for node in spec.nodes:
         (spec.lab_dir / "spool" / f"slurmd-{node.name}").mkdir(parents=True, exist_ok=True)
@@ -232,7 +240,9 @@ def up(spec: LabSpec, say: Say = print, install: bool = True) -> None:
             table,
             "mariadb",
         )
-    _write_configs(spec, db, running)
+    if not table.get("slurmdbd"):
+        system.create_database(db.host, db.port, db.user, db.password, spec.db_name)
+    _write_configs(spec, db, running, jwt)
 
     env = spec.env()
     _start(
@@ -283,7 +293,59 @@ def up(spec: LabSpec, say: Say = print, install: bool = True) -> None:
             say,
         )
     _wait("the slurmd of every node", lambda: _nodes_up(spec), 60, spec.log_dir / "slurmctld.log")
+    if jwt and system.rest_available():
+        _start_rest(spec, table, say)
+    else:
+        say("slurmrestd or the auth/jwt plugin is not installed: no REST API in this lab")
     triton.prepare(spec)
+
+
+@dataclass(frozen=True)
+class RestDaemon:
+    """How the lab runs slurmrestd: its command, its environment, and as whom."""
+
+    argv: list[str]
+    env: dict[str, str]
+    #: the user it serves as: the lab's unprivileged one, or root when that user cannot
+    #: read slurm.conf
+    user: str
+
+
+def rest_daemon(conf: Path, port: int) -> RestDaemon:
+    """slurmrestd on 127.0.0.1:`port` with `conf`, JWT authentication only (rest_auth/jwt:
+    each request carries X-SLURM-USER-NAME and X-SLURM-USER-TOKEN, which slurmctld and
+    slurmdbd check), `SLURM_JWT=daemon` so it talks to Slurm with its callers' tokens, not
+    munge (slurmrestd(8)).
+
+    It refuses to serve as root or SlurmUser, so it drops to the lab's unprivileged user
+    (`-u`/`-g`), and it reads slurm.conf after it dropped: where that user cannot reach
+    the file (a checkout under a 0700 home), it stays root with the documented
+    `SLURMRESTD_SECURITY=disable_user_check` instead, and says so in `user`."""
+    argv = [_bin("slurmrestd"), "-f", str(conf), "-a", "rest_auth/jwt"]
+    env = {"SLURM_CONF": str(conf), "SLURM_JWT": "daemon"}
+    if system.readable_by_others(conf):
+        user = system.ensure_rest_user()
+        argv += ["-u", user, "-g", user]
+    else:
+        user = "root"
+        env["SLURMRESTD_SECURITY"] = "disable_user_check"
+    return RestDaemon([*argv, f"127.0.0.1:{port}"], env, user)
+
+
+def _start_rest(spec: LabSpec, table: procs.ProcTable, say: Say) -> None:
+    """The lab's slurmrestd (`rest_daemon`) on its loopback port."""
+    daemon = rest_daemon(spec.slurm_conf, spec.rest_port)
+    if daemon.user == "root" and not table.get("slurmrestd"):
+        say(f"slurmrestd runs as root: the user {system.REST_USER} cannot read {spec.slurm_conf}")
+    _start(table, "slurmrestd", daemon.argv, spec.env() | daemon.env, say)
+    _wait(
+        "slurmrestd",
+        lambda: system.port_open("127.0.0.1", spec.rest_port),
+        30,
+        spec.log_dir / "slurmrestd.out",
+        table,
+        "slurmrestd",
+    )
 
 
 def _cancel_jobs(spec: LabSpec, say: Say, timeout_s: float = 60.0) -> None:
@@ -332,6 +394,7 @@ def status(spec: LabSpec) -> list[DaemonStatus]:
         "munged": "munged.log",
         "slurmdbd": "slurmdbd.log",
         "slurmctld": "slurmctld.log",
+        "slurmrestd": "slurmrestd.out",  # it logs to stderr
     }
     out = []
     for name in names:
@@ -339,6 +402,8 @@ def status(spec: LabSpec) -> list[DaemonStatus]:
         log = spec.log_dir / logs.get(name, f"{name}.log")
         if name == "mariadb" and proc is None:
             continue  # an existing MariaDB is used; the lab did not start one
+        if name == "slurmrestd" and proc is None and not system.rest_available():
+            continue  # not installed (`--no-install`): the lab runs without it
         out.append(DaemonStatus(name, proc.pid if proc else None, log))
     return out
 

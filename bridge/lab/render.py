@@ -53,11 +53,21 @@ def _common(spec: LabSpec) -> dict[str, str]:
     }
 
 
+def _auth_alt(spec: LabSpec, jwt: bool) -> str:
+    """The auth/jwt lines of slurm.conf and slurmdbd.conf: JWTs are an alternative to
+    munge (which stays every daemon's and client's own), for slurmrestd's callers
+    (`scontrol token` mints them). Without the auth/jwt plugin, a comment saying so."""
+    if not jwt:
+        return "# auth/jwt is not installed (slurm-wlm-jwt-plugin): no slurmrestd in this lab"
+    return f"AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key={spec.jwt_key}"
+
+
 def gpu_device(spec: LabSpec, node: str, index: int) -> str:
     return str(spec.dev_dir / f"{node}-gpu{index}")
 
 
-def slurm_conf(spec: LabSpec) -> str:
+def slurm_conf(spec: LabSpec, *, jwt: bool = True) -> str:
+    """slurm.conf; `jwt`: accept JWTs beside munge (slurmrestd's callers)."""
     nodes = [
         f"NodeName={n.name} NodeAddr={n.addr} NodeHostname={spec.ctld_host} Port={n.port} "
         f"CPUs={spec.cpus_per_node} RealMemory={spec.memory_mb} "
@@ -82,6 +92,7 @@ def slurm_conf(spec: LabSpec) -> str:
         "partition_lines": "\n".join(parts),
         "prolog": str(spec.hook_script("prolog")),
         "epilog": str(spec.hook_script("epilog")),
+        "auth_alt": _auth_alt(spec, jwt),
     }
     return _template("slurm.conf.in").substitute(values)
 
@@ -97,8 +108,10 @@ def gres_conf(spec: LabSpec) -> str:
     return _template("gres.conf.in").substitute(gres_lines="\n".join(lines))
 
 
-def slurmdbd_conf(spec: LabSpec, db: DbSettings) -> str:
+def slurmdbd_conf(spec: LabSpec, db: DbSettings, *, jwt: bool = True) -> str:
+    """slurmdbd.conf; `jwt` as in `slurm_conf` (slurmrestd's /slurmdb/ calls carry it)."""
     values = _common(spec) | {
+        "auth_alt": _auth_alt(spec, jwt),
         "db_host": db.host,
         "db_port": str(db.port),
         "db_user": db.user,
@@ -106,6 +119,19 @@ def slurmdbd_conf(spec: LabSpec, db: DbSettings) -> str:
         "db_name": spec.db_name,
     }
     return _template("slurmdbd.conf.in").substitute(values)
+
+
+#: The first Slurm release whose slurmd loads a cgroup plugin at start even under
+#: proctrack/pgid and task/none, and that takes `CgroupPlugin=disabled` (24.05)
+CGROUP_DISABLED_SINCE = (24, 5)
+
+
+def cgroup_conf(release: tuple[int, int]) -> str | None:
+    """cgroup.conf for Slurm `release` (major, minor): `CgroupPlugin=disabled` from 24.05
+    on; None before (22.05 reads no cgroup.conf here and knows no `disabled`)."""
+    if release < CGROUP_DISABLED_SINCE:
+        return None
+    return _template("cgroup.conf.in").template
 
 
 def job_submit_lua() -> str:

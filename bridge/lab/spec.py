@@ -53,6 +53,8 @@ class LabSpec:
     ctld_port: int = 6817
     dbd_port: int = 6819
     slurmd_port_base: int = 6830
+    #: slurmrestd's port on 127.0.0.1 (Slurm's documented default, 6820)
+    rest_port: int = 6820
     #: seconds an elastic job gets between SIGTERM and requeue when preempted
     grace_time_s: int = 5
     #: team accounts registered in slurmdbd (plus `bridge`, which owns Triton jobs)
@@ -174,6 +176,23 @@ class LabSpec:
     @property
     def mysql_dir(self) -> Path:
         return self.lab_dir / "mysql"
+
+    @property
+    def jwt_key(self) -> Path:
+        """The HS256 key slurmctld and slurmdbd sign and check JWTs with
+        (`AuthAltParameters=jwt_key=`), 0600 and owned by SlurmUser (root in the lab)."""
+        return self.etc / "jwt_hs256.key"
+
+    @property
+    def rest_url(self) -> str:
+        """Where the lab's slurmrestd listens (loopback only)."""
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    def rest_env(self) -> dict[str, str]:
+        """The settings of the slurmrestd backend (`STB_SLURM_BACKEND=rest`) for this lab:
+        its URL and the user its tokens are for (the lab's jobs run as root); the backend
+        mints tokens with `scontrol token`, which needs `SLURM_CONF` (in `env()`)."""
+        return self.env() | {"STB_SLURM_REST_URL": self.rest_url, "STB_SLURM_REST_USER": "root"}
 
     def env(self) -> dict[str, str]:
         """Environment a Slurm client needs to talk to this lab."""

@@ -1,5 +1,6 @@
-"""Host preparation for the lab: Debian packages, fake GPU devices, the munge key, and
-finding (or providing) a MariaDB for slurmdbd. Each step is idempotent.
+"""Host preparation for the lab: Debian packages, fake GPU devices, the munge and JWT
+keys, slurmrestd's unprivileged user, and finding (or providing) a MariaDB for slurmdbd.
+Each step is idempotent.
 
 Called by `bridge.lab.lab.up`. Needs root: it installs packages and makes device nodes.
 """
@@ -7,6 +8,7 @@ Called by `bridge.lab.lab.up`. Needs root: it installs packages and makes device
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import stat
@@ -24,11 +26,25 @@ PACKAGES = {
     "slurmdbd": "slurmdbd",
     "sbatch": "slurm-client",
     "munged": "munge",
+    # the REST API daemon (`STB_SLURM_BACKEND=rest`) and the auth/jwt plugin it needs
+    "slurmrestd": "slurmrestd",
     "nginx": "nginx-light",
     "prometheus": "prometheus",
     # the C compiler builds the Triton key shim (bridge.daemon.keyshim)
     "cc": "gcc",
 }
+#: Slurm plugins the lab needs, by file name, and the Debian package of each
+PLUGINS = {"auth_jwt.so": "slurm-wlm-jwt-plugin"}
+#: Where Debian's Slurm packages put their plugins (PluginDir)
+PLUGIN_DIRS = (
+    "/usr/lib/x86_64-linux-gnu/slurm-wlm",
+    "/usr/lib/aarch64-linux-gnu/slurm-wlm",
+    "/usr/lib/slurm",
+    "/usr/lib64/slurm",
+)
+#: The unprivileged user (and group) slurmrestd runs as: it refuses root and SlurmUser
+#: (slurmrestd(8), -u and -g), and needs no file of the lab's after it starts
+REST_USER = "stb-rest"
 GPU_MAJOR = 195  # the NVIDIA character-device major number, for realism only
 
 Say = Callable[[str], None]
@@ -72,7 +88,10 @@ def apt_install(packages: list[str], say: Say) -> None:
 def ensure_packages(say: Say) -> None:
     """Install the Slurm, munge, nginx, Prometheus and C compiler packages that are
     missing, and the libpython that Triton's Python-backend stub links against."""
-    missing = sorted({pkg for binary, pkg in PACKAGES.items() if not _which(binary)})
+    missing = sorted(
+        {pkg for binary, pkg in PACKAGES.items() if not _which(binary)}
+        | {pkg for plugin, pkg in PLUGINS.items() if not has_plugin(plugin)}
+    )
     ver = f"{sys.version_info.major}.{sys.version_info.minor}"
     libpython = f"libpython{ver}.so.1.0"
     if not any(
@@ -88,6 +107,73 @@ def ensure_packages(say: Say) -> None:
     if not Path("/usr/include/stdio.h").exists():  # libc's headers, for the key shim
         missing.append("libc6-dev")
     apt_install(missing, say)
+
+
+def slurm_release() -> tuple[int, int]:
+    """The installed Slurm's (major, minor), from `slurmctld -V` ("slurm 24.11.5")."""
+    ctld = shutil.which("slurmctld") or "/usr/sbin/slurmctld"
+    try:
+        out = subprocess.run([ctld, "-V"], capture_output=True, text=True, timeout=30).stdout
+    except OSError as exc:
+        raise LabSystemError(f"cannot run {ctld} -V: {exc}") from exc
+    m = re.search(r"(\d+)\.(\d+)", out)
+    if not m:
+        raise LabSystemError(f"{ctld} -V printed no release: {out.strip()!r}")
+    return int(m[1]), int(m[2])
+
+
+def has_plugin(name: str) -> bool:
+    """Whether a Slurm plugin (e.g. "auth_jwt.so") is installed."""
+    return any(Path(d, name).exists() for d in PLUGIN_DIRS)
+
+
+def rest_available() -> bool:
+    """Whether the lab can run slurmrestd: the daemon and the auth/jwt plugin are
+    installed (`stb lab up` installs both; `--no-install` may leave them out)."""
+    return _which("slurmrestd") and has_plugin("auth_jwt.so")
+
+
+def readable_by_others(path: Path) -> bool:
+    """Whether a user with no rights of its own (slurmrestd's) can read `path`: the file
+    readable by others and every folder above it searchable by others."""
+    path = path.resolve()
+    try:
+        if not path.stat().st_mode & stat.S_IROTH:
+            return False
+        return all(p.stat().st_mode & stat.S_IXOTH for p in path.parents)
+    except OSError:
+        return False
+
+
+def make_jwt_key(spec: LabSpec) -> None:
+    """The HS256 key of the lab's JWTs: 32 random bytes, mode 0600, owned by SlurmUser
+    (root here), as Slurm's JWT guide makes it. Made once, kept afterwards (tokens signed
+    with it stay valid across `down` and `up`)."""
+    key = spec.jwt_key
+    if key.exists() and key.stat().st_size >= 32:
+        os.chmod(key, 0o600)
+        return
+    spec.etc.mkdir(parents=True, exist_ok=True)
+    tmp = key.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32))
+    tmp.replace(key)
+
+
+def ensure_rest_user() -> str:
+    """The system user and group slurmrestd drops to (`REST_USER`), made when missing:
+    no home, no login shell, no other rights."""
+    done = subprocess.run(["id", "-u", REST_USER], capture_output=True, text=True)
+    if done.returncode != 0:
+        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+        argv = [useradd, "--system", "--user-group", "--no-create-home",
+                "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
+                REST_USER]  # fmt: skip
+        made = subprocess.run(argv, capture_output=True, text=True)
+        if made.returncode != 0:
+            raise LabSystemError(f"{' '.join(argv)} failed: {made.stderr.strip()}")
+    return REST_USER
 
 
 def make_gpu_devices(spec: LabSpec) -> None:
@@ -129,6 +215,29 @@ def mysql_answers(host: str, port: int, timeout_s: float = 2.0) -> bool:
     except OSError:
         return False
     return len(greeting) > 5 and greeting[4] in (10, 0xFF)
+
+
+def create_database(host: str, port: int, user: str, password: str, name: str) -> None:
+    """`CREATE DATABASE IF NOT EXISTS name` with the mariadb client (installed when
+    missing), before slurmdbd first starts. slurmdbd would create it itself, but it does so
+    by retrying its failed connection on the same client handle, and MariaDB's client
+    library of Debian trixie and later (Connector/C 3.4, MariaDB 11.8) then refuses every
+    result on that handle ("Number of columns in result (=1) set execeeds maxmimum allowed
+    number of columns (=0)", error 5027): slurmdbd 24.11 and 26.05 exit at start. A
+    database that exists makes that first connection succeed."""
+    if not re.fullmatch(r"[A-Za-z0-9_]+", name):
+        raise LabSystemError(f"database name {name!r} must be letters, digits or '_'")
+    if not (shutil.which("mariadb") or shutil.which("mysql")):
+        apt_install(["mariadb-client"], lambda m: None)
+    client = shutil.which("mariadb") or shutil.which("mysql") or "/usr/bin/mariadb"
+    argv = [client, "--no-defaults", "--protocol=TCP", f"--host={host}", f"--port={port}",
+            f"--user={user}", "-e", f"CREATE DATABASE IF NOT EXISTS `{name}`"]  # fmt: skip
+    env = os.environ | ({"MYSQL_PWD": password} if password else {})
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise LabSystemError(
+            f"could not create database {name} on {host}:{port}: {done.stderr.strip()}"
+        )
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:

@@ -1,7 +1,9 @@
 """The Slurm adapter: what the daemon and the ledger need from Slurm, behind one
 `SlurmProtocol` (`protocol.py`), with a backend on Slurm's command-line tools
-(`cli.py`, Slurm 22.05 and later) and one on pyslurm (`pyslurm_backend.py`, for the
-Slurm release the pyslurm wheel was built against). Parsers are pure (`parse.py`)."""
+(`cli.py`, Slurm 22.05 and later), one on slurmrestd with JWTs (`rest.py`, OpenAPI
+v0.0.38 of Slurm 22.05) and one on pyslurm (`pyslurm_backend.py`, for the Slurm release
+the pyslurm wheel was built against); `select.py` picks one. Parsers are pure (`parse.py`,
+`rest_parse.py`)."""
 
 from bridge.slurm.errors import (
     CommandRejected,

@@ -103,15 +103,7 @@ class SlurmCLI:
         states: Iterable[str] | None = None,
     ) -> list[Job]:
         jobs = parse.parse_squeue_json(self._run("squeue", "--all", "--json"))
-        wanted = {s.upper() for s in states} if states is not None else None
-        return [
-            j
-            for j in jobs
-            if (tag is None or tag in j.tags)
-            and (node is None or node in j.nodes)
-            and (partition is None or j.partition == partition)
-            and (wanted is None or j.state in wanted)
-        ]
+        return parse.filter_jobs(jobs, tag=tag, node=node, partition=partition, states=states)
 
     def reservations(self) -> list[Reservation]:
         return parse.parse_reservations(self._run("scontrol", "show", "reservation", "-o"))
@@ -153,6 +145,18 @@ class SlurmCLI:
             env={"SLURM_TIME_FORMAT": "%s"},
         )  # fmt: skip
         return parse.parse_sacctmgr_events(out)
+
+    # --- JSON Web Tokens (the REST backend's credentials; not part of SlurmProtocol) -----
+
+    def token(self, username: str, lifespan_s: int) -> str:
+        """A JWT for `username` valid for `lifespan_s` seconds (`scontrol token`; needs
+        AuthAltTypes=auth/jwt, and root or SlurmUser to mint for another user)."""
+        if not re.fullmatch(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*", username):
+            raise ValueError(f"user name {username!r} is not a Unix user name")
+        if lifespan_s < 1:
+            raise ValueError(f"token lifespan {lifespan_s}s is not positive")
+        out = self._run("scontrol", "token", f"username={username}", f"lifespan={lifespan_s}")
+        return parse.parse_token(out)
 
     # --- association limits and configuration (budgets; not part of SlurmProtocol) -------
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -260,7 +261,7 @@ def parse_nodes(text: str) -> list[Node]:
                     partitions=tuple(p for p in r.get("Partitions", "").split(",") if p),
                     state=state_parts[0].rstrip("*").lower(),
                     flags=frozenset(s.upper() for s in state_parts[1:]),
-                    reason=_strip_reason(r.get("Reason", "")),
+                    reason=strip_reason(r.get("Reason", "")),
                     gpu_type=gpu_type or alloc_type,
                     gpus=gpus,
                     gpus_alloc=alloc,
@@ -271,7 +272,7 @@ def parse_nodes(text: str) -> list[Node]:
     return nodes
 
 
-def _strip_reason(reason: str) -> str:
+def strip_reason(reason: str) -> str:
     """`stb: x [root@2026-11-29T14:20:35]` -> `stb: x` (Slurm appends who and when)."""
     reason = reason.strip()
     if reason in _NULLS:
@@ -329,7 +330,7 @@ def parse_reservations(text: str) -> list[Reservation]:
 _BENIGN_ERRORS = frozenset({9003})
 
 
-def _load_json(text: str, what: str, key: str) -> list[dict[str, Any]]:
+def load_json(text: str, what: str, key: str) -> list[dict[str, Any]]:
     """The `key` list of a Slurm JSON document. A document whose `errors` list holds a
     real error raises `ControllerUnreachable` quoting it: with the controller down,
     `squeue --json` exits 0 with no jobs and {"error": "Unspecified error", "source":
@@ -389,9 +390,30 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def filter_jobs(
+    jobs: Iterable[Job],
+    *,
+    tag: str | None = None,
+    node: str | None = None,
+    partition: str | None = None,
+    states: Iterable[str] | None = None,
+) -> list[Job]:
+    """The jobs `SlurmProtocol.jobs` asks for: with the comment `tag`, on `node`, in
+    `partition`, in one of `states` (Slurm state names, any case); None: any."""
+    wanted = {s.upper() for s in states} if states is not None else None
+    return [
+        j
+        for j in jobs
+        if (tag is None or tag in j.tags)
+        and (node is None or node in j.nodes)
+        and (partition is None or j.partition == partition)
+        and (wanted is None or j.state in wanted)
+    ]
+
+
 def parse_squeue_json(text: str) -> list[Job]:
     jobs = []
-    for j in _load_json(text, "squeue --json", "jobs"):
+    for j in load_json(text, "squeue --json", "jobs"):
         try:
             st = states(j["job_state"])
             _, gpus = gpus_from_tres(_text(j.get("tres_alloc_str")))
@@ -453,7 +475,7 @@ def parse_sacct_json(text: str | bytes) -> list[AccountingRecord]:
     message."""
     try:
         doc = _SACCT_DECODER.decode(text)
-        if doc.errors and any(not _benign(e) for e in doc.errors):
+        if doc.errors and any(not benign_error(e) for e in doc.errors):
             raise ValueError("errors")
         return [_sacct_record(j) for j in doc.jobs]
     except Exception:  # any doubt: the plain parser decides, and says what was wrong
@@ -463,7 +485,7 @@ def parse_sacct_json(text: str | bytes) -> list[AccountingRecord]:
 def parse_sacct_json_plain(text: str) -> list[AccountingRecord]:
     """The reference parser (`json` and dicts): what `parse_sacct_json` must equal."""
     records = []
-    for j in _load_json(text, "sacct --json", "jobs"):
+    for j in load_json(text, "sacct --json", "jobs"):
         try:
             array = j.get("array") or {}
             array_job = num(array.get("job_id")) or None
@@ -577,7 +599,8 @@ class _SacctDoc(msgspec.Struct):
 _SACCT_DECODER = msgspec.json.Decoder(_SacctDoc)
 
 
-def _benign(e: Any) -> bool:
+def benign_error(e: Any) -> bool:
+    """An entry of a JSON answer's `errors` that is no failure (`_BENIGN_ERRORS`)."""
     return isinstance(e, dict) and e.get("error_number") in _BENIGN_ERRORS
 
 
@@ -768,6 +791,15 @@ def parse_sreport_accounts(text: str) -> dict[str, int]:
         if not parts[2]:
             out[parts[1]] = out.get(parts[1], 0) + used
     return out
+
+
+def parse_token(text: str) -> str:
+    """`scontrol token`'s `SLURM_JWT=<token>` -> the token (three base64url parts)."""
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key == "SLURM_JWT" and re.fullmatch(r"[\w-]+\.[\w-]+\.[\w-]+", value):
+            return value
+    raise UnparseableOutput("scontrol token", text)
 
 
 def parse_show_config(text: str) -> dict[str, str]:

@@ -86,3 +86,45 @@ def test_spec_round_trips_through_lab_json(tmp_path: Path) -> None:
     spec.save()
     assert LabSpec.load(tmp_path) == spec
     assert LabSpec.load(tmp_path / "missing") is None
+
+
+def test_jwt_is_an_alternative_to_munge_in_both_daemons(tmp_path: Path) -> None:
+    """slurmrestd's callers authenticate with JWTs (`scontrol token`); munge stays every
+    daemon's and client's own. Without the auth/jwt plugin, neither file names it."""
+    spec = LabSpec(lab_dir=tmp_path)
+    key = f"AuthAltParameters=jwt_key={tmp_path}/etc/jwt_hs256.key"
+    for text in (render.slurm_conf(spec), render.slurmdbd_conf(spec, render.DbSettings())):
+        lines = text.splitlines()
+        assert "AuthType=auth/munge" in lines
+        assert "AuthAltTypes=auth/jwt" in lines and key in lines
+    for text in (
+        render.slurm_conf(spec, jwt=False),
+        render.slurmdbd_conf(spec, render.DbSettings(), jwt=False),
+    ):
+        assert "AuthAltTypes" not in text and "AuthType=auth/munge" in text.splitlines()
+    assert spec.rest_url == "http://127.0.0.1:6820"
+    assert spec.rest_env()["STB_SLURM_REST_URL"] == spec.rest_url
+
+
+def test_readable_by_others_needs_every_folder_searchable() -> None:
+    import shutil
+    import tempfile
+
+    from bridge.lab.system import readable_by_others
+
+    top = Path(tempfile.mkdtemp())  # pytest's tmp_path sits in a 0700 folder
+    try:
+        top.chmod(0o755)
+        folder = top / "a" / "b"
+        folder.mkdir(parents=True, mode=0o755)
+        conf = folder / "slurm.conf"
+        conf.write_text("x")
+        conf.chmod(0o644)
+        assert readable_by_others(conf) == all(q.stat().st_mode & 0o001 for q in top.parents)
+        (top / "a").chmod(0o700)
+        assert not readable_by_others(conf)
+        (top / "a").chmod(0o755)
+        conf.chmod(0o600)
+        assert not readable_by_others(conf)
+    finally:
+        shutil.rmtree(top)
