@@ -11,23 +11,19 @@ ledger over the report's window:
   daily; always the whole fleet (`report.utilization` takes no filters);
 - cost by team, or GPU-hours by team when there are no rates.
 
-Charts use matplotlib's object API (`Figure`, no pyplot: no GUI backend, no global figure
-state) saved as SVG with glyphs drawn as paths (`svg.fonttype = "path"`), so their text
-needs no font on the reader's machine. All report text is escaped with `html.escape`.
+The page, its CSS and the chart helpers are `bridge.page`'s (shared with the simulator's
+report). All report text is escaped with `html.escape`.
 """
 
 from __future__ import annotations
 
 import html
-import io
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -40,14 +36,8 @@ from accounting.report import Report, Window, build_report, utilization
 from accounting.schema import IDLE_TEAM, WORKLOADS
 from accounting.section import Section
 from accounting.section import to_html as section_html
+from bridge.page import WORKLOAD_COLOURS, Chart, drawing, figure, head, no_data, svg
 
-#: one saturated colour per workload (the screenshot test looks for the first three)
-WORKLOAD_COLOURS: Mapping[str, str] = {
-    "training": "#0060df",
-    "elastic": "#ff7f00",
-    "inference": "#00b140",
-    "idle": "#a0a0a0",
-}
 #: pool lines of the utilization chart: hues apart from the workload colours
 POOL_COLOURS = ("#8e24aa", "#d81b60", "#00796b", "#6d4c41", "#546e7a", "#9e9d24", "#283593")
 COST_COLOUR = "#6a1b9a"
@@ -56,38 +46,6 @@ IDLE_LABEL = IDLE_TEAM
 MAX_TEAM_PANELS = 8
 #: windows up to this long get an hourly utilization chart, longer ones a daily one
 HOURLY_UP_TO = timedelta(days=2)
-
-#: no <metadata> block (it carries a date and URLs)
-_NO_METADATA: dict[str, Any] = {"Creator": None, "Date": None, "Format": None, "Type": None}
-
-_CSS = """
-body { font-family: "DejaVu Sans", Verdana, Arial, sans-serif; margin: 2em auto;
-       max-width: 1100px; color: #222; padding: 0 1em; }
-h1 { font-size: 1.5em; margin-bottom: .2em; }
-h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ccc; }
-dl.meta { display: grid; grid-template-columns: max-content auto; gap: .2em 1em; }
-dl.meta dt { font-weight: bold; }
-dl.meta dd { margin: 0; }
-figure { margin: 1em 0; }
-figure svg { max-width: 100%; height: auto; }
-figcaption { font-size: .9em; color: #555; }
-table { border-collapse: collapse; font-size: .9em; }
-th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; }
-th { background: #f0f0f0; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-tfoot td { font-weight: bold; background: #f7f7f7; }
-.muted { color: #888; }
-.wide { overflow-x: auto; }
-.wide th { font-size: .85em; }
-footer { margin-top: 2em; font-size: .85em; color: #666; }
-"""
-
-
-@dataclass(frozen=True)
-class Chart:
-    title: str
-    svg: str
-    caption: str
 
 
 def render_html(
@@ -103,7 +61,7 @@ def render_html(
     lending, capacity plan, budgets) follow the report's table."""
     generated = utc(generated_at or datetime.now(UTC))
     # glyphs as paths (no font needed to read them); "$" in a team name is no math
-    with matplotlib.rc_context({"svg.fonttype": "path", "text.parse_math": False, "font.size": 9}):
+    with drawing():
         charts = [
             _team_day_chart(engine, report),
             _utilization_chart(engine, report),
@@ -126,22 +84,12 @@ def render_html(
         "generated": generated.isoformat(timespec="seconds"),
     }
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        # belt and braces: the file may load nothing at all
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
-        "style-src 'unsafe-inline'; img-src data:\">",
-        f"<title>{e(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{e(title)}</h1>",
+        *head(title),
         '<dl class="meta">',
         *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in meta.items()),
         "</dl>",
     ]
-    for chart in charts:
-        parts += [
-            f"<h2>{e(chart.title)}</h2>",
-            f"<figure>{chart.svg}<figcaption>{e(chart.caption)}</figcaption></figure>",
-        ]
+    parts += [figure(chart, "h2") for chart in charts]
     parts += ["<h2>Report</h2>", _table(report)]
     parts += [section_html(s) for s in sections]
     parts.append("<h2>Notes</h2>")
@@ -218,23 +166,6 @@ def _x_ticks(ax: Axes, periods: Sequence[str], step: str) -> None:
     ticks = list(range(0, len(periods), every))
     ax.set_xticks(ticks, [datetime.fromisoformat(periods[i]).strftime(fmt) for i in ticks])
     ax.set_xlim(-0.6, len(periods) - 0.4)
-
-
-def svg(fig: Figure, salt: str) -> str:
-    """The figure as inline SVG, deterministic (no metadata, hash salt per chart); the
-    simulator's report draws with it too."""
-    buf = io.BytesIO()
-    # a salt per chart keeps the id="..." of clip paths distinct between the inline SVGs
-    with matplotlib.rc_context({"svg.hashsalt": salt}):
-        fig.savefig(buf, format="svg", metadata=_NO_METADATA)
-    text = buf.getvalue().decode("utf-8")
-    return text[text.index("<svg") :].strip()  # drop the XML prolog and doctype
-
-
-def no_data(ax: Axes, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#888")
-    ax.set_xticks([])
-    ax.set_yticks([])
 
 
 def _team_label(team: str) -> str:

@@ -24,19 +24,18 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
 from rich.table import Table
 
-from accounting.html import WORKLOAD_COLOURS, Chart, no_data, svg
+from bridge import page
+from bridge.page import WORKLOAD_COLOURS, Chart, drawing, figure, no_data, svg
 from bridge.sim.result import USES, PolicyResult, QueueOutcome, SimReport
 from bridge.sim.selection import (
     GPU_USES,
@@ -333,36 +332,6 @@ def to_json(report: SimReport, selection: Selection | None = None) -> str:
 
 #: no <metadata> block (it carries a date and URLs)
 
-_CSS = """
-body { font-family: "DejaVu Sans", Verdana, Arial, sans-serif; margin: 2em auto;
-       max-width: 1150px; color: #222; padding: 0 1em; }
-h1 { font-size: 1.5em; margin-bottom: .2em; }
-h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ccc; }
-h3 { font-size: 1em; margin: 1.5em 0 .5em; }
-dl.meta { display: grid; grid-template-columns: max-content auto; gap: .2em 1em; }
-dl.meta dt { font-weight: bold; }
-dl.meta dd { margin: 0; }
-figure { margin: 1em 0; }
-figure svg { max-width: 100%; height: auto; }
-figcaption, p.caption { font-size: .9em; color: #555; }
-table { border-collapse: collapse; font-size: .9em; }
-th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; }
-th { background: #f0f0f0; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-details { margin: .6em 0; }
-summary { cursor: pointer; }
-pre { font-size: .8em; background: #f7f7f7; padding: .6em; overflow-x: auto; }
-footer { margin-top: 2em; font-size: .85em; color: #666; }
-"""
-
-
-@contextmanager
-def drawing() -> Iterator[None]:
-    """matplotlib's settings for the page's charts: glyphs as paths (no font needed to
-    read them), and "$" in a policy name is no math."""
-    with matplotlib.rc_context({"svg.fonttype": "path", "text.parse_math": False, "font.size": 9}):
-        yield
-
 
 def to_html(report: SimReport, sections: Sequence[str] = ()) -> str:
     """The report as one self-contained HTML document; the same report, the same bytes.
@@ -374,13 +343,7 @@ def to_html(report: SimReport, sections: Sequence[str] = ()) -> str:
         summary = [_slo_chart(report.results), _wait_chart(report.results)]
         timelines = [_timeline_chart(r, i) for i, r in enumerate(report.results)]
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        # belt and braces: the file may load nothing at all
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
-        "style-src 'unsafe-inline'; img-src data:\">",
-        f"<title>{e(heading)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{e(heading)}</h1>",
+        *page.head(heading),
         "<h2>Scenario</h2>",
         '<dl class="meta">',
         *(
@@ -441,15 +404,6 @@ def html_table(grid: Grid) -> str:
     return (
         f"<h3>{e(grid.title)}</h3><table><thead><tr>{heads}</tr></thead>"
         f"<tbody>{rows}</tbody></table>{caption}"
-    )
-
-
-def figure(chart: Chart) -> str:
-    """A chart under an h3 title, with its caption (escaped)."""
-    e = html.escape
-    return (
-        f"<h3>{e(chart.title)}</h3>"
-        f"<figure>{chart.svg}<figcaption>{e(chart.caption)}</figcaption></figure>"
     )
 
 

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from accounting.html import WORKLOAD_COLOURS, Chart, no_data, svg
+from bridge.page import WORKLOAD_COLOURS, Chart, drawing, figure, no_data, svg
 from bridge.sim import render
 from bridge.sim.render import Grid
 from bridge.sim.result import SimReport
@@ -332,7 +332,7 @@ def html_section(selection: Selection) -> str:
     the tables; all text escaped."""
     e = html.escape
     rec = selection.recommendation
-    with render.drawing():
+    with drawing():
         chart = tradeoff_chart(selection) if selection.points else None
     flips = [f"<li>{e(f.text)}</li>" for f in selection.flips] or [
         "<li>no criterion within its range</li>"
@@ -349,7 +349,7 @@ def html_section(selection: Selection) -> str:
         "</ul>",
     ]
     if chart is not None:
-        parts.append(render.figure(chart))
+        parts.append(figure(chart))
     parts += [render.html_table(g) for g in grids(selection)]
     return "\n".join(parts)
 

@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pytest
 from PIL import Image
 
-from accounting.html import WORKLOAD_COLOURS
+from bridge.page import WORKLOAD_COLOURS
 from tests.unit.test_report_formats import render_page
 
 CHROMIUM = shutil.which("chromium")

@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 from rich.console import Console
 
-from accounting.html import WORKLOAD_COLOURS
+from bridge.page import WORKLOAD_COLOURS
 from bridge.sim import render
 from bridge.sim.policies import POLICIES, Scenario, compare, size
 from bridge.sim.result import USES, Decision, SimReport
