@@ -56,8 +56,8 @@ from bridge.routing.table import BASELINE, MetricsTarget, RoutingTable
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import JobSpec
 from bridge.slurm.protocol import SlurmProtocol
-from bridge.triton.client import METRICS_PORT
 from bridge.triton.errors import TritonError
+from bridge.triton.ports import METRICS_PORT
 from bridge.triton.protocol import TritonInstance
 
 S = LeaseState

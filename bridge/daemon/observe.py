@@ -42,9 +42,9 @@ from bridge.policy.snapshot import ModelSample
 from bridge.slurm.model import TRITON_TAG, Job, Node
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.catalog import ModelCatalog
-from bridge.triton.client import HTTP_PORT
 from bridge.triton.errors import TritonError
 from bridge.triton.metrics import MetricsPage, parse_page
+from bridge.triton.ports import HTTP_PORT
 from bridge.triton.prometheus import PrometheusError, PrometheusSignal
 from bridge.triton.protocol import TritonInstance
 from bridge.triton.signal import ModelSignal, instance_signal, model_signals

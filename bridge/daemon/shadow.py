@@ -42,7 +42,7 @@ from bridge.daemon.planner import LeaseRecord
 from bridge.lifecycle import LeaseState, StepTimes, check
 from bridge.policy import Lend
 from bridge.slurm.model import TRITON_TAG, Job
-from bridge.triton.client import HTTP_PORT
+from bridge.triton.ports import HTTP_PORT
 
 S = LeaseState
 #: the tag of a shadow's stand-in Triton job in the advisory's view (never in Slurm)

@@ -31,6 +31,7 @@ from bridge.leases.store import LeaseStore
 from bridge.ledger import LedgerFeed, ingest_window
 from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.model import TRITON_TAG
 from bridge.slurm.parse import parse_sacct_json
 
 
@@ -163,7 +164,7 @@ def run(
             ).run(wait_requeued=wait_requeued)
             lease_job = bridge.reconciler.store.get(res.lease_id or 0).slurm_job_id
         finally:
-            for job in bridge.reconciler.slurm.jobs(tag="stb:triton"):
+            for job in bridge.reconciler.slurm.jobs(tag=TRITON_TAG):
                 bridge.reconciler.slurm.cancel(job.job_id)
             bridge.close()
     table = Table(title="load generator (through nginx)")

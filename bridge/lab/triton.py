@@ -24,9 +24,7 @@ from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.paths import model_repository, triton_sbatch
 from bridge.slurm.cli import SlurmCLI
-from bridge.triton.client import HTTP_PORT, METRICS_PORT
-
-TRITON_GRPC_PORT = 8001
+from bridge.triton.ports import GRPC_PORT, HTTP_PORT, METRICS_PORT
 
 
 class TritonLabError(RuntimeError):
@@ -81,7 +79,7 @@ class TritonJob:
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.addr}:{TRITON_GRPC_PORT}"
+        return f"{self.addr}:{GRPC_PORT}"
 
     @property
     def metrics_url(self) -> str:

@@ -30,8 +30,9 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from bridge.load.arrivals import MAX_ARRIVALS, Schedule
+from bridge.triton.ports import HTTP_PORT
 
-DEFAULT_PORT = 8000
+DEFAULT_PORT = HTTP_PORT
 MAX_DURATION_S = 3600.0
 """Ceiling on `max_duration_s`: an hour of load is more than any demo or test needs."""
 LATE_GRACE_S = 1.0

@@ -24,11 +24,12 @@ from bridge.modelfacts import ModelFact
 from bridge.models.publish import PublishError, Server, publish, retire, rollback
 from bridge.models.repo import ModelRepository, RepositoryError, check_source
 from bridge.slurm.errors import SlurmError
+from bridge.slurm.model import TRITON_TAG
 from bridge.slurm.select import open_backend
 from bridge.triton.catalog import ModelCatalog
-from bridge.triton.client import HTTP_PORT as TRITON_HTTP_PORT
 from bridge.triton.client import TritonHttpClient
 from bridge.triton.errors import TritonError
+from bridge.triton.ports import HTTP_PORT as TRITON_HTTP_PORT
 from bridge.triton.repository import ModelConfigError, check_name
 
 console = Console(stderr=True)
@@ -48,7 +49,7 @@ def running_servers(cfg: BridgeConfig) -> Iterator[list[Server]]:
     slurm = open_backend()
     addr = {n.name: n.addr for n in slurm.nodes()}
     servers = []
-    for job in slurm.jobs(tag="stb:triton", states=["RUNNING"]):
+    for job in slurm.jobs(tag=TRITON_TAG, states=["RUNNING"]):
         if len(job.nodes) != 1 or job.nodes[0] not in addr:
             continue
         address = f"{addr[job.nodes[0]]}:{TRITON_HTTP_PORT}"

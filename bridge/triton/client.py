@@ -23,16 +23,12 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from bridge.triton.errors import TritonRejected, TritonUnreachable
+from bridge.triton.ports import METRICS_PORT
 from bridge.triton.protocol import Array, ModelStatistics, RepositoryModel, ServerMetadata
 
 DEFAULT_API_KEY_HEADER = "X-Stb-Key"
 """The header the bridge's Triton servers expect the model-repository key in."""
 
-HTTP_PORT = 8000
-"""Triton's HTTP port, where the bridge's servers listen (deploy/slurm/triton-server.sbatch)."""
-
-METRICS_PORT = 8002
-"""Triton's default metrics port; the page is http://HOST:8002/metrics."""
 
 MAX_METRICS_BYTES = 16 * 1024 * 1024
 """The largest metrics page read (bytes as sent, uncompressed). Triton's page is about 150

@@ -54,7 +54,7 @@ from bridge.sim import inputs, labcheck
 from bridge.sim.engine import Timing
 from bridge.sim.result import Decision
 from bridge.slurm.cli import SlurmCLI
-from bridge.triton.client import METRICS_PORT
+from bridge.triton.ports import METRICS_PORT
 
 from .helpers import prometheus_scraping, sbatch, squeue_state, tick_until
 

@@ -25,8 +25,8 @@ from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.routing.table import RoutingTable
 from bridge.slurm.model import Job, JobSpec, Node, Reservation
-from bridge.triton.client import HTTP_PORT
 from bridge.triton.errors import TritonRejected, TritonUnreachable
+from bridge.triton.ports import HTTP_PORT
 from bridge.triton.protocol import RepositoryModel, ServerMetadata
 
 #: Slurm's writes (what a tick must not do on a stale view)
