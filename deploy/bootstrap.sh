@@ -48,5 +48,5 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev]'
+.venv/bin/python -m pip install -q -e '.[dev,lab]'
 echo "bootstrap: ready (.venv, Python $ver); next: .venv/bin/stb lab up"

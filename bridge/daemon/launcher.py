@@ -35,7 +35,11 @@ def triton_home() -> Path:
     try:
         import pytriton
     except ImportError as exc:
-        raise LauncherError("nvidia-pytriton is not installed: no tritonserver") from exc
+        raise LauncherError(
+            "nvidia-pytriton is not installed: no tritonserver for [triton] runtime = "
+            "\"wheel\" (pip install 'slurm-triton-bridge[lab]', or run Triton from a "
+            "container: runtime = apptainer or pyxis)"
+        ) from exc
     home = Path(pytriton.__file__).resolve().parent / "tritonserver"
     if not (home / "bin" / "tritonserver").exists():
         raise LauncherError(f"no tritonserver binary under {home}; reinstall nvidia-pytriton")
