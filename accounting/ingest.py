@@ -645,7 +645,7 @@ def _key_match(conn: Connection, keys: list[str]) -> Any:
     """`key IN (...)`; on PostgreSQL `key = ANY(array)`: inside one long ingest transaction
     the table's statistics stay those of an empty table, and once psycopg prepares the
     IN-list statement PostgreSQL's generic plan compares every row with every parameter
-    (seconds per chunk past ~500,000 records, found by bench/ledger.py); the array form
+    (seconds per chunk past ~500,000 records, found by bench/accounting_ingest.py); the array form
     probes the (kind, key) index whatever the statistics."""
     if conn.dialect.name == "postgresql":
         return SOURCES.c.key == any_(bindparam("keys", keys, type_=ARRAY(String)))

@@ -43,6 +43,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from accounting.db import open_ledger
+from bridge.accounting_feed import LedgerFeed
 from bridge.config import BridgeConfig
 from bridge.daemon.advisory import Advisor
 from bridge.daemon.api import finance_routes, operator_routes
@@ -58,7 +59,6 @@ from bridge.leases.advice import AdviceStore
 from bridge.leases.leader import LeaderLease
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
-from bridge.ledger import LedgerFeed
 from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxControl, NginxProcess
 from bridge.routing.publisher import RoutingPublisher

@@ -20,6 +20,7 @@ from rich.table import Table
 from accounting.buckets import floor_hour
 from accounting.render import to_table
 from accounting.report import Window, build_report
+from bridge.accounting_feed import LedgerFeed, ingest_window
 from bridge.config import BridgeConfig, load_config
 from bridge.daemon.service import build, single_instance
 from bridge.lab import triton
@@ -28,7 +29,6 @@ from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.lab.tokens import tokens_file
 from bridge.leases.store import LeaseStore
-from bridge.ledger import LedgerFeed, ingest_window
 from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import TRITON_TAG

@@ -34,8 +34,8 @@ from accounting.ingest import (
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates
 from accounting.report import Window, build_report
 from accounting.schema import IDLE_TEAM, LEDGER_TABLES, UNATTRIBUTED, Restatement
+from bridge.accounting_feed import ingest_window
 from bridge.config import BridgeConfig
-from bridge.ledger import ingest_window
 from bridge.slurm import UnparseableOutput
 from bridge.slurm.model import AccountingRecord, Node, SlurmEvent
 from bridge.slurm.parse import parse_nodes, parse_sacct_json

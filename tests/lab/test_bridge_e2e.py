@@ -17,11 +17,11 @@ import pytest
 from accounting.buckets import floor_hour
 from accounting.db import open_ledger
 from accounting.report import Window, build_report
+from bridge.accounting_feed import ingest_window
 from bridge.daemon.reconciler import Reconciler
 from bridge.db import make_engine
 from bridge.lab.showcase import Scenario
 from bridge.lab.spec import LabSpec
-from bridge.ledger import ingest_window
 from bridge.lending_report import lending_section
 from bridge.lifecycle import LeaseState
 

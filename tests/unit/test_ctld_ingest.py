@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from accounting.db import open_ledger
 from accounting.ingest import LEDGER
-from bridge.ledger import ingest_window
+from bridge.accounting_feed import ingest_window
 from bridge.slurm.model import AccountingRecord, Node, SlurmEvent
 from tests.unit.fakes import N3, N5, make_config
 

@@ -55,7 +55,7 @@ def test_recorded_documents_give_the_eligible_time() -> None:
 def test_the_bench_documents_read_the_same() -> None:
     from tests.unit.helpers import load_bench
 
-    doc = next(load_bench("ledger").documents(300, 3))
+    doc = next(load_bench("accounting_ingest").documents(300, 3))
     assert parse_sacct_json(doc) == parse_sacct_json_plain(doc)
 
 

@@ -49,7 +49,7 @@ parsed records independently of the ledger, and the ledger must hold one row per
 hour each run touched: "check: ok", or exit 1.
 
 Usage:
-    .venv/bin/python bench/ledger.py [--records 1000000] [--backends sqlite,postgresql]
+    .venv/bin/python bench/accounting_ingest.py [--records 1000000] [--backends sqlite,postgresql]
         [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres] [--keep] [--seed 1]
         [--no-floor] [--no-plain] [--workers N]
 PostgreSQL: a database `stb_bench_ledger_<hex>` (and `<hex>_floor`) is made from the admin URL

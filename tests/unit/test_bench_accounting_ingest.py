@@ -1,7 +1,7 @@
-"""Smoke test of bench/ledger.py: 3,000 records through sacct JSON files, the parsers, the
-ledger (SQLite) and a month report, in subprocesses; the bench's own check must pass and its
-last line is the RESULT line. And its check must notice a report that disagrees with the
-records."""
+"""Smoke test of bench/accounting_ingest.py: 3,000 records through sacct JSON files, the
+parsers, the ledger (SQLite) and a month report, in subprocesses; the bench's own check
+must pass and its last line is the RESULT line. And its check must notice a report that
+disagrees with the records."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.unit.helpers import load_bench
 
 
 @pytest.mark.timeout(120)
-def test_bench_ledger_small_run_checks_ok(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_accounting_ingest_small_run_checks_ok(capsys: pytest.CaptureFixture[str]) -> None:
     rc = load_bench("ledger").main(["--records", "3000", "--backends", "sqlite"])
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -21,7 +21,7 @@ def test_bench_ledger_small_run_checks_ok(capsys: pytest.CaptureFixture[str]) ->
     assert out.splitlines()[-1].startswith("RESULT records=3000 ")
 
 
-def test_bench_ledger_check_fails_on_a_wrong_report() -> None:
+def test_bench_accounting_ingest_check_fails_on_a_wrong_report() -> None:
     bench = load_bench("ledger")
     tally = {"month_by_team": {"nlp": 3_600_000}, "booked": 1, "skipped": 0, "job_rows": 1}
     ingest = {"tally": tally, "summary": {"new": 1, "skipped": 0, "deferred": 0}}
