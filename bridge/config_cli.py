@@ -141,21 +141,21 @@ def _cluster(
 
 
 def _repository_models(repository: Path) -> dict[str, str]:
-    """Model -> where its SLO comes from, for the TOML's comment."""
-    from bridge.triton.repository import SLO_PARAMETER, ModelConfigError, parameters
+    """Model -> where its SLO comes from, for the TOML's comment (the repository read as
+    the daemon reads it: `PublishedModels`)."""
+    from bridge.modelfacts import FILE
+    from bridge.triton.repository import SLO_PARAMETER, PublishedModels
 
     out: dict[str, str] = {}
-    if not repository.is_dir():
-        return out
-    for model_dir in sorted(p for p in repository.iterdir() if (p / "config.pbtxt").is_file()):
-        try:
-            slo = parameters(model_dir).get(SLO_PARAMETER, "").strip()
-        except ModelConfigError as exc:
-            out[model_dir.name] = f"unreadable config.pbtxt ({exc})"
-            continue
-        out[model_dir.name] = (
-            f"{SLO_PARAMETER} = {slo} ms" if slo else f"no {SLO_PARAMETER}: served, not scaled"
-        )
+    for name, pub in (PublishedModels(repository).read() or {}).items():
+        if FILE in pub.errors:
+            out[name] = f"unreadable config.pbtxt ({pub.errors[FILE]})"
+        elif "slo_p99_ms" in pub.errors:
+            out[name] = f"refused: {pub.errors['slo_p99_ms']}"
+        elif pub.slo_p99_ms is not None:
+            out[name] = f"{SLO_PARAMETER} = {pub.slo_p99_ms:g} ms"
+        else:
+            out[name] = f"no {SLO_PARAMETER}: served, not scaled"
     return out
 
 

@@ -289,16 +289,7 @@ def _parsed(
 
 
 def model_teams(repository: Path) -> dict[str, str]:
-    """Model name -> owning team, for every model in the repository that names one.
-    Unreadable configs are skipped here (publishing refuses them)."""
-    teams: dict[str, str] = {}
-    if not repository.is_dir():
-        return teams
-    for model_dir in sorted(p for p in repository.iterdir() if p.is_dir()):
-        try:
-            team = parameters(model_dir).get(TEAM_PARAMETER)
-        except ModelConfigError:
-            continue
-        if team:
-            teams[model_dir.name] = team
-    return teams
+    """Model name -> owning team (`Published.team`), for every model in the repository
+    that names one. Unreadable configs are skipped here (publishing refuses them)."""
+    models = PublishedModels(repository).read() or {}
+    return {name: p.team for name, p in models.items() if p.team}
