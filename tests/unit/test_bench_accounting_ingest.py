@@ -13,7 +13,7 @@ from tests.unit.helpers import load_bench
 
 @pytest.mark.timeout(120)
 def test_bench_accounting_ingest_small_run_checks_ok(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = load_bench("ledger").main(["--records", "3000", "--backends", "sqlite"])
+    rc = load_bench("accounting_ingest").main(["--records", "3000", "--backends", "sqlite"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "check: ok" in out
@@ -22,7 +22,7 @@ def test_bench_accounting_ingest_small_run_checks_ok(capsys: pytest.CaptureFixtu
 
 
 def test_bench_accounting_ingest_check_fails_on_a_wrong_report() -> None:
-    bench = load_bench("ledger")
+    bench = load_bench("accounting_ingest")
     tally = {"month_by_team": {"nlp": 3_600_000}, "booked": 1, "skipped": 0, "job_rows": 1}
     ingest = {"tally": tally, "summary": {"new": 1, "skipped": 0, "deferred": 0}}
     report = {
