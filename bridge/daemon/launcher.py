@@ -14,6 +14,7 @@ and a baseline `stb:baseline`, so the reconciler can tell whose job it sees.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
@@ -31,16 +32,17 @@ class LauncherError(RuntimeError):
 
 
 def triton_home() -> Path:
-    """The tritonserver install inside the nvidia-pytriton wheel."""
-    try:
-        import pytriton
-    except ImportError as exc:
+    """The tritonserver install inside the nvidia-pytriton wheel. Found, not imported:
+    only the binary and its backends are used, not pytriton's Python API (whose own
+    dependencies the lab does not need)."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
         raise LauncherError(
             "nvidia-pytriton is not installed: no tritonserver for [triton] runtime = "
             "\"wheel\" (pip install 'slurm-triton-bridge[lab]', or run Triton from a "
             "container: runtime = apptainer or pyxis)"
-        ) from exc
-    home = Path(pytriton.__file__).resolve().parent / "tritonserver"
+        )
+    home = Path(next(iter(spec.submodule_search_locations))).resolve() / "tritonserver"
     if not (home / "bin" / "tritonserver").exists():
         raise LauncherError(f"no tritonserver binary under {home}; reinstall nvidia-pytriton")
     return home

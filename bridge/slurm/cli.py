@@ -44,6 +44,10 @@ _ALREADY = (
 )
 
 
+#: what slurmctld answers `State=RESUME` for a node that is neither drained nor down
+_NOT_RESUMABLE = ("invalid node state specified", "invalid node state transition")
+
+
 class SlurmCLI:
     """`SlurmProtocol` on the command line. `env` is added to each command's environment
     (e.g. SLURM_CONF); `timeout_s` bounds each command."""
@@ -278,8 +282,11 @@ class SlurmCLI:
         try:
             self._run("scontrol", "update", f"NodeName={node}", "State=RESUME")
         except CommandRejected as exc:
-            # Resuming a node that is not drained or down is a no-op, not a failure.
-            if "invalid node state specified" not in exc.slurm_message.lower():
+            # Resuming a node that is not drained or down is a no-op, not a failure
+            # (22.05 and 24.11: "Invalid node state specified"; 26.05: "Invalid node
+            # state transition").
+            message = exc.slurm_message.lower()
+            if not any(m in message for m in _NOT_RESUMABLE):
                 raise
 
     def create_reservation(

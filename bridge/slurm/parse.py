@@ -42,7 +42,7 @@ from bridge.slurm.model import (
 )
 
 _FIELD_START = re.compile(r"\s+(?=[A-Za-z][A-Za-z0-9_/:.]*=)")
-_NULLS = {"", "(null)", "N/A", "n/a", "None"}
+_NULLS = {"", "(null)", "N/A", "n/a", "None", "None assigned"}
 #: what is left of JSON cut inside its last token (a number, true, false or null)
 _PARTIAL_TOKEN = re.compile(r"[\w.+\-]*")
 
@@ -63,10 +63,15 @@ def num(value: Any) -> int | None:
     raise ValueError(f"not a number: {value!r}")
 
 
+#: Slurm's "no value" in a 32-bit time field (NO_VAL; INFINITE is one more): 24.11's
+#: sacct gives it as the start of a run that never started (22.05 gave 0)
+NO_VAL = 0xFFFFFFFE
+
+
 def timestamp(value: Any) -> datetime | None:
-    """UTC datetime from epoch seconds (either shape); None for 0 or unset."""
+    """UTC datetime from epoch seconds (either shape); None for 0, unset or NO_VAL."""
     n = num(value)
-    return datetime.fromtimestamp(n, tz=UTC) if n else None
+    return datetime.fromtimestamp(n, tz=UTC) if n and n < NO_VAL else None
 
 
 def states(value: Any) -> list[str]:
@@ -78,6 +83,27 @@ def states(value: Any) -> list[str]:
     if isinstance(value, list):
         return [str(s).upper() for s in value]
     raise ValueError(f"not a state: {value!r}")
+
+
+#: the state flags sacct and squeue show in place of the base state, in the order Slurm
+#: tests them (`job_state_string`). Slurm 22.05's JSON gives that one name
+#: ("REQUEUED"); 23.02 and later give the base state and its flags
+#: (["PENDING", "REQUEUED"]).
+SHOWN_FLAGS = (
+    "COMPLETING", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
+    "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING", "STAGE_OUT",
+)  # fmt: skip
+
+
+def shown_state(st: list[str]) -> str:
+    """The one state name of a job as sacct and squeue show it, from `states`: the first
+    shown flag after the base state, else the base state."""
+    if len(st) > 1:
+        flags = set(st[1:])
+        for flag in SHOWN_FLAGS:
+            if flag in flags:
+                return flag
+    return st[0] if st else "UNKNOWN"
 
 
 # --- gres and TRES --------------------------------------------------------------------
@@ -434,7 +460,7 @@ def parse_squeue_json(text: str) -> list[Job]:
                     partition=_text(j.get("partition")),
                     account=_text(j.get("account")),
                     user=_text(j.get("user_name")),
-                    state=st[0] if st else "UNKNOWN",
+                    state=shown_state(st),
                     reason=""
                     if _text(j.get("state_reason")) in _NULLS
                     else _text(j["state_reason"]),
@@ -506,7 +532,7 @@ def parse_sacct_json_plain(text: str) -> list[AccountingRecord]:
                     account=_text(j.get("account")),
                     user=_text(j.get("user")),
                     qos=_text(j.get("qos")),
-                    state=st[0] if st else "UNKNOWN",
+                    state=shown_state(st),
                     submit=timestamp(t.get("submission")),
                     start=timestamp(t.get("start")),
                     end=timestamp(t.get("end")),
@@ -615,7 +641,7 @@ def _tnum(value: int | _Num | None) -> int | None:
 
 def _tstamp(value: int | _Num | None) -> datetime | None:
     n = _tnum(value)
-    return datetime.fromtimestamp(n, tz=UTC) if n else None
+    return datetime.fromtimestamp(n, tz=UTC) if n and n < NO_VAL else None
 
 
 @functools.lru_cache(maxsize=65536)
@@ -630,8 +656,7 @@ def _gpus_cached(tres: str) -> tuple[str | None, int]:
 
 @functools.lru_cache(maxsize=1024)
 def _state_cached(state: str) -> str:
-    st = states(state)
-    return st[0] if st else "UNKNOWN"
+    return shown_state(states(state))
 
 
 def _sacct_record(j: _SacctJob) -> AccountingRecord:
@@ -653,11 +678,7 @@ def _sacct_record(j: _SacctJob) -> AccountingRecord:
     state = j.state
     if isinstance(state, _State):
         state = state.current
-    if isinstance(state, str):
-        first = _state_cached(state)
-    else:
-        st = states(state)
-        first = st[0] if st else "UNKNOWN"
+    first = _state_cached(state) if isinstance(state, str) else shown_state(states(state))
     comment = j.comment
     if isinstance(comment, _Comment):
         parts = ((p or "").strip() for p in (comment.job, comment.administrator))

@@ -9,6 +9,7 @@ unloaded, cancelled) with no failed request, and the node is back with Slurm.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -72,7 +73,10 @@ def test_load_step_lends_the_elastic_node_and_returns_it_without_a_failed_reques
     assert lease.slurm_job_id is not None
     booked = wait_sacct_final(lab, lease.slurm_job_id, timeout_s=90)
     ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    now = datetime.now(UTC).replace(microsecond=0)
+    # the next whole second (the ledger keeps seconds), waited for: never before the
+    # lease's last event (24.11's sacct is final at once, so a truncated now could be)
+    now = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    time.sleep(max(0.0, (now - datetime.now(UTC)).total_seconds()))
     ingest_window(rec.config, rec.slurm, ledger, floor_hour(t0), now,
                   leases=rec.store.touched_since(t0), now=now)  # fmt: skip
     window = Window(floor_hour(t0), floor_hour(now) + timedelta(hours=1), "e2e")
