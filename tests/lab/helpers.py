@@ -1,13 +1,15 @@
 """Small helpers the lab tests share: run Slurm commands, wait for job states, a Prometheus
-server scraping the lab's Triton servers."""
+server scraping the lab's Triton servers, a load sender stoppable half-way."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -19,6 +21,8 @@ import httpx
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.load.arrivals import Schedule
+from bridge.load.runner import Counters, RunConfig, parse_endpoint, run
 
 
 def sbatch(spec: LabSpec, *args: str) -> str:
@@ -163,3 +167,45 @@ def prometheus_scraping(targets: Sequence[str], interval_s: float, folder: Path)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+class Sender(threading.Thread):
+    """The load generator's runner (open loop, `schedule` on `model` at `endpoint`) on its
+    own event loop in a thread, stoppable half-way."""
+
+    def __init__(self, endpoint: str, schedule: Schedule, model: str) -> None:
+        super().__init__(daemon=True)
+        self.schedule = schedule
+        self.config = RunConfig(
+            endpoints=(parse_endpoint(endpoint),),
+            model=model,
+            shape=(16,),
+            max_requests=20_000,
+            max_duration_s=schedule.window_s,
+            concurrency_cap=2_000,
+            timeout_s=60,
+        )
+        self.counters = Counters()
+        self.loop = asyncio.new_event_loop()
+        self.task: asyncio.Task[object] | None = None
+        self.started_task = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.task = self.loop.create_task(
+                run(self.schedule, self.config, counters=self.counters)
+            )
+            self.started_task.set()
+            self.loop.run_until_complete(self.task)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self.started_task.set()
+            self.loop.close()
+
+    def stop(self) -> None:
+        self.started_task.wait(5)
+        if self.is_alive() and self.task is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self.loop.call_soon_threadsafe(self.task.cancel)
+        self.join(15)

@@ -67,8 +67,7 @@ from bridge.policy import Lend
 from bridge.routing.publisher import RoutingPublisher
 from bridge.triton.catalog import site_models
 
-from .helpers import sbatch, squeue_state, tick_until, tick_until_baseline
-from .test_sim_vs_lab import Sender
+from .helpers import Sender, sbatch, squeue_state, tick_until, tick_until_baseline
 
 pytestmark = pytest.mark.lab
 
@@ -125,7 +124,7 @@ def _step_ticks(
 ) -> tuple[int, float, Lend, Sender]:
     """Start the step and tick on the grid t0 + k x tick until a pass lends, then
     `ticks_after` more; the lend's tick k, its time after t0, the lend, the sender."""
-    sender = Sender(endpoint, _step())
+    sender = Sender(endpoint, _step(), MODEL)
     # a pass at t0 itself, just before the load starts: the first tick of the step then
     # reads the same window (t0, t0 + tick] in both phases
     log += [f"   0.0s k=0 {line}" for line in run_once(datetime.now(UTC)).lines()]

@@ -16,13 +16,11 @@ project's own repository is never written.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,12 +34,11 @@ from bridge.lab import triton
 from bridge.lab.spec import LabSpec
 from bridge.leases.models import Lease
 from bridge.lifecycle import LeaseState
-from bridge.load.arrivals import Schedule, poisson
-from bridge.load.runner import Counters, RunConfig, parse_endpoint, run
+from bridge.load.arrivals import poisson
 from bridge.models.repo import ModelRepository
 from bridge.paths import project_root
 
-from .helpers import tick_until
+from .helpers import Sender, tick_until
 
 pytestmark = pytest.mark.lab
 STB = str(Path(sys.executable).with_name("stb"))
@@ -73,47 +70,6 @@ def config_file(tmp_path: Path, triton_config: TritonJobConfig) -> Path:
         f'key_file = "{triton_config.key_file}"\n'
     )
     return path
-
-
-class Sender(threading.Thread):
-    """The load generator's runner on its own event loop, stoppable half-way."""
-
-    def __init__(self, endpoint: str, schedule: Schedule) -> None:
-        super().__init__(daemon=True)
-        self.schedule = schedule
-        self.config = RunConfig(
-            endpoints=(parse_endpoint(endpoint),),
-            model=NEW,
-            shape=(16,),
-            max_requests=20_000,
-            max_duration_s=schedule.window_s,
-            concurrency_cap=2_000,
-            timeout_s=60,
-        )
-        self.counters = Counters()
-        self.loop = asyncio.new_event_loop()
-        self.task: asyncio.Task[object] | None = None
-        self.started_task = threading.Event()
-
-    def run(self) -> None:
-        try:
-            self.task = self.loop.create_task(
-                run(self.schedule, self.config, counters=self.counters)
-            )
-            self.started_task.set()
-            self.loop.run_until_complete(self.task)
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self.started_task.set()
-            self.loop.close()
-
-    def stop(self) -> None:
-        self.started_task.wait(5)
-        if self.is_alive() and self.task is not None:
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                self.loop.call_soon_threadsafe(self.task.cancel)
-        self.join(15)
 
 
 def _routed(listen: str, model: str) -> bool:
@@ -178,7 +134,7 @@ def test_a_published_model_with_slo_metadata_is_lent_for_without_a_toml_entry(
         assert fact.model.instances == 1 and not fact.in_toml
         assert set(fact.sources.values()) <= {"repository", "default"}
 
-        sender = Sender(listen, poisson(RATE, LOAD_S, seed=21))
+        sender = Sender(listen, poisson(RATE, LOAD_S, seed=21), NEW)
         sender.start()
         try:
             tick_until(rec, lambda: _lease_of(rec, NEW) is not None, 90, log)

@@ -31,10 +31,8 @@ busy's per-tick p99 / mean / rate / pending as each run's policy saw them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -49,14 +47,13 @@ from bridge.leases.store import make_engine
 from bridge.lending_report import read_timelines
 from bridge.lifecycle import LeaseState
 from bridge.load.arrivals import Schedule, poisson
-from bridge.load.runner import Counters, RunConfig, parse_endpoint, run
 from bridge.sim import inputs, labcheck
 from bridge.sim.engine import Timing
 from bridge.sim.result import Decision
 from bridge.slurm.cli import SlurmCLI
 from bridge.triton.ports import METRICS_PORT
 
-from .helpers import prometheus_scraping, sbatch, squeue_state, tick_until
+from .helpers import Sender, prometheus_scraping, sbatch, squeue_state, tick_until
 
 pytestmark = pytest.mark.lab
 
@@ -69,47 +66,6 @@ DEADLINE_S = 180.0  # from t = 0: the lease must be back by then
 #: per model, the rate of successful requests over the last two scrapes: what the
 #: reconciler's own counter deltas see each tick
 RATE_QUERY = "sum by (model) (irate(nv_inference_request_success[{window:g}s]))"
-
-
-class Sender(threading.Thread):
-    """The load generator's runner on its own event loop, stoppable half-way."""
-
-    def __init__(self, endpoint: str, schedule: Schedule) -> None:
-        super().__init__(daemon=True)
-        self.schedule = schedule
-        self.config = RunConfig(
-            endpoints=(parse_endpoint(endpoint),),
-            model=MODEL,
-            shape=(16,),
-            max_requests=20_000,
-            max_duration_s=schedule.window_s,
-            concurrency_cap=2_000,
-            timeout_s=60,
-        )
-        self.counters = Counters()
-        self.loop = asyncio.new_event_loop()
-        self.task: asyncio.Task[object] | None = None
-        self.started_task = threading.Event()
-
-    def run(self) -> None:
-        try:
-            self.task = self.loop.create_task(
-                run(self.schedule, self.config, counters=self.counters)
-            )
-            self.started_task.set()
-            self.loop.run_until_complete(self.task)
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self.started_task.set()
-            self.loop.close()
-
-    def stop(self) -> None:
-        self.started_task.wait(5)
-        if self.is_alive() and self.task is not None:
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                self.loop.call_soon_threadsafe(self.task.cancel)
-        self.join(15)
 
 
 def _schedule() -> Schedule:
@@ -165,7 +121,7 @@ def test_simulator_decides_as_the_lab_does(
         setup_s = time.monotonic() - began
 
         schedule = _schedule()
-        sender = Sender(endpoint, schedule)
+        sender = Sender(endpoint, schedule, MODEL)
         t0 = time.time()
         sender.start()
         lab_decisions: list[Decision] = []
