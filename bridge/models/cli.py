@@ -1,12 +1,14 @@
-"""`stb models publish | list | rollback | retire`: the model repository on the command
-line. Thin: finds the running Triton servers through Slurm (jobs tagged `stb:triton`),
-calls `bridge.models.publish`, prints. The repository is `[triton] model_repository` of the
-configuration unless `--repository` names one. A bad model name (or, for publish, a model
-folder holding a symbolic link or other non-regular file) is refused before Slurm or
-Triton is asked anything; every refusal is one `error:` line and exit status 1."""
+"""`stb models publish | list | rollback | retire | history`: the model repository on the
+command line. Thin: finds the running Triton servers through Slurm (jobs tagged
+`stb:triton`), calls `bridge.models.publish`, prints; `history` reads the journal. The
+repository is `[triton] model_repository` of the configuration unless `--repository`
+names one. A bad model name (or, for publish, a model folder holding a symbolic link or
+other non-regular file) is refused before Slurm or Triton is asked anything; every
+refusal is one `error:` line and exit status 1."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +23,7 @@ from bridge.config import BridgeConfig
 from bridge.config_cli import ConfigOpt, fail, load_or_exit
 from bridge.daemon.launcher import BASELINE_TAG
 from bridge.modelfacts import ModelFact
+from bridge.models import history
 from bridge.models.publish import PublishError, Server, publish, retire, rollback
 from bridge.models.repo import ModelRepository, RepositoryError, check_source
 from bridge.slurm.errors import SlurmError
@@ -34,7 +37,8 @@ from bridge.triton.repository import ModelConfigError, check_name
 
 console = Console(stderr=True)
 models_app = typer.Typer(
-    help="The Triton model repository: publish, list, roll back, retire.", no_args_is_help=True
+    help="The Triton model repository: publish, list, roll back, retire, history.",
+    no_args_is_help=True,
 )
 RepoOpt = Annotated[
     Path | None, typer.Option("--repository", help="Model repository (default: the config's).")
@@ -73,11 +77,12 @@ def publish_cmd(
     ],
     name: Annotated[str, typer.Option(help="Model name in the repository.")],
     version: Annotated[int | None, typer.Option(help="Version (default: latest + 1).")] = None,
+    reason: Annotated[str, typer.Option(help="Why (kept in the model's history).")] = "",
     repository: RepoOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """Validate, write the version atomically, load it where the model is served, check
-    that it answers; roll back if it does not."""
+    that it answers; roll back if it does not. Either way it goes into the history."""
     cfg = load_or_exit(config)
     try:
         check_name(name)
@@ -85,7 +90,7 @@ def publish_cmd(
         with running_servers(cfg) as servers:
             out = publish(
                 _repo(cfg, repository), src, name, servers, version=version,
-                say=lambda m: console.print(m, highlight=False),
+                say=lambda m: console.print(m, highlight=False), why=reason,
             )  # fmt: skip
     except (PublishError, ModelConfigError, RepositoryError, SlurmError, TritonError) as exc:
         raise fail(exc) from exc
@@ -142,7 +147,7 @@ def _bounds(fact: ModelFact) -> str:
 @models_app.command("rollback")
 def rollback_cmd(
     name: str,
-    reason: Annotated[str, typer.Option(help="Why (kept in the archive).")] = "rollback",
+    reason: Annotated[str, typer.Option(help="Why (kept in the history).")] = "rollback",
     repository: RepoOpt = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -163,7 +168,7 @@ def rollback_cmd(
 @models_app.command("retire")
 def retire_cmd(
     name: str,
-    reason: Annotated[str, typer.Option(help="Why (kept in the archive).")] = "retired",
+    reason: Annotated[str, typer.Option(help="Why (kept in the history).")] = "retired",
     repository: RepoOpt = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -177,3 +182,45 @@ def retire_cmd(
     except (PublishError, RepositoryError, SlurmError, TritonError) as exc:
         raise fail(exc) from exc
     console.print(f"{name} retired (unloaded from {', '.join(where) or 'no server'})")
+
+
+@models_app.command("history")
+def history_cmd(
+    name: Annotated[str | None, typer.Argument(help="The model (default: every model).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document.")] = False,
+    repository: RepoOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Every publish, failed publish, rollback and retire: when, who, which version, why,
+    on which servers. Reads the repository's journal only (no Slurm, no Triton)."""
+    cfg = load_or_exit(config)
+    repo = _repo(cfg, repository)
+    try:
+        if name is not None:
+            repo.model_dir(name)
+        journal = history.read(repo.archive, name)
+    except (RepositoryError, OSError) as exc:
+        raise fail(exc) from exc
+    if journal.skipped:
+        console.print(
+            f"[yellow]{journal.skipped} line(s) of {repo.archive / history.FILE} are no "
+            "entry (cut by a crash?) and are left out[/yellow]"
+        )
+    if as_json:
+        doc = {"entries": [e.to_json() for e in journal.entries], "skipped": journal.skipped}
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    if not journal.entries:
+        console.print(f"no history for {name or 'any model'} in {repo.archive / history.FILE}")
+        return
+    table = Table("when (UTC)", "model", "action", "version", "serving", "who", "why", "servers")
+    for e in journal.entries:
+        table.add_row(
+            f"{e.at:%Y-%m-%d %H:%M:%S}", e.model, e.action, _v(e.version), _v(e.serving),
+            escape(e.who), escape(e.why) or "-", ", ".join(e.servers) or "-",
+        )  # fmt: skip
+    Console().print(table)
+
+
+def _v(version: int | None) -> str:
+    return "-" if version is None else str(version)

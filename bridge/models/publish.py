@@ -14,7 +14,9 @@ check that it answers, roll back if it does not. Also rollback and retire.
    shaped from the config returns every declared output;
 5. on any failure: the version goes to the archive, the old config comes back, the
    instances reload the previous version (or unload a new model), and PublishError says
-   what failed and that it was rolled back.
+   what failed and that it was rolled back;
+6. the outcome (published, or failed and rolled back) goes into the repository's journal
+   (`bridge.models.history`) with who and why; rollback and retire are journalled too.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
+from bridge.models import history
 from bridge.models.repo import Change, ModelRepository, RepositoryError, check_source
 from bridge.triton.errors import TritonError
 from bridge.triton.protocol import Array, TritonInstance
@@ -123,6 +126,8 @@ def publish(
     *,
     version: int | None = None,
     say: Callable[[str], None] = lambda _: None,
+    why: str = "",
+    who: str | None = None,
 ) -> Outcome:
     check_name(name)
     check_source(src)
@@ -154,10 +159,32 @@ def publish(
                 check_answers(s, name, v, cfg)
                 say(f"answers on {s.address}")
         except (TritonError, PublishError) as exc:
-            _undo(repo, change, targets, f"{type(exc).__name__}: {exc}", say)
+            failure = f"{type(exc).__name__}: {exc}"
+            _undo(repo, change, targets, failure, say)
+            _record(repo, name, "publish-failed", v, change.previous, who,
+                    f"{why}; {failure}" if why else failure, targets)  # fmt: skip
             back = f"version {change.previous}" if change.previous else "nothing (new model)"
             raise PublishError(f"{name} version {v} failed ({exc}); rolled back to {back}") from exc
+        _record(repo, name, "publish", v, v, who, why, targets)
         return Outcome(name, v, change.previous, meta, [s.address for s in targets])
+
+
+def _record(
+    repo: ModelRepository,
+    name: str,
+    action: history.Action,
+    version: int | None,
+    serving: int | None,
+    who: str | None,
+    why: str,
+    servers: Sequence[Server],
+) -> None:
+    """Append the change to the repository's journal (the publish lock is held)."""
+    entry = history.Entry(
+        history.now(), name, action, version, serving, who or history.actor(), why,
+        tuple(s.address for s in servers),
+    )  # fmt: skip
+    history.append(repo.archive, entry)
 
 
 def _undo(
@@ -180,7 +207,7 @@ def _undo(
 
 
 def rollback(
-    repo: ModelRepository, name: str, servers: Sequence[Server], why: str
+    repo: ModelRepository, name: str, servers: Sequence[Server], why: str, who: str | None = None
 ) -> tuple[int, int, list[str]]:
     """The latest version leaves; the previous one serves again where the model is held."""
     _model_dir(repo, name)
@@ -191,13 +218,16 @@ def rollback(
             raise PublishError(str(exc)) from exc
         cfg = parse_config(repo.config_text(name) or "", str(repo.root / name / "config.pbtxt"))
         holders = _holders(servers, name)
+        _record(repo, name, "rollback", gone, now, who, why, holders)
         for s in holders:
             s.client.load_model(name)
             check_answers(s, name, now, cfg)
         return gone, now, [s.address for s in holders]
 
 
-def retire(repo: ModelRepository, name: str, servers: Sequence[Server], why: str) -> list[str]:
+def retire(
+    repo: ModelRepository, name: str, servers: Sequence[Server], why: str, who: str | None = None
+) -> list[str]:
     """Unload the model everywhere, then move it out of the repository."""
     _model_dir(repo, name)
     with repo.lock():
@@ -206,7 +236,9 @@ def retire(repo: ModelRepository, name: str, servers: Sequence[Server], why: str
         holders = _holders(servers, name)
         for s in holders:
             s.client.unload_model(name)
+        last = repo.latest(name)
         repo.retire(name, why)
+        _record(repo, name, "retire", last, None, who, why, holders)
         return [s.address for s in holders]
 
 

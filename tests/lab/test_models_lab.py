@@ -9,6 +9,7 @@ project's own repository is never written.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -159,3 +160,22 @@ def test_a_training_job_publishes_and_its_model_is_served(
     assert ModelRepository(repo_root).versions("tiny") == [1, 2, 3]
     assert not [p for p in (repo_root / "tiny").iterdir() if p.name.startswith(".")]
     assert _predict(listen, x) == pytest.approx(7.0)
+
+    # 5. The history has every change with who and why: the training job's publish names
+    #    its Slurm job, the failed one says why it was rolled back.
+    shown = subprocess.run(
+        [STB, "models", "history", "tiny", "--json", "-c", str(config_file)],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    entries = json.loads(shown.stdout)["entries"]
+    assert [(e["action"], e["version"]) for e in entries] == [
+        ("publish", 1),
+        ("publish-failed", 2),
+        ("publish", 2),
+        ("publish", 3),
+    ]
+    assert entries[0]["who"].endswith(f"(Slurm job {job})")
+    assert "not ready" in entries[1]["why"] or "corrupt" in entries[1]["why"], entries[1]
+    assert entries[1]["serving"] == 1 and entries[3]["serving"] == 3
+    assert all(e["servers"] for e in entries), entries
