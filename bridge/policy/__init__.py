@@ -1,7 +1,8 @@
 """The policy: a pure `decide(snapshot, config, now) -> list[Action]`. No I/O, no clock,
 no adapters (import-linter checks it); the reconciler builds the snapshot and carries out
 the actions. See `decide.py`; the capacity model (`capacity.py`) and the rate forecast
-(`forecast.py`) are shared with the simulator."""
+(`forecast.py`) are shared with the simulator. `rollout.py`: a gradual model rollout's
+step plan and verdict (pure; its controller is still to be built)."""
 
 from bridge.policy.actions import Action, Lend, Return, StartBaseline
 from bridge.policy.decide import (
