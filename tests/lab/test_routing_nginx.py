@@ -32,10 +32,16 @@ from bridge.routing.nginxctl import NginxProcess, child_pids, find_nginx
 from bridge.routing.publisher import RoutingPublisher
 from bridge.routing.table import BASELINE, MetricsTarget, RoutingTable
 
-pytestmark = pytest.mark.skipif(
-    not os.access(find_nginx(), os.X_OK),
-    reason=f"nginx is not installed ({find_nginx()} missing; Debian: apt-get install nginx-light)",
-)
+
+@pytest.fixture(autouse=True)
+def _nginx(request: pytest.FixtureRequest) -> None:
+    """nginx, looked for when the test runs, not when it is collected: on a fresh machine
+    `stb lab up` (the lab fixture) is what installs it."""
+    if not os.access(find_nginx(), os.X_OK):
+        request.getfixturevalue("lab")
+    if not os.access(find_nginx(), os.X_OK):
+        pytest.skip(f"nginx is not installed ({find_nginx()} missing; apt-get install nginx-light)")
+
 
 BACKEND_HOSTS = ("127.0.2.1", "127.0.2.2", "127.0.2.3")
 INFER_BODY = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1.0]}]}

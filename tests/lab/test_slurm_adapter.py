@@ -32,14 +32,22 @@ from bridge.slurm.select import open_backend
 
 pytestmark = pytest.mark.lab
 
-_NO_REST = pytest.mark.skipif(
-    not system.rest_available(),
-    reason="slurmrestd or the auth/jwt plugin (slurm-wlm-jwt-plugin) is not installed",
-)
+_NO_RESTD = "slurmrestd or the auth/jwt plugin (slurm-wlm-jwt-plugin) is not installed"
+
+
+@pytest.fixture
+def _needs_rest(lab: LabSpec) -> None:
+    """slurmrestd and its plugin, looked for when the test runs (after `stb lab up`, which
+    installs them on a fresh machine), not when it is collected."""
+    if not system.rest_available():
+        pytest.skip(_NO_RESTD)
+
+
+_NEEDS_REST = pytest.mark.usefixtures("_needs_rest")
 
 
 def _backends() -> list[object]:
-    names: list[object] = ["cli", pytest.param("rest", marks=_NO_REST)]
+    names: list[object] = ["cli", "rest"]
     try:
         import pyslurm  # noqa: F401
 
@@ -52,6 +60,8 @@ def _backends() -> list[object]:
 def _rest(lab: LabSpec, settings: RestSettings | None = None) -> SlurmRest:
     """The rest backend on the lab's slurmrestd; the test skips where that slurmrestd
     serves no OpenAPI version the backend speaks (a newer Slurm, in the release matrix)."""
+    if not system.rest_available():
+        pytest.skip(_NO_RESTD)
     rest = SlurmRest(settings or RestSettings.from_env(lab.rest_env()), env=lab.env())
     try:
         rest.api_version()
@@ -304,7 +314,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@_NO_REST
+@_NEEDS_REST
 def test_unreachable_rest_server_is_transient(lab: LabSpec) -> None:
     settings = RestSettings(url=f"http://127.0.0.1:{_free_port()}", user="root", timeout_s=5)
     with pytest.raises(ControllerUnreachable) as err:
@@ -312,7 +322,7 @@ def test_unreachable_rest_server_is_transient(lab: LabSpec) -> None:
     assert err.value.transient and "127.0.0.1" in str(err.value)
 
 
-@_NO_REST
+@_NEEDS_REST
 def test_rest_with_the_controller_down_is_transient(lab: LabSpec, tmp_path: Path) -> None:
     """A slurmrestd of its own whose slurm.conf names a dead slurmctld port: reads and
     writes say the controller did not answer (slurmrestd 22.05: HTTP 500, "Unspecified
@@ -344,7 +354,7 @@ def test_rest_with_the_controller_down_is_transient(lab: LabSpec, tmp_path: Path
         proc.wait(10)
 
 
-@_NO_REST
+@_NEEDS_REST
 def test_rest_reads_agree_with_the_cli(lab: LabSpec) -> None:
     """The same cluster state read through slurmrestd and through the command line gives
     the same records: nodes (one drained, one running a job), partitions, a reservation,
@@ -398,7 +408,7 @@ def test_rest_reads_agree_with_the_cli(lab: LabSpec) -> None:
         cli.resume(drained)
 
 
-@_NO_REST
+@_NEEDS_REST
 def test_rest_with_a_configured_token(lab: LabSpec) -> None:
     """A token from configuration (minted elsewhere) is sent as it is: nothing minted."""
     token = SlurmCLI(env=lab.env()).token("root", 120)
