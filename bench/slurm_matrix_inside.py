@@ -6,7 +6,8 @@
 small scenario whose `squeue --json` and `sacct --json` are written as
 `squeue-matrix-<rel>.json` and `sacct-matrix-<rel>.json` (rel: the release's major.minor);
 `stb lab down` in any case. `summary.json` in `--out` says the Slurm release, the Python,
-pytest's exit status, the recorded files and any error.
+pytest's exit status, the recorded files and any error; the last line printed is
+`RESULT key=value ...` of the same (the outer bench's log of the suite ends with it).
 
 Scenario (the shapes the parsers read): a running training job with 2 GPUs and a comment;
 a held array `2-4%2` (pending, then released and run); a Triton-tagged job of the bridge's
@@ -203,7 +204,14 @@ def main() -> int:
         except Exception as exc:
             summary["error"] = summary["error"] or f"lab down: {exc}"
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return 0 if not summary["error"] and summary.get("pytest_rc") == 0 else 1
+    ok = not summary["error"] and summary.get("pytest_rc") == 0
+    print(
+        f"RESULT ok={str(ok).lower()} slurm={summary['slurm']} python={summary['python']} "
+        f"lab_up_s={summary.get('lab_up_s', '-')} pytest_rc={summary.get('pytest_rc', '-')} "
+        f"pytest_s={summary.get('pytest_s', '-')} recorded={len(summary['recorded'])}",
+        flush=True,
+    )
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
