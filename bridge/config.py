@@ -532,6 +532,35 @@ class DaemonConfig(_Strict):
     )
 
 
+class RolloutConfig(_Strict):
+    """How a gradual rollout (`stb models publish --canary`) judges the new version
+    against the old at each step (`bridge.policy.rollout.judge`)."""
+
+    hold_s: float = Field(
+        default=300,
+        ge=0,
+        description="Seconds each step runs before it may advance, where the plan names "
+        "none: long enough for Triton's 60 s p99 window to hold mostly this step's requests.",
+    )
+    min_requests: int = Field(
+        default=200,
+        ge=1,
+        description="Requests the new version must answer in a step before it is judged; "
+        "with fewer, a p99 is one slow request and a failure rate is noise.",
+    )
+    p99_margin: float = Field(
+        default=0.25,
+        ge=0,
+        description="The new version is rolled back when its p99 is over the old one's by "
+        "more than this share (and by `p99_floor_ms`).",
+    )
+    p99_floor_ms: float = Field(
+        default=5,
+        ge=0,
+        description="...and by more than these milliseconds: a 1 ms model jitters by 25%.",
+    )
+
+
 class ObserveConfig(_Strict):
     """Where each tick's latency and load signal comes from."""
 
@@ -686,6 +715,7 @@ class BridgeConfig(BaseSettings):
     api: ApiConfig = Field(default_factory=ApiConfig)
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
     accounting: AccountingConfig = Field(default_factory=AccountingConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
 
     @field_validator("models", mode="before")
     @classmethod

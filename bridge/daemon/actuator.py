@@ -52,7 +52,7 @@ from bridge.leases.models import Lease
 from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 from bridge.routing.errors import RoutingError
-from bridge.routing.table import BASELINE, MetricsTarget, RoutingTable
+from bridge.routing.table import BASELINE, MetricsTarget, RoutingTable, Split
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import JobSpec
 from bridge.slurm.protocol import SlurmProtocol
@@ -118,6 +118,8 @@ class Actuator:
         self.router = router
         #: closes the bridge's own connection to a server before it is stopped
         self.forget_triton = forget_triton
+        #: the rollouts' traffic splits every publish carries (`bridge.daemon.rollouts`)
+        self.splits: tuple[Split, ...] = ()
         #: per lease: transient errors since its last good step, and when to retry
         self.backoff: dict[int, Backoff] = {}
         #: reservations deleted this pass (the pass's observation still lists them)
@@ -331,9 +333,17 @@ class Actuator:
     # ---- routing ------------------------------------------------------------------
 
     def route(
-        self, report: TickReport, *, include: int | None = None, exclude: int | None = None
+        self,
+        report: TickReport,
+        *,
+        include: int | None = None,
+        exclude: int | None = None,
+        splits: Iterable[Split] | None = None,
     ) -> None:
-        """Publish baselines and serving leases (plus `include`, minus `exclude`)."""
+        """Publish baselines and serving leases (plus `include`, minus `exclude`), with
+        the rollouts' `splits` (None: those of the last publish)."""
+        if splits is not None:
+            self.splits = tuple(splits)
         if self.router is None or self._obs is None:
             return
         serving = {
@@ -344,13 +354,16 @@ class Actuator:
         # Every model the repository holds has a route (none ready: nginx answers 503);
         # a model loaded on a replica is routed too.
         routes: dict[str, list[str]] = {m: [] for m in self._obs.models.served}
+        split_of = {sp.model: sp for sp in self.splits}
         targets = []
         for s in self._obs.servers:
             ref = launcher.lease_of(s.job.tags)
             if not s.ready or (ref is not None and s.job.job_id not in serving):
                 continue
             for m in s.models:
-                routes.setdefault(m, []).append(s.address)
+                split = split_of.get(m)
+                if split is None or _serves_split(s.versions.get(m, ()), split):
+                    routes.setdefault(m, []).append(s.address)
             host = s.address.rsplit(":", 1)[0]
             targets.append(
                 MetricsTarget(
@@ -361,7 +374,19 @@ class Actuator:
                     tuple(s.models),
                 )
             )
-        self.router.publish(RoutingTable.build(routes, targets))
+        self.router.publish(RoutingTable.build(routes, targets, self.splits))
+
+
+def _serves_split(versions: Iterable[str], split: Split) -> bool:
+    """Whether a replica holding `versions` of a split model can take its requests: those
+    the split sends (old, new or both by its share)."""
+    held = set(versions)
+    wanted = {str(split.old)} if split.percent <= 0 else set()
+    if split.percent >= 100:
+        wanted = {str(split.new)}
+    elif split.percent > 0:
+        wanted = {str(split.old), str(split.new)}
+    return wanted <= held
 
 
 __all__ = ["ADAPTER_ERRORS", "Actuator", "Backoff", "Router", "record_of"]

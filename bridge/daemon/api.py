@@ -6,6 +6,9 @@ Role `operator`:
 - `POST /api/drain` `{"pool": "training", "reason": "..."}` -> 200: the pool is held (no
   lends; its leases are returned); `POST /api/resume` `{"pool": "training"}` lifts it.
 - `GET /api/request?id=7`: the request's state and outcome.
+- `GET /api/models/status?model=echo`: the model's status, the JSON of `stb models status
+  echo --json` (`bridge.models.status.gather`): 404 for a model neither the repository
+  nor its history knows; reads only.
 Role `finance`: `GET /api/report?...` (`accounting.api`).
 
 Each request is recorded under the token's name, so operators need no access to the
@@ -18,7 +21,8 @@ field); nothing is written for a refused request. Requests go through the same q
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
@@ -31,6 +35,10 @@ from bridge.daemon.exporter import ApiRequest, Endpoint
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore
 from bridge.modelfacts import ModelFacts
+from bridge.models.repo import ModelRepository, RepositoryError
+from bridge.models.servers import running_servers
+from bridge.models.status import StatusServer, UnknownModel, check_known, gather
+from bridge.slurm.errors import SlurmError
 from bridge.triton.catalog import site_models
 
 #: a Slurm node or pool name as the API takes it
@@ -42,6 +50,8 @@ class _Body(BaseModel):
 
 
 B = TypeVar("B", bound=_Body)
+#: the running Triton servers, closed after (default: Slurm's, as `stb models` finds them)
+Servers = Callable[[], AbstractContextManager[Sequence[StatusServer]]]
 
 
 class LendBody(_Body):
@@ -103,11 +113,13 @@ def operator_routes(
     store: LeaseStore,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     models: Callable[[], ModelFacts] | None = None,
+    servers: Servers | None = None,
 ) -> dict[str, Endpoint]:
     """The operator endpoints on `queue` (writes no lease: the daemon does). `models`:
     the models' facts now (the daemon's observer's; default: the repository read for
-    each lend)."""
+    each lend); `servers`: the running Triton servers a model status reads."""
     facts = models or (lambda: site_models(config))
+    find = servers or (lambda: running_servers(config))
 
     def lend(req: ApiRequest) -> tuple[int, bytes]:
         body = _body(LendBody, req.body)
@@ -158,12 +170,39 @@ def operator_routes(
             },
         )
 
+    def model_status(req: ApiRequest) -> tuple[int, bytes]:
+        names = req.query.get("model", [])
+        if len(names) != 1:
+            raise ApiError(400, "model: one model name is required")
+        repo = ModelRepository(config.triton.model_repository)
+        try:
+            check_known(names[0], repo)
+        except RepositoryError as exc:
+            raise ApiError(400, f"model: {exc}") from exc
+        except UnknownModel as exc:
+            raise ApiError(404, f"model: {exc}") from exc
+
+        def at(found: Sequence[StatusServer] | None, note: str = "") -> tuple[int, bytes]:
+            status = gather(
+                names[0], repo, facts(), database_url=config.database_url,
+                ledger_url=config.accounting.ledger_url, servers=found, now=clock(),
+                servers_note=note,
+            )  # fmt: skip
+            return _json(200, status.to_json())
+
+        try:
+            with find() as found:
+                return at(found)
+        except SlurmError as exc:
+            return at(None, f"Slurm does not answer: {exc}")
+
     return {
         "/api/lend": Endpoint("POST", "operator", _guard(lend)),
         "/api/return": Endpoint("POST", "operator", _guard(return_)),
         "/api/drain": Endpoint("POST", "operator", _guard(drain)),
         "/api/resume": Endpoint("POST", "operator", _guard(resume)),
         "/api/request": Endpoint("GET", "operator", _guard(request)),
+        "/api/models/status": Endpoint("GET", "operator", _guard(model_status)),
     }
 
 

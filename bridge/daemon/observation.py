@@ -45,6 +45,9 @@ class TritonServer:
     pending: Mapping[str, float] = field(default_factory=dict)
     #: models the server tried and failed to load, with Triton's reason
     unavailable: Mapping[str, str] = field(default_factory=dict)
+    #: per model it holds, the versions READY (a rollout routes its split only to
+    #: replicas that hold the versions it sends requests to)
+    versions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from bridge.config import BridgeConfig
@@ -46,7 +46,7 @@ from bridge.triton.errors import TritonError
 from bridge.triton.metrics import MetricsPage, parse_page
 from bridge.triton.ports import HTTP_PORT
 from bridge.triton.prometheus import PrometheusError, PrometheusSignal
-from bridge.triton.protocol import TritonInstance
+from bridge.triton.protocol import RepositoryModel, TritonInstance
 from bridge.triton.signal import ModelSignal, instance_signal, model_signals
 from bridge.triton.signal import Observation as Scrape
 
@@ -54,6 +54,13 @@ log = logging.getLogger(__name__)
 
 #: Slurm job states the bridge reads each tick (finished jobs are gone from its view)
 ACTIVE_STATES = ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING")
+
+
+def unloading_only(index: Sequence[RepositoryModel]) -> bool:
+    """Whether a live server that says it is not ready is only unloading model versions
+    (it holds at least one READY, and nothing is loading or failed to load)."""
+    states = [m.state for m in index if m.state in ("READY", "UNLOADING", "LOADING")]
+    return "UNLOADING" in states and "READY" in states and "LOADING" not in states
 
 
 class Observer:
@@ -117,13 +124,24 @@ class Observer:
         models: tuple[str, ...] = ()
         unavailable: dict[str, str] = {}
         pending: dict[str, float] = {}
+        versions: dict[str, list[str]] = {}
         page = None
         try:
             client = self._triton_for(address)
             ready = client.is_ready()
-            if ready:
+            index = None
+            if not ready and client.is_live():
+                # Triton's strict readiness says "not ready" while any model version is
+                # loading or unloading; one that only unloads a version (the old one, after
+                # a publish or a rollout's move) goes on serving what it holds READY.
                 index = client.repository_index()
+                ready = unloading_only(index)
+            if ready:
+                index = index if index is not None else client.repository_index()
                 models = tuple(sorted(m.name for m in index if m.state == "READY"))
+                for m in index:
+                    if m.state == "READY" and m.version:
+                        versions.setdefault(m.name, []).append(m.version)
                 unavailable = {m.name: m.reason for m in index if m.state == "UNAVAILABLE"}
                 if read_page:
                     page = parse_page(client.metrics_text())
@@ -133,7 +151,10 @@ class Observer:
                         )
         except TritonError as exc:
             log.info("Triton of job %s at %s: %s", job.job_id, address, exc)
-        server = TritonServer(job, node.name, address, ready, models, pending, unavailable)
+        server = TritonServer(
+            job, node.name, address, ready, models, pending, unavailable,
+            {m: tuple(sorted(vs, key=int)) for m, vs in versions.items()},
+        )  # fmt: skip
         return server, page, self._clock()
 
     def observe(self, now: float) -> Observation:

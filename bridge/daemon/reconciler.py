@@ -48,6 +48,7 @@ from bridge.daemon.observation import Observation, snapshot
 from bridge.daemon.observe import Observer
 from bridge.daemon.planner import LeaseRecord, Settings, Step, SubmitBaseline
 from bridge.daemon.report import StepError, TickReport
+from bridge.daemon.rollouts import RolloutDriver
 from bridge.leases.errors import LeaseError
 from bridge.leases.leader import Fenced
 from bridge.leases.requests import PoolHold, RequestQueue
@@ -166,8 +167,11 @@ class Reconciler:
         requests: RequestQueue | None = None,
         forget_triton: Callable[[str], None] | None = None,
         is_active: Callable[[], bool] | None = None,
+        rollouts: RolloutDriver | None = None,
     ) -> None:
         self.config = config
+        #: carries the models' gradual rollouts one move a pass (None: no rollouts)
+        self.rollouts = rollouts
         #: whether this instance may act (the leader); a standby only observes
         self.is_active = is_active or (lambda: True)
         self.slurm = slurm
@@ -245,6 +249,8 @@ class Reconciler:
         report.actions = decide(snap, self.config, t)
         for action in report.actions:
             self._act(action, obs, now, report)
+        if self.rollouts is not None:
+            self.rollouts.tick(obs, _slo_of(obs), now, report, lambda: self._publish(report))
         self._route(report)
         open_after = act.open_leases()
         _summarise(report, open_after, obs)
@@ -268,9 +274,15 @@ class Reconciler:
 
     def _route(self, report: TickReport) -> None:
         try:
-            self.actuator.route(report)
+            self._publish(report)
         except RoutingError as exc:  # the old routes keep serving
             report.error("route", exc)
+
+    def _publish(self, report: TickReport) -> None:
+        """Routing as the pass sees it, with the rollouts' splits as stored now; raises
+        RoutingError (a rollout's move waits for its routing)."""
+        splits = self.rollouts.splits() if self.rollouts is not None else None
+        self.actuator.route(report, splits=splits)
 
     def _orphans(self, obs: Observation, now: datetime, report: TickReport) -> None:
         act = self.actuator
@@ -399,6 +411,14 @@ class Reconciler:
             return f"lease {lease.id} is already {lease.state.value}"
         self.actuator.run(step, now, report)
         return f"lease {lease.id} returning"
+
+
+def _slo_of(obs: Observation) -> Callable[[str], float | None]:
+    def slo(model: str) -> float | None:
+        fact = obs.models.facts.get(model)
+        return fact.model.slo_p99_ms if fact is not None and fact.model is not None else None
+
+    return slo
 
 
 def _summarise(report: TickReport, leases: Sequence[LeaseRecord], obs: Observation) -> None:

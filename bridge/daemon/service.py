@@ -54,10 +54,12 @@ from bridge.daemon.keyshim import KeyShimError, ensure_key_shim
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
 from bridge.daemon.report import Outcome, TickReport
+from bridge.daemon.rollouts import RolloutDriver
 from bridge.leases import leader
 from bridge.leases.advice import AdviceStore
 from bridge.leases.leader import LeaderLease
 from bridge.leases.requests import RequestQueue
+from bridge.leases.rollouts import RolloutStore
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxControl, NginxProcess
@@ -218,6 +220,7 @@ def build(
         requests,
         clients.forget,
         is_active=(lambda: lease.active) if lease is not None else None,
+        rollouts=RolloutDriver(config, RolloutStore(engine, fence), clients),
     )
     return Bridge(config, reconciler, metrics, publisher, proc, clients, feed, lease, requests)
 

@@ -54,12 +54,13 @@ _SETTABLE = frozenset(LeaseFields.__annotations__)
 
 def create_schema(engine: Engine) -> None:
     """Create the lease tables, the operator requests, the pool holds, the advisory
-    mode's record (`bridge.leases.advice`), the leader row (PostgreSQL) and their indexes
-    if missing (no migrations yet: these are new tables only; a new column would need
-    one)."""
-    from bridge.leases import advice, leader, requests  # noqa: F401 - register their tables
+    mode's record (`bridge.leases.advice`), the model rollouts (`bridge.leases.rollouts`),
+    the leader row (PostgreSQL) and their indexes if missing (no migrations yet: these
+    are new tables only; a new column would need one)."""
+    from bridge.leases import advice, leader, requests, rollouts  # noqa: F401 - their tables
 
     names = ["lease", "lease_event", "operator_request", "pool_hold", *advice.TABLES]
+    names += rollouts.TABLES
     if leader.supported(engine):
         names.append("stb_leader")
     tables = [SQLModel.metadata.tables[name] for name in names]

@@ -1,6 +1,7 @@
-"""`stb models publish | list | rollback | retire | history`: the model repository on the
-command line. Thin: finds the running Triton servers through Slurm (jobs tagged
-`stb:triton`), calls `bridge.models.publish`, prints; `history` reads the journal. The
+"""`stb models publish | list | rollback | retire | history | status`: the model repository
+on the command line. Thin: finds the running Triton servers through Slurm (jobs tagged
+`stb:triton`), calls `bridge.models.publish`, prints; `history` reads the journal;
+`status` is one model's own view (`bridge.models.status`). The
 repository is `[triton] model_repository` of the configuration unless `--repository`
 names one. A bad model name (or, for publish, a model folder holding a symbolic link or
 other non-regular file) is refused before Slurm or Triton is asked anything; every
@@ -9,8 +10,7 @@ refusal is one `error:` line and exit status 1."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -21,23 +21,23 @@ from rich.table import Table
 
 from bridge.config import BridgeConfig
 from bridge.config_cli import ConfigOpt, fail, load_or_exit
-from bridge.daemon.launcher import BASELINE_TAG
+from bridge.leases.rollouts import RolloutError, RolloutStore
+from bridge.leases.store import create_schema, make_engine
 from bridge.modelfacts import ModelFact
-from bridge.models import history
+from bridge.models import history, rollout
 from bridge.models.publish import PublishError, Server, publish, retire, rollback
 from bridge.models.repo import ModelRepository, RepositoryError, check_source
+from bridge.models.servers import running_servers
+from bridge.models.status import ModelStatus, UnknownModel, check_known, gather, render
+from bridge.policy.rollout import parse_plan
 from bridge.slurm.errors import SlurmError
-from bridge.slurm.model import TRITON_TAG
-from bridge.slurm.select import open_backend
 from bridge.triton.catalog import ModelCatalog
-from bridge.triton.client import TritonHttpClient
 from bridge.triton.errors import TritonError
-from bridge.triton.ports import HTTP_PORT as TRITON_HTTP_PORT
 from bridge.triton.repository import ModelConfigError, check_name
 
 console = Console(stderr=True)
 models_app = typer.Typer(
-    help="The Triton model repository: publish, list, roll back, retire, history.",
+    help="The Triton model repository: publish, list, roll back, retire, history, status.",
     no_args_is_help=True,
 )
 RepoOpt = Annotated[
@@ -45,29 +45,25 @@ RepoOpt = Annotated[
 ]
 
 
-@contextmanager
-def running_servers(cfg: BridgeConfig) -> Iterator[list[Server]]:
-    """The running Triton servers Slurm knows (tag stb:triton), with clients; closed after."""
-    key_file = cfg.triton.key_file
-    key = key_file.read_text().strip() if key_file.exists() else None
-    slurm = open_backend()
-    addr = {n.name: n.addr for n in slurm.nodes()}
-    servers = []
-    for job in slurm.jobs(tag=TRITON_TAG, states=["RUNNING"]):
-        if len(job.nodes) != 1 or job.nodes[0] not in addr:
-            continue
-        address = f"{addr[job.nodes[0]]}:{TRITON_HTTP_PORT}"
-        client = TritonHttpClient(address, api_key=key, timeout_s=cfg.triton.ready_timeout_s)
-        servers.append(Server(address, client, BASELINE_TAG in job.tags))
-    try:
-        yield servers
-    finally:
-        for s in servers:
-            s.client.close()
-
-
 def _repo(cfg: BridgeConfig, repository: Path | None) -> ModelRepository:
     return ModelRepository(repository or cfg.triton.model_repository)
+
+
+def _rollouts(cfg: BridgeConfig) -> RolloutStore:
+    """The bridge database's rollouts (its tables made if missing, as `stb lend` does)."""
+    engine = make_engine(cfg.database_url)
+    create_schema(engine)
+    return RolloutStore(engine)
+
+
+def _no_open_rollout(store: RolloutStore, name: str) -> None:
+    for row in store.open_rollouts():
+        if row.model == name:
+            raise PublishError(
+                f"{name} has a rollout open (version {row.new_version} beside "
+                f"{row.old_version}, {row.state}): wait for it to end, or stop it with "
+                f"stb models rollback {name}"
+            )
 
 
 @models_app.command("publish")
@@ -78,21 +74,49 @@ def publish_cmd(
     name: Annotated[str, typer.Option(help="Model name in the repository.")],
     version: Annotated[int | None, typer.Option(help="Version (default: latest + 1).")] = None,
     reason: Annotated[str, typer.Option(help="Why (kept in the model's history).")] = "",
+    canary: Annotated[
+        str | None,
+        typer.Option(
+            help="Roll out gradually: the share of the model's unversioned requests the new "
+            "version gets, or a step plan such as 10%:5m,50%:10m (a step without a hold "
+            "holds [rollout] hold_s); the daemon promotes it or rolls it back by itself."
+        ),
+    ] = None,
     repository: RepoOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """Validate, write the version atomically, load it where the model is served, check
-    that it answers; roll back if it does not. Either way it goes into the history."""
+    that it answers; roll back if it does not. Either way it goes into the history. With
+    --canary, the version is written beside the served one and the daemon rolls it out."""
     cfg = load_or_exit(config)
     try:
         check_name(name)
         check_source(src)
+        store = _rollouts(cfg)
+        if canary is not None:
+            if version is not None:
+                raise PublishError("--canary takes the next version: leave out --version")
+            row = rollout.start(
+                _repo(cfg, repository), store, src, name, canary, cfg.rollout.hold_s, why=reason
+            )
+            steps = ", ".join(
+                f"{s.percent:g}% for {s.hold_s:g} s" for s in parse_plan(row.plan, row.hold_s)
+            )
+            console.print(
+                f"{name} version {row.new_version} written beside version {row.old_version}; "
+                f"the daemon rolls it out ({steps}) and promotes it or rolls it back: "
+                f"stb models status {name}",
+                highlight=False,
+            )
+            return
+        _no_open_rollout(store, name)
         with running_servers(cfg) as servers:
             out = publish(
                 _repo(cfg, repository), src, name, servers, version=version,
                 say=lambda m: console.print(m, highlight=False), why=reason,
             )  # fmt: skip
-    except (PublishError, ModelConfigError, RepositoryError, SlurmError, TritonError) as exc:
+    except (PublishError, ModelConfigError, RepositoryError, RolloutError, SlurmError,
+            TritonError) as exc:  # fmt: skip
         raise fail(exc) from exc
     where = ", ".join(out.loaded_on) or "no running server (loaded when one starts)"
     console.print(f"published {out.name} version {out.version}; serving on {where}")
@@ -156,9 +180,24 @@ def rollback_cmd(
     repo = _repo(cfg, repository)
     try:
         repo.model_dir(name)
+        store = _rollouts(cfg)
+        open_ = [r for r in store.open_rollouts() if r.model == name]
+        if open_ and open_[0].state in ("pending", "running"):
+            assert open_[0].id is not None
+            why = f"stopped by {history.actor()}: {reason}"
+            store.move(open_[0].id, "rolling_back", datetime.now(UTC), why)
+            console.print(
+                f"{name}: the rollout of version {open_[0].new_version} is stopped; the "
+                f"daemon sends every request to version {open_[0].old_version} and sets "
+                f"version {open_[0].new_version} aside",
+                highlight=False,
+            )
+            return
+        _no_open_rollout(store, name)
         with running_servers(cfg) as servers:
             gone, now, where = rollback(repo, name, servers, reason)
-    except (PublishError, ModelConfigError, RepositoryError, SlurmError, TritonError) as exc:
+    except (PublishError, ModelConfigError, RepositoryError, RolloutError, SlurmError,
+            TritonError) as exc:  # fmt: skip
         raise fail(exc) from exc
     console.print(
         f"{name}: version {gone} set aside; version {now} serves on {', '.join(where) or '-'}"
@@ -224,3 +263,46 @@ def history_cmd(
 
 def _v(version: int | None) -> str:
     return "-" if version is None else str(version)
+
+
+@models_app.command("status")
+def status_cmd(
+    name: Annotated[str, typer.Argument(help="The model.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document.")] = False,
+    repository: RepoOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """One model as its team sees it: team, SLO and replica bounds; each version's state
+    (serving, canary, rolled back and why, ...), where it serves and its live figures
+    (Triton's counters since load, its 60 s p99) beside the SLO; the open and the last
+    rollout; replicas now and lends today; this month's and today's GPU-hours and cost
+    from the ledger. Reads only: no database is created; Slurm not answering leaves the
+    servers unknown. A model neither the repository nor its history knows: exit 2."""
+    cfg = load_or_exit(config)
+    repo = _repo(cfg, repository)
+    try:
+        check_known(name, repo)
+    except (UnknownModel, RepositoryError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="'NAME'") from exc
+    status = model_status(cfg, repo, name, datetime.now(UTC))
+    if as_json:
+        typer.echo(json.dumps(status.to_json(), indent=2))
+        return
+    render(status, Console())
+
+
+def model_status(cfg: BridgeConfig, repo: ModelRepository, name: str, now: datetime) -> ModelStatus:
+    """`gather` with the running servers Slurm knows (unknown when Slurm does not answer)."""
+    facts = ModelCatalog(repo.root, cfg.models, say=False).facts()
+
+    def at(servers: list[Server] | None, note: str = "") -> ModelStatus:
+        return gather(
+            name, repo, facts, database_url=cfg.database_url,
+            ledger_url=cfg.accounting.ledger_url, servers=servers, now=now, servers_note=note,
+        )  # fmt: skip
+
+    try:
+        with running_servers(cfg) as servers:
+            return at(servers)
+    except SlurmError as exc:
+        return at(None, f"Slurm does not answer: {exc}")

@@ -1,6 +1,7 @@
 """The model repository's audit journal: every publish (and every failed publish, rolled
-back), rollback and retire, with who, when, which version and why; `stb models history`
-reads it.
+back), gradual rollout (`canary`: published with a step plan; `promote`; an automatic
+`rollback` with the verdict), rollback and retire, with who, when, which version and why;
+`stb models history` reads it.
 
 One JSON object a line in `<archive>/history.jsonl`, beside the repository and out of
 Triton's sight (`ModelRepository.archive`). Entries are appended by `bridge.models.publish`
@@ -25,8 +26,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-Action = Literal["publish", "publish-failed", "rollback", "retire"]
-ACTIONS: tuple[Action, ...] = ("publish", "publish-failed", "rollback", "retire")
+Action = Literal["publish", "publish-failed", "canary", "promote", "rollback", "retire"]
+ACTIONS: tuple[Action, ...] = (
+    "publish", "publish-failed", "canary", "promote", "rollback", "retire"
+)  # fmt: skip
 FILE = "history.jsonl"
 
 

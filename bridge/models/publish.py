@@ -72,7 +72,7 @@ class Outcome:
     loaded_on: list[str] = field(default_factory=list)
 
 
-def _holders(servers: Sequence[Server], name: str) -> list[Server]:
+def holders_of(servers: Sequence[Server], name: str) -> list[Server]:
     out = []
     for s in servers:
         try:
@@ -113,7 +113,7 @@ def check_answers(
         raise PublishError(f"{server.address}: {name} answered without output(s) {missing}")
 
 
-def _config_text(text: str, cfg: model_config_pb2.ModelConfig, name: str) -> str:
+def own_config_text(text: str, cfg: model_config_pb2.ModelConfig, name: str) -> str:
     """The config as written by its author, with `name` set when it had none."""
     return text if cfg.name else f'name: "{name}"\n{text}'
 
@@ -147,9 +147,9 @@ def publish(
                 f"{name}: version {v} is below the served version {latest} (Triton serves "
                 "the highest); publish a higher one, or use `stb models rollback`"
             )
-        targets = _holders(servers, name) or [s for s in servers if s.baseline]
+        targets = holders_of(servers, name) or [s for s in servers if s.baseline]
         staging = repo.stage(name, src)
-        change = repo.commit(name, staging, v, _config_text(text, cfg, name))
+        change = repo.commit(name, staging, v, own_config_text(text, cfg, name))
         say(f"{name} version {v} written to {repo.root} ({meta.team}, SLO {meta.slo_p99_ms:g} ms)")
         try:
             for s in targets:
@@ -161,15 +161,15 @@ def publish(
         except (TritonError, PublishError) as exc:
             failure = f"{type(exc).__name__}: {exc}"
             _undo(repo, change, targets, failure, say)
-            _record(repo, name, "publish-failed", v, change.previous, who,
+            journal(repo, name, "publish-failed", v, change.previous, who,
                     f"{why}; {failure}" if why else failure, targets)  # fmt: skip
             back = f"version {change.previous}" if change.previous else "nothing (new model)"
             raise PublishError(f"{name} version {v} failed ({exc}); rolled back to {back}") from exc
-        _record(repo, name, "publish", v, v, who, why, targets)
+        journal(repo, name, "publish", v, v, who, why, targets)
         return Outcome(name, v, change.previous, meta, [s.address for s in targets])
 
 
-def _record(
+def journal(
     repo: ModelRepository,
     name: str,
     action: history.Action,
@@ -217,8 +217,8 @@ def rollback(
         except RepositoryError as exc:
             raise PublishError(str(exc)) from exc
         cfg = parse_config(repo.config_text(name) or "", str(repo.root / name / "config.pbtxt"))
-        holders = _holders(servers, name)
-        _record(repo, name, "rollback", gone, now, who, why, holders)
+        holders = holders_of(servers, name)
+        journal(repo, name, "rollback", gone, now, who, why, holders)
         for s in holders:
             s.client.load_model(name)
             check_answers(s, name, now, cfg)
@@ -233,12 +233,12 @@ def retire(
     with repo.lock():
         if name not in repo.models():
             raise PublishError(f"no model {name!r} in {repo.root}")
-        holders = _holders(servers, name)
+        holders = holders_of(servers, name)
         for s in holders:
             s.client.unload_model(name)
         last = repo.latest(name)
         repo.retire(name, why)
-        _record(repo, name, "retire", last, None, who, why, holders)
+        journal(repo, name, "retire", last, None, who, why, holders)
         return [s.address for s in holders]
 
 

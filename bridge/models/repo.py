@@ -178,8 +178,17 @@ class ModelRepository:
             raise
         return staging
 
-    def commit(self, name: str, staging: Path, version: int, config_text: str) -> Change:
-        """Make the staged version `version` visible (one rename), then the new config."""
+    def commit(
+        self,
+        name: str,
+        staging: Path,
+        version: int,
+        config_text: str,
+        served_text: str | None = None,
+    ) -> Change:
+        """Make the staged version `version` visible (one rename), then the new config:
+        `config_text` is the version's own (kept in the archive), `served_text`, when
+        given, what Triton reads meanwhile (a rollout pins the old version with it)."""
         target = self.model_dir(name) / str(version)
         if target.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -194,8 +203,12 @@ class ModelRepository:
         write_atomic(configs / f"{version}.pbtxt", config_text)
         os.rename(staging, target)
         _fsync_dir(target.parent)
-        write_atomic(self.model_dir(name) / "config.pbtxt", config_text)
+        write_atomic(self.model_dir(name) / "config.pbtxt", served_text or config_text)
         return Change(name, version, previous, previous_config)
+
+    def serve_config(self, name: str, text: str) -> None:
+        """Replace what Triton reads as the model's config (atomically)."""
+        write_atomic(self.model_dir(name) / "config.pbtxt", text)
 
     def revert(self, change: Change, why: str) -> None:
         """Undo `commit`: the version goes to the archive, the old config comes back (a

@@ -10,6 +10,13 @@ health endpoints, and one `server` on a loopback address that routes Triton's HT
   go to that model's upstream, to the replica with the fewest requests in flight
   (`least_conn`);
 - a known model with no ready replica answers 503 with a JSON error and `Retry-After`;
+- a model in a rollout (`Split`): its unversioned `/v2/models/<model>/infer` is rewritten
+  to `/v2/models/<model>/versions/<old or new>/infer`, chosen per request by nginx's
+  `split_clients` on the request's random `$request_id` (a MurmurHash2 of it against the
+  share, to 0.01%), so each request goes to the new version with the share's probability,
+  independently of the others: over n requests the new version's count is binomial, its
+  share within 3 * sqrt(p(1-p)/n) of p nearly always (1.6 points at 10% of 3,000). A
+  request that names a version, and every other path, is not split;
 - `/v2/health/ready` and `/v2/health/live` answer from any routed replica;
 - anything else answers 404 with a JSON error; an upstream that cannot be reached gives
   502/504 with a JSON error.
@@ -25,7 +32,7 @@ import json
 from dataclasses import dataclass
 
 from bridge.routing.errors import InvalidRoute
-from bridge.routing.table import RoutingTable, validate_endpoint, validate_model_name
+from bridge.routing.table import RoutingTable, Split, validate_endpoint, validate_model_name
 
 ANY_UPSTREAM = "stb-any"
 """Upstream of every routed replica. Model upstreams are `stb_<model>`, so no model name
@@ -95,6 +102,19 @@ def _upstream(name: str, endpoints: tuple[str, ...], keepalive: int) -> list[str
     return lines
 
 
+def _percent(p: float) -> str:
+    """nginx's split_clients reads shares to two decimals."""
+    return f"{p:.2f}".rstrip("0").rstrip(".") + "%"
+
+
+def _split_clients(variable: str, split: Split) -> list[str]:
+    lines = [f'split_clients "${{request_id}}" ${variable} {{']
+    if 0 < split.percent < 100:
+        lines.append(f"    {_percent(split.percent)} {split.new};")
+    lines.append(f"    * {split.new if split.percent >= 100 else split.old};")
+    return [*lines, "}", ""]
+
+
 def render(table: RoutingTable, settings: NginxSettings | None = None) -> str:
     """The routing configuration text for `table` (an nginx `http`-context include)."""
     s = settings or NginxSettings()
@@ -109,6 +129,9 @@ def render(table: RoutingTable, settings: NginxSettings | None = None) -> str:
     any_endpoints = table.all_endpoints()
     if any_endpoints:
         lines += _upstream(ANY_UPSTREAM, any_endpoints, s.keepalive)
+    variables = {sp.model: f"stb_split_{i}" for i, sp in enumerate(table.splits)}
+    for sp in table.splits:
+        lines += _split_clients(variables[sp.model], sp)
 
     lines += [
         "server {",
@@ -149,6 +172,11 @@ def render(table: RoutingTable, settings: NginxSettings | None = None) -> str:
             )
         lines.append(f"    location = /v2/models/{model} {{ {action} }}")
         lines.append(f"    location /v2/models/{model}/ {{ {action} }}")
+        if model in variables and endpoints:
+            lines.append(
+                f"    location = /v2/models/{model}/infer {{ rewrite ^ "
+                f"/v2/models/{model}/versions/${variables[model]}/infer break; {action} }}"
+            )
     lines += [
         "",
         "    location / {",

@@ -80,6 +80,28 @@ class MetricsTarget:
 
 
 @dataclass(frozen=True)
+class Split:
+    """A model's unversioned inference requests split between two of its versions during
+    a rollout: `percent` of them to `new`, the rest to `old` (0: all to `old`, 100: all to
+    `new`). Requests that name a version are never split."""
+
+    model: str
+    old: int
+    new: int
+    percent: float
+
+    def __post_init__(self) -> None:
+        validate_model_name(self.model)
+        for v in (self.old, self.new):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidRoute(f"split of {self.model}: version {v!r} is no positive integer")
+        if self.old == self.new:
+            raise InvalidRoute(f"split of {self.model}: old and new are both version {self.old}")
+        if not 0 <= self.percent <= 100:
+            raise InvalidRoute(f"split of {self.model}: {self.percent!r}% is not within 0-100")
+
+
+@dataclass(frozen=True)
 class RoutingTable:
     """model -> sorted tuple of ready endpoints, plus the metrics targets.
 
@@ -90,6 +112,8 @@ class RoutingTable:
 
     routes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     targets: tuple[MetricsTarget, ...] = ()
+    #: rollouts' traffic splits, one per model at most
+    splits: tuple[Split, ...] = ()
 
     def __post_init__(self) -> None:
         routes = tuple(
@@ -105,14 +129,27 @@ class RoutingTable:
         endpoints = [t.endpoint for t in targets]
         if len(set(endpoints)) != len(endpoints):
             raise InvalidRoute(f"a metrics endpoint appears twice: {endpoints}")
+        splits = tuple(sorted(self.splits, key=lambda sp: sp.model))
+        split_models = [sp.model for sp in splits]
+        if len(set(split_models)) != len(split_models):
+            raise InvalidRoute(f"a model is split twice: {split_models}")
         object.__setattr__(self, "routes", routes)
         object.__setattr__(self, "targets", targets)
+        object.__setattr__(self, "splits", splits)
 
     @classmethod
     def build(
-        cls, routes: Mapping[str, Iterable[str]], targets: Iterable[MetricsTarget] = ()
+        cls,
+        routes: Mapping[str, Iterable[str]],
+        targets: Iterable[MetricsTarget] = (),
+        splits: Iterable[Split] = (),
     ) -> RoutingTable:
-        return cls(tuple((m, tuple(eps)) for m, eps in routes.items()), tuple(targets))
+        return cls(
+            tuple((m, tuple(eps)) for m, eps in routes.items()), tuple(targets), tuple(splits)
+        )
+
+    def split_of(self, model: str) -> Split | None:
+        return next((sp for sp in self.splits if sp.model == model), None)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -130,7 +167,7 @@ class RoutingTable:
         """This table with `endpoint` removed from every model's routes (the first step of
         a return); metrics targets are kept."""
         routes = tuple((m, tuple(e for e in eps if e != endpoint)) for m, eps in self.routes)
-        return RoutingTable(routes, self.targets)
+        return RoutingTable(routes, self.targets, self.splits)
 
     def canonical(self) -> str:
         """A canonical JSON text of the content (sorted keys, no whitespace)."""
@@ -147,6 +184,11 @@ class RoutingTable:
                     }
                     for t in self.targets
                 ],
+                **(
+                    {"splits": {sp.model: [sp.old, sp.new, sp.percent] for sp in self.splits}}
+                    if self.splits
+                    else {}
+                ),
             },
             sort_keys=True,
             separators=(",", ":"),

@@ -1,0 +1,479 @@
+"""`stb models status M` (`bridge.models.status`): one model's facts, its versions and their
+state (serving, canary at X%, old beside the canary, rolled back and why, superseded,
+retired), the open and the last rollout, where each version serves and its live figures
+beside the SLO, replicas and lends, GPU-hours and cost; from real SQLite databases, a real
+model repository and ledger in tmp_path, and small fake Triton servers (the metrics pages
+and repository indexes they answer). With no server, no database and no ledger it says
+so and creates nothing; an unknown model exits 2; the API answers the same JSON."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from accounting.attribution import Context, ServingPoint
+from accounting.db import open_ledger
+from accounting.ingest import ingest_records, record_serving
+from accounting.rates import RateSpec, add_rates
+from bridge.cli import app
+from bridge.config import BridgeConfig, TritonJobConfig
+from bridge.daemon.api import operator_routes
+from bridge.daemon.auth import TokenTable
+from bridge.daemon.exporter import BridgeMetrics, ExporterServer
+from bridge.leases.requests import RequestQueue
+from bridge.leases.rollouts import RolloutStore
+from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.lifecycle import LeaseState
+from bridge.models import cli as models_cli
+from bridge.models import history
+from bridge.models.repo import ModelRepository
+from bridge.models.status import LIVE_NOTE, UnknownModel, gather, render
+from bridge.slurm.errors import ControllerUnreachable
+from bridge.slurm.model import AccountingRecord
+from bridge.triton.catalog import ModelCatalog
+from bridge.triton.errors import TritonUnreachable
+from bridge.triton.protocol import ModelStatistics, RepositoryModel, ServerMetadata
+from tests.unit.helpers import write_tokens
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = datetime(2026, 11, 3, 12, 0, tzinfo=UTC)
+H = timedelta(hours=1)
+
+
+# ---- a small fake of `TritonInstance`: what a server's index and metrics page say -------
+
+
+class FakeClient:
+    """A Triton server that holds `ready` (model -> READY versions) and serves `page`."""
+
+    def __init__(self, address: str, ready: Mapping[str, list[str]], page: str = "") -> None:
+        self._address, self.ready, self.page = address, ready, page
+        self.unreachable = False
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def _check(self, op: str) -> None:
+        if self.unreachable:
+            raise TritonUnreachable(self._address, op, "connection refused")
+
+    def repository_index(self) -> tuple[RepositoryModel, ...]:
+        self._check("index")
+        return tuple(RepositoryModel(m, v, "READY", "") for m, vs in self.ready.items() for v in vs)
+
+    def metrics_text(self) -> str:
+        self._check("metrics")
+        return self.page
+
+    def is_live(self) -> bool:
+        return True
+
+    def is_ready(self) -> bool:
+        return True
+
+    def server_metadata(self) -> ServerMetadata:
+        return ServerMetadata("triton", "2.51.0", ())
+
+    def load_model(self, name: str) -> None:
+        raise AssertionError("a status reads only")
+
+    def unload_model(self, name: str) -> None:
+        raise AssertionError("a status reads only")
+
+    def is_model_ready(self, name: str, version: str = "") -> bool:
+        return version in self.ready.get(name, [])
+
+    def model_statistics(self, name: str = "") -> tuple[ModelStatistics, ...]:
+        return ()
+
+    def infer(self, name: str, inputs: Mapping[str, Any], version: str = "") -> dict[str, Any]:
+        raise AssertionError("a status reads only")
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class FakeServer:
+    address: str
+    client: FakeClient
+
+
+def page(rows: Mapping[str, tuple[int, int, float]]) -> str:
+    """A Triton metrics page of echo: version -> (succeeded, failed, p99 in µs)."""
+    out = [
+        "# TYPE nv_inference_request_success counter",
+        *(f'nv_inference_request_success{{model="echo",version="{v}"}} {ok}'
+          for v, (ok, _, _) in rows.items()),
+        "# TYPE nv_inference_request_failure counter",
+        *(f'nv_inference_request_failure{{model="echo",reason="BACKEND",version="{v}"}} {bad}'
+          for v, (_, bad, _) in rows.items()),
+        "# TYPE nv_inference_request_summary_us summary",
+    ]  # fmt: skip
+    for v, (ok, bad, p99) in rows.items():
+        out += [
+            f'nv_inference_request_summary_us_count{{model="echo",version="{v}"}} {ok + bad}',
+            f'nv_inference_request_summary_us_sum{{model="echo",version="{v}"}} {p99 * ok}',
+            f'nv_inference_request_summary_us{{model="echo",version="{v}",quantile="0.99"}} {p99}',
+        ]
+    return "\n".join(out) + "\n"
+
+
+def servers() -> list[FakeServer]:
+    """a holds echo 2 and the canary 3; b holds echo 2; c does not answer."""
+    a = FakeClient(
+        "10.0.0.1:8000",
+        {"echo": ["2", "3"], "busy": ["1"]},
+        page({"2": (900, 10, 40_000), "3": (100, 0, 62_000)}),
+    )
+    b = FakeClient("10.0.0.2:8000", {"echo": ["2"]}, page({"2": (100, 0, 45_000)}))
+    c = FakeClient("10.0.0.3:8000", {})
+    c.unreachable = True
+    return [FakeServer(x.address, x) for x in (a, b, c)]
+
+
+# ---- the places that hold the facts -------------------------------------------------------
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> ModelRepository:
+    """echo with versions 1, 2 and 3 (3 the canary), version 4 set aside; a journal."""
+    root = tmp_path / "models"
+    shutil.copytree(ROOT / "triton_repo", root, ignore=shutil.ignore_patterns("__pycache__"))
+    repo = ModelRepository(root)
+    for v in ("2", "3", "4"):
+        shutil.copytree(root / "echo" / "1", root / "echo" / v)
+    repo.set_aside("echo", 4, "p99 78 ms over the SLO (50 ms)")
+    for v, who in ((1, "alice"), (2, "bob"), (3, "carol"), (4, "dave")):
+        entry = history.Entry(NOW - (6 - v) * H, "echo", "publish", v, v, who, f"v{v}")
+        history.append(repo.archive, entry)
+    return repo
+
+
+def _lease(store: LeaseStore, node: str, models: list[str], at: datetime) -> None:
+    lease = store.create(node, "elastic", "preempt", models, f"lend-{node}", at)
+    assert lease.id is not None
+    for state in (LeaseState.SUBMITTED, LeaseState.STARTING, LeaseState.SERVING):
+        store.set_status(lease.id, state, at, "test")
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> str:
+    """The bridge's database: echo's rollout 1 -> 2 promoted, 2 -> 3 running at step 2
+    (50%); two serving leases with echo (one lent yesterday), one today with busy only."""
+    url = f"sqlite:///{tmp_path / 'bridge.db'}"
+    engine = make_engine(url)
+    create_schema(engine)
+    rollouts = RolloutStore(engine)
+    done = rollouts.start("echo", 1, 2, "10%", 60, NOW - 5 * H, who="bob")
+    assert done.id is not None
+    rollouts.move(done.id, "running", NOW - 5 * H, "loaded", step=0)
+    rollouts.move(done.id, "running", NOW - 5 * H, "advance", step=1)
+    rollouts.move(done.id, "promoting", NOW - 4 * H, "every step held")
+    rollouts.move(done.id, "promoted", NOW - 4 * H, "version 2 serves alone")
+    open_ = rollouts.start("echo", 2, 3, "10%,50%", 300, NOW - H, who="carol", why="fp16")
+    assert open_.id is not None
+    rollouts.move(open_.id, "running", NOW - H, "loaded", step=0)
+    figures = {"new": {"requests": 400, "failures": 0, "p99_ms": 48.0}}
+    rollouts.move(
+        open_.id, "running", NOW - H / 2, "10% held 300 s: advance", step=1, figures=figures
+    )
+    leases = LeaseStore(engine)
+    _lease(leases, "n3", ["echo"], NOW - 24 * H)
+    _lease(leases, "n4", ["echo", "busy"], NOW - 2 * H)
+    _lease(leases, "n5", ["busy"], NOW - H)
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> str:
+    """One 1-GPU serving job today 10:00-11:00 in which echo computed 600 s of the hour;
+    H100 at 3.00 USD per GPU-hour."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    engine = open_ledger(url)
+    t0 = NOW - 2 * H
+    record_serving(
+        engine,
+        "lab",
+        [
+            ServingPoint("7", "n4:8000", "echo", t0, 0.0, "2", 0),
+            ServingPoint("7", "n4:8000", "echo", t0 + timedelta(minutes=30), 600e6, "2", 1000),
+        ],
+    )
+    ctx = Context(
+        pool_of_node={"n4": "inference"},
+        gpu_type_of_node={"n4": "h100"},
+        workload_of_partition={"infer": "inference"},
+        team_of_account={"bridge": "platform"},
+        team_of_model={"echo": "team-platform"},
+        known_gpu_types=frozenset({"h100"}),
+    )
+    job = AccountingRecord(
+        cluster="lab", job_id="7", array_job_id=None, array_task_id=None, name="triton",
+        partition="infer", account="bridge", user="stb", qos="normal", state="COMPLETED",
+        submit=t0, start=t0, end=t0 + H, elapsed_s=3600, nodes=("n4",), gpus=1,
+        gpu_type="h100", comment="stb:triton", restarts=0,
+    )  # fmt: skip
+    ingest_records(engine, [job], ctx)
+    add_rates(engine, [RateSpec("h100", Decimal("3.00"), date(2026, 1, 1))])
+    engine.dispose()
+    return url
+
+
+def _facts(repo: ModelRepository) -> Any:
+    return ModelCatalog(repo.root, {}, say=False).facts()
+
+
+# ---- gather -------------------------------------------------------------------------------
+
+
+def test_everything_from_its_own_place(repo: ModelRepository, database: str, ledger: str) -> None:
+    status = gather(
+        "echo", repo, _facts(repo), database_url=database, ledger_url=ledger,
+        servers=servers(), now=NOW,
+    )  # fmt: skip
+    f = status.facts
+    assert f is not None
+    assert (f.team, f.slo_p99_ms, f.min_replicas, f.max_replicas) == ("team-platform", 50, 1, 2)
+
+    by = {v.version: v for v in status.versions}
+    assert [v.version for v in status.versions] == [4, 3, 2, 1]
+    assert (by[3].state, by[3].label, by[3].percent) == ("canary", "canary at 50%", 50.0)
+    assert by[2].label == "old (beside canary)"
+    assert by[1].label == "superseded"
+    assert by[4].state == "rolled_back"
+    assert by[4].label == "rolled back: p99 78 ms over the SLO (50 ms)"
+    assert (by[3].published_by, by[3].published_at) == ("carol", NOW - 3 * H)
+
+    # where each version serves, and its live figures beside the SLO
+    assert by[2].served_on == ("10.0.0.1:8000", "10.0.0.2:8000")
+    assert by[3].served_on == ("10.0.0.1:8000",) and by[1].served_on == ()
+    two, three = by[2].live, by[3].live
+    assert two is not None and three is not None and by[1].live is None
+    assert (two.succeeded, two.failed) == (1000, 10)  # summed over the servers
+    assert two.failure_rate == pytest.approx(10 / 1010)
+    assert two.p99_ms == pytest.approx(45.0) and not two.breach  # the largest p99
+    assert three.p99_ms == pytest.approx(62.0) and three.breach
+
+    # the servers: the unreachable one is listed, not raised
+    assert status.servers is not None
+    views = {s.address: s for s in status.servers}
+    assert views["10.0.0.1:8000"].versions == (2, 3) and views["10.0.0.2:8000"].versions == (2,)
+    c = views["10.0.0.3:8000"]
+    assert not c.reachable and "connection refused" in c.error
+
+    # the rollouts: the open one at step 2 of 2 (+100%), and the last finished one
+    r = status.rollout
+    assert r is not None
+    assert (r.state, r.old_version, r.new_version) == ("running", 2, 3)
+    assert (r.step, r.steps, r.percent, r.since) == (2, 3, 50.0, NOW - H / 2)
+    assert r.reason == "10% held 300 s: advance" and r.figures["new"]["p99_ms"] == 48.0
+    last = status.last_rollout
+    assert last is not None and (last.state, last.new_version) == ("promoted", 2)
+    assert last.reason == "version 2 serves alone"
+
+    # replicas: two servers hold echo READY, two serving leases carry it, one lent today
+    assert (status.replicas.now, status.replicas.lent, status.replicas.lends_today) == (2, 2, 1)
+
+    # the ledger: echo's 600 s of GPU time today, this month the same; at 3.00 per hour
+    cost = status.cost
+    assert cost.ledger and (cost.month, cost.today) == ("2026-11", "2026-11-03")
+    assert cost.month_gpu_hours == pytest.approx(600 / 3600)
+    assert cost.today_gpu_hours == pytest.approx(600 / 3600)
+    assert (cost.currency, cost.month_cost, cost.today_cost) == (
+        "USD", Decimal("0.50"), Decimal("0.50")
+    )  # fmt: skip
+
+    doc = status.to_json()
+    assert json.loads(json.dumps(doc)) == doc  # plain JSON
+    assert doc["live_note"] == LIVE_NOTE
+    assert doc["versions"][1]["label"] == "canary at 50%"
+    assert doc["cost"]["month_cost"] == "0.50"
+    assert doc["rollout"]["since"] == (NOW - H / 2).isoformat()
+
+
+def test_no_server_no_database_no_ledger_creates_nothing(
+    repo: ModelRepository, tmp_path: Path
+) -> None:
+    db, led = tmp_path / "none" / "bridge.db", tmp_path / "none" / "ledger.db"
+    status = gather(
+        "echo", repo, _facts(repo), database_url=f"sqlite:///{db}",
+        ledger_url=f"sqlite:///{led}", servers=None, now=NOW, servers_note="Slurm is away",
+    )  # fmt: skip
+    assert not db.exists() and not led.exists() and not db.parent.exists()
+    # no open rollout: the repository's latest serves
+    assert [(v.version, v.label) for v in status.versions] == [
+        (4, "rolled back: p99 78 ms over the SLO (50 ms)"),
+        (3, "serving"),
+        (2, "superseded"),
+        (1, "superseded"),
+    ]
+    assert all(v.live is None and v.served_on == () for v in status.versions)
+    assert status.servers is None and status.servers_note == "Slurm is away"
+    assert status.rollout is None and status.last_rollout is None
+    assert (status.replicas.now, status.replicas.lent, status.replicas.lends_today) == (None, 0, 0)
+    assert status.replicas.note == f"no bridge database at {db}"
+    assert not status.cost.ledger and status.cost.month_gpu_hours == 0
+    assert status.cost.notes == (f"no ledger at {led}",)
+
+    # no server running at all: zero replicas, not unknown
+    none = gather(
+        "echo", repo, _facts(repo), database_url=None, ledger_url=None, servers=[], now=NOW
+    )
+    assert none.servers == () and none.replicas.now == 0
+
+
+def test_an_empty_ledger_says_zero(repo: ModelRepository, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    open_ledger(url).dispose()
+    cost = gather(
+        "echo", repo, _facts(repo), database_url=None, ledger_url=url, servers=[], now=NOW
+    ).cost
+    assert cost.ledger and cost.month_gpu_hours == 0 and cost.month_cost is None
+    assert any("no ledger rows for echo in 2026-11" in n for n in cost.notes)
+
+
+def test_a_retired_model_and_an_unknown_one(repo: ModelRepository) -> None:
+    repo.retire("busy", "nobody calls it")
+    entry = history.Entry(NOW - H, "busy", "retire", 1, None, "alice", "nobody calls it")
+    history.append(repo.archive, entry)
+    status = gather(
+        "busy", repo, _facts(repo), database_url=None, ledger_url=None, servers=[], now=NOW
+    )
+    assert [(v.version, v.state) for v in status.versions] == [(1, "retired")]
+    with pytest.raises(UnknownModel, match="'nope'"):
+        gather("nope", repo, _facts(repo), database_url=None, ledger_url=None, servers=[], now=NOW)
+
+
+def test_render_says_what_the_figures_are(
+    repo: ModelRepository, database: str, ledger: str
+) -> None:
+    status = gather(
+        "echo", repo, _facts(repo), database_url=database, ledger_url=ledger,
+        servers=servers(), now=NOW,
+    )  # fmt: skip
+    console = Console(record=True, width=200)
+    render(status, console)
+    text = console.export_text()
+    for said in (
+        "team team-platform", "SLO p99 50 ms", "replicas 1-2", "canary at 50%",
+        "old (beside canary)", "rolled back: p99 78 ms over the SLO (50 ms)", "62.0 breach",
+        "rollout open: version 3 beside 2, running, step 2 of 3 at 50%",
+        "last rollout: version 2 beside 1, promoted", "unreachable", "since each version was",
+        "60 s", "replicas now 2 (2 on lent nodes); lends today 1",
+        "this month (2026-11) 0.17, 0.50 USD",
+    ):  # fmt: skip
+        assert said in text, said
+
+
+# ---- the command and the API --------------------------------------------------------------
+
+
+def _config(tmp_path: Path, database: str, ledger: str) -> Path:
+    path = tmp_path / "bridge.toml"
+    path.write_text(f'database_url = "{database}"\n[accounting]\nledger_url = "{ledger}"\n')
+    return path
+
+
+def test_the_cli_shows_the_status(
+    repo: ModelRepository,
+    database: str,
+    ledger: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    @contextmanager
+    def running(cfg: BridgeConfig) -> Iterator[list[FakeServer]]:
+        yield servers()
+
+    monkeypatch.setattr(models_cli, "running_servers", running)
+    runner = CliRunner(env={"COLUMNS": "200"})
+    args = ["models", "status", "echo", "--repository", str(repo.root)]
+    args += ["-c", str(_config(tmp_path, database, ledger))]
+    shown = runner.invoke(app, args)
+    assert shown.exit_code == 0, shown.output
+    assert "canary at 50%" in shown.output and "breach" in shown.output
+    assert "Triton's own" in shown.output
+    done = runner.invoke(app, [*args, "--json"])
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.stdout)
+    assert doc["model"] == "echo" and doc["replicas"]["now"] == 2
+    assert doc["facts"]["slo_p99_ms"] == 50
+
+    # Slurm does not answer: the servers are unknown, the rest is shown
+    @contextmanager
+    def away(cfg: BridgeConfig) -> Iterator[list[FakeServer]]:
+        raise ControllerUnreachable("squeue: slurmctld does not answer")
+        yield []
+
+    monkeypatch.setattr(models_cli, "running_servers", away)
+    unknown = runner.invoke(app, [*args, "--json"])
+    assert unknown.exit_code == 0, unknown.output
+    doc = json.loads(unknown.stdout)
+    assert doc["servers"] is None and "slurmctld does not answer" in doc["servers_note"]
+    assert doc["versions"][1]["label"] == "canary at 50%"
+
+    bad = runner.invoke(app, ["models", "status", "nope", "--repository", str(repo.root)])
+    assert bad.exit_code == 2 and "'nope'" in bad.output
+
+
+def test_the_api_answers_the_same_json(
+    repo: ModelRepository, database: str, ledger: str, tmp_path: Path
+) -> None:
+    cfg = BridgeConfig(
+        database_url=database,
+        triton=TritonJobConfig(model_repository=repo.root),
+        accounting={"ledger_url": ledger},
+    )
+    engine = make_engine(database)
+
+    @contextmanager
+    def running() -> Iterator[list[FakeServer]]:
+        yield servers()
+
+    routes = operator_routes(
+        cfg, RequestQueue(engine), LeaseStore(engine), clock=lambda: NOW, servers=running
+    )
+    tokens = write_tokens(
+        tmp_path / "tokens", {"olga": ("operator", "o" * 24), "fred": ("finance", "f" * 24)}
+    )
+    server = ExporterServer(
+        BridgeMetrics(), ("127.0.0.1", 0), 5, routes=routes, tokens=TokenTable(tokens)
+    ).start()
+    try:
+
+        def get(token: str, **params: str) -> httpx.Response:
+            return httpx.get(
+                server.url + "/api/models/status", params=params, timeout=10,
+                headers={"Authorization": f"Bearer {token}"},
+            )  # fmt: skip
+
+        got = get("o" * 24, model="echo")
+        assert got.status_code == 200, got.text
+        expected = gather(
+            "echo", repo, ModelCatalog(repo.root, cfg.models, say=False).facts(),
+            database_url=database, ledger_url=ledger, servers=servers(), now=NOW,
+        ).to_json()  # fmt: skip
+        assert got.json() == expected
+        assert get("f" * 24, model="echo").status_code == 403
+        missing = get("o" * 24, model="nope")
+        assert missing.status_code == 404 and "'nope'" in missing.json()["error"]
+        assert get("o" * 24).status_code == 400
+        assert get("o" * 24, model="../x").status_code == 400
+    finally:
+        server.stop()
+        engine.dispose()
