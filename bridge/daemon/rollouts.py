@@ -8,7 +8,8 @@ store, so what nginx does follows the stored state and nothing else:
 
 | state        | unversioned requests of the model        | the driver's move              |
 |--------------|------------------------------------------|--------------------------------|
-| pending      | all to the old version                   | route, load both, -> running   |
+| pending      | all to the old version                   | route, load both; -> running   |
+|              |                                          | once seen holding both         |
 | running k    | step k's share to the new version        | judge: hold, next step,        |
 |              |                                          | -> promoting or -> rolling_back |
 | promoting    | all to the new version                   | route, new alone, -> promoted  |
@@ -19,12 +20,13 @@ version, and each carrying out (`bridge.models.rollout`) is idempotent: a daemon
 any point does the rest after its restart, from the stored step, whose clock (its hold)
 keeps running. The figures are the two versions' requests and failures since the step
 began, from each holding server's metrics page (read here, whatever `[observe] source`),
-counted from the first time this process saw them in the step (a restarted daemon counts
-afresh); the p99 is the largest over the servers of Triton's 60 s summary. A Triton error
-in a move is reported and the move retried next tick. A replica that joins while a
-rollout runs (a lend) starts from the repository's config, which names both versions; one
-that holds only one of them is left out of the model's routing (`bridge.daemon.actuator`)
-until the driver has loaded both there.
+counted from the values read at the tick that began the step (a restarted daemon counts
+afresh, from its first reading); the p99 is the largest over the servers of Triton's
+60 s summary. A Triton error in a move is reported and the move retried next tick.
+
+A replica that joins while a rollout runs (a lend) starts from the repository's config,
+which names both versions; one that holds only one of them is left out of the model's
+routing (`bridge.daemon.actuator`) until the driver has loaded both there.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class _Counts:
 
     step: tuple[int, int] = (0, -1)
     base: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
+    #: the values read this tick: the next step's baseline when this tick advances
+    seen: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
 
 
 class RolloutDriver:
@@ -183,6 +187,8 @@ class RolloutDriver:
             self._finish_rollback(row, servers, now, route)
         elif row.step + 1 < len(plan):
             nxt = plan[row.step + 1]
+            counts = self._counts[rid]  # the next step counts from what this tick read
+            counts.step, counts.base = (rid, row.step + 1), dict(counts.seen)
             self.store.move(
                 rid, "running", now,
                 f"{nxt.percent:g}% after {verdict.why}", step=row.step + 1, figures=figures,
@@ -217,6 +223,7 @@ class RolloutDriver:
         counts = self._counts.setdefault(row.id, _Counts())
         if counts.step != (row.id, row.step):
             counts.step, counts.base = (row.id, row.step), {}
+        counts.seen = {}
         totals = {row.new_version: [0.0, 0.0], row.old_version: [0.0, 0.0]}
         p99: dict[int, float | None] = {row.new_version: None, row.old_version: None}
         for s in servers:
@@ -229,6 +236,7 @@ class RolloutDriver:
                 if sample is None:
                     continue
                 ok, bad = sample.request_success or 0.0, sample.request_failure or 0.0
+                counts.seen[(s.address, version)] = (ok, bad)
                 base_ok, base_bad = counts.base.setdefault((s.address, version), (ok, bad))
                 if ok < base_ok or bad < base_bad:  # the server reloaded it: from zero
                     base_ok, base_bad = counts.base[(s.address, version)] = (0.0, 0.0)

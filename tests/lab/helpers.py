@@ -55,22 +55,33 @@ def sacct_records(spec: LabSpec, job_id: str, *, duplicates: bool = False) -> li
     return list(json.loads(slurm(spec, *argv))["jobs"])
 
 
-def wait_sacct_final(spec: LabSpec, job_id: str, timeout_s: float = 30) -> dict[str, Any]:
-    """The job's final record once slurmdbd has all of it. For a job of a few seconds,
-    slurmdbd may hold the completion before the start message is merged: the record then
-    reads COMPLETED with no partition and no nodes for a moment (seen on 22.05.8)."""
+def wait_sacct_final(
+    spec: LabSpec,
+    job_id: str,
+    timeout_s: float = 30,
+    until: Callable[[dict[str, Any]], bool] | None = None,
+) -> dict[str, Any]:
+    """The job's final record once slurmdbd has all of it (and `until` holds of it, when
+    given). For a job of a few seconds, slurmdbd may hold the completion before the start
+    message is merged: the record then reads COMPLETED with no partition and no nodes for
+    a moment (seen on 22.05.8), or with partition and nodes but no comments yet (seen once
+    in a CI run); the last record seen is in the error when none qualifies."""
     deadline = time.monotonic() + timeout_s
+    last: dict[str, Any] | None = None
     while time.monotonic() < deadline:
         recs = sacct_records(spec, job_id)
+        last = recs[-1] if recs else last
         if (
             recs
             and recs[-1]["state"]["current"] not in ("RUNNING", "PENDING")
             and recs[-1]["partition"]
             and recs[-1]["nodes"] not in ("", "None assigned")
+            and (until is None or until(recs[-1]))
         ):
             return recs[-1]
         time.sleep(0.5)
-    raise AssertionError(f"sacct has no final record of job {job_id} after {timeout_s}s")
+    shown = {k: last.get(k) for k in ("state", "partition", "nodes", "comment")} if last else None
+    raise AssertionError(f"sacct has no final record of job {job_id} after {timeout_s}s: {shown}")
 
 
 def gpu_count(record: dict[str, Any]) -> int:

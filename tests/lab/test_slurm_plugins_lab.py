@@ -178,7 +178,9 @@ def test_workload_tags_reach_sacct_and_the_ledger_reads_them(lab: LabSpec) -> No
         "inference": sbatch(lab, "--partition=infer", "--account=bridge", "--wrap", "sleep 1"),
     }
     for workload, job in jobs.items():
-        rec = wait_sacct_final(lab, job, timeout_s=60)
+        rec = wait_sacct_final(
+            lab, job, timeout_s=60, until=lambda r: bool(r["comment"]["administrator"])
+        )
         assert rec["comment"]["administrator"] == f"stb:workload={workload}", rec["comment"]
         (parsed,) = parse_sacct_json(slurm(lab, "sacct", "-j", job, "--json"))
         assert tags(parsed.comment)["workload"] == workload
