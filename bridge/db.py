@@ -14,6 +14,8 @@ use psycopg 3.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from sqlalchemy import DateTime, Engine, create_engine, event
 from sqlalchemy.engine import URL, Dialect, make_url
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.types import TypeDecorator
+from sqlmodel import Session
 
 #: a SQLite file in the working directory; the same default as `bridge.config`
 DEFAULT_DATABASE_URL = "sqlite:///stb-bridge.db"
@@ -50,6 +53,36 @@ def make_engine(url: str | URL = DEFAULT_DATABASE_URL, *, echo: bool = False) ->
     engine = create_engine(parsed, echo=echo, **kwargs)
     configure_sqlite(engine)
     return engine
+
+
+#: run at the start of every write transaction; raises to refuse it (the leader's fence)
+Fence = Callable[[Session], None]
+
+
+class Transactions:
+    """The sessions of a store on one engine: `_read()` (a session whose rows stay usable
+    after it closes) and `_write()` (one transaction, BEGIN IMMEDIATE on SQLite, committed
+    on success and rolled back on any exception; refused unless `fence` lets it through)."""
+
+    def __init__(self, engine: Engine, fence: Fence | None = None) -> None:
+        configure_sqlite(engine)
+        self._engine = engine
+        self._writer = engine.execution_options(**{WRITE_OPTION: True})
+        #: the daemon's leader fence (`bridge.leases.leader`): a deposed instance writes
+        #: nothing
+        self._fence = fence
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with Session(self._engine, expire_on_commit=False) as session:
+            yield session
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        with Session(self._writer, expire_on_commit=False) as session, session.begin():
+            if self._fence is not None:
+                self._fence(session)
+            yield session
 
 
 def configure_sqlite(engine: Engine) -> None:

@@ -19,15 +19,14 @@ writes nothing else: no lease, no operator request, no leader row.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, Engine, Float, Integer, String, Text, func
+from sqlalchemy import JSON, Column, Float, Integer, String, Text, func
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from bridge.db import WRITE_OPTION, UTCDateTime, configure_sqlite
+from bridge.db import Transactions, UTCDateTime
 
 #: the kinds of advice (the policy's actions)
 KINDS = ("lend", "return", "baseline")
@@ -101,20 +100,10 @@ class ShadowLeaseRow(SQLModel, table=True):
 TABLES = ("advice", "advice_sample", "shadow_lease")
 
 
-class AdviceStore:
+class AdviceStore(Transactions):
     """Reads and writes the advisory's tables. Rows handed in are copied (the caller's
     objects stay free to be written again after a failed transaction); rows handed out
     are detached copies."""
-
-    def __init__(self, engine: Engine) -> None:
-        configure_sqlite(engine)
-        self._engine = engine
-        self._writer = engine.execution_options(**{WRITE_OPTION: True})
-
-    @contextmanager
-    def _read(self) -> Iterator[Session]:
-        with Session(self._engine, expire_on_commit=False) as session:
-            yield session
 
     def write_tick(
         self,

@@ -14,13 +14,12 @@ the audit of who drained what.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy import JSON, Column, Engine, Integer, String, Text
+from sqlalchemy import JSON, Column, Integer, String, Text
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from bridge.db import WRITE_OPTION, UTCDateTime, configure_sqlite
+from bridge.db import Transactions, UTCDateTime
 
 KINDS = ("lend", "return")
 
@@ -55,16 +54,11 @@ class PoolHold(SQLModel, table=True):
     )
 
 
-class RequestQueue:
-    def __init__(self, engine: Engine, fence: Callable[[Session], None] | None = None) -> None:
-        configure_sqlite(engine)
-        self._engine = engine
-        #: the daemon's leader fence: only the active bridge records outcomes
-        self._fence = fence
-        # Writes begin IMMEDIATE on SQLite (bridge.db): a read-then-write transaction
-        # started as a reader would fail at once ("database is locked") when another
-        # process inserted a request in between, instead of waiting its busy timeout.
-        self._writer = engine.execution_options(**{WRITE_OPTION: True})
+class RequestQueue(Transactions):
+    """Operator requests and pool holds. Writes begin IMMEDIATE on SQLite (`bridge.db`):
+    a read-then-write transaction started as a reader would fail at once ("database is
+    locked") when another process inserted a request in between, instead of waiting its
+    busy timeout. Only the active bridge (the leader's fence) records outcomes."""
 
     def _add(self, req: OperatorRequest) -> OperatorRequest:
         with Session(self._writer, expire_on_commit=False) as session, session.begin():

@@ -21,8 +21,6 @@ Rows handed out are detached copies.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Literal
 
@@ -30,8 +28,7 @@ from sqlalchemy import JSON, Column, Engine, Float, Index, Integer, String, Text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from bridge.db import WRITE_OPTION, UTCDateTime, configure_sqlite
-from bridge.leases.store import Fence
+from bridge.db import Transactions, UTCDateTime
 
 State = Literal["pending", "running", "promoting", "promoted", "rolling_back", "rolled_back"]
 OPEN: tuple[State, ...] = ("pending", "running", "promoting", "rolling_back")
@@ -106,26 +103,7 @@ def create_schema(engine: Engine) -> None:
     SQLModel.metadata.create_all(engine, tables=[SQLModel.metadata.tables[t] for t in TABLES])
 
 
-class RolloutStore:
-    def __init__(self, engine: Engine, fence: Fence | None = None) -> None:
-        configure_sqlite(engine)
-        self._engine = engine
-        self._writer = engine.execution_options(**{WRITE_OPTION: True})
-        #: the leader's fence (`bridge.leases.leader`): a deposed daemon moves nothing
-        self._fence = fence
-
-    @contextmanager
-    def _read(self) -> Iterator[Session]:
-        with Session(self._engine, expire_on_commit=False) as session:
-            yield session
-
-    @contextmanager
-    def _write(self) -> Iterator[Session]:
-        with Session(self._writer, expire_on_commit=False) as session, session.begin():
-            if self._fence is not None:
-                self._fence(session)
-            yield session
-
+class RolloutStore(Transactions):
     def start(
         self,
         model: str,

@@ -19,8 +19,7 @@ change to manage.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
@@ -28,7 +27,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, SQLModel, and_, col, or_, select
 
-from bridge.db import WRITE_OPTION, configure_sqlite, make_engine
+from bridge.db import Fence, Transactions, make_engine
 from bridge.leases.errors import (
     IllegalTransition,
     LeaseNotFound,
@@ -78,31 +77,7 @@ def _model_names(models: Sequence[str]) -> list[str]:
     return [str(m) for m in models]
 
 
-#: run at the start of every write transaction; raises to refuse it (the leader's fence)
-Fence = Callable[[Session], None]
-
-
-class LeaseStore:
-    def __init__(self, engine: Engine, fence: Fence | None = None) -> None:
-        configure_sqlite(engine)
-        self._engine = engine
-        self._writer = engine.execution_options(**{WRITE_OPTION: True})
-        self._fence = fence
-
-    @contextmanager
-    def _read(self) -> Iterator[Session]:
-        with Session(self._engine, expire_on_commit=False) as session:
-            yield session
-
-    @contextmanager
-    def _write(self) -> Iterator[Session]:
-        """One write transaction: commits on success, rolls back on any exception; with a
-        fence, refused unless the fence lets it through."""
-        with Session(self._writer, expire_on_commit=False) as session, session.begin():
-            if self._fence is not None:
-                self._fence(session)
-            yield session
-
+class LeaseStore(Transactions):
     # ---- writes -------------------------------------------------------------------
 
     def create(
