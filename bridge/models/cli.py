@@ -82,6 +82,13 @@ def publish_cmd(
             "holds [rollout] hold_s); the daemon promotes it or rolls it back by itself."
         ),
     ] = None,
+    checks: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --canary: recorded requests (JSON, bridge/models/checks.py) the new "
+            "version must answer as expected, or as the old version does, before any split."
+        ),
+    ] = None,
     repository: RepoOpt = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -97,8 +104,9 @@ def publish_cmd(
             if version is not None:
                 raise PublishError("--canary takes the next version: leave out --version")
             row = rollout.start(
-                _repo(cfg, repository), store, src, name, canary, cfg.rollout.hold_s, why=reason
-            )
+                _repo(cfg, repository), store, src, name, canary, cfg.rollout.hold_s,
+                why=reason, checks_file=checks,
+            )  # fmt: skip
             steps = ", ".join(
                 f"{s.percent:g}% for {s.hold_s:g} s" for s in parse_plan(row.plan, row.hold_s)
             )
@@ -109,6 +117,8 @@ def publish_cmd(
                 highlight=False,
             )
             return
+        if checks is not None:
+            raise PublishError("--checks goes with --canary")
         _no_open_rollout(store, name)
         with running_servers(cfg) as servers:
             out = publish(

@@ -41,7 +41,7 @@ from bridge.triton.repository import (
     read_config_text,
 )
 
-_DTYPES: dict[str, Any] = {
+DTYPES: dict[str, Any] = {
     "TYPE_BOOL": np.bool_, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16,
     "TYPE_UINT32": np.uint32, "TYPE_UINT64": np.uint64, "TYPE_INT8": np.int8,
     "TYPE_INT16": np.int16, "TYPE_INT32": np.int32, "TYPE_INT64": np.int64,
@@ -88,7 +88,7 @@ def zero_inputs(cfg: model_config_pb2.ModelConfig) -> dict[str, Array]:
     out: dict[str, Array] = {}
     for inp in cfg.input:
         type_name = model_config_pb2.DataType.Name(inp.data_type)
-        dtype = _DTYPES.get(type_name)
+        dtype = DTYPES.get(type_name)
         if dtype is None:
             raise PublishError(f"input {inp.name}: no test value for {type_name}")
         dims = [1 if d < 0 else int(d) for d in inp.dims]

@@ -225,9 +225,24 @@ class ModelRepository:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         dest = self._archived(name) / "rejected" / f"{version}-{stamp}"
         dest.parent.mkdir(parents=True, exist_ok=True)
+        n = 1
+        while dest.exists():  # the same version set aside again within the second
+            n += 1
+            dest = dest.with_name(f"{version}-{stamp}-{n}")
         os.rename(src, dest)
-        (dest.parent / f"{version}-{stamp}.why").write_text(why + "\n")
+        dest.with_name(f"{dest.name}.why").write_text(why + "\n")
         return dest
+
+    def save_checks(self, name: str, version: int, text: str) -> None:
+        """Keep a rollout's output checks (`bridge.models.checks`) beside the version's
+        config in the archive."""
+        checks = self._archived(name) / "checks"
+        checks.mkdir(parents=True, exist_ok=True)
+        write_atomic(checks / f"{version}.json", text)
+
+    def checks_of(self, name: str, version: int) -> str | None:
+        path = self._archived(name) / "checks" / f"{version}.json"
+        return path.read_text() if path.exists() else None
 
     def config_of(self, name: str, version: int) -> str | None:
         path = self._archived(name) / "configs" / f"{version}.pbtxt"

@@ -10,7 +10,8 @@ the versions beside each other are set by the config Triton reads:
   reads the new config pinned to the old version (`specific [old]`): nothing loads the new
   version yet, not even a server that starts now;
 - `activate`: pinned to both (`specific [old, new]`), loaded on every server holding the
-  model, the new version checked to answer on each; the split (routing) decides which
+  model, the new version checked to answer on each (and, with `--checks`, to answer the
+  recorded requests as expected: `bridge.models.checks`); the split (routing) decides which
   unversioned request reaches which;
 - `promote`: the new version's own config (its own policy, by default the latest), loaded:
   the old version is unloaded;
@@ -29,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bridge.leases.rollouts import Rollout, RolloutError, RolloutStore
-from bridge.models import history
+from bridge.models import checks, history
 from bridge.models.publish import (
     PublishError,
     Server,
@@ -60,6 +61,7 @@ def start(
     now: datetime | None = None,
     why: str = "",
     who: str | None = None,
+    checks_file: Path | None = None,
 ) -> Rollout:
     """Write the new version beside the served one and open its rollout (pending); the
     daemon does the rest. Refused, with nothing written, for a bad model or plan, a model
@@ -75,6 +77,13 @@ def start(
     text = read_config_text(where)
     cfg = parse_config(text, str(where))
     check_model(cfg, name, str(where))
+    checks_text = None
+    if checks_file is not None:
+        try:
+            checks_text = checks_file.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PublishError(f"--checks {checks_file}: {exc}") from exc
+        checks.load(checks_text, cfg, str(checks_file))
     if cfg.HasField("version_policy"):
         raise PublishError(
             f"{where}: sets its own version_policy; a gradual rollout sets it (both versions "
@@ -95,6 +104,8 @@ def start(
                 )
         new = old + 1
         own = own_config_text(text, cfg, name)
+        if checks_text is not None:
+            repo.save_checks(name, new, checks_text)
         change = repo.commit(name, repo.stage(name, src), new, own, pinned(own, [old]))
         try:
             row = store.start(name, old, new, plan, hold_s, now or history.now(), who=who, why=why)
@@ -116,10 +127,14 @@ def activate(
         repo.serve_config(name, pinned(own, [row.old_version, row.new_version]))
         holders = holders_of(servers, name)
         cfg = parse_config(own, f"{name} version {row.new_version}")
+        text = repo.checks_of(name, row.new_version)
+        recorded = checks.load(text, cfg, "the recorded checks") if text is not None else None
         for s in holders:
             s.client.load_model(name)
             check_answers(s, name, row.new_version, cfg)
             check_answers(s, name, row.old_version, cfg)
+            if recorded is not None:
+                checks.run(recorded, s, name, row.new_version, row.old_version)
             say(f"{name} versions {row.old_version} and {row.new_version} on {s.address}")
         return [s.address for s in holders]
 

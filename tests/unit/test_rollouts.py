@@ -6,6 +6,7 @@ tests/lab/test_rollout_lab.py, proves the same on real Slurm, Triton and nginx).
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
@@ -25,7 +27,7 @@ from bridge.daemon.report import TickReport
 from bridge.daemon.rollouts import RolloutDriver, share
 from bridge.leases.rollouts import Rollout, RolloutError, RolloutStore
 from bridge.leases.store import create_schema, make_engine
-from bridge.models import history, rollout
+from bridge.models import checks, history, rollout
 from bridge.models.publish import PublishError
 from bridge.models.repo import ModelRepository
 from bridge.paths import project_root
@@ -174,6 +176,8 @@ class RepoTriton:
     #: version -> (success, failure, p99 ms)
     figures: dict[str, tuple[int, int, float]] = field(default_factory=dict)
     fail_infer_of: str = ""
+    #: version -> what OUTPUT0 answers (default 0.0)
+    answers: dict[str, float] = field(default_factory=dict)
     loads: int = 0
 
     def is_live(self) -> bool:
@@ -222,7 +226,7 @@ class RepoTriton:
     def infer(self, name: str, inputs: Mapping[str, Any], version: str = "") -> dict[str, Any]:
         if version == self.fail_infer_of:
             raise PublishError("broken")
-        return {"OUTPUT0": [0.0]}
+        return {"OUTPUT0": np.array([self.answers.get(version, 0.0)], dtype=np.float32)}
 
     def close(self) -> None:
         pass
@@ -254,7 +258,11 @@ def _drive(
 
 
 def _setup(
-    tmp_path: Path, repo: ModelRepository, store: RolloutStore, plan: str
+    tmp_path: Path,
+    repo: ModelRepository,
+    store: RolloutStore,
+    plan: str,
+    checks_file: Path | None = None,
 ) -> tuple[RolloutDriver, RepoTriton, Rollout]:
     triton = RepoTriton(repo)
     triton.load_model("busy")
@@ -264,7 +272,9 @@ def _setup(
     driver = RolloutDriver(config, store, lambda address: triton, repo)  # type: ignore[arg-type, return-value]
     src = tmp_path / "busy-next"
     shutil.copytree(repo.root / "busy", src, ignore=shutil.ignore_patterns("__pycache__"))
-    row = rollout.start(repo, store, src, "busy", plan, 60, now=T0, who="alice")
+    row = rollout.start(
+        repo, store, src, "busy", plan, 60, now=T0, who="alice", checks_file=checks_file
+    )
     return driver, triton, row
 
 
@@ -368,3 +378,67 @@ def test_a_rollout_is_refused_with_nothing_written(
     with pytest.raises(PublishError, match="has a rollout open"):
         rollout.start(repo, store, src, "busy", "10%", 60)
     assert repo.versions("busy") == [1, 2]
+
+
+BUSY_CHECK = {"inputs": {"INPUT0": {"shape": [3], "data": [1, 2, 3]}}}
+
+
+@pytest.mark.parametrize(
+    ("doc", "why"),
+    [
+        ("{", "not JSON"),
+        ({"requests": []}, "1 to 1000 requests, got 0"),
+        ({"requests": [{"inputs": {}}]}, r"request 1: inputs \[\], the config declares"),
+        ({"requests": [{"inputs": {"INPUT0": {"shape": [2], "data": [1, 2, 3]}}}]},
+         "request 1 input INPUT0: shape \\[2\\] holds 2 values, data 3"),
+        ({"requests": [BUSY_CHECK | {"outputs": {"OUT": {"data": [6]}}}]},
+         "outputs must name some of the config's"),
+        ({"rtol": -1, "requests": [BUSY_CHECK]}, "rtol must be a number >= 0"),
+        ({"requests": [{"inputs": {"INPUT0": {"shape": [1], "data": ["x"]}}}]},
+         "request 1 input INPUT0: could not convert"),
+    ],
+)  # fmt: skip
+def test_bad_checks_are_refused_naming_the_request(doc: Any, why: str) -> None:
+    cfg = parse_config((project_root() / "triton_repo/busy/config.pbtxt").read_text(), "busy")
+    text = doc if isinstance(doc, str) else json.dumps(doc)
+    with pytest.raises(PublishError, match=why):
+        checks.load(text, cfg, "checks.json")
+
+
+def test_recorded_requests_that_answer_otherwise_roll_the_version_back_before_any_split(
+    tmp_path: Path, repo: ModelRepository, store: RolloutStore
+) -> None:
+    doc = {"requests": [BUSY_CHECK | {"outputs": {"OUTPUT0": {"data": [6]}}}, BUSY_CHECK]}
+    (tmp_path / "checks.json").write_text(json.dumps(doc))
+    driver, triton, _ = _setup(tmp_path, repo, store, "10%", tmp_path / "checks.json")
+    assert repo.checks_of("busy", 2) == json.dumps(doc)
+    triton.answers = {"1": 6.0, "2": 6.0}  # both answer 6: the expected, and the old's
+    routed: list[list[Split]] = []
+    _drive(driver, triton, T0, routed)
+    _drive(driver, triton, T0, routed)
+    assert store.of_model("busy")[0].state == "running"
+
+    store.move(store.of_model("busy")[0].id or 0, "rolling_back", T0, "test")
+    _drive(driver, triton, T0, routed)
+    src = tmp_path / "busy-next"
+    triton.load_model("busy")
+    row = rollout.start(repo, store, src, "busy", "10%", 60, checks_file=tmp_path / "checks.json")
+    triton.answers = {"1": 6.0, "2": 6.5}
+    _drive(driver, triton, T0, routed)
+    last = store.of_model("busy")[0]
+    assert last.id == row.id and last.state == "rolled_back", last
+    assert "recorded request 1: OUTPUT0 differs by up to 0.5 from the expected" in last.reason
+    assert all(sp.percent == 0.0 for splits in routed[-2:] for sp in splits)
+    assert triton.loaded["busy"] == ("1",)
+
+
+def test_without_expected_outputs_the_new_version_must_answer_as_the_old(
+    tmp_path: Path, repo: ModelRepository, store: RolloutStore
+) -> None:
+    (tmp_path / "checks.json").write_text(json.dumps({"requests": [BUSY_CHECK]}))
+    driver, triton, _ = _setup(tmp_path, repo, store, "10%", tmp_path / "checks.json")
+    triton.answers = {"1": 6.0, "2": 7.0}
+    _drive(driver, triton, T0, [])
+    last = store.of_model("busy")[0]
+    assert last.state == "rolled_back"
+    assert "OUTPUT0 differs by up to 1 from version 1's answer" in last.reason, last.reason
