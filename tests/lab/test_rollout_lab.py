@@ -3,12 +3,15 @@ nginx, the lab's Slurm and Triton), with clients calling nginx all along:
 
 - a slower version of `busy` is rolled back at its first step, with the reason stated,
   and no client request fails;
-- a good version of `echo` is promoted through every step; at its first step the new
+- a good version of `echo` (its recorded requests answered as expected, or as the old
+  version answers them) is promoted through every step; at its first step the new
   version's share of a few thousand unversioned requests is within three standard
   deviations of the step's share (nginx's `split_clients`, one independent draw per
   request), a request that names a version gets it, and a `kill -9` of the daemon
   mid-rollout is followed by a restart that continues from the stored step, its clock
-  still running.
+  still running;
+- then a version whose recorded request expects other values is rolled back before any
+  unversioned request reaches it.
 
 The daemon serves a copy of triton_repo/, so the project's own repository is never written.
 """
@@ -264,8 +267,15 @@ def test_a_good_version_is_promoted_its_share_is_exact_and_a_kill_9_resumes_it(
     traffic = Traffic(d.listen)
     traffic.start()
     try:
+        recorded = d.work / "echo-checks.json"
+        recorded.write_text(json.dumps({"requests": [
+            {"inputs": {"INPUT0": {"shape": [1, 3], "data": [1, 2, 3]}},
+             "outputs": {"OUTPUT0": {"data": [1, 2, 3]}}},
+            {"inputs": {"INPUT0": {"shape": [2, 2], "data": [0.5, 1, 2, 4]}}},
+        ]}))  # fmt: skip
         done = d.stb("models", "publish", str(good), "--name", "echo", "--canary",
-                     "10%:90s,50%:5s", "--reason", "rebuilt")  # fmt: skip
+                     "10%:90s,50%:5s", "--reason", "rebuilt",
+                     "--checks", str(recorded))  # fmt: skip
         assert done.returncode == 0, done.stderr
         _until("the first step", lambda: _last(store, "echo").state == "running", 60, d.log_path)
         row = _last(store, "echo")
@@ -331,3 +341,35 @@ def test_a_good_version_is_promoted_its_share_is_exact_and_a_kill_9_resumes_it(
     assert actions[-2:] == [("canary", 2), ("promote", 2)], actions
     with httpx.Client() as client:
         assert _infer_echo(client, d.listen) == "2"
+
+
+def test_a_version_whose_recorded_answers_differ_is_rolled_back_before_any_traffic(
+    daemon: Daemon,
+) -> None:
+    """After the promotion above (echo serves version 2): a version 3 whose recorded
+    request expects other values never gets an unversioned request."""
+    d, store = daemon, _store(daemon)
+    src = _version_src(d, "echo", lambda code: code + "\n# version 3\n")
+    recorded = d.work / "echo-bad-checks.json"
+    recorded.write_text(json.dumps({"requests": [
+        {"inputs": {"INPUT0": {"shape": [1, 2], "data": [1, 2]}},
+         "outputs": {"OUTPUT0": {"data": [2, 4]}}},
+    ]}))  # fmt: skip
+    traffic = Traffic(d.listen)
+    traffic.start()
+    try:
+        done = d.stb("models", "publish", str(src), "--name", "echo", "--canary", "10%",
+                     "--checks", str(recorded))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        _until("the rollback", lambda: _last(store, "echo").state == "rolled_back", 60,
+               d.log_path)  # fmt: skip
+        time.sleep(2)
+    finally:
+        traffic.stopping.set()
+        traffic.join(15)
+    row = _last(store, "echo")
+    assert row.new_version == 3 and "did not load and answer" in row.reason, row.reason
+    assert "recorded request 1: OUTPUT0 differs by up to 2 from the expected" in row.reason
+    assert not traffic.failures, traffic.failures[:5]
+    assert set(traffic.by_version) == {"2"}, traffic.by_version
+    assert _ready_versions(d, "echo") == {"2"}
