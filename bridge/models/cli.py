@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
 
 from bridge.config import BridgeConfig
 from bridge.config_cli import ConfigOpt, fail, load_or_exit
@@ -125,8 +126,8 @@ def publish_cmd(
                 _repo(cfg, repository), src, name, servers, version=version,
                 say=lambda m: console.print(m, highlight=False), why=reason,
             )  # fmt: skip
-    except (PublishError, ModelConfigError, RepositoryError, RolloutError, SlurmError,
-            TritonError) as exc:  # fmt: skip
+    except (PublishError, ModelConfigError, RepositoryError, RolloutError, SQLAlchemyError,
+            SlurmError, TritonError) as exc:  # fmt: skip
         raise fail(exc) from exc
     where = ", ".join(out.loaded_on) or "no running server (loaded when one starts)"
     console.print(f"published {out.name} version {out.version}; serving on {where}")
@@ -206,8 +207,8 @@ def rollback_cmd(
         _no_open_rollout(store, name)
         with running_servers(cfg) as servers:
             gone, now, where = rollback(repo, name, servers, reason)
-    except (PublishError, ModelConfigError, RepositoryError, RolloutError, SlurmError,
-            TritonError) as exc:  # fmt: skip
+    except (PublishError, ModelConfigError, RepositoryError, RolloutError, SQLAlchemyError,
+            SlurmError, TritonError) as exc:  # fmt: skip
         raise fail(exc) from exc
     console.print(
         f"{name}: version {gone} set aside; version {now} serves on {', '.join(where) or '-'}"

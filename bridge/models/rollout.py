@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from bridge.leases.rollouts import Rollout, RolloutError, RolloutStore
 from bridge.models import checks, history
 from bridge.models.publish import (
@@ -109,9 +111,9 @@ def start(
         change = repo.commit(name, repo.stage(name, src), new, own, pinned(own, [old]))
         try:
             row = store.start(name, old, new, plan, hold_s, now or history.now(), who=who, why=why)
-        except RolloutError as exc:
-            repo.revert(change, str(exc))
-            raise PublishError(str(exc)) from exc
+        except (RolloutError, SQLAlchemyError) as exc:  # nothing stays half-written
+            repo.revert(change, f"the rollout could not be stored: {exc}")
+            raise PublishError(f"{name}: the rollout could not be stored: {exc}") from exc
         journal(repo, name, "canary", new, old, who, f"{plan}; {why}" if why else plan, [])
     return row
 

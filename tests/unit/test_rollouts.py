@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import Session
 
 from bridge.config import BridgeConfig
@@ -442,3 +442,21 @@ def test_without_expected_outputs_the_new_version_must_answer_as_the_old(
     last = store.of_model("busy")[0]
     assert last.state == "rolled_back"
     assert "OUTPUT0 differs by up to 1 from version 1's answer" in last.reason, last.reason
+
+
+class _Unstorable(RolloutStore):
+    def start(self, *args: Any, **kwargs: Any) -> Rollout:
+        raise OperationalError("INSERT", {}, Exception("disk I/O error"))
+
+
+def test_a_rollout_the_database_will_not_store_leaves_the_repository_as_it_was(
+    tmp_path: Path, repo: ModelRepository, store: RolloutStore
+) -> None:
+    src = tmp_path / "busy-next"
+    shutil.copytree(repo.root / "busy", src, ignore=shutil.ignore_patterns("__pycache__"))
+    before = repo.config_text("busy")
+    broken = _Unstorable(store._engine)
+    with pytest.raises(PublishError, match="the rollout could not be stored"):
+        rollout.start(repo, broken, src, "busy", "10%", 60)
+    assert repo.versions("busy") == [1] and repo.config_text("busy") == before
+    assert history.read(repo.archive).entries == ()
