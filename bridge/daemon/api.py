@@ -186,7 +186,7 @@ def operator_routes(
             status = gather(
                 names[0], repo, facts(), database_url=config.database_url,
                 ledger_url=config.accounting.ledger_url, servers=found, now=clock(),
-                servers_note=note,
+                servers_note=note, observe=config.observe,
             )  # fmt: skip
             return _json(200, status.to_json())
 

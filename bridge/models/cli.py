@@ -310,6 +310,7 @@ def model_status(cfg: BridgeConfig, repo: ModelRepository, name: str, now: datet
         return gather(
             name, repo, facts, database_url=cfg.database_url,
             ledger_url=cfg.accounting.ledger_url, servers=servers, now=now, servers_note=note,
+            observe=cfg.observe,
         )  # fmt: skip
 
     try:

@@ -14,12 +14,25 @@ Where each fact comes from:
   repository index and metrics page); a server that does not answer is listed as
   unreachable. The figures are Triton's own: counters since the version was loaded and
   its p99 over a 60 s window; the ledger keeps the longer history;
+- each version's last hour, where the site runs Prometheus (`[observe]` names it: `source =
+  "prometheus"`, or a `prometheus_url` set): three instant queries as of `now` through the
+  bridge's own client and timeout (`bridge.triton.prometheus.PrometheusSignal.instant`),
+  on the raw series Prometheus scrapes from every Triton server (`job="triton"`, as
+  deploy/prometheus/rules.yml selects them; its recording rules sum over the versions, so
+  they cannot give a version's figures): `increase(...[1h])` of the success and failure
+  counters summed per version over the servers, and `max_over_time` of Triton's p99
+  (`nv_inference_request_summary_us{quantile="0.99"}`), the highest over the servers.
+  That p99 is the highest of Triton's 60 s p99 windows over the hour: an upper bound of
+  the hour's p99, not the hour's p99 itself (a summary's quantiles cannot be combined).
+  `last_hour_note` says the source, or why there are no such figures (no Prometheus
+  configured, or it did not answer: a note, never an exception);
 - replicas now and lends today: the servers holding the model READY, and the lease store;
 - GPU-hours and cost: the ledger's report for the model, this month and today.
 
 Reading never creates a database: a SQLite file that is missing is "no database" (as the
 reports do, `bridge.report_views`), and a database that does not answer is said, not
-raised. A model the repository lacks and the journal never saw is `UnknownModel`.
+raised; so is a Prometheus that does not answer. A model the repository lacks and the
+journal never saw is `UnknownModel`.
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ from accounting.buckets import MS_PER_HOUR
 from accounting.errors import LedgerError
 from accounting.rates import RateBook, list_rates, money
 from accounting.report import Window, build_report
+from bridge.config import ObserveConfig
 from bridge.db import make_engine
 from bridge.leases.rollouts import DONE, OPEN, Rollout, RolloutStore
 from bridge.leases.store import LeaseStore
@@ -52,6 +66,7 @@ from bridge.models.repo import ModelRepository
 from bridge.policy.rollout import PlanError, parse_plan
 from bridge.triton.errors import TritonError
 from bridge.triton.metrics import ModelSample, parse_page
+from bridge.triton.prometheus import PrometheusError, PrometheusSignal
 from bridge.triton.protocol import TritonInstance
 
 #: said beside the live figures, in the table and the JSON
@@ -60,6 +75,15 @@ LIVE_NOTE = (
     "the servers) and its p99 over the last 60 s (the highest of the servers); the "
     "daemon's ledger keeps the longer history"
 )
+#: said beside the last hour's figures, in the table and the JSON
+LAST_HOUR_P99_NOTE = (
+    "last-hour p99 is the highest of Triton's 60 s p99 windows over the hour (and over the "
+    "servers): an upper bound of the hour's p99, not the hour's p99 itself"
+)
+#: the note where the bridge's configuration names no Prometheus server
+NO_PROMETHEUS = "no Prometheus configured"
+#: the last-hour window, as PromQL writes it
+WINDOW = "1h"
 #: the words of the open rollout's states, for the new version
 _NEW_LABEL = {"pending": "pending", "promoting": "promoting", "rolling_back": "rolling back"}
 
@@ -106,6 +130,22 @@ class Live:
 
 
 @dataclass(frozen=True)
+class LastHour:
+    """One version's last hour from Prometheus, summed over the servers (None: no series).
+    Counts are `increase` over the hour: extrapolated, so not always whole numbers."""
+
+    #: successes and failures
+    requests: float | None
+    succeeded: float | None
+    failures: float | None
+    failure_rate: float | None
+    #: the highest of Triton's 60 s p99 windows in the hour: an upper bound of its p99
+    p99_ms: float | None
+    #: p99 over the model's SLO
+    breach: bool
+
+
+@dataclass(frozen=True)
 class VersionView:
     version: int
     #: serving, canary, pending, promoting, rolling_back, old, rolled_back, superseded,
@@ -123,6 +163,8 @@ class VersionView:
     #: the servers where it is READY
     served_on: tuple[str, ...] = ()
     live: Live | None = None
+    #: its last hour from Prometheus (None: none; `ModelStatus.last_hour_note` says why)
+    last_hour: LastHour | None = None
 
 
 @dataclass(frozen=True)
@@ -201,11 +243,14 @@ class ModelStatus:
     cost: Cost
     servers_note: str = ""
     notes: tuple[str, ...] = ()
+    #: where the versions' `last_hour` came from ("prometheus <url>, 1h window"), or why not
+    last_hour_note: str = NO_PROMETHEUS
 
     def to_json(self) -> dict[str, Any]:
         doc = _plain(self)
         assert isinstance(doc, dict)
         doc["live_note"] = LIVE_NOTE
+        doc["last_hour_p99_note"] = LAST_HOUR_P99_NOTE
         return doc
 
 
@@ -249,9 +294,13 @@ def gather(
     servers: Sequence[StatusServer] | None,
     now: datetime,
     servers_note: str = "",
+    observe: ObserveConfig | None = None,
 ) -> ModelStatus:
     """`model`'s status now. `servers` None: unknown (say why in `servers_note`);
-    `database_url`/`ledger_url` None: none. Reads only: creates no database or file."""
+    `database_url`/`ledger_url` None: none; `observe` (the bridge's `[observe]`) names the
+    Prometheus server asked for each version's last hour (None: no Prometheus). The
+    last-hour p99 is the highest of Triton's 60 s p99 windows over the hour: an upper
+    bound of the hour's p99. Reads only: creates no database or file."""
     journal = check_known(model, repo)
     notes = []
     if journal.skipped:
@@ -259,7 +308,11 @@ def gather(
     db = _database(model, database_url, now)
     views, samples = _servers(model, servers)
     slo = _facts(model, facts)
-    versions = _versions(model, repo, journal, db.open_row, views, samples, slo)
+    hours, hour_note = last_hour(
+        model, prometheus_url(observe), now, slo.slo_p99_ms if slo else None,
+        timeout_s=observe.timeout_s if observe else 3.0,
+    )  # fmt: skip
+    versions = _versions(model, repo, journal, db.open_row, views, samples, slo, hours)
     replicas = Replicas(
         now=None if views is None else sum(v.holds for v in views),
         lent=db.lent,
@@ -270,6 +323,7 @@ def gather(
         model=model, at=now, facts=slo, versions=versions, rollout=db.rollout,
         last_rollout=db.last_rollout, servers=views, replicas=replicas,
         cost=_cost(model, ledger_url, now), servers_note=servers_note, notes=tuple(notes),
+        last_hour_note=hour_note,
     )  # fmt: skip
 
 
@@ -417,6 +471,82 @@ def _live(samples: Sequence[ModelSample], slo_ms: float | None) -> Live | None:
     return Live(succeeded, failed, rate, p99, breach)
 
 
+def prometheus_url(observe: ObserveConfig | None) -> str | None:
+    """The Prometheus server `[observe]` names: its `prometheus_url` where the signal comes
+    from Prometheus or the URL is set (its default alone names none); else None."""
+    if observe is None:
+        return None
+    if observe.source == "prometheus" or "prometheus_url" in observe.model_fields_set:
+        return observe.prometheus_url
+    return None
+
+
+def _promql_string(text: str) -> str:
+    """`text` inside a PromQL double-quoted string (model names are validated already)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def last_hour_queries(model: str) -> dict[str, str]:
+    """The instant queries of `model`'s last hour, per version: successes and failures
+    over the hour (summed over the servers), and the highest of Triton's 60 s p99
+    windows in it (microseconds), on the series Prometheus scrapes from the Triton servers."""
+    sel = f'job="triton",model="{_promql_string(model)}"'
+
+    def increase(counter: str) -> str:
+        return f"sum by (version) (increase({counter}{{{sel}}}[{WINDOW}]))"
+
+    return {
+        "succeeded": increase("nv_inference_request_success"),
+        "failures": increase("nv_inference_request_failure"),
+        "p99_us": "max by (version) (max_over_time("
+        f'nv_inference_request_summary_us{{{sel},quantile="0.99"}}[{WINDOW}]))',
+    }
+
+
+def last_hour(
+    model: str, url: str | None, now: datetime, slo_ms: float | None, *, timeout_s: float = 3.0
+) -> tuple[dict[int, LastHour], str]:
+    """Each version's last hour as of `now` from the Prometheus at `url`, and the note
+    saying the source or why there is none (no Prometheus, or it did not answer: never
+    raised)."""
+    if not url:
+        return {}, NO_PROMETHEUS
+    answers: dict[str, dict[int, float | None]] = {}
+    signal = PrometheusSignal(url, timeout_s=timeout_s)
+    try:
+        for what, query in last_hour_queries(model).items():
+            series = signal.instant(query, now.timestamp())
+            answers[what] = {
+                int(labels["version"]): value
+                for labels, value in series
+                if labels.get("version", "").isdigit()
+            }
+    except PrometheusError as exc:
+        return {}, f"Prometheus did not answer: {exc}"
+    finally:
+        signal.close()
+    out = {}
+    ok, bad, p99_us = answers["succeeded"], answers["failures"], answers["p99_us"]
+    for v in sorted({*ok, *bad, *p99_us}):
+        succeeded, failures = ok.get(v), bad.get(v)
+        requests = (
+            None if succeeded is None and failures is None else (succeeded or 0) + (failures or 0)
+        )
+        rate = (failures or 0) / requests if requests else None
+        us = p99_us.get(v)
+        p99 = None if us is None else us / 1000.0
+        out[v] = LastHour(
+            requests=_round(requests), succeeded=_round(succeeded), failures=_round(failures),
+            failure_rate=rate, p99_ms=p99,
+            breach=p99 is not None and slo_ms is not None and p99 > slo_ms,
+        )  # fmt: skip
+    return out, f"prometheus {signal.url}, {WINDOW} window"
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 def _rejected(repo: ModelRepository, model: str) -> dict[int, str]:
     """Version -> why, of the versions set aside (the latest setting aside of each)."""
     folder = repo.archive / repo.model_dir(model).name / "rejected"
@@ -455,6 +585,7 @@ def _versions(
     servers: Sequence[ServerView] | None,
     samples: Sequence[ModelSample],
     facts: Facts | None,
+    hours: Mapping[int, LastHour],
 ) -> tuple[VersionView, ...]:
     present = repo.versions(model)
     latest = present[-1] if present else None
@@ -471,7 +602,7 @@ def _versions(
     for server in servers or ():
         for v in server.versions:
             where.setdefault(v, []).append(server.address)
-    known = {*present, *rejected, *retired, *published, *by_version, *where}
+    known = {*present, *rejected, *retired, *published, *by_version, *where, *hours}
     if open_row is not None:
         known |= {open_row.old_version, open_row.new_version}
     slo = facts.slo_p99_ms if facts else None
@@ -483,6 +614,7 @@ def _versions(
             version=v, state=state, label=label, percent=percent, why=why,
             published_at=entry.at if entry else None, published_by=entry.who if entry else "",
             served_on=tuple(where.get(v, ())), live=_live(by_version.get(v, []), slo),
+            last_hour=hours.get(v),
         )  # fmt: skip
         out.append(view)
     return tuple(out)
@@ -571,8 +703,9 @@ def _money(amount: Decimal | None) -> Decimal | None:
 
 
 def render(status: ModelStatus, console: Console) -> None:
-    """The status for a terminal: the facts, the versions with where they serve and their
-    live figures, the rollouts, the servers, replicas and lends, GPU-hours and cost."""
+    """The status for a terminal: the facts, the versions with where they serve, their
+    live figures and their last hour (where Prometheus gives it), the rollouts, the
+    servers, replicas and lends, GPU-hours and cost."""
     f = status.facts
     head = f"[bold]{escape(status.model)}[/bold]"
     if f is None:
@@ -594,6 +727,9 @@ def render(status: ModelStatus, console: Console) -> None:
     console.print(line + (f"  [dim]{escape(r.note)}[/dim]" if r.note else ""), highlight=False)
     console.print(_versions_table(status))
     console.print(f"[dim]{LIVE_NOTE}[/dim]", highlight=False)
+    console.print(f"[dim]last hour: {escape(status.last_hour_note)}[/dim]", highlight=False)
+    if any(v.last_hour is not None for v in status.versions):
+        console.print(f"[dim]{LAST_HOUR_P99_NOTE}[/dim]", highlight=False)
     if status.rollout is not None:
         console.print(f"rollout open: {_rollout_line(status.rollout)}", highlight=False)
     if status.last_rollout is not None:
@@ -625,21 +761,28 @@ def _when(at: datetime | None) -> str:
 
 def _versions_table(status: ModelStatus) -> Table:
     slo = status.facts.slo_p99_ms if status.facts else None
-    p99 = f"p99 ms (SLO {slo:g})" if slo is not None else "p99 ms"
+    p99 = f"p99 ms\n(SLO {slo:g})" if slo is not None else "p99 ms"
+    # the figures' headers on two lines: the table fits 200 columns
     table = Table(
         "version", "state", "published (UTC)", "by", "served on",
-        "succeeded", "failed", "failure %", p99, title="versions",
+        "succeeded", "failed", "failure\n%", p99,
+        "1h\nrequests", "1h\nfailure %", "1h p99 ms\n(max)", title="versions",
     )  # fmt: skip
     for v in status.versions:
-        live = v.live
+        live, hour = v.live, v.last_hour
         if live is None:
-            figures = ("-", "-", "-", "-")
+            figures: tuple[str, ...] = ("-", "-", "-", "-")
         else:
-            shown_p99 = "-" if live.p99_ms is None else f"{live.p99_ms:.1f}"
             figures = (
                 _count(live.succeeded), _count(live.failed),
-                "-" if live.failure_rate is None else f"{100 * live.failure_rate:.2f}",
-                f"[red]{shown_p99} breach[/red]" if live.breach else shown_p99,
+                _percent(live.failure_rate), _p99(live.p99_ms, live.breach),
+            )  # fmt: skip
+        if hour is None:
+            figures += ("-", "-", "-")
+        else:
+            requests = None if hour.requests is None else round(hour.requests)
+            figures += (
+                _count(requests), _percent(hour.failure_rate), _p99(hour.p99_ms, hour.breach)
             )  # fmt: skip
         state = escape(v.label)
         if v.state == "rolled_back":
@@ -655,6 +798,15 @@ def _versions_table(status: ModelStatus) -> Table:
 
 def _count(n: int | None) -> str:
     return "-" if n is None else str(n)
+
+
+def _percent(rate: float | None) -> str:
+    return "-" if rate is None else f"{100 * rate:.2f}"
+
+
+def _p99(ms: float | None, breach: bool) -> str:
+    shown = "-" if ms is None else f"{ms:.1f}"
+    return f"[red]{shown} breach[/red]" if breach else shown
 
 
 def _rollout_line(r: RolloutView) -> str:

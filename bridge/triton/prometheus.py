@@ -21,6 +21,10 @@ The result is the direct path's own type (`bridge.triton.signal.ModelSignal`), m
 same way: sums of rates, means and the queue/compute ratio as ratios of sums, the largest
 p99. Errors (Prometheus unreachable, a bad answer) raise `PrometheusError`; the observe
 step then has no data for any model this tick.
+
+`PrometheusSignal.instant` asks any other instant query through the same client, timeout
+and checks, as of a given time: each series' labels and value (`stb models status`'s
+last-hour figures, `bridge.models.status`).
 """
 
 from __future__ import annotations
@@ -76,9 +80,28 @@ class PrometheusSignal:
 
     def read(self) -> Reading:
         """Every model's signal over the replicas Prometheus scraped recently enough."""
+        return fold(self._vector(QUERY, None, "the signal query"), self.max_staleness_s)
+
+    def instant(
+        self, query: str, at: float | None = None
+    ) -> list[tuple[dict[str, str], float | None]]:
+        """One instant query as of `at` (Unix seconds; None: Prometheus's now): each
+        series' labels and value (None: not a finite number >= 0). `PrometheusError` as
+        `read`."""
+        out = []
+        for r in self._vector(query, at, "the query"):
+            labels, sample = r.get("metric"), r.get("value")
+            if not isinstance(labels, dict) or not isinstance(sample, list) or len(sample) != 2:
+                continue
+            out.append(({str(k): str(v) for k, v in labels.items()}, _value(sample[1])))
+        return out
+
+    def _vector(self, query: str, at: float | None, what: str) -> list[dict[str, object]]:
+        """The instant vector `query` gives as of `at` (None: now), as Prometheus says it."""
+        form = {"query": query} if at is None else {"query": query, "time": f"{at:.3f}"}
         try:
-            reply = self._http.post(f"{self.url}/api/v1/query", data={"query": QUERY})
-        except httpx.HTTPError as exc:
+            reply = self._http.post(f"{self.url}/api/v1/query", data=form)
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise PrometheusError(f"{self.url}: {exc!r}") from exc
         if len(reply.content) > MAX_ANSWER_BYTES:
             raise PrometheusError(f"{self.url}: answer over {MAX_ANSWER_BYTES} bytes")
@@ -86,14 +109,20 @@ class PrometheusSignal:
             doc = reply.json()
         except ValueError as exc:
             raise PrometheusError(f"{self.url}: HTTP {reply.status_code}, not JSON") from exc
+        if not isinstance(doc, dict):
+            raise PrometheusError(f"{self.url}: HTTP {reply.status_code}, not a JSON object")
         if reply.status_code != 200 or doc.get("status") != "success":
             raise PrometheusError(
                 f"{self.url}: HTTP {reply.status_code}: {doc.get('error', doc)!s:.200}"
             )
-        data = doc.get("data") or {}
-        if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
-            raise PrometheusError(f"{self.url}: the signal query did not give an instant vector")
-        return fold(data["result"], self.max_staleness_s)
+        data = doc.get("data")
+        if (
+            not isinstance(data, dict)
+            or data.get("resultType") != "vector"
+            or not isinstance(data.get("result"), list)
+        ):
+            raise PrometheusError(f"{self.url}: {what} did not give an instant vector")
+        return list(data["result"])
 
 
 def _value(raw: object) -> float | None:

@@ -1,22 +1,29 @@
 """`stb models status M` (`bridge.models.status`): one model's facts, its versions and their
 state (serving, canary at X%, old beside the canary, rolled back and why, superseded,
 retired), the open and the last rollout, where each version serves and its live figures
-beside the SLO, replicas and lends, GPU-hours and cost; from real SQLite databases, a real
-model repository and ledger in tmp_path, and small fake Triton servers (the metrics pages
-and repository indexes they answer). With no server, no database and no ledger it says
-so and creates nothing; an unknown model exits 2; the API answers the same JSON."""
+beside the SLO, each version's last hour from Prometheus, replicas and lends, GPU-hours
+and cost; from real SQLite databases, a real model repository and ledger in tmp_path,
+small fake Triton servers (the metrics pages and repository indexes they answer) and a
+real HTTP server on 127.0.0.1 answering /api/v1/query with recorded Prometheus answers
+by the query's text. With no server, no database, no ledger and no Prometheus it says
+so and creates nothing; a Prometheus that is down, silent or answers an error is a note;
+an unknown model exits 2; the API answers the same JSON."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import socket
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -28,7 +35,7 @@ from accounting.db import open_ledger
 from accounting.ingest import ingest_records, record_serving
 from accounting.rates import RateSpec, add_rates
 from bridge.cli import app
-from bridge.config import BridgeConfig, TritonJobConfig
+from bridge.config import BridgeConfig, ObserveConfig, TritonJobConfig
 from bridge.daemon.api import operator_routes
 from bridge.daemon.auth import TokenTable
 from bridge.daemon.exporter import BridgeMetrics, ExporterServer
@@ -39,7 +46,15 @@ from bridge.lifecycle import LeaseState
 from bridge.models import cli as models_cli
 from bridge.models import history
 from bridge.models.repo import ModelRepository
-from bridge.models.status import LIVE_NOTE, UnknownModel, gather, render
+from bridge.models.status import (
+    LAST_HOUR_P99_NOTE,
+    LIVE_NOTE,
+    UnknownModel,
+    gather,
+    last_hour_queries,
+    prometheus_url,
+    render,
+)
 from bridge.slurm.errors import ControllerUnreachable
 from bridge.slurm.model import AccountingRecord
 from bridge.triton.catalog import ModelCatalog
@@ -378,6 +393,195 @@ def test_render_says_what_the_figures_are(
         "this month (2026-11) 0.17, 0.50 USD",
     ):  # fmt: skip
         assert said in text, said
+
+
+# ---- the last hour from Prometheus ----------------------------------------------------------
+
+#: the queries of echo's last hour, as Prometheus receives them
+SUCCEEDED = (
+    'sum by (version) (increase(nv_inference_request_success{job="triton",model="echo"}[1h]))'
+)
+FAILURES = (
+    'sum by (version) (increase(nv_inference_request_failure{job="triton",model="echo"}[1h]))'
+)
+P99 = (
+    "max by (version) (max_over_time(nv_inference_request_summary_us"
+    '{job="triton",model="echo",quantile="0.99"}[1h]))'
+)
+T = NOW.timestamp()
+
+
+def vector(*rows: tuple[dict[str, str], str]) -> dict[str, Any]:
+    """A Prometheus instant-query answer, as /api/v1/query gives it."""
+    result = [{"metric": labels, "value": [T, value]} for labels, value in rows]
+    return {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+#: what Prometheus answers of echo's hour: version 2 (the old one, under the SLO), the
+#: canary 3 (over it: 61 ms > 50 ms), version 1 (gone half an hour ago: no p99 left)
+ANSWERS = {
+    SUCCEEDED: vector(({"version": "2"}, "3590.4"), ({"version": "3"}, "400"),
+                      ({"version": "1"}, "12.5"), ({"version": ""}, "3")),
+    FAILURES: vector(({"version": "2"}, "9.6"), ({"version": "3"}, "0")),
+    P99: vector(({"version": "2"}, "48000"), ({"version": "3"}, "61000"),
+                ({"version": "1"}, "NaN")),
+}  # fmt: skip
+
+
+@dataclass
+class FakePrometheus:
+    url: str
+    #: (query, time) of each request, as received
+    asked: list[tuple[str, str]]
+
+
+@contextmanager
+def prometheus(answers: Mapping[str, dict[str, Any]]) -> Iterator[FakePrometheus]:
+    """A real HTTP server on 127.0.0.1 that answers /api/v1/query (GET or POST form) with
+    the recorded answer of the query's exact text; any other query is a bad_data error."""
+    asked: list[tuple[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self, form: dict[str, list[str]]) -> None:
+            query, at = form.get("query", [""])[0], form.get("time", [""])[0]
+            asked.append((query, at))
+            code, doc = 200, answers.get(query)
+            if urlsplit(self.path).path != "/api/v1/query":
+                code, doc = 404, {"status": "error", "error": "not found"}
+            elif doc is None:
+                code = 400
+                doc = {"status": "error", "errorType": "bad_data", "error": "unknown query"}
+            body = json.dumps(doc).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self._answer(parse_qs(urlsplit(self.path).query))
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            self._answer(parse_qs(self.rfile.read(length).decode()))
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield FakePrometheus(f"http://127.0.0.1:{server.server_address[1]}", asked)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def _at(repo: ModelRepository, observe: ObserveConfig | None, model: str = "echo") -> Any:
+    return gather(
+        model, repo, _facts(repo), database_url=None, ledger_url=None, servers=servers(),
+        now=NOW, observe=observe,
+    )  # fmt: skip
+
+
+def test_the_last_hour_per_version_from_prometheus(repo: ModelRepository) -> None:
+    with prometheus(ANSWERS) as prom:
+        status = _at(repo, ObserveConfig(source="prometheus", prometheus_url=prom.url + "/"))
+    # the three queries, each as of `now`
+    assert sorted(prom.asked) == sorted((q, f"{T:.3f}") for q in (SUCCEEDED, FAILURES, P99))
+    assert status.last_hour_note == f"prometheus {prom.url}, 1h window"
+    by = {v.version: v for v in status.versions}
+    two, three, one = by[2].last_hour, by[3].last_hour, by[1].last_hour
+    assert two is not None and three is not None and one is not None
+    assert by[4].last_hour is None  # set aside before the hour: no series
+    assert (two.requests, two.succeeded, two.failures) == (3600.0, 3590.4, 9.6)
+    assert two.failure_rate == pytest.approx(9.6 / 3600)
+    assert two.p99_ms == pytest.approx(48.0) and not two.breach  # under the 50 ms SLO
+    assert (three.requests, three.failures, three.failure_rate) == (400.0, 0.0, 0.0)
+    assert three.p99_ms == pytest.approx(61.0) and three.breach
+    # no failure series and a NaN p99: unknown, never zero
+    assert (one.requests, one.failures, one.failure_rate) == (12.5, None, 0.0)
+    assert one.p99_ms is None and not one.breach
+    # the live figures are still Triton's own
+    assert by[3].live is not None and by[3].live.p99_ms == pytest.approx(62.0)
+
+    doc = status.to_json()
+    assert json.loads(json.dumps(doc)) == doc
+    assert doc["last_hour_note"] == f"prometheus {prom.url}, 1h window"
+    assert doc["last_hour_p99_note"] == LAST_HOUR_P99_NOTE
+    assert "upper bound" in LAST_HOUR_P99_NOTE and "60 s" in LAST_HOUR_P99_NOTE
+    assert doc["versions"][1]["last_hour"] == {
+        "requests": 400.0, "succeeded": 400.0, "failures": 0.0, "failure_rate": 0.0,
+        "p99_ms": 61.0, "breach": True,
+    }  # fmt: skip
+    assert doc["versions"][0]["last_hour"] is None
+
+    console = Console(record=True, width=200)  # the table fits COLUMNS=200
+    render(status, console)
+    text = console.export_text()
+    row = next(line for line in text.splitlines() if line.startswith("│ 3 "))
+    live_and_hour = [cell.strip() for cell in row.split("│")[6:13]]
+    assert live_and_hour == ["100", "0", "0.00", "62.0 breach", "400", "0.00", "61.0 breach"]
+    for said in (
+        "1h p99 ms", "(max)", "requests", "│ 3600 ", "0.27",
+        "rolled back: p99 78 ms over the SLO (50 ms)",
+        f"last hour: prometheus {prom.url}, 1h window", "upper bound of the hour's p99",
+    ):  # fmt: skip
+        assert said in text, said
+    assert max(len(line) for line in text.splitlines()) <= 200
+
+
+def test_a_prometheus_that_is_down_or_errs_is_a_note(repo: ModelRepository) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    status = _at(repo, ObserveConfig(source="prometheus", prometheus_url=closed))
+    assert status.last_hour_note.startswith(f"Prometheus did not answer: {closed}: ")
+    assert all(v.last_hour is None for v in status.versions)
+    assert status.versions[1].live is not None  # the rest is shown
+    console = Console(record=True, width=200)
+    render(status, console)
+    assert "last hour: Prometheus did not answer" in console.export_text()
+
+    # it answers an error (here: a query it does not know)
+    with prometheus({}) as prom:
+        erred = _at(repo, ObserveConfig(source="prometheus", prometheus_url=prom.url))
+    assert erred.last_hour_note.startswith("Prometheus did not answer: ")
+    assert "HTTP 400" in erred.last_hour_note and "unknown query" in erred.last_hour_note
+    assert all(v.last_hour is None for v in erred.versions)
+
+    # it accepts the connection and never answers: the bridge's timeout bounds it
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        observe = ObserveConfig(source="prometheus", prometheus_url=url, timeout_s=0.3)
+        slow = _at(repo, observe)
+    assert slow.last_hour_note.startswith(f"Prometheus did not answer: {url}: ")
+    assert "Timeout" in slow.last_hour_note
+
+
+def test_no_prometheus_configured(repo: ModelRepository) -> None:
+    for observe in (None, ObserveConfig()):  # none given; the direct source, no URL set
+        status = _at(repo, observe)
+        assert status.last_hour_note == "no Prometheus configured"
+        assert all(v.last_hour is None for v in status.versions)
+        assert status.to_json()["last_hour_note"] == "no Prometheus configured"
+    # a URL set names a Prometheus even where the signal is read directly
+    assert prometheus_url(ObserveConfig(prometheus_url="http://prom:9090")) == "http://prom:9090"
+    assert prometheus_url(ObserveConfig(source="prometheus")) == "http://127.0.0.1:9090"
+
+
+def test_the_model_name_stays_inside_its_promql_string() -> None:
+    assert last_hour_queries("echo") == {
+        "succeeded": SUCCEEDED,
+        "failures": FAILURES,
+        "p99_us": P99,
+    }
+    query = last_hour_queries('a"b\\c')["succeeded"]
+    assert 'model="a\\"b\\\\c"' in query
 
 
 # ---- the command and the API --------------------------------------------------------------
