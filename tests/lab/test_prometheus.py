@@ -2,7 +2,8 @@
 http_sd document, the bridge itself and every ready Triton server (the baseline and a lent
 replica) and scrapes them; its alert and recording rules load; under steady load the
 signal read from Prometheus (`[observe] source = "prometheus"`) agrees with the direct
-path's, and a replica whose last scrape is too old gives no data."""
+path's, a replica whose last scrape is too old gives no data, and a model's last hour per
+version (`stb models status`) reads the load."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from bridge.lab.tokens import token_file
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
+from bridge.models.status import last_hour
 from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
 from bridge.triton.client import TritonHttpClient
@@ -232,6 +234,14 @@ def _signals_agree(lab: LabSpec, daemon_config: Path, url: str) -> None:
         stale = PrometheusSignal(url, max_staleness_s=1e-6).read()
         assert "busy" not in stale.models and stale.stale["busy"] == 2
         source.close()
+        # The model team's last hour (`stb models status`) from the same server: busy's
+        # one version, its requests of these 25 s, a p99 that is at least the live one's.
+        hour, note = last_hour("busy", url, datetime.now(UTC), 100.0)
+        print(f"busy last hour: {hour} ({note})")
+        assert note.startswith("prometheus ") and set(hour) == {1}, (hour, note)
+        one = hour[1]
+        assert one.requests is not None and one.requests > 100 and not one.failures, one
+        assert one.p99_ms is not None and one.p99_ms >= 0.5 * (direct.p99_ms or 0), one
     finally:
         stop.set()
         sender.join(10)
