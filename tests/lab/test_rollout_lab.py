@@ -219,6 +219,7 @@ def test_a_slower_version_is_rolled_back_at_its_first_step_and_no_request_fails(
     judged = next(e for e in events if e.to_state == "rolling_back").figures
     assert judged["new"]["requests"] >= 40 and judged["new"]["p99_ms"] > 100, judged
     c = sender.counters
+    print(f"clients through nginx: {c}")
     assert c.ok > 300 and c.errors == 0 and c.dropped == 0, c
     repo = ModelRepository(d.work / "models")
     assert repo.versions("busy") == [1]
@@ -331,6 +332,7 @@ def test_a_good_version_is_promoted_its_share_is_exact_and_a_kill_9_resumes_it(
     moves = [(e.to_state, e.step) for e in store.events(row.id or 0)]
     assert moves == [("pending", 0), ("running", 0), ("running", 1), ("running", 2),
                      ("promoting", 2), ("promoted", 2)], moves  # fmt: skip
+    print(f"continuous client: {traffic.by_version}, {len(traffic.failures)} failed")
     assert not traffic.failures, traffic.failures[:5]
     assert traffic.by_version.get("2", 0) > 0 and traffic.by_version.get("1", 0) > 0
     repo = ModelRepository(d.work / "models")
