@@ -1,5 +1,5 @@
 """One control pass, `run_once(now)`: observe -> sync -> operator requests -> decide ->
-act -> route, each a separate step, every outcome in the returned `TickReport`.
+act -> rollouts -> route, each a separate step, every outcome in the returned `TickReport`.
 
 Called by `stb daemon` every `tick_s` (APScheduler, on the tick's own thread) and directly
 by tests with an injected clock. Each pass:
@@ -17,9 +17,11 @@ by tests with an injected clock. Each pass:
    pools an operator holds (`stb drain POOL`) are returned, and those pools lend nothing.
 5. Decide: the pure policy on the observation and the leases as they are now.
 6. Act: lend (a lease, then its Triton job), return (out of routing first), baselines.
-7. Route: publish the ready replicas (baselines and serving leases).
+7. Rollouts: each open model rollout one move further (`bridge.daemon.rollouts`).
+8. Route: publish the ready replicas (baselines and serving leases), with the rollouts'
+   traffic splits as stored.
 
-A standby (another daemon leads: `bridge.leases.leader`) runs only steps 1, 2 and 7 and
+A standby (another daemon leads: `bridge.leases.leader`) runs only steps 1, 2 and 8 and
 the metrics: it never acts. A pass whose write is fenced (this instance was deposed)
 stops there. The advisory pass (`stb daemon --advise`, `bridge.daemon.advisory`) builds
 the policy's view with the same `policy_snapshot` and `LendMemory`, over shadow leases.
