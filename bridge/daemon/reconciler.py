@@ -416,9 +416,10 @@ class Reconciler:
 
 
 def _slo_of(obs: Observation) -> Callable[[str], float | None]:
+    scaled = obs.models.scaled
+
     def slo(model: str) -> float | None:
-        fact = obs.models.facts.get(model)
-        return fact.model.slo_p99_ms if fact is not None and fact.model is not None else None
+        return scaled[model].slo_p99_ms if model in scaled else None
 
     return slo
 

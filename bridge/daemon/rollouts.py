@@ -66,7 +66,7 @@ def share(row: Rollout) -> float:
 class _Counts:
     """One step's counters: per (server, version), the (success, failure) first seen."""
 
-    step: tuple[int, int] = (0, -1)
+    step: int = -1
     base: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
     #: the values read this tick: the next step's baseline when this tick advances
     seen: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
@@ -88,7 +88,7 @@ class RolloutDriver:
             min_requests=r.min_requests, p99_margin=r.p99_margin, p99_floor_ms=r.p99_floor_ms
         )
         self._counts: dict[int, _Counts] = {}
-        #: each open rollout's last verdict (for the status view and the log)
+        #: each open rollout's last verdict (this process's only: not stored)
         self.last: dict[int, Judgement] = {}
 
     def splits(self) -> list[Split]:
@@ -108,25 +108,17 @@ class RolloutDriver:
     ) -> None:
         """One move for each open rollout; `route` publishes the stored splits (in effect
         when it returns)."""
-        for row in self.store.open_rollouts():
-            assert row.id is not None
-            servers = [
-                Server(s.address, self.triton_for(s.address))
-                for s in obs.servers
-                if s.ready and row.model in s.models
-            ]
+        rows = self.store.open_rollouts()
+        for row in rows:
+            holders = [s for s in obs.servers if s.ready and row.model in s.models]
+            servers = [Server(s.address, self.triton_for(s.address)) for s in holders]
             both = {str(row.old_version), str(row.new_version)}
-            lacking = [
-                s.address
-                for s in obs.servers
-                if s.ready and row.model in s.models
-                and not both <= set(s.versions.get(row.model, ()))
-            ]  # fmt: skip
+            lacking = [s.address for s in holders if not both <= set(s.versions.get(row.model, ()))]
             try:
                 self._move(row, servers, lacking, slo_of(row.model), now, route)
             except _ERRORS as exc:
                 report.error(f"rollout {row.model}", exc)
-        for gone in set(self._counts) - {r.id for r in self.store.open_rollouts()}:
+        for gone in set(self._counts) - {r.id for r in rows}:  # ended by an earlier tick
             self._counts.pop(gone, None)
             self.last.pop(gone, None)
 
@@ -188,7 +180,7 @@ class RolloutDriver:
         elif row.step + 1 < len(plan):
             nxt = plan[row.step + 1]
             counts = self._counts[rid]  # the next step counts from what this tick read
-            counts.step, counts.base = (rid, row.step + 1), dict(counts.seen)
+            counts.step, counts.base = row.step + 1, dict(counts.seen)
             self.store.move(
                 rid, "running", now,
                 f"{nxt.percent:g}% after {verdict.why}", step=row.step + 1, figures=figures,
@@ -221,8 +213,8 @@ class RolloutDriver:
         """The new and the old version's figures over the step (see the module)."""
         assert row.id is not None
         counts = self._counts.setdefault(row.id, _Counts())
-        if counts.step != (row.id, row.step):
-            counts.step, counts.base = (row.id, row.step), {}
+        if counts.step != row.step:
+            counts.step, counts.base = row.step, {}
         counts.seen = {}
         totals = {row.new_version: [0.0, 0.0], row.old_version: [0.0, 0.0]}
         p99: dict[int, float | None] = {row.new_version: None, row.old_version: None}

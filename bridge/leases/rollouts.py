@@ -125,7 +125,7 @@ class RolloutStore(Transactions):
             with self._write() as session:
                 open_ = self._open(session, model)
                 if open_ is not None:
-                    raise RolloutError(_busy(open_))
+                    raise RolloutError(busy(open_))
                 row = Rollout(
                     model=model, old_version=old_version, new_version=new_version, plan=plan,
                     hold_s=hold_s, state="pending", created_at=now, updated_at=now, who=who,
@@ -191,6 +191,11 @@ class RolloutStore(Transactions):
             ).all()
         return list(rows)
 
+    def open_of(self, model: str) -> Rollout | None:
+        """The model's open rollout, if it has one."""
+        with self._read() as session:
+            return self._open(session, model)
+
     def of_model(self, model: str) -> list[Rollout]:
         """The model's rollouts, newest first."""
         with self._read() as session:
@@ -215,7 +220,8 @@ class RolloutStore(Transactions):
         ).first()
 
 
-def _busy(row: Rollout) -> str:
+def busy(row: Rollout) -> str:
+    """Why a model with this rollout open cannot start another."""
     return (
         f"{row.model} has a rollout open (version {row.new_version} beside "
         f"{row.old_version}, {row.state}): wait for it to end, one rollout per model at a time"
@@ -224,5 +230,5 @@ def _busy(row: Rollout) -> str:
 
 __all__ = [
     "DONE", "MOVES", "OPEN", "TABLES", "Rollout", "RolloutError", "RolloutEvent",
-    "RolloutStore", "State", "create_schema",
+    "RolloutStore", "State", "busy", "create_schema",
 ]  # fmt: skip

@@ -58,13 +58,12 @@ def _rollouts(cfg: BridgeConfig) -> RolloutStore:
 
 
 def _no_open_rollout(store: RolloutStore, name: str) -> None:
-    for row in store.open_rollouts():
-        if row.model == name:
-            raise PublishError(
-                f"{name} has a rollout open (version {row.new_version} beside "
-                f"{row.old_version}, {row.state}): wait for it to end, or stop it with "
-                f"stb models rollback {name}"
-            )
+    if (row := store.open_of(name)) is not None:
+        raise PublishError(
+            f"{name} has a rollout open (version {row.new_version} beside "
+            f"{row.old_version}, {row.state}): wait for it to end, or stop it with "
+            f"stb models rollback {name}"
+        )
 
 
 @models_app.command("publish")
@@ -192,15 +191,15 @@ def rollback_cmd(
     try:
         repo.model_dir(name)
         store = _rollouts(cfg)
-        open_ = [r for r in store.open_rollouts() if r.model == name]
-        if open_ and open_[0].state in ("pending", "running"):
-            assert open_[0].id is not None
+        running = store.open_of(name)
+        if running is not None and running.state in ("pending", "running"):
+            assert running.id is not None
             why = f"stopped by {history.actor()}: {reason}"
-            store.move(open_[0].id, "rolling_back", datetime.now(UTC), why)
+            store.move(running.id, "rolling_back", datetime.now(UTC), why)
             console.print(
-                f"{name}: the rollout of version {open_[0].new_version} is stopped; the "
-                f"daemon sends every request to version {open_[0].old_version} and sets "
-                f"version {open_[0].new_version} aside",
+                f"{name}: the rollout of version {running.new_version} is stopped; the "
+                f"daemon sends every request to version {running.old_version} and sets "
+                f"version {running.new_version} aside",
                 highlight=False,
             )
             return

@@ -118,6 +118,17 @@ def own_config_text(text: str, cfg: model_config_pb2.ModelConfig, name: str) -> 
     return text if cfg.name else f'name: "{name}"\n{text}'
 
 
+def read_model(src: Path, name: str) -> tuple[str, model_config_pb2.ModelConfig, ModelMeta]:
+    """Step 1 of a publish: the name, the folder and its config checked (nothing written);
+    the config's text, parsed config and the bridge's metadata."""
+    check_name(name)
+    check_source(src)
+    where = src / "config.pbtxt"
+    text = read_config_text(where)
+    cfg = parse_config(text, str(where))
+    return text, cfg, check_model(cfg, name, str(where))
+
+
 def publish(
     repo: ModelRepository,
     src: Path,
@@ -129,12 +140,7 @@ def publish(
     why: str = "",
     who: str | None = None,
 ) -> Outcome:
-    check_name(name)
-    check_source(src)
-    where = src / "config.pbtxt"
-    text = read_config_text(where)
-    cfg = parse_config(text, str(where))
-    meta = check_model(cfg, name, str(where))
+    text, cfg, meta = read_model(src, name)
     if version is not None and version < 1:
         raise PublishError(f"version must be a positive integer, got {version}")
     with repo.lock():

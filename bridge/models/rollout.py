@@ -31,7 +31,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from bridge.leases.rollouts import Rollout, RolloutError, RolloutStore
+from bridge.leases.rollouts import Rollout, RolloutError, RolloutStore, busy
 from bridge.models import checks, history
 from bridge.models.publish import (
     PublishError,
@@ -40,10 +40,11 @@ from bridge.models.publish import (
     holders_of,
     journal,
     own_config_text,
+    read_model,
 )
-from bridge.models.repo import ModelRepository, check_source
+from bridge.models.repo import ModelRepository
 from bridge.policy.rollout import PlanError, parse_plan
-from bridge.triton.repository import check_model, check_name, parse_config, read_config_text
+from bridge.triton.repository import parse_config
 
 
 def pinned(text: str, versions: Sequence[int]) -> str:
@@ -69,16 +70,12 @@ def start(
     daemon does the rest. Refused, with nothing written, for a bad model or plan, a model
     with no version serving yet, a config with its own `version_policy`, or a model with a
     rollout open."""
-    check_name(name)
-    check_source(src)
+    text, cfg, _ = read_model(src, name)
     try:
         parse_plan(plan, hold_s)
     except PlanError as exc:
         raise PublishError(f"--canary {plan!r}: {exc}") from exc
     where = src / "config.pbtxt"
-    text = read_config_text(where)
-    cfg = parse_config(text, str(where))
-    check_model(cfg, name, str(where))
     checks_text = None
     if checks_file is not None:
         try:
@@ -98,12 +95,8 @@ def start(
             raise PublishError(
                 f"{name} has no version serving: publish its first version without --canary"
             )
-        for row in store.open_rollouts():
-            if row.model == name:
-                raise PublishError(
-                    f"{name} has a rollout open (version {row.new_version} beside "
-                    f"{row.old_version}, {row.state}): one rollout per model at a time"
-                )
+        if (open_ := store.open_of(name)) is not None:
+            raise PublishError(busy(open_))
         new = old + 1
         own = own_config_text(text, cfg, name)
         if checks_text is not None:

@@ -126,7 +126,7 @@ def test_the_split_rewrites_unversioned_infer_only() -> None:
     assert "* 2;" in all_new and "% 2;" not in all_new
     plain = RoutingTable.build({"busy": ["127.0.0.1:8000"]})
     assert "splits" not in plain.canonical()  # tables without a split hash as before
-    assert table.version != RoutingTable.build(table.routes and dict(table.routes)).version
+    assert table.version != RoutingTable.build(dict(table.routes)).version
 
 
 @pytest.mark.parametrize(
