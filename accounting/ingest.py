@@ -26,7 +26,7 @@ with SQLAlchemy inserts, the reference the tests compare with.
 from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from contextlib import closing
@@ -899,12 +899,16 @@ class NodeCapacity:
 
 @dataclass(frozen=True)
 class Inventory:
-    """The nodes in service at `at`, to record with an ingest (see `record_inventory`)."""
+    """The nodes in service at `at`, to record with an ingest (see `record_inventory`).
+    A node seen for the first time is taken to have been there since `backfill_from`
+    (when given and earlier), else since its `first_seen` time (when earlier: the first
+    job run it is known to have run), else since `at`."""
 
     cluster: str
     nodes: Sequence[NodeCapacity]
     at: datetime
     backfill_from: datetime | None = None
+    first_seen: Mapping[str, datetime] | None = None
 
 
 def record_inventory(
@@ -925,6 +929,7 @@ def record_inventory(
 def _record_inventory(conn: Connection, inv: Inventory) -> int:
     at = utc(inv.at)
     first = min(utc(inv.backfill_from), at) if inv.backfill_from else at
+    seen_at = {node: min(utc(t), first) for node, t in (inv.first_seen or {}).items()}
     cluster = inv.cluster
     changes = 0
     open_spans = {
@@ -948,7 +953,7 @@ def _record_inventory(conn: Connection, inv: Inventory) -> int:
         conn.execute(
             insert(SPANS).values(
                 cluster=cluster, node=n.node, pool=n.pool, gpu_type=n.gpu_type, gpus=n.gpus,
-                start=first if n.node not in known else at, end=None,
+                start=seen_at.get(n.node, first) if n.node not in known else at, end=None,
             )
         )  # fmt: skip
         changes += 1

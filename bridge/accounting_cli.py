@@ -145,7 +145,7 @@ def agree(
             end = now.replace(minute=0, second=0, microsecond=0)
             start = end - timedelta(hours=24)
         ledger = open_ledger(cfg.accounting.ledger_url)
-        cluster = ledger_cluster(cfg, ledger, [])
+        cluster = ledger_cluster(cfg, ledger, [], SlurmCLI())
         result = sreport_agreement(SlurmCLI(), ledger, cluster, start, end)
     except (LedgerError, SlurmError) as exc:
         raise fail(exc) from exc

@@ -4,8 +4,10 @@ configuration, Slurm, the lease store and the model repository, and runs one ing
 
 - Capacity: from slurmdbd's events (`sacctmgr show event`: the cluster's registered nodes
   over time, each node's down and drain stretches), each node in its pool
-  (`observe.pool_of`), GPUs from its gres as the inventory records them; without events,
-  the nodes Slurm lists now (down or not responding ones out of service).
+  (`observe.pool_of`), GPUs from its gres as the inventory records them; no registration
+  of the cluster is an error naming the clusters slurmdbd knows. With `[accounting]
+  capacity = "inventory"`: the nodes Slurm lists at each ingest (down or not responding
+  ones out of service), each from its first observation or first job run.
 - Workloads: a pool's partition gets its pool's workload (drain -> training, preempt ->
   elastic, reserved -> inference); `[accounting] workloads` names other partitions.
 - Teams: `[accounting] teams` maps accounts; a served model's team is its `stb.team`.
@@ -23,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from accounting.attribution import Context, ServingPoint
 from accounting.buckets import floor_hour
+from accounting.errors import LedgerError
 from accounting.ingest import (
     IngestSummary,
     Inventory,
@@ -39,7 +42,8 @@ from bridge.daemon.launcher import LEASE_TAG_PREFIX, lease_tag
 from bridge.daemon.observation import pool_of
 from bridge.leases.models import Lease
 from bridge.leases.store import LeaseStore
-from bridge.slurm.model import AccountingRecord, Node
+from bridge.slurm.errors import SlurmError
+from bridge.slurm.model import AccountingRecord, Node, SlurmEvent
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.metrics import MetricsPage
 from bridge.triton.repository import model_teams
@@ -119,10 +123,21 @@ def _records(
 
 
 def ledger_cluster(
-    config: BridgeConfig, engine: Engine, records: Sequence[AccountingRecord]
+    config: BridgeConfig,
+    engine: Engine,
+    records: Sequence[AccountingRecord],
+    slurm: SlurmProtocol | None = None,
 ) -> str:
+    """The ledger's name of the cluster: `[accounting] cluster`, else Slurm's ClusterName;
+    where slurmctld cannot say, the name sacct's records carry, else the ledger's last.
+    Never a made-up name: one that matches nothing in slurmdbd books capacity from nothing."""
     if config.accounting.cluster:
         return config.accounting.cluster
+    if slurm is not None:
+        try:
+            return slurm.cluster_name()
+        except SlurmError as exc:
+            log.warning("ledger: Slurm's ClusterName not read (%s): from the records", exc)
     named = [r.cluster for r in records if r.cluster]
     if named:
         return max(set(named), key=named.count)
@@ -130,7 +145,48 @@ def ledger_cluster(
         last = conn.scalar(
             select(NodeSpan.__table__.c.cluster).order_by(NodeSpan.__table__.c.id.desc()).limit(1)  # type: ignore[attr-defined]
         )
-    return str(last) if last else "cluster"
+    if last:
+        return str(last)
+    raise LedgerError(
+        "no cluster name: Slurm did not say its ClusterName, sacct returned no job and the "
+        "ledger has none; set [accounting] cluster"
+    )
+
+
+class NoRegistration(LedgerError):
+    """slurmdbd has no registration event of the ledger's cluster over the window, so
+    capacity from events would be nothing (`[accounting] capacity = "events"`)."""
+
+
+def _registered_events(
+    slurm: SlurmProtocol, cluster: str, since: datetime, until: datetime
+) -> list[SlurmEvent]:
+    """slurmdbd's events of `cluster` over [since, until); `NoRegistration` naming the
+    clusters slurmdbd does know when none of them registers `cluster`."""
+    events = slurm.events(since, until)
+    mine = [e for e in events if e.cluster == cluster]
+    if any(e.is_registration for e in mine):
+        return mine
+    known = sorted({e.cluster for e in events if e.is_registration})
+    names = ", ".join(known) if known else "none"
+    raise NoRegistration(
+        f"slurmdbd has no registration event of cluster {cluster!r} in "
+        f"{since.isoformat()}..{until.isoformat()} (clusters registered then: {names}); "
+        "nothing was booked. Set [accounting] cluster to the cluster's name, or "
+        '[accounting] capacity = "inventory" for a slurmdbd that keeps no events'
+    )
+
+
+def first_runs(records: Iterable[AccountingRecord]) -> dict[str, datetime]:
+    """Each node's earliest run start among `records`: a node that ran a job was there."""
+    out: dict[str, datetime] = {}
+    for rec in records:
+        if rec.start is None:
+            continue
+        for node in rec.nodes:
+            if node not in out or rec.start < out[node]:
+                out[node] = rec.start
+    return out
 
 
 def ingest_window(
@@ -145,40 +201,37 @@ def ingest_window(
     reason: str = "",
     now: datetime | None = None,
     on_step: Callable[[datetime, datetime, int], None] | None = None,
-    events: bool = True,
+    events: bool | None = None,
 ) -> IngestSummary:
     """Record the inventory, then book every sacct run of [since, until) (idle recomputed
     for the window's hours). The window starts on an hour.
 
-    `events`: capacity and down time from slurmdbd's events over the hours the window's
-    records touch (`accounting.capacity`); False: from the inventory alone, a node seen for
-    the first time taken to have been there since `since` (the ledger before events; for a
-    slurmdbd that keeps none)."""
+    `events` (default: `[accounting] capacity` is "events"): capacity and down time from
+    slurmdbd's events over the hours the window's records touch (`accounting.capacity`);
+    no registration of the cluster there is `NoRegistration`, and nothing is booked.
+    False: from the inventory alone, a node seen for the first time taken to have been
+    there since its first run in the window, else since now (never since `since`: the
+    look-back is no evidence that a node existed)."""
     now = now or datetime.now(UTC)
     since = floor_hour(since)
     until = min(until, now)
+    if events is None:
+        events = config.accounting.capacity == "events"
     nodes = slurm.nodes()
     records = list(_records(slurm, since, until, on_step))
-    cluster = ledger_cluster(config, ledger, records)
+    cluster = ledger_cluster(config, ledger, records, slurm)
     ctx = context(config, nodes, leases, horizon=until, cluster=cluster)
     slurm_events = None
     if events:
         first = min([since, *(r.start for r in records if r.start is not None)])
-        slurm_events = [e for e in slurm.events(floor_hour(first), until) if e.cluster == cluster]
-        if not any(e.is_registration for e in slurm_events):
-            log.warning(
-                "ledger: slurmdbd has no registration event of cluster %s in %s..%s: capacity "
-                "from the inventory", cluster, first, until,
-            )  # fmt: skip
-            slurm_events = None
-    by_events = slurm_events is not None
+        slurm_events = _registered_events(slurm, cluster, floor_hour(first), until)
     summary = ingest_records(
         ledger, records, ctx, since=since, until=until, restate=restate, reason=reason, now=now,
         inventory=Inventory(
             cluster,
-            inventory(nodes, config, down_too=by_events),
+            inventory(nodes, config, down_too=events),
             now,
-            backfill_from=None if by_events else since,
+            first_seen=None if events else first_runs(records),
         ),
         events=slurm_events,
     )  # fmt: skip

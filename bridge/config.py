@@ -622,7 +622,16 @@ class AccountingConfig(_Strict):
     )
     cluster: str = Field(
         default="",
-        description="Cluster name for the ledger; empty: the name sacct reports.",
+        description="Cluster name for the ledger; empty: Slurm's ClusterName (scontrol "
+        "show config), the name slurmdbd keys its records by.",
+    )
+    capacity: Literal["events", "inventory"] = Field(
+        default="events",
+        description="Where capacity comes from: `events`, slurmdbd's registration and node "
+        "events, as sreport counts it (an ingest finding no registration of the cluster is "
+        "an error naming the clusters slurmdbd knows); `inventory`, the nodes Slurm lists at "
+        "each ingest, each from its first observation or its first job run (for a slurmdbd "
+        "that keeps no events; down time is then not seen between ingests).",
     )
     ingest_interval_s: float = Field(
         default=300,

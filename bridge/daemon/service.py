@@ -43,6 +43,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from accounting.db import open_ledger
+from accounting.errors import LedgerError
 from bridge.accounting_feed import LedgerFeed
 from bridge.config import BridgeConfig
 from bridge.daemon.advisory import Advisor
@@ -420,6 +421,10 @@ def run_daemon(config: BridgeConfig, *, advise: bool = False) -> None:
                 rec = bridge.reconciler
                 try:
                     summary = feed.ingest(rec.slurm, rec.store, datetime.now(UTC))
+                except LedgerError as exc:  # refused as it stands (its words say why)
+                    bridge.metrics.ledger_ingests.labels("error").inc()
+                    log.error("ledger ingest failed: %s", exc)
+                    return
                 except Exception as exc:  # a failed ingest is retried at the next interval
                     bridge.metrics.ledger_ingests.labels("error").inc()
                     log.exception("ledger ingest failed: %s", exc)

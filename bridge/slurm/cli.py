@@ -131,6 +131,12 @@ class SlurmCLI:
         )
         return parse.parse_sacct_json(out)
 
+    def cluster_name(self) -> str:
+        name = self.config().get("ClusterName", "")
+        if not name:
+            raise UnparseableOutput("scontrol show config", "no ClusterName line")
+        return name
+
     def events(self, since: datetime, until: datetime) -> list[SlurmEvent]:
         if since.tzinfo is None or until.tzinfo is None:
             raise ValueError("events() needs timezone-aware datetimes")

@@ -37,6 +37,11 @@ class SlurmProtocol(Protocol):
         """Slurm's release, e.g. "22.05.8"."""
         ...
 
+    def cluster_name(self) -> str:
+        """The cluster's name (slurm.conf's ClusterName): the name slurmdbd keys its jobs,
+        events and rollups by."""
+        ...
+
     def nodes(self) -> list[Node]:
         """Every node: address, partitions, state and flags, reason, GPU gres."""
         ...

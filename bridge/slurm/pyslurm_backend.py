@@ -263,5 +263,8 @@ class PySlurm:
     def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
         return self._sacct.accounting(since, until)
 
+    def cluster_name(self) -> str:
+        return self._sacct.cluster_name()
+
     def events(self, since: datetime, until: datetime) -> list[SlurmEvent]:
         return self._sacct.events(since, until)

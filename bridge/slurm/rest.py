@@ -477,6 +477,9 @@ class SlurmRest:
         }
         return parse.parse_sacct_json(self._get("db:jobs", "GET slurmdb jobs", params))
 
+    def cluster_name(self) -> str:
+        return self._cli.cluster_name()  # v0.0.38 serves no configuration
+
     def events(self, since: datetime, until: datetime) -> list[SlurmEvent]:
         return self._cli.events(since, until)  # no REST endpoint (class docstring)
 

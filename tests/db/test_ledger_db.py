@@ -302,6 +302,9 @@ class _RecordedSlurm:
     def nodes(self) -> list[Node]:
         return parse_nodes((DATA / "scontrol-nodes-22.05.txt").read_text())
 
+    def cluster_name(self) -> str:
+        return "cluster"
+
     def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
         return parse_sacct_json(self.sacct_text)
 
@@ -346,5 +349,6 @@ def test_a_bad_sacct_record_is_named_and_nothing_is_written(
             since,
             since + timedelta(hours=2),  # type: ignore[arg-type]
             now=since + timedelta(hours=2),
+            events=False,
         )
     assert snapshot(ledger) == before  # not even the inventory

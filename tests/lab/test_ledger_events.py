@@ -3,8 +3,12 @@
 - A first ingest whose window begins before the lab's cluster registered with slurmdbd books
   nothing before that registration (the bug this replaced: every node seen for the first
   time was taken to have existed since the window's start, so the whole look-back window
-  was booked idle). The same ingest with capacity from the inventory, in the same test,
-  does book that time: the check can fail.
+  was booked idle); nor does the same ingest with capacity from the inventory, which books
+  a node from its first job run or its first observation.
+- The same through `stb accounting ingest` with the lab's TOML as a site writes it
+  (`[accounting] cluster` empty, no job yet in the window): the cluster's name is Slurm's
+  ClusterName, so slurmdbd's registration is found; a cluster name slurmdbd does not know is
+  an error naming the ones it does, and nothing is written.
 - A node the bridge fences (drain reason "stb: ...") and one an administrator drains show
   as their own lines, `fenced` and `drained`, each of the node's GPUs x the event's seconds
   as `sacctmgr show event` records them, with who set them.
@@ -18,6 +22,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -37,6 +42,7 @@ from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import SlurmEvent
+from tests.faults.tools import lab_env, stb
 
 pytestmark = pytest.mark.lab
 
@@ -144,10 +150,12 @@ def test_capacity_and_down_time_from_slurm_events(lab: LabSpec, tmp_path: Path) 
                 )
         assert abs(total - expected) <= 1000 * len(gpus) * 4, (bucket, total, expected)
 
-    # the inventory's capacity (the ledger before) books the hour before the cluster existed
-    before = f"sqlite:///{tmp_path / 'inventory.db'}"
-    ingest_window(config, cli, open_ledger(before), since, now, now=now, events=False)
-    assert [r for r in _rows(before) if r[0] < floor_hour(first)]
+    # the inventory's capacity books each node from its first job run in the window (or
+    # from now): never from the window's start, so nothing before the cluster existed either
+    inventory = f"sqlite:///{tmp_path / 'inventory.db'}"
+    ingest_window(config, cli, open_ledger(inventory), since, now, now=now, events=False)
+    booked = _rows(inventory)
+    assert booked and not [r for r in booked if r[0] < floor_hour(first)], "inventory backfill"
 
 
 def test_agrees_with_sreport_over_rolled_up_hours(lab: LabSpec, tmp_path: Path) -> None:
@@ -168,3 +176,69 @@ def test_agrees_with_sreport_over_rolled_up_hours(lab: LabSpec, tmp_path: Path) 
     assert agreement.ok, [
         (d.hour, d.what, d.ledger, d.sreport, d.cause) for d in agreement.differences
     ]
+
+
+def _arrival(registered: list[SlurmEvent]) -> SlurmEvent:
+    """The latest registration that no earlier one covers: when the cluster (re)appeared
+    (on a new lab, its first)."""
+    ordered = sorted(registered, key=lambda e: e.start)
+    fresh = [
+        e
+        for e in ordered
+        if not any(o.start < e.start and (o.end is None or o.end >= e.start) for o in ordered)
+    ]
+    return fresh[-1]
+
+
+def _site_toml(tmp_path: Path, name: str, accounting: str) -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(
+        f'database_url = "sqlite:///{tmp_path / name}-bridge.db"\n'
+        "[accounting]\n"
+        f'ledger_url = "sqlite:///{tmp_path / name}-ledger.db"\n' + accounting
+    )
+    return path
+
+
+def _cli_ingest(lab: LabSpec, toml: Path, since: datetime, until: datetime) -> tuple[int, str]:
+    done = subprocess.run(
+        [stb(), "accounting", "ingest", "--since", since.isoformat(),
+         "--until", until.isoformat(), "-c", str(toml)],
+        env=lab_env(lab), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_a_new_clusters_first_ingest_books_nothing_before_it_registered(
+    lab: LabSpec, tmp_path: Path
+) -> None:
+    cli = SlurmCLI(env=lab.env())
+    now = datetime.now(UTC)
+    registered = [
+        e
+        for e in cli.events(now - timedelta(days=7), now)
+        if e.is_registration and e.cluster == lab.cluster
+    ]
+    assert registered, "slurmdbd holds no registration of the lab's cluster"
+    arrived = _arrival(registered)
+    # ingested at once: the window ends seconds after the registration, three hours back
+    since = floor_hour(arrived.start) - 3 * HOUR
+    until = arrived.start + timedelta(seconds=20)
+
+    toml = _site_toml(tmp_path, "site", "")  # [accounting] cluster left empty, as shipped
+    code, out = _cli_ingest(lab, toml, since, until)
+    print(f"stb accounting ingest, cluster unset: exit {code}: {out.strip()}")
+    assert code == 0, out
+    assert "capacity from the inventory" not in out, out
+    rows = _rows(f"sqlite:///{tmp_path / 'site'}-ledger.db")
+    early = [r for r in rows if r[0] < floor_hour(arrived.start)]
+    assert not early, f"GPU-hours booked before the cluster registered: {early[:5]}"
+    assert sum(ms for *_k, ms in rows) > 0, "the registration's own seconds are booked"
+
+    # a cluster slurmdbd has never heard of: the error names the ones it has; nothing written
+    wrong = _site_toml(tmp_path, "wrong", 'cluster = "no-such-cluster"\n')
+    code, out = _cli_ingest(lab, wrong, since, until)
+    print(f"stb accounting ingest, unknown cluster: exit {code}: {out.strip()}")
+    assert code == 1, out
+    assert "no-such-cluster" in out and lab.cluster in out and "Traceback" not in out, out
+    assert not _rows(f"sqlite:///{tmp_path / 'wrong'}-ledger.db")

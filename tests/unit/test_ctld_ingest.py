@@ -33,6 +33,9 @@ class EventSlurm:
     def nodes(self) -> list[Node]:
         return self._nodes
 
+    def cluster_name(self) -> str:
+        return "stblab"
+
     def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
         return [
             r for r in self._records

@@ -342,7 +342,8 @@ def test_broken_sacct_json_names_what_is_wrong(raw: str, why: str) -> None:
 
 
 class SacctSlurm:
-    """The two reads `ingest_window` makes; day `bad_day` of sacct is cut short."""
+    """The reads `ingest_window` makes; day `bad_day` of sacct is cut short; a slurmdbd
+    that keeps no events (so the ingest takes the inventory's capacity)."""
 
     def __init__(self, nodes: list[Node], bad_day: int | None) -> None:
         self._nodes = nodes
@@ -351,6 +352,9 @@ class SacctSlurm:
 
     def nodes(self) -> list[Node]:
         return self._nodes
+
+    def cluster_name(self) -> str:
+        return "lab"
 
     def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
         self.reads += 1
@@ -381,12 +385,12 @@ def test_an_ingest_with_truncated_sacct_output_writes_nothing(tmp_path: Path) ->
     until, now = since + timedelta(days=2), since + timedelta(days=3)
     slurm = SacctSlurm(nodes, bad_day=2)
     with pytest.raises(UnparseableOutput, match="truncated"):
-        ingest_window(config, slurm, engine, since, until, now=now)  # type: ignore[arg-type]
+        ingest_window(config, slurm, engine, since, until, now=now, events=False)  # type: ignore[arg-type]
     assert slurm.reads == 2
     assert _rows(engine) == empty
     # The same window read whole books the jobs, the capacity and the run.
     slurm = SacctSlurm(nodes, bad_day=None)
-    ingest_window(config, slurm, engine, since, until, now=now)  # type: ignore[arg-type]
+    ingest_window(config, slurm, engine, since, until, now=now, events=False)  # type: ignore[arg-type]
     assert all(n > 0 for n in _rows(engine).values()), _rows(engine)
 
 
