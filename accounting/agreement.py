@@ -12,8 +12,11 @@ neither changes an account's or the cluster's totals, so no allowance is needed 
 What can differ, and the cause each difference is given:
 - GPUs allocated inside an advanced reservation: sreport 22.05 books them as idle (its
   reservations carry no GPU time), the ledger as the job's;
-- an hour slurmdbd rolled up before a job's record reached it, or an ingest before the
-  hour ended: re-ingest or re-roll;
+- an hour slurmdbd rolled up before a job's record reached it (slurmctld queues its
+  messages while slurmdbd is away): the ledger has GPU time of some accounts that sreport
+  lacks, nothing else differs, and the ledger saw those runs change recently: `Pending`,
+  named with the runs, until slurmdbd re-rolls the hour (at its next hourly pass, or at
+  once with `sacctmgr roll`); an ingest before the hour ended: re-ingest;
 - a pool whose allocation and down time exceed its capacity while another has room:
   sreport clamps the cluster, the ledger each pool;
 - Planned: sreport books the time eligible jobs waited (its Planned) to CPUs only, in
@@ -26,14 +29,16 @@ What can differ, and the cause each difference is given:
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, func, select
 
-from accounting.schema import DOWN_WORKLOADS, LedgerRow
+from accounting.schema import DOWN_WORKLOADS, LedgerRow, SourceRecord
 
 LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
+SOURCES = SourceRecord.__table__  # type: ignore[attr-defined]
 #: sreport's columns the ledger is compared on
 COLUMNS = ("allocated", "down", "planned_down", "idle", "planned", "reported")
 
@@ -69,6 +74,33 @@ class Difference:
         return self.ledger - self.sreport
 
 
+@dataclass(frozen=True)
+class ChangedRun:
+    """A job run the ledger books to an hour that sreport's rollup of it may predate."""
+
+    job_id: str
+    account: str
+    start: datetime | None
+    end: datetime | None
+    #: GPU-seconds in the hour, the ledger's
+    gpu_s: int
+    #: when the ledger last saw its record change (or first saw it)
+    changed_at: datetime
+
+
+@dataclass(frozen=True)
+class Pending:
+    """An hour slurmdbd has not re-rolled since a job record of it changed: the ledger has
+    GPU time of some accounts that sreport's rollup lacks and nothing else differs, and the
+    ledger saw those accounts' runs change within a re-roll interval. slurmdbd re-rolls such
+    an hour at its next hourly pass (or at once: `sacctmgr roll`, `stb accounting agree
+    --reroll`). Not a failure of the ledger; `differences` says what sreport lacks now."""
+
+    hour: datetime
+    differences: tuple[Difference, ...]
+    runs: tuple[ChangedRun, ...]
+
+
 @dataclass
 class Agreement:
     hours: list[datetime] = field(default_factory=list)
@@ -77,10 +109,14 @@ class Agreement:
     differences: list[Difference] = field(default_factory=list)
     #: per hour: (ledger, sreport)
     figures: dict[datetime, tuple[HourFigures, HourFigures]] = field(default_factory=dict)
+    #: hours whose rollup lags a changed job record (not differences)
+    pending: list[Pending] = field(default_factory=list)
+    #: hours slurmdbd was asked to roll up again before they were compared
+    rerolled: list[datetime] = field(default_factory=list)
 
     @property
     def agreed(self) -> list[datetime]:
-        bad = {d.hour for d in self.differences}
+        bad = {d.hour for d in self.differences} | {p.hour for p in self.pending}
         return [h for h in self.hours if h not in bad]
 
     @property
@@ -168,6 +204,82 @@ def _cause(column: str, delta: int) -> str:
             "allocated inside an advanced reservation (sreport 22.05 books them idle)"
         )
     return "follows from the other columns"
+
+
+#: how long after a job record changes sreport may still lack it: slurmdbd re-rolls an hour
+#: whose records changed at its next hourly rollup, a few minutes past the hour
+REROLL_LAG = timedelta(minutes=75)
+
+
+def lagging_accounts(differences: Sequence[Difference]) -> set[str] | None:
+    """The accounts whose GPU time sreport lacks, when that is the whole difference (the
+    shape of a rollup that predates a job record: allocated lower by those accounts'
+    shortfall, idle higher by the same, capacity and down time equal); else None."""
+    by_what = {d.what: d for d in differences}
+    accounts = {
+        w.removeprefix("account "): d for w, d in by_what.items() if w.startswith("account ")
+    }
+    alloc = by_what.get("allocated")
+    if alloc is None or alloc.delta <= 0 or not accounts:
+        return None
+    if any(d.delta <= 0 for d in accounts.values()):
+        return None
+    if set(by_what) - {"allocated", "idle"} - {f"account {a}" for a in accounts}:
+        return None
+    idle = by_what.get("idle")
+    if idle is None or idle.delta != -alloc.delta:
+        return None
+    if sum(d.delta for d in accounts.values()) != alloc.delta:
+        return None
+    return set(accounts)
+
+
+def changed_runs(
+    engine: Engine, cluster: str, hour: datetime, accounts: Iterable[str]
+) -> list[ChangedRun]:
+    """The ledger's runs of `accounts` in the hour, the most recently changed first."""
+    q = (
+        select(
+            SOURCES.c.job_id, LEDGER.c.account, SOURCES.c.start, SOURCES.c.end,
+            SOURCES.c.last_changed_at, func.sum(LEDGER.c.gpu_ms),
+        )
+        .join(SOURCES, SOURCES.c.key == LEDGER.c.source)
+        .where(
+            LEDGER.c.bucket == hour, LEDGER.c.cluster == cluster,
+            LEDGER.c.account.in_(sorted(accounts)),
+        )
+        .group_by(
+            SOURCES.c.job_id, LEDGER.c.account, SOURCES.c.start, SOURCES.c.end,
+            SOURCES.c.last_changed_at,
+        )
+    )  # fmt: skip
+    with engine.connect() as conn:
+        runs = [
+            ChangedRun(job, acct, _aware(s), _aware(e), round(int(ms) / 1000), _aware(ch) or hour)
+            for job, acct, s, e, ch, ms in conn.execute(q)
+        ]
+    return sorted(runs, key=lambda r: (r.changed_at, r.end or r.changed_at), reverse=True)
+
+
+def pending_of(
+    hour: datetime,
+    differences: Sequence[Difference],
+    runs: Sequence[ChangedRun],
+    now: datetime,
+) -> Pending | None:
+    """`Pending` when the differences are a lagging rollup's and every lagging account has
+    a run the ledger saw change within `REROLL_LAG` of `now`; else None (a difference)."""
+    accounts = lagging_accounts(differences)
+    if accounts is None:
+        return None
+    recent = [r for r in runs if r.account in accounts and now - r.changed_at < REROLL_LAG]
+    if {r.account for r in recent} != accounts:
+        return None
+    return Pending(hour, tuple(differences), tuple(recent[:3]))
+
+
+def _aware(t: datetime | None) -> datetime | None:
+    return t if t is None or t.tzinfo else t.replace(tzinfo=UTC)
 
 
 def summarize(agreement: Agreement) -> dict[str, int]:

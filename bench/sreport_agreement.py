@@ -5,8 +5,9 @@ Utilization` and `cluster AccountUtilizationByUser`.
 
 The window is ingested afresh into a scratch SQLite ledger twice, in the same run:
   events    capacity and down time from slurmdbd's events (the ledger now)
-  inventory capacity from the nodes the ingest sees, a node seen for the first time taken
-            to have been there since the window's start (the ledger before: the baseline)
+  inventory capacity from the nodes the ingest sees (`[accounting] capacity =
+            "inventory"`), each node from its first job run in the window or its first
+            observation: the baseline, with no down time and no registration gaps
 Each difference is listed with its cause. The lab must have run through at least one whole
 hour (slurmdbd rolls an hour up a few minutes after it ends); hours not rolled up yet are
 named and skipped.
@@ -64,6 +65,10 @@ def _table(name: str, agreement: Agreement) -> None:
     for d in agreement.differences:
         print(f"  {d.hour:%m-%d %H:00} {d.what}: ledger {d.ledger:,} sreport {d.sreport:,} "
               f"({d.delta:+,}): {d.cause}")  # fmt: skip
+    for p in agreement.pending:
+        print(f"  {p.hour:%m-%d %H:00} pending (slurmdbd has not re-rolled it): "
+              + ", ".join(f"{d.what} {d.delta:+,}" for d in p.differences)
+              + "; changed runs: " + ", ".join(f"job {r.job_id}" for r in p.runs))  # fmt: skip
     if agreement.not_rolled:
         print(f"  not rolled up yet: {', '.join(f'{h:%H:00}' for h in agreement.not_rolled)}")
 
@@ -97,7 +102,7 @@ def main() -> int:
     print(
         f"RESULT hours={len(now_.hours)} agreed={len(now_.agreed)} "
         f"baseline_agreed={len(base.agreed)} differences={len(now_.differences)} "
-        f"baseline_differences={len(base.differences)} "
+        f"baseline_differences={len(base.differences)} pending={len(now_.pending)} "
         + " ".join(f"{k}={v}" for k, v in sorted(figures.items()))
         + f" baseline_ledger_idle_s={base_figures.get('ledger_idle_s', 0)}"
         f" baseline_ledger_reported_s={base_figures.get('ledger_reported_s', 0)}"

@@ -4,13 +4,40 @@ completed hour of a window and compares it with the ledger (`accounting.agreemen
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import Engine
 
-from accounting.agreement import Agreement, HourFigures, compare, ledger_hour
+from accounting.agreement import (
+    Agreement,
+    Difference,
+    HourFigures,
+    Pending,
+    changed_runs,
+    compare,
+    lagging_accounts,
+    ledger_hour,
+    pending_of,
+)
 from accounting.buckets import HOUR, floor_hour, hours
 from bridge.slurm.cli import SlurmCLI
+
+
+def _sreport_hour(slurm: SlurmCLI, cluster: str, hour: datetime) -> HourFigures | None:
+    """sreport's figures of one hour; None when it has no line of the cluster."""
+    lines = [u for u in slurm.cluster_utilization(hour, hour + HOUR) if u.cluster == cluster]
+    if not lines:
+        return None
+    u = lines[0]
+    return HourFigures(
+        allocated=u.allocated,
+        down=u.down,
+        planned_down=u.planned_down,
+        idle=u.idle,
+        reported=u.reported,
+        accounts=slurm.account_utilization(hour, hour + HOUR),
+        planned=u.planned,
+    )
 
 
 def sreport_agreement(
@@ -19,15 +46,24 @@ def sreport_agreement(
     cluster: str,
     start: datetime,
     end: datetime,
+    *,
+    reroll: bool = False,
+    now: datetime | None = None,
 ) -> Agreement:
     """Compare each hour of [start, end) (on hours) that slurmdbd has rolled up. An hour
     in which slurmdbd had no registration of the cluster (sreport has no line for it) is
-    compared with zeros: the ledger must book nothing there either."""
+    compared with zeros: the ledger must book nothing there either.
+
+    An hour whose only difference is GPU time of accounts the ledger saw change lately is
+    `Pending` (slurmdbd re-rolls it at its next pass), not a difference. `reroll`: an hour
+    that differs is first rolled up again (`sacctmgr roll`, a Slurm administrator's
+    right) and compared anew; what still differs then is a difference."""
+    now = now or datetime.now(UTC)
     out = Agreement()
     for hour in hours(start, floor_hour(end)):
-        lines = [u for u in slurm.cluster_utilization(hour, hour + HOUR) if u.cluster == cluster]
         led = ledger_hour(ledger, cluster, hour)
-        if not lines:
+        srep = _sreport_hour(slurm, cluster, hour)
+        if srep is None:
             # no line: slurmdbd has not rolled the hour up yet, or the cluster was not
             # registered in it at all; then sreport's figures are zero, and so must the
             # ledger's be
@@ -37,21 +73,27 @@ def sreport_agreement(
             if registered:
                 out.not_rolled.append(hour)
                 continue
-            out.hours.append(hour)
-            out.figures[hour] = (led, HourFigures())
-            out.differences.extend(compare(hour, led, HourFigures()))
-            continue
-        u = lines[0]
-        srep = HourFigures(
-            allocated=u.allocated,
-            down=u.down,
-            planned_down=u.planned_down,
-            idle=u.idle,
-            reported=u.reported,
-            accounts=slurm.account_utilization(hour, hour + HOUR),
-            planned=u.planned,
-        )
+            srep = HourFigures()
+        diffs = compare(hour, led, srep)
+        if diffs and reroll:
+            slurm.reroll(hour, hour + HOUR)
+            out.rerolled.append(hour)
+            srep = _sreport_hour(slurm, cluster, hour) or HourFigures()
+            diffs = compare(hour, led, srep)
         out.hours.append(hour)
         out.figures[hour] = (led, srep)
-        out.differences.extend(compare(hour, led, srep))
+        pending = None if reroll or not diffs else _pending(ledger, cluster, hour, diffs, now)
+        if pending is not None:
+            out.pending.append(pending)
+        else:
+            out.differences.extend(diffs)
     return out
+
+
+def _pending(
+    ledger: Engine, cluster: str, hour: datetime, diffs: list[Difference], now: datetime
+) -> Pending | None:
+    accounts = lagging_accounts(diffs)
+    if accounts is None:
+        return None
+    return pending_of(hour, diffs, changed_runs(ledger, cluster, hour, accounts), now)

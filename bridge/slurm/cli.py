@@ -216,6 +216,14 @@ class SlurmCLI:
                       "AccountUtilizationByUser", *self._sreport_window(start, end))
         )  # fmt: skip
 
+    def reroll(self, start: datetime, end: datetime) -> None:
+        """Have slurmdbd roll [start, end) up again now (`sacctmgr roll`, which needs a
+        Slurm administrator): the hours of a job record that reached it after their rollup
+        are otherwise corrected only at its next hourly pass."""
+        self._sreport_args(start, end)  # the same checks of the window
+        self._run("sacctmgr", "-i", "roll", *(w.partition("=")[2] for w in
+                  self._sreport_window(start, end)))  # fmt: skip
+
     @staticmethod
     def _sreport_args(start: datetime, end: datetime) -> tuple[str, ...]:
         if start.tzinfo is None or end.tzinfo is None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from accounting.agreement import changed_runs
 from accounting.db import open_ledger
 from accounting.ingest import LEDGER
 from bridge.accounting_feed import ingest_window
@@ -75,3 +76,9 @@ def test_a_job_across_the_gap_is_not_down(tmp_path: Path) -> None:
     # idle only outside the gap: n5 4 x 30 min less the job's 2 x 20 min; n3 4 x 30 min
     assert at[("training", "idle")] == (4 * 30 - 2 * 20) * 60_000
     assert at[("elastic", "idle")] == 4 * 30 * 60_000
+
+    # the agreement check's changed runs of that hour: the job, its GPU-seconds in the hour
+    runs = changed_runs(engine, "stblab", T0, ["a"])
+    assert [(r.job_id, r.account, r.gpu_s) for r in runs] == [("7", "a", 2 * 50 * 60)]
+    assert runs[0].start == job.start and runs[0].end == job.end
+    assert changed_runs(engine, "stblab", T0, ["other"]) == []
