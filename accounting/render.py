@@ -12,6 +12,7 @@ import io
 import json
 from collections.abc import Sequence
 
+from rich.markup import escape
 from rich.table import Table
 
 from accounting.rates import money
@@ -44,13 +45,15 @@ def to_table(report: Report) -> Table:
     title = f"GPU-hours {report.window.label}" + (
         f", by {', '.join(report.by)}" if report.by else ""
     )
-    table = Table(title=title, caption="; ".join(report.notes) or None)
+    # the ledger's names (teams, models, notes naming `[accounting]`) are no markup
+    table = Table(title=escape(title), caption=escape("; ".join(report.notes)) or None)
     for col in report.columns():
         right = col in ("gpu_hours", "cost")
-        table.add_column(col + (cur if col == "cost" else ""), justify="right" if right else "left")
+        head = escape(col + (cur if col == "cost" else ""))
+        table.add_column(head, justify="right" if right else "left")
     for line in report.lines:
         d = line.as_dict()
-        table.add_row(*(_cell(col, d.get(col)) for col in report.columns()))
+        table.add_row(*(escape(_cell(col, d.get(col))) for col in report.columns()))
     total = ["total"] + [""] * (len(report.columns()) - 1)
     total[report.columns().index("gpu_hours")] = f"{report.total_gpu_ms / 3_600_000:,.3f}"
     if report.total_cost is not None:

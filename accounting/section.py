@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -57,13 +58,14 @@ def cell(value: Any) -> str:
 
 
 def to_rich(section: Section) -> Table:
-    table = Table(title=section.title, caption="; ".join(section.notes) or None)
+    # names from the ledger and notes naming `[accounting]` are no markup
+    table = Table(title=escape(section.title), caption=escape("; ".join(section.notes)) or None)
     first = section.rows[0] if section.rows else {}
     for col in section.columns:
         numeric = isinstance(first.get(col), int | float | Decimal)
-        table.add_column(col, justify="right" if numeric else "left")
+        table.add_column(escape(col), justify="right" if numeric else "left")
     for row in section.rows:
-        table.add_row(*(cell(row.get(c)) for c in section.columns))
+        table.add_row(*(escape(cell(row.get(c))) for c in section.columns))
     return table
 
 

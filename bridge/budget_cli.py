@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from accounting.budget import (
@@ -27,7 +28,8 @@ from accounting.db import open_ledger
 from accounting.errors import LedgerError
 from accounting.rates import RateBook, list_rates
 from bridge.budget import EnforcementError, enforce, lift, team_account
-from bridge.config_cli import ConfigOpt, fail, load_or_exit
+from bridge.cli_text import fail, say
+from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import SlurmError
 
@@ -75,19 +77,19 @@ def set_(
             spec = BudgetSpec(
                 spec.team, spec.amount, spec.unit, spec.currency, spec.period, True, acct, note
             )
-            console.print(f"Slurm: GrpTRESMins=gres/gpu={minutes} on account {acct}")
+            say(console, f"Slurm: GrpTRESMins=gres/gpu={minutes} on account {acct}")
         new = set_budget(ledger, spec, getpass.getuser(), datetime.now(UTC))
         restore = None  # written: Slurm's new limit stands
         if before is not None and before.enforce and before.slurm_account != spec.slurm_account:
             lift(slurm, before.slurm_account)
-            console.print(f"Slurm: the limit on account {before.slurm_account} lifted")
+            say(console, f"Slurm: the limit on account {before.slurm_account} lifted")
     except (BudgetError, EnforcementError, LedgerError, SlurmError, ValueError) as exc:
         if restore is not None:  # the budget was not written: Slurm's limit as it was
             with contextlib.suppress(SlurmError):
                 slurm.set_account_gpu_minutes(*restore)
         raise fail(exc) from exc
     what = f"{spec.amount} {spec.currency or 'GPU-hours'} per {spec.period}"
-    console.print(f"{'set' if new else 'replaced'} budget of {team}: {what}")
+    say(console, f"{'set' if new else 'replaced'} budget of {team}: {what}")
 
 
 @budget_app.command()
@@ -115,9 +117,10 @@ def status(
         b = r.budget
         unit = b.currency or "GPU-h"
         table.add_row(
-            b.team, f"{b.amount} {unit}", f"{r.used:.1f}", f"{100 * r.used_ratio:.0f}%",
+            escape(b.team), escape(f"{b.amount} {unit}"), f"{r.used:.1f}",
+            f"{100 * r.used_ratio:.0f}%",
             f"{r.burn_per_day:.2f}", f"{r.forecast:.1f} ({100 * r.forecast_ratio:.0f}%)",
-            r.state, b.slurm_account if b.enforce else "-",
+            r.state, escape(b.slurm_account) if b.enforce else "-",
         )  # fmt: skip
     Console().print(table)
 
@@ -139,4 +142,4 @@ def remove(
         remove_budget(ledger, team)
     except (BudgetError, LedgerError, SlurmError) as exc:
         raise fail(exc) from exc
-    console.print(f"removed the budget of {team}")
+    say(console, f"removed the budget of {team}")

@@ -3,8 +3,9 @@ field, show each model's effective SLO and bounds and where each came from (the 
 repository or the TOML's override; exit 1 when a model's metadata is refused), and with
 `--live` what would stop it working on this cluster; `stb init`: a
 starting configuration from the cluster (`bridge.init`). Also what every command that
-reads the configuration shares: the `--config` option, `load_or_exit` and `fail` (an
-error printed on stderr, exit 1)."""
+reads the configuration shares: the `--config` option and `load_or_exit` (`fail`, the
+error line, is `bridge.cli_text`'s, also importable from here). Everything from the file
+or the cluster prints as it is (escaped: `[triton]` in a message stays)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from bridge.cli_text import error, say
+from bridge.cli_text import fail as fail  # the commands' error line, re-exported
 from bridge.config import BridgeConfig, ConfigError, load_config, unknown_env
 from bridge.init import InitError, live_problems, propose, render
 from bridge.slurm.errors import SlurmError
@@ -25,24 +28,17 @@ from bridge.slurm.model import Node, Partition
 
 config_app = typer.Typer(help="The bridge's configuration file.", no_args_is_help=True)
 console = Console()
-errors = Console(stderr=True)
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Bridge TOML file.")]
 
 
 def load_or_exit(path: Path | None) -> BridgeConfig:
-    """The configuration, or exit 1 naming each bad field."""
+    """The configuration, or exit 1 naming each bad field (`error: FILE: N problem(s)`,
+    then a line per field)."""
     try:
         return load_config(path)
     except ConfigError as exc:
-        errors.print(f"[red]{exc}[/red]")
+        error(exc)
         raise typer.Exit(code=1) from exc
-
-
-def fail(exc: Exception) -> typer.Exit:
-    """Print `exc` as the command's error (one unwrapped line) and return the exit. The
-    text is escaped: an error quoting `[gpu:1]` or `[/x]` from its input prints as is."""
-    errors.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
-    return typer.Exit(code=1)
 
 
 @config_app.command()
@@ -58,17 +54,20 @@ def check(
 ) -> None:
     """Validate FILE (with STB_ environment overrides); exit 1 naming each bad field."""
     for name in unknown_env(dict(os.environ)):
-        console.print(f"[yellow]warning:[/yellow] environment variable {name} names no setting")
+        console.print(
+            f"[yellow]warning:[/yellow] environment variable {escape(name)} names no setting"
+        )
     try:
         cfg = load_config(path)
     except ConfigError as exc:
-        console.print(f"[red]{exc.source}: invalid[/red]")
+        console.print(f"[red]{escape(exc.source)}: invalid[/red]", soft_wrap=True)
         for field, msg in exc.problems:
-            console.print(f"  [bold]{field}[/bold]: {msg}")
+            console.print(f"  [bold]{escape(field)}[/bold]: {escape(msg)}", soft_wrap=True)
         raise typer.Exit(code=1) from exc
     console.print(
-        f"[green]{path}: valid[/green] ({len(cfg.pools)} pools, {len(cfg.models)} model overrides, "
-        f"tick {cfg.tick_s:g}s, database {cfg.database_url})"
+        f"[green]{escape(str(path))}: valid[/green] ({len(cfg.pools)} pools, "
+        f"{len(cfg.models)} model overrides, tick {cfg.tick_s:g}s, database "
+        f"{escape(cfg.database_url)})"
     )
     if show_models(cfg):
         raise typer.Exit(code=1)
@@ -93,20 +92,19 @@ def show_models(cfg: BridgeConfig) -> bool:
 
     facts = site_models(cfg)
     where = facts.repository or "no model repository"
-    console.print(escape(f"models ({where}, with the TOML's [models] overrides):"), highlight=False)
+    say(console, f"models ({where}, with the TOML's [models] overrides):")
     for name, fact in facts.facts.items():
         m = fact.model
         if m is None:
-            console.print(f"  {name}: [yellow]{escape(fact.why)}[/yellow]", soft_wrap=True)
+            console.print(f"  {escape(name)}: [yellow]{escape(fact.why)}[/yellow]", soft_wrap=True)
             continue
         src = fact.source_of
         instances = f", instances {m.instances} ({src('instances')})" if m.instances else ""
-        console.print(
+        say(
+            console,
             f"  {name}: SLO p99 {m.slo_p99_ms:g} ms ({src('slo_p99_ms')}), replicas "
             f"{m.min_replicas} ({src('min_replicas')}) to {m.max_replicas} "
             f"({src('max_replicas')}){instances}",
-            highlight=False,
-            soft_wrap=True,
         )
     if facts.repository_note:
         console.print(f"  [yellow]{escape(facts.repository_note)}[/yellow]", soft_wrap=True)
@@ -116,7 +114,7 @@ def show_models(cfg: BridgeConfig) -> bool:
         for line in fact.warnings:
             console.print(f"  [yellow]warning[/yellow]: {escape(line)}", soft_wrap=True)
         for line in fact.overrides:
-            console.print(f"  override: {escape(line)}", highlight=False, soft_wrap=True)
+            say(console, f"  override: {line}")
     return bool(facts.problems)
 
 
@@ -204,15 +202,14 @@ def init(
     text = render(proposal, source=source)
     _write(output, text)
     for pool in proposal.pools:
-        console.print(
+        say(
+            console,
             f"pool {pool.name}: partition {pool.partition}, {pool.lend_mode} "
             f"({len(pool.nodes)} nodes, {pool.gpus} GPUs): {pool.why}",
-            soft_wrap=True,
-            highlight=False,
         )
     for note in proposal.notes:
-        console.print(f"left out: {note}", highlight=False)
-    console.print(f"wrote {output}; next: stb config check {output} --live", highlight=False)
+        say(console, f"left out: {note}")
+    say(console, f"wrote {output}; next: stb config check {output} --live")
 
 
 def _write(path: Path, text: str) -> None:

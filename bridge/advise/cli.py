@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from accounting.errors import WindowError
 from accounting.report import Window
 from bridge.accounting_cli import parse_time
 from bridge.advise.summary import Summary, arrivals, summarise
+from bridge.cli_text import say
 from bridge.config import BridgeConfig, ModelConfig
 from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.db import make_engine
@@ -80,7 +82,7 @@ def replay_span(
 
 @advise_app.command("report")
 def report(
-    window: Annotated[str, typer.Option(help="YYYY-MM, YYYY-MM-DD, -N[mhd] or START..END.")],
+    window: Annotated[str, typer.Option(help="YYYY-MM, YYYY-MM-DD, -N\\[mhd] or START..END.")],
     config: ConfigOpt = None,
     fmt: Annotated[str, typer.Option("--format", help="|".join(FORMATS))] = "table",
     with_replay: Annotated[
@@ -207,14 +209,15 @@ def _s(x: float) -> str:
 
 
 def _print(summary: Summary, replayed: Replay | None, problem: str | None) -> None:
-    console.print(
+    say(
+        console,
         f"advice {summary.label}: {summary.decisions} decisions, {summary.ticks} ticks "
         f"recorded"
         + (
             f" ({summary.first_sample:%Y-%m-%d %H:%M:%S} .. {summary.last_sample:%H:%M:%S} UTC)"
             if summary.first_sample and summary.last_sample
             else ""
-        )
+        ),
     )
     days = Table(title="advice per day (UTC)")
     for col in ("day", "lend", "return", "baseline"):
@@ -227,9 +230,9 @@ def _print(summary: Summary, replayed: Replay | None, problem: str | None) -> No
     lends.add_column("name")
     lends.add_column("lends", justify="right")
     for pool, n in sorted(summary.lends_by_pool.items()):
-        lends.add_row("pool", pool, str(n))
+        lends.add_row("pool", escape(pool), str(n))
     for model, n in sorted(summary.lends_by_model.items()):
-        lends.add_row("model", model, str(n))
+        lends.add_row("model", escape(model), str(n))
     console.print(lends)
     if summary.under_shadow:
         console.print(
@@ -241,7 +244,7 @@ def _print(summary: Summary, replayed: Replay | None, problem: str | None) -> No
         models.add_column(col, justify="left" if col == "model" else "right")
     for name, m in summary.models.items():
         models.add_row(
-            name,
+            escape(name),
             f"{m.slo_p99_ms:g}",
             str(m.minutes),
             str(m.breach_minutes),
@@ -251,7 +254,7 @@ def _print(summary: Summary, replayed: Replay | None, problem: str | None) -> No
     console.print(models)
     if replayed is None:
         if problem:
-            console.print(f"[yellow]replay: {problem}[/yellow]")
+            console.print(f"[yellow]replay: {escape(problem)}[/yellow]", soft_wrap=True)
         return
     names = list(replayed.results)
     table = Table(
@@ -260,14 +263,15 @@ def _print(summary: Summary, replayed: Replay | None, problem: str | None) -> No
     )
     table.add_column("")
     for name in names:
-        table.add_column(name, justify="right")
+        table.add_column(escape(name), justify="right")
     results = [replayed.results[n] for n in names]
     for model in results[0].models:
+        shown = escape(model)
         table.add_row(
-            f"{model}: requests within SLO", *(_pct(r.models[model].within_share) for r in results)
+            f"{shown}: requests within SLO", *(_pct(r.models[model].within_share) for r in results)
         )
         table.add_row(
-            f"{model}: minutes within SLO", *(_pct(r.models[model].minutes_share) for r in results)
+            f"{shown}: minutes within SLO", *(_pct(r.models[model].minutes_share) for r in results)
         )
     for kind in results[0].queues:
         table.add_row(f"{kind}: wait mean", *(_s(r.queues[kind].wait_mean_s) for r in results))
@@ -283,7 +287,7 @@ def _print(summary: Summary, replayed: Replay | None, problem: str | None) -> No
         f"{replayed.results['lending'].lends}"
     )
     for note in replayed.notes:
-        console.print(f"  note: {note}")
+        say(console, f"  note: {note}")
 
 
 __all__ = ["advise_app", "parse_window", "replay_span", "report"]

@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bridge.cli_text import fail, say
 from bridge.config import BridgeConfig
 from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.daemon.actuator import record_of
@@ -67,8 +68,7 @@ def daemon(config: ConfigOpt = None, advise: AdviseOpt = False) -> None:
     try:
         run_daemon(load_or_exit(config), advise=advise)
     except DaemonError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(code=1) from exc
+        raise fail(exc) from exc
 
 
 @dataclass
@@ -205,46 +205,51 @@ def status(
         pools.add_column(col)
     for name, p in doc["pools"].items():
         pools.add_row(
-            name, p["partition"], p["mode"], " ".join(p["nodes"]), " ".join(p["lent"]) or "-"
+            *map(escape, (name, p["partition"], p["mode"], " ".join(p["nodes"]))),
+            escape(" ".join(p["lent"])) or "-",
         )
     console.print(pools)
     lead = doc["leader"]
     if lead is not None:
         alive = lead["expires_in_s"] > 0
+        who = escape(str(lead["instance"]))
         console.print(
-            f"active bridge: {lead['instance']} (epoch {lead['epoch']}, since {lead['since']})"
+            f"active bridge: {who} (epoch {lead['epoch']}, since {lead['since']})"
             if alive
-            else f"[red]no active bridge: {lead['instance']}'s lease ran out "
+            else f"[red]no active bridge: {who}'s lease ran out "
             f"{-lead['expires_in_s']:.0f}s ago[/red]"
         )
     health = doc["daemon_health"]
     if health is not None and "role" in health:
-        console.print(f"this host's daemon ({health['instance']}): {health['role']}")
+        say(console, f"this host's daemon ({health['instance']}): {health['role']}")
     for pool, hold in doc["holds"].items():
         console.print(
-            f"[yellow]pool {pool} held by {hold['by']} since {hold['since']}"
-            + (f": {hold['reason']}" if hold["reason"] else "")
-            + "[/yellow]"
+            escape(
+                f"pool {pool} held by {hold['by']} since {hold['since']}"
+                + (f": {hold['reason']}" if hold["reason"] else "")
+            ),
+            style="yellow",
+            soft_wrap=True,
         )
     leases = Table(title="open leases")
     for col in ("id", "node", "pool", "state", "models", "job", "age", "in state", "reason"):
         leases.add_column(col)
     for lease in doc["leases"]:
-        state = lease["state"]
+        state = escape(lease["state"])
         if lease["stuck"]:
             state = f"[red]{state} (stuck)[/red]"
         if lease["retries"]:
             state += f" ({lease['retries']} retries)"
         leases.add_row(
             str(lease["id"]),
-            lease["node"],
-            lease["pool"],
+            escape(lease["node"]),
+            escape(lease["pool"]),
             state,
-            ",".join(lease["models"]),
-            lease["job"] or "-",
+            escape(",".join(lease["models"])),
+            escape(lease["job"] or "-"),
             f"{lease['age_s']}s",
             f"{lease['in_state_s']}s",
-            lease["reason"],
+            escape(lease["reason"]),
         )
     console.print(leases)
     if doc["failed"]:
@@ -254,18 +259,17 @@ def status(
         for f in doc["failed"]:
             failures.add_row(
                 str(f["id"]),
-                f["node"],
-                f["pool"],
-                f["at"],
-                f["from"] or "-",
-                f["state"],
-                f["reason"],
+                *map(escape, (f["node"], f["pool"], f["at"], f["from"] or "-", f["state"])),
+                escape(f["reason"]),
             )
         console.print(failures)
     if health is not None and health.get("last_outcome") not in (None, "ok"):
-        console.print(f"[yellow]daemon's last pass: {health['last_outcome']}[/yellow]")
+        console.print(
+            f"[yellow]daemon's last pass: {escape(str(health['last_outcome']))}[/yellow]",
+            soft_wrap=True,
+        )
         for line in health.get("last_errors", []):
-            console.print(f"  {line}")
+            say(console, f"  {line}")
     models = Table(
         title="models" + ("" if doc["daemon_reachable"] else " (daemon not reachable: no p99)")
     )
@@ -277,7 +281,7 @@ def status(
         notes += m["notes"]
         if not m["scaled"]:
             shown = "-" if p99 is None else f"{p99:.0f}"
-            models.add_row(name, shown, "-", "-", f"[yellow]{escape(m['why'])}[/yellow]")
+            models.add_row(escape(name), shown, "-", "-", f"[yellow]{escape(m['why'])}[/yellow]")
             continue
         shown = (
             "-"
@@ -285,17 +289,17 @@ def status(
             else (f"[red]{p99:.0f}[/red]" if p99 > m["slo_p99_ms"] else f"{p99:.0f}")
         )
         models.add_row(
-            name,
+            escape(name),
             shown,
             f"{m['slo_p99_ms']:g}",
             f"{m['replicas'][0]}-{m['replicas'][1]}",
-            _sources(m["sources"]),
+            escape(_sources(m["sources"])),
         )
     console.print(models)
     for note in notes:
-        console.print(f"  {escape(note)}", highlight=False, soft_wrap=True)
+        say(console, f"  {note}")
     if doc["slurm_error"]:
-        console.print(f"[yellow]Slurm: {doc['slurm_error']}[/yellow]")
+        console.print(f"[yellow]Slurm: {escape(doc['slurm_error'])}[/yellow]", soft_wrap=True)
 
 
 def _sources(sources: dict[str, str]) -> str:
@@ -429,8 +433,7 @@ class Channel:
 
 
 def _fail(message: str) -> NoReturn:
-    console.print(f"[red]error:[/red] {escape(message)}")
-    raise typer.Exit(code=1)
+    raise fail(message)
 
 
 def _wait(channel: Channel, request_id: int, timeout_s: float) -> None:
@@ -439,9 +442,7 @@ def _wait(channel: Channel, request_id: int, timeout_s: float) -> None:
         outcome = channel.outcome(request_id)
         if outcome is not None:
             bad = outcome.startswith(("refused", "failed"))
-            console.print(
-                ("[red]" if bad else "[green]") + outcome + ("[/red]" if bad else "[/green]")
-            )
+            console.print(escape(outcome), style="red" if bad else "green", soft_wrap=True)
             if bad:
                 raise typer.Exit(code=1)
             return
@@ -476,7 +477,7 @@ def lend(
         _fail(f"unknown models {', '.join(unknown)}; known: {', '.join(known)}")
     channel = Channel(cfg, api, token_file, ca)
     request_id = channel.lend(node, names)
-    console.print(f"request {request_id}: lend {node}")
+    say(console, f"request {request_id}: lend {node}")
     if wait > 0:
         _wait(channel, request_id, wait)
 
@@ -507,7 +508,7 @@ def drain(
 ) -> None:
     """Hold POOL: the daemon lends none of its nodes and returns its leases, until
     `stb resume POOL`."""
-    console.print(Channel(load_or_exit(config), api, token_file, ca).hold(pool, reason, True))
+    say(console, Channel(load_or_exit(config), api, token_file, ca).hold(pool, reason, True))
 
 
 def resume(
@@ -518,14 +519,14 @@ def resume(
     ca: CaOpt = None,
 ) -> None:
     """Lift the hold `stb drain POOL` put on POOL."""
-    console.print(Channel(load_or_exit(config), api, token_file, ca).hold(pool, "", False))
+    say(console, Channel(load_or_exit(config), api, token_file, ca).hold(pool, "", False))
 
 
 def token(
     name: Annotated[str, typer.Argument(help="Who the token is for (recorded with requests).")],
     roles: Annotated[str, typer.Option(help="Comma-separated roles: finance, operator, metrics.")],
     tokens_file: Annotated[
-        Path | None, typer.Option("--file", help="Tokens file (default: [api] tokens_file).")
+        Path | None, typer.Option("--file", help="Tokens file (default: \\[api] tokens_file).")
     ] = None,
     config: ConfigOpt = None,
 ) -> None:

@@ -8,8 +8,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from bridge.cli_text import fail, say
 from bridge.lab import lab as lab_mod
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec, LabSpecError
@@ -27,18 +29,13 @@ DirOpt = Annotated[
 
 
 def _say(msg: str) -> None:
-    console.print(f"[dim]lab:[/dim] {msg}")
+    console.print(f"[dim]lab:[/dim] {escape(msg)}", soft_wrap=True)
 
 
 def _spec(lab_dir: Path | None) -> LabSpec:
     lab_dir = (lab_dir or default_lab_dir()).resolve()
     spec = LabSpec.load(lab_dir)
     return spec if spec is not None else LabSpec(lab_dir=lab_dir)
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}")
-    return typer.Exit(code=1)
 
 
 @lab_app.command()
@@ -64,10 +61,10 @@ def up(
         start = time.monotonic()
         lab_mod.up(spec, say=_say, install=not no_install)
     except (LabSpecError, RuntimeError) as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     console.print(
         f"[green]lab up[/green] in {time.monotonic() - start:.1f}s: "
-        f"{spec.node_count} nodes, {spec.gpus_per_node}x{spec.gpu_type} each"
+        f"{spec.node_count} nodes, {spec.gpus_per_node}x{escape(spec.gpu_type)} each"
     )
     _print_status(spec)
 
@@ -78,7 +75,7 @@ def down(lab_dir: DirOpt = None) -> None:
     try:
         lab_mod.down(_spec(lab_dir), say=_say)
     except RuntimeError as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc
     console.print("[green]lab down[/green]")
 
 
@@ -87,7 +84,7 @@ def status(lab_dir: DirOpt = None) -> None:
     """Say which lab daemons run, where their logs are, and the Slurm view."""
     spec = _spec(lab_dir)
     if not (spec.lab_dir / "lab.json").exists():
-        console.print(f"no lab at {spec.lab_dir}; `stb lab up` makes one")
+        say(console, f"no lab at {spec.lab_dir}; `stb lab up` makes one")
         raise typer.Exit(code=1)
     _print_status(spec)
     if not all(d.pid for d in lab_mod.status(spec)):
@@ -95,7 +92,7 @@ def status(lab_dir: DirOpt = None) -> None:
 
 
 def _print_status(spec: LabSpec) -> None:
-    table = Table(title=f"lab at {spec.lab_dir}")
+    table = Table(title=escape(f"lab at {spec.lab_dir}"))
     for col in ("daemon", "state", "pid", "log"):
         table.add_column(col)
     for d in lab_mod.status(spec):
@@ -103,7 +100,7 @@ def _print_status(spec: LabSpec) -> None:
             d.name,
             "[green]running[/green]" if d.pid else "[red]stopped[/red]",
             str(d.pid or "-"),
-            str(d.log),
+            escape(str(d.log)),
         )
     console.print(table)
     nodes = Table(title="nodes")
@@ -111,15 +108,17 @@ def _print_status(spec: LabSpec) -> None:
         nodes.add_column(col)
     for n in spec.nodes:
         nodes.add_row(
-            n.name, n.addr, str(n.port), n.pool, f"gpu:{spec.gpu_type}:{spec.gpus_per_node}"
+            *map(escape, (n.name, n.addr, str(n.port), n.pool)),
+            escape(f"gpu:{spec.gpu_type}:{spec.gpus_per_node}"),
         )
     console.print(nodes)
     if any(d.name == "slurmctld" and d.pid for d in lab_mod.status(spec)):
-        console.print(slurm(spec, "sinfo", "-N", "-o", "%N %9P %6t %G", check=False).rstrip())
-        console.print(
-            slurm(spec, "squeue", "-o", "%.6i %.8P %.14j %.12a %.8T %N", check=False).rstrip()
+        say(console, slurm(spec, "sinfo", "-N", "-o", "%N %9P %6t %G", check=False).rstrip())
+        say(
+            console,
+            slurm(spec, "squeue", "-o", "%.6i %.8P %.14j %.12a %.8T %N", check=False).rstrip(),
         )
-    console.print(f"Slurm clients: export SLURM_CONF={spec.slurm_conf}")
+    say(console, f"Slurm clients: export SLURM_CONF={spec.slurm_conf}")
 
 
 @lab_app.command()
@@ -149,4 +148,4 @@ def demo(
         lab_mod.up(spec, say=_say)
         demo_mod.run(spec, console, wait_requeued=not no_wait, pools_from=config)
     except (RuntimeError, ConfigError) as exc:
-        raise _fail(exc) from exc
+        raise fail(exc) from exc

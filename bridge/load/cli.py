@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from bridge.cli_text import fail
 from bridge.load import arrivals, report, runner
 from bridge.paths import traces_dir
 
@@ -164,8 +165,7 @@ def load(
             max_requests=max_requests,
         )
     except (runner.LoadConfigError, arrivals.ArrivalError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(code=2) from None
+        raise fail(exc, code=2) from None
     result = asyncio.run(_run_with_progress(schedule, config, rate, show=not quiet))
     summary = report.summarize(result)
     if as_json:

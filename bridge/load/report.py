@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bridge.load.runner import RequestRecord, RunResult
@@ -130,8 +131,9 @@ def render(report: Report, console: Console) -> None:
     """Print the report as two rich tables: rates and counts, then latency."""
     target = f"target {report.target_rate:g}/s, " if report.target_rate else ""
     console.print(
-        f"[bold]{report.source}[/bold]: {target}window {report.window_s:.2f}s, "
-        f"elapsed {report.elapsed_s:.2f}s, stopped by {report.stopped_by}"
+        f"[bold]{escape(report.source)}[/bold]: {target}window {report.window_s:.2f}s, "
+        f"elapsed {report.elapsed_s:.2f}s, stopped by {escape(report.stopped_by)}",
+        soft_wrap=True,
     )
     groups = (*report.endpoints, report.total) if len(report.endpoints) > 1 else (report.total,)
     counts = Table(title="requests")
@@ -142,12 +144,12 @@ def render(report: Report, console: Console) -> None:
     for g in groups:
         errs = ", ".join(f"{k}: {v}" for k, v in g.errors.items()) or "0"
         counts.add_row(
-            g.name,
+            escape(g.name),
             str(g.due),
             str(g.sent),
             str(g.ok),
             str(g.dropped),
-            errs,
+            escape(errs),
             f"{g.offered_rate:.1f}",
             f"{g.sent_rate:.1f}",
             f"{g.ok_rate:.1f}",
@@ -161,7 +163,7 @@ def render(report: Report, console: Console) -> None:
     for g in groups:
         for label, st in (("scheduled time", g.latency), ("send", g.service_latency)):
             lat.add_row(
-                g.name if label == "scheduled time" else "",
+                escape(g.name) if label == "scheduled time" else "",
                 label,
                 *(_ms(v) for v in (st.p50_ms, st.p95_ms, st.p99_ms, st.max_ms, st.mean_ms)),
             )

@@ -20,8 +20,9 @@ from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
+from bridge.cli_text import fail, say
 from bridge.config import BridgeConfig
-from bridge.config_cli import ConfigOpt, fail, load_or_exit
+from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.leases.rollouts import RolloutError, RolloutStore
 from bridge.leases.store import create_schema, make_engine
 from bridge.modelfacts import ModelFact
@@ -79,7 +80,7 @@ def publish_cmd(
         typer.Option(
             help="Roll out gradually: the share of the model's unversioned requests the new "
             "version gets, or a step plan such as 10%:5m,50%:10m (a step without a hold "
-            "holds [rollout] hold_s); the daemon promotes it or rolls it back by itself."
+            "holds \\[rollout] hold_s); the daemon promotes it or rolls it back by itself."
         ),
     ] = None,
     checks: Annotated[
@@ -110,11 +111,11 @@ def publish_cmd(
             steps = ", ".join(
                 f"{s.percent:g}% for {s.hold_s:g} s" for s in parse_plan(row.plan, row.hold_s)
             )
-            console.print(
+            say(
+                console,
                 f"{name} version {row.new_version} written beside version {row.old_version}; "
                 f"the daemon rolls it out ({steps}) and promotes it or rolls it back: "
                 f"stb models status {name}",
-                highlight=False,
             )
             return
         if checks is not None:
@@ -123,13 +124,13 @@ def publish_cmd(
         with running_servers(cfg) as servers:
             out = publish(
                 _repo(cfg, repository), src, name, servers, version=version,
-                say=lambda m: console.print(m, highlight=False), why=reason,
+                say=lambda m: say(console, m), why=reason,
             )  # fmt: skip
     except (PublishError, ModelConfigError, RepositoryError, RolloutError, SQLAlchemyError,
             SlurmError, TritonError) as exc:  # fmt: skip
         raise fail(exc) from exc
     where = ", ".join(out.loaded_on) or "no running server (loaded when one starts)"
-    console.print(f"published {out.name} version {out.version}; serving on {where}")
+    say(console, f"published {out.name} version {out.version}; serving on {where}")
 
 
 @models_app.command("list")
@@ -157,11 +158,12 @@ def list_cmd(repository: RepoOpt = None, config: ConfigOpt = None) -> None:
                     why = "; ".join(fact.problems) if fact else "unreadable"
                     info = (f"[red]{escape(why)}[/red]", "", "")
                 elif fact.model is None:
-                    info = (fact.team or "-", f"[yellow]{escape(fact.why)}[/yellow]", "")
+                    info = (escape(fact.team or "-"), f"[yellow]{escape(fact.why)}[/yellow]", "")
                 else:
-                    info = (fact.team or "-", _marked(fact, "slo_p99_ms"), _bounds(fact))
+                    info = (escape(fact.team or "-"), _marked(fact, "slo_p99_ms"), _bounds(fact))
                 versions = ",".join(map(str, repo.versions(name))) or "-"
-                table.add_row(name, versions, *info, "; ".join(served.get(name, [])) or "-")
+                where = escape("; ".join(served.get(name, []))) or "-"
+                table.add_row(escape(name), versions, *info, where)
     except SlurmError as exc:
         raise fail(exc) from exc
     Console().print(table)
@@ -196,11 +198,11 @@ def rollback_cmd(
             assert running.id is not None
             why = f"stopped by {history.actor()}: {reason}"
             store.move(running.id, "rolling_back", datetime.now(UTC), why)
-            console.print(
+            say(
+                console,
                 f"{name}: the rollout of version {running.new_version} is stopped; the "
                 f"daemon sends every request to version {running.old_version} and sets "
                 f"version {running.new_version} aside",
-                highlight=False,
             )
             return
         _no_open_rollout(store, name)
@@ -209,8 +211,9 @@ def rollback_cmd(
     except (PublishError, ModelConfigError, RepositoryError, RolloutError, SQLAlchemyError,
             SlurmError, TritonError) as exc:  # fmt: skip
         raise fail(exc) from exc
-    console.print(
-        f"{name}: version {gone} set aside; version {now} serves on {', '.join(where) or '-'}"
+    say(
+        console,
+        f"{name}: version {gone} set aside; version {now} serves on {', '.join(where) or '-'}",
     )
 
 
@@ -230,7 +233,7 @@ def retire_cmd(
             where = retire(repo, name, servers, reason)
     except (PublishError, RepositoryError, SlurmError, TritonError) as exc:
         raise fail(exc) from exc
-    console.print(f"{name} retired (unloaded from {', '.join(where) or 'no server'})")
+    say(console, f"{name} retired (unloaded from {', '.join(where) or 'no server'})")
 
 
 @models_app.command("history")
@@ -252,21 +255,23 @@ def history_cmd(
         raise fail(exc) from exc
     if journal.skipped:
         console.print(
-            f"[yellow]{journal.skipped} line(s) of {repo.archive / history.FILE} are no "
-            "entry (cut by a crash?) and are left out[/yellow]"
+            f"[yellow]{journal.skipped} line(s) of {escape(str(repo.archive / history.FILE))} "
+            "are no entry (cut by a crash?) and are left out[/yellow]",
+            soft_wrap=True,
         )
     if as_json:
         doc = {"entries": [e.to_json() for e in journal.entries], "skipped": journal.skipped}
         typer.echo(json.dumps(doc, indent=2))
         return
     if not journal.entries:
-        console.print(f"no history for {name or 'any model'} in {repo.archive / history.FILE}")
+        say(console, f"no history for {name or 'any model'} in {repo.archive / history.FILE}")
         return
     table = Table("when (UTC)", "model", "action", "version", "serving", "who", "why", "servers")
     for e in journal.entries:
         table.add_row(
-            f"{e.at:%Y-%m-%d %H:%M:%S}", e.model, e.action, _v(e.version), _v(e.serving),
-            escape(e.who), escape(e.why) or "-", ", ".join(e.servers) or "-",
+            f"{e.at:%Y-%m-%d %H:%M:%S}", escape(e.model), escape(e.action), _v(e.version),
+            _v(e.serving), escape(e.who), escape(e.why) or "-",
+            escape(", ".join(e.servers)) or "-",
         )  # fmt: skip
     Console().print(table)
 

@@ -791,7 +791,7 @@ def _versions_table(status: ModelStatus) -> Table:
             state = f"[green]{state}[/green]"
         table.add_row(
             str(v.version), state, _when(v.published_at), escape(v.published_by) or "-",
-            ", ".join(v.served_on) or "-", *figures,
+            escape(", ".join(v.served_on)) or "-", *figures,
         )  # fmt: skip
     return table
 
@@ -823,7 +823,7 @@ def _rollout_line(r: RolloutView) -> str:
 
 
 def _servers_table(status: ModelStatus) -> Table:
-    table = Table("server", "state", f"{status.model} READY", title="servers")
+    table = Table("server", "state", escape(f"{status.model} READY"), title="servers")
     if status.servers is None:
         table.add_row("[yellow]unknown[/yellow]", escape(status.servers_note) or "-", "-")
         return table
@@ -831,11 +831,11 @@ def _servers_table(status: ModelStatus) -> Table:
         table.add_row("-", "no running Triton server", "-")
     for s in status.servers:
         if not s.reachable:
-            table.add_row(s.address, f"[red]unreachable[/red]: {escape(s.error)}", "-")
+            table.add_row(escape(s.address), f"[red]unreachable[/red]: {escape(s.error)}", "-")
             continue
         state = "up" + (f" (metrics: {escape(s.metrics_error)})" if s.metrics_error else "")
         ready = ", ".join(f"v{v}" for v in s.versions) or ("yes" if s.holds else "-")
-        table.add_row(s.address, state, ready)
+        table.add_row(escape(s.address), state, ready)
     return table
 
 

@@ -15,10 +15,15 @@ or `csv`) bring their own models, each with its SLO from --config's [models] (el
 pool, so every set-up faces the same offered work; a site's jobs (`--jobs sacct`, or
 `--jobs ledger`: those the GPU-hour ledger booked) are replayed as they came.
 
+An option that another option's value would leave unread is never ignored
+(`bridge.sim.options`' table): a file only one kind reads chooses that kind when the
+kind was not given (`--arrivals-trace F`: `--arrivals azure`, said in the report's
+inputs line and its scenario's `implied`); else the run is refused naming both options.
+
 Bad input (an option out of range, an unknown policy, a missing or unreadable trace or
-site file, a Prometheus that does not answer, a fleet too small for the inference load)
-ends with one line on stderr and exit code 2, and writes nothing; an output file is
-written whole or not at all (temp file + rename).
+site file, a Prometheus that does not answer, a fleet too small for the inference load,
+an option that would go unread) ends with one line on stderr and exit code 2, and writes
+nothing; an output file is written whole or not at all (temp file + rename).
 """
 
 from __future__ import annotations
@@ -39,8 +44,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from bridge.cli_text import fail, say
 from bridge.config import PolicyConfig
-from bridge.config_cli import ConfigOpt, fail, load_or_exit
+from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.paths import traces_dir
 from bridge.sim import workload
 from bridge.sim.engine import Timing
@@ -55,6 +61,7 @@ from bridge.sim.inputs.site import (
     per_model,
     resolve,
 )
+from bridge.sim.options import GENERATED_ARRIVALS, GENERATED_JOBS, settle
 from bridge.sim.policies import (
     POLICIES,
     Scenario,
@@ -71,8 +78,8 @@ from bridge.sim.selection import Criteria, Selection, parse_criteria, select
 from bridge.sim.workload import ArrivalSeries, SimJob
 
 FORMATS = ("table", "json", "html", "markdown")
-ARRIVALS = ("azure", "synthetic", "ramps", *SITE_ARRIVALS)
-JOBS = ("alibaba", "synthetic", *SITE_JOBS)
+ARRIVALS = (*GENERATED_ARRIVALS, *SITE_ARRIVALS)
+JOBS = (*GENERATED_JOBS, *SITE_JOBS)
 AZURE_TRACE = "azure_llm_conv_2023.csv"
 ALIBABA_TRACE = "alibaba_gpu2023_tasks.csv"
 DAY_S = 86400.0
@@ -109,8 +116,7 @@ class BadInput(ValueError):
 
 def _bad(exc: Exception) -> typer.Exit:
     """Print `exc` as the command's one-line error (`fail`) and return exit code 2."""
-    fail(exc)
-    return typer.Exit(code=2)
+    return fail(exc, code=2)
 
 
 def model_rates(models: int, mean_rps: float) -> dict[str, float]:
@@ -402,7 +408,29 @@ def _write(path: Path, text: str) -> None:
         raise
 
 
+#: where an option's value came from when the user gave it (typer's vendored click's
+#: ParameterSource names; the rest are defaults)
+GIVEN_FROM = ("COMMANDLINE", "ENVIRONMENT")
+
+
+def _options(ctx: typer.Context) -> tuple[dict[str, object], set[str]]:
+    """The command's options by flag (`--arrivals-trace`), at their values, and the flags
+    the command line gave (`bridge.sim.options.settle` reads both)."""
+    values: dict[str, object] = {}
+    given: set[str] = set()
+    for param in ctx.command.params:
+        if param.name is None or param.name not in ctx.params:
+            continue
+        flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        values[flag] = ctx.params[param.name]
+        source = ctx.get_parameter_source(param.name)
+        if source is not None and source.name in GIVEN_FROM:
+            given.add(flag)
+    return values, given
+
+
 def simulate(
+    ctx: typer.Context,
     days: Annotated[
         float | None,
         typer.Option(
@@ -444,7 +472,10 @@ def simulate(
     ] = "synthetic",
     arrivals_trace: Annotated[
         Path | None,
-        typer.Option(help=f"Azure LLM trace (default: $STB_TRACES_DIR/{AZURE_TRACE})."),
+        typer.Option(
+            help=f"Azure LLM trace (default: $STB_TRACES_DIR/{AZURE_TRACE}); given alone, "
+            "it means --arrivals azure."
+        ),
     ] = None,
     jobs: Annotated[
         str,
@@ -455,7 +486,10 @@ def simulate(
     ] = "synthetic",
     jobs_trace: Annotated[
         Path | None,
-        typer.Option(help=f"Alibaba GPU trace (default: $STB_TRACES_DIR/{ALIBABA_TRACE})."),
+        typer.Option(
+            help=f"Alibaba GPU trace (default: $STB_TRACES_DIR/{ALIBABA_TRACE}); given "
+            "alone, it means --jobs alibaba."
+        ),
     ] = None,
     load: Annotated[
         float,
@@ -511,7 +545,7 @@ def simulate(
     partition_kind: Annotated[
         str,
         typer.Option(
-            help="Partitions no pool or [accounting] workloads names: PART=training|elastic|"
+            help="Partitions no pool or \\[accounting] workloads names: PART=training|elastic|"
             "inference,... (inference: not batch work)."
         ),
     ] = "",
@@ -519,7 +553,7 @@ def simulate(
         str | None,
         typer.Option(
             help="--jobs ledger, --service-from ledger: the GPU-hour ledger's database URL "
-            "(default: --config's [accounting] ledger_url). Read only."
+            "(default: --config's \\[accounting] ledger_url). Read only."
         ),
     ] = None,
     fleet_nodes: Annotated[
@@ -621,6 +655,9 @@ def simulate(
             mean_rps=mean_rps, slo_ms=slo_ms, service_ms=service_default, load=load,
             arrivals=arrivals, jobs=jobs, fmt=fmt, output=output,
         )  # fmt: skip
+        settled = settle(*_options(ctx))  # an option that would go unread: refused
+        arrivals, jobs = str(settled.values["--arrivals"]), str(settled.values["--jobs"])
+        service_from = str(settled.values["--service-from"])
         chosen = with_separate(parse_policies(policies), separate_nodes)
         if not checkpoint_s >= 0:
             raise BadInput(f"--checkpoint-s must be >= 0 seconds, got {checkpoint_s}")
@@ -653,6 +690,7 @@ def simulate(
             about={
                 "config": config.name if config else "none (policy defaults, 5 s ticks)",
                 **site.about,
+                **({"implied": settled.implied} if settled.implied else {}),
             },
             series=site.series, site_jobs=site.jobs, models=site.models, timing=site.timing,
         )  # fmt: skip
@@ -690,4 +728,4 @@ def simulate(
         _write(output, text)
     except OSError as exc:
         raise fail(exc) from exc
-    errors.print(f"wrote {output}", highlight=False)
+    say(errors, f"wrote {output}")

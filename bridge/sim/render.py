@@ -32,6 +32,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
+from rich.markup import escape
 from rich.table import Table
 
 from bridge import page
@@ -264,9 +265,15 @@ def _inputs(report: SimReport) -> str:
         return ""
     load = s.get("load")
     at = f" at {100 * load:.0f}% load" if isinstance(load, int | float) else ""
+    implied = s.get("implied")
+    by = implied if isinstance(implied, Mapping) else {}
+
+    def chosen(flag: str) -> str:  # a kind a file chose (`stb simulate --arrivals-trace F`)
+        return f" (implied by {by[flag]})" if flag in by else ""
+
     return (
-        f"{arrivals.get('source', '?')} arrivals, {jobs.get('source', '?')} jobs{at}, "
-        f"seed {s.get('seed', '?')}. "
+        f"{arrivals.get('source', '?')} arrivals{chosen('--arrivals')}, "
+        f"{jobs.get('source', '?')} jobs{chosen('--jobs')}{at}, seed {s.get('seed', '?')}. "
     )
 
 
@@ -276,12 +283,13 @@ def tables(report: SimReport) -> list[Table]:
 
 
 def rich_table(grid: Grid) -> Table:
-    """A grid as a rich table (numbers right-aligned)."""
-    table = Table(title=grid.title, caption=grid.caption or None)
+    """A grid as a rich table (numbers right-aligned; no text read as markup: a file's
+    or a model's name prints as it is)."""
+    table = Table(title=escape(grid.title), caption=escape(grid.caption) or None)
     for i, head in enumerate(grid.headers):
-        table.add_column(head, justify="right" if grid.numeric(i) else "left")
+        table.add_column(escape(head), justify="right" if grid.numeric(i) else "left")
     for row in grid.rows:
-        table.add_row(*row)
+        table.add_row(*map(escape, row))
     return table
 
 

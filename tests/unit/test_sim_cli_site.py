@@ -8,6 +8,7 @@ naming it, exit 2, nothing written."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -153,7 +154,7 @@ def test_a_csv_site_and_a_window(tmp_path: Path) -> None:
     since = datetime.fromtimestamp(WINDOW["start"], tz=UTC).isoformat()
     args = [
         "simulate", "--arrivals", "csv", "--arrivals-file", str(csv), "--since", since,
-        "--days", "0.01", "--nodes", "4", "--gpus-per-node", "4", "--mean-rps", "1",
+        "--days", "0.01", "--nodes", "4", "--gpus-per-node", "4",
         "--service-ms", "20,echo=1", "--scale", "2", "--tradeoff", "none",
         "--policies", "bridge", "--format", "json",
     ]  # fmt: skip
@@ -227,22 +228,30 @@ def test_a_live_query_saved_replays_the_same(prometheus: str, tmp_path: Path) ->
         (["--arrivals", "prometheus"], "give one of --prometheus-url URL (a live query)"),
         (["--arrivals", "csv"], "--arrivals csv and --arrivals-file FILE go together"),
         (["--jobs", "sacct"], "--jobs sacct and --sacct-json FILE go together"),
-        (["--sacct-json", str(SACCT)], "--jobs sacct and --sacct-json FILE go together"),
-        (["--fleet-partitions", str(PARTITIONS)], "--fleet-partitions goes with --fleet-nodes"),
+        (
+            ["--fleet-partitions", str(PARTITIONS)],
+            "--fleet-partitions is read only with --fleet-nodes",
+        ),
         (["--fleet-nodes", str(NODES), "--nodes", "4"], "give --nodes or --fleet-nodes, not both"),
         (["--timing", "leases"], "--timing leases reads the bridge's database: give --config"),
         (["--timing", "fast"], "--timing 'fast': choose from default, leases"),
         (["--service-from", "prometheus"], "give one of --prometheus-url URL or --service-json"),
         (["--service-from", "ledger"], "--service-from ledger reads the bridge's database"),
-        (["--since", "2026-11-30T00:00:00"], "--since: '2026-11-30T00:00:00' has no time zone"),
+        (
+            ["--since", "2026-11-30T00:00:00", "--until", "2026-11-30T01:00Z"],
+            "--since: '2026-11-30T00:00:00' has no time zone",
+        ),
         (["--since", "2026-11-30T01:00Z", "--until", "2026-11-30T00:00Z"], "is not after --since"),
-        (["--scale", "0"], "--scale must be a number > 0"),
+        (
+            ["--arrivals", "prometheus", "--prometheus-json", str(RANGE), "--scale", "0"],
+            "--scale must be a number > 0",
+        ),
         (
             ["--arrivals", "prometheus", "--prometheus-json", str(RANGE), "--days", "1"],
-            "--days with saved arrivals: give --since or --until with it",
+            "--days is read only beside --since or --until when the arrivals are saved",
         ),
         (["--service-ms", "busy=x"], "--service-ms: 'x' in 'busy=x' is not a number >= 0"),
-        (["--query", "up"], "--prometheus-json and --query go with --arrivals prometheus"),
+        (["--query", "up"], "--query is read only with --arrivals prometheus and --prometheus-url"),
         (
             ["--jobs", "sacct", "--sacct-json", str(SACCT), "--partition-kind", "train"],
             "--partition-kind: 'train': give PARTITION=KIND",
@@ -319,9 +328,12 @@ def test_bad_site_input_exits_2_naming_it_and_writes_nothing(
     before = sorted(p.name for p in tmp_path.iterdir())
     out = tmp_path / "out.json"
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    base = ["simulate", "--mean-rps", "1", "--tradeoff", "none"]
-    if not {"--until", "--prometheus-json", "--days"} & set(args):
-        base += ["--days", "0.01"]
+    base = ["simulate", "--tradeoff", "none"]
+    site = {b for a, b in itertools.pairwise(args) if a == "--arrivals"} & {"prometheus", "csv"}
+    if not site:
+        base += ["--mean-rps", "1"]  # the generated arrivals' (a site's bring their own)
+    if not ({"--until", "--prometheus-json", "--days"} & set(args) or "csv" in site):
+        base += ["--days", "0.01"]  # (saved arrivals have their own span)
     if "--fleet-nodes" not in args:
         base += ["--nodes", "16"] if "--nodes" not in args else []
     res = RUN.invoke(app, [*base, "--format", "json", "-o", str(out), *args])

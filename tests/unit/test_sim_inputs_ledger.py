@@ -312,7 +312,10 @@ def test_stb_simulate_jobs_ledger_end_to_end(site: str, tmp_path: Path) -> None:
     # without a ledger to read, or a ledger URL nothing reads: one line, exit 2
     for bad, message in [
         ([], "--jobs ledger reads the bridge's database: give --config FILE"),
-        (["--jobs", "synthetic", "--ledger-url", site], "--ledger-url goes with --jobs ledger"),
+        (
+            ["--jobs", "synthetic", "--ledger-url", site],
+            "--ledger-url is read only with --jobs ledger",
+        ),
         (["--ledger-url", f"sqlite:///{tmp_path / 'gone.db'}"], "ledger: no database file"),
     ]:
         res = RUN.invoke(app, [*args, *bad])
