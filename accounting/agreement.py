@@ -35,7 +35,11 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, func, select
 
+from accounting.buckets import HOUR
+from accounting.capacity import event_capacity
+from accounting.ingest import runs_in_disconnects
 from accounting.schema import DOWN_WORKLOADS, LedgerRow, SourceRecord
+from accounting.slurm_events import load_events, node_attrs
 
 LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
 SOURCES = SourceRecord.__table__  # type: ignore[attr-defined]
@@ -113,6 +117,9 @@ class Agreement:
     pending: list[Pending] = field(default_factory=list)
     #: hours slurmdbd was asked to roll up again before they were compared
     rerolled: list[datetime] = field(default_factory=list)
+    #: hours whose lines differ only by sreport's rules (`rollup_view` equals sreport):
+    #: per hour, the ledger's lines as sreport counts them
+    reconciled: dict[datetime, HourFigures] = field(default_factory=dict)
 
     @property
     def agreed(self) -> list[datetime]:
@@ -204,6 +211,50 @@ def _cause(column: str, delta: int) -> str:
             "allocated inside an advanced reservation (sreport 22.05 books them idle)"
         )
     return "follows from the other columns"
+
+
+def rollup_view(engine: Engine, cluster: str, hour: datetime, now: datetime) -> HourFigures:
+    """The ledger's hour counted as slurmdbd's rollup counts it (as_mysql_rollup.c,
+    `_setup_cluster_usage` and `_setup_cluster_tres_usage`), from the ledger's own inputs
+    (slurmdbd's events and the node inventory it stored, its allocation per cell):
+
+    - the down time left after allocation is clamped for the cluster as a whole, not per
+      pool and GPU type: a node down while the ledger books its GPUs to a job (a job run
+      that slurmctld ended only after the node went down) is down time to sreport, taken
+      from the idle time of other pools, and allocation alone in the ledger (a GPU is
+      booked once);
+    - node events count over the span from the hour's first registration to its last
+      one's end, gaps between registrations included.
+
+    Equal to `ledger_hour` but for those two rules; the agreement check compares it with
+    sreport where the ledger's own lines differ."""
+    lo, hi = hour, hour + HOUR
+    led = ledger_hour(engine, cluster, hour)
+    with engine.connect() as conn:
+        events = load_events(conn, [cluster], lo, hi)
+        if not any(e.is_registration for e in events):
+            return led
+        runs = runs_in_disconnects(conn, events, lo, hi)
+        cap, down = event_capacity(
+            events, node_attrs(conn, cluster), lo, min(hi, max(now, lo)),
+            [r for r in runs if r.cell[0] == cluster], hull=True,
+        )  # fmt: skip
+    total = sum(cap.values())
+    raw_down = sum(ms for (_c, line, _u), ms in down.items() if line != "planned_down")
+    raw_pdown = sum(ms for (_c, line, _u), ms in down.items() if line == "planned_down")
+    alloc = min(led.allocated * 1000, total)
+    d = max(0, min(raw_down, total - alloc))
+    pd = max(0, min(raw_pdown, total - alloc - d))
+    view = HourFigures(
+        allocated=led.allocated,
+        down=round(d / 1000),
+        planned_down=round(pd / 1000),
+        accounts=dict(led.accounts),
+        planned=led.planned,
+    )
+    view.reported = round(total / 1000)
+    view.idle = view.reported - view.allocated - view.down - view.planned_down - view.planned
+    return view
 
 
 #: how long after a job record changes sreport may still lack it: slurmdbd re-rolls an hour

@@ -156,13 +156,20 @@ def event_capacity(
     start: datetime,
     end: datetime,
     allocations: Iterable[RunAlloc] = (),
+    *,
+    hull: bool = False,
 ) -> tuple[dict[Cell, int], dict[tuple[Cell, str, str], int]]:
     """Capacity per cell, and raw (unclamped) down time per (cell, down line, who set it),
     in GPU-ms over [start, end), from the events. Capacity of a node with no inventory
     record goes to pool `UNKNOWN_POOL`, its GPUs the event's total less the known nodes'
     (shared evenly among the unknown ones). A slurmctld disconnect books `down` over the
     registered capacity less the job runs in `allocations` and the node events over it
-    (module docstring)."""
+    (module docstring).
+
+    Node events count while the cluster was registered; `hull` (for one hour, as
+    slurmdbd's rollup counts them): from the first registration's start to the last
+    one's end in [start, end), gaps between registrations included (as_mysql_rollup.c's
+    `c_usage` spans them)."""
     lo, hi = utc(start), utc(end)
     inv = _Inventory(attrs)
     spans: list[_Span] = []
@@ -197,6 +204,8 @@ def event_capacity(
                 spans.append((ev.cluster, UNKNOWN_POOL, "gpu", gpus[node], s, e))
     capacity = capacity_ms(spans, lo, hi)
     registered.sort()
+    if hull and registered:
+        registered = [(registered[0][0], max(r_hi for _, r_hi in registered))]
     down_spans: dict[tuple[str, str], list[tuple[str, str, str, int, datetime, datetime]]] = (
         defaultdict(list)
     )

@@ -766,7 +766,7 @@ def _recompute_idle(
         down: dict[tuple[tuple[str, str, str, datetime], str, str], int] = {}
         if by_events:
             events = load_events(conn, by_events, lo, hi)
-            runs = _runs_in_disconnects(conn, events, lo, hi)
+            runs = runs_in_disconnects(conn, events, lo, hi)
             for cluster in by_events:
                 ev_cap, ev_down = event_capacity(
                     [e for e in events if e.cluster == cluster],
@@ -829,7 +829,7 @@ def _recompute_idle(
     return len(todo)
 
 
-def _runs_in_disconnects(
+def runs_in_disconnects(
     conn: Connection, events: Sequence[SlurmEvent], lo: datetime, hi: datetime
 ) -> list[RunAlloc]:
     """The job runs' GPU-ms per cell in the hours of [lo, hi) a slurmctld disconnect

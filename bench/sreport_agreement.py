@@ -65,6 +65,11 @@ def _table(name: str, agreement: Agreement) -> None:
     for d in agreement.differences:
         print(f"  {d.hour:%m-%d %H:00} {d.what}: ledger {d.ledger:,} sreport {d.sreport:,} "
               f"({d.delta:+,}): {d.cause}")  # fmt: skip
+    for hour, view in sorted(agreement.reconciled.items()):
+        led = agreement.figures[hour][0]
+        print(f"  {hour:%m-%d %H:00} reconciled by sreport's cluster-wide rules: "
+              + ", ".join(f"{c} {led.column(c):,} -> {view.column(c):,}" for c in COLUMNS
+                          if led.column(c) != view.column(c)))  # fmt: skip
     for p in agreement.pending:
         print(f"  {p.hour:%m-%d %H:00} pending (slurmdbd has not re-rolled it): "
               + ", ".join(f"{d.what} {d.delta:+,}" for d in p.differences)
@@ -103,6 +108,7 @@ def main() -> int:
         f"RESULT hours={len(now_.hours)} agreed={len(now_.agreed)} "
         f"baseline_agreed={len(base.agreed)} differences={len(now_.differences)} "
         f"baseline_differences={len(base.differences)} pending={len(now_.pending)} "
+        f"reconciled={len(now_.reconciled)} "
         + " ".join(f"{k}={v}" for k, v in sorted(figures.items()))
         + f" baseline_ledger_idle_s={base_figures.get('ledger_idle_s', 0)}"
         f" baseline_ledger_reported_s={base_figures.get('ledger_reported_s', 0)}"

@@ -18,6 +18,7 @@ from accounting.agreement import (
     lagging_accounts,
     ledger_hour,
     pending_of,
+    rollup_view,
 )
 from accounting.buckets import HOUR, floor_hour, hours
 from bridge.slurm.cli import SlurmCLI
@@ -54,10 +55,13 @@ def sreport_agreement(
     in which slurmdbd had no registration of the cluster (sreport has no line for it) is
     compared with zeros: the ledger must book nothing there either.
 
-    An hour whose only difference is GPU time of accounts the ledger saw change lately is
-    `Pending` (slurmdbd re-rolls it at its next pass), not a difference. `reroll`: an hour
-    that differs is first rolled up again (`sacctmgr roll`, a Slurm administrator's
-    right) and compared anew; what still differs then is a difference."""
+    An hour whose lines equal sreport's once counted by sreport's own rules (the cluster
+    clamped as a whole; `accounting.agreement.rollup_view`) is reconciled, not a
+    difference. An hour whose only difference is GPU time of accounts the ledger saw
+    change lately is `Pending` (slurmdbd re-rolls it at its next pass), not a
+    difference. `reroll`: an hour that differs is first rolled up again (`sacctmgr
+    roll`, a Slurm administrator's right) and compared anew; what still differs then is
+    a difference."""
     now = now or datetime.now(UTC)
     out = Agreement()
     for hour in hours(start, floor_hour(end)):
@@ -80,6 +84,9 @@ def sreport_agreement(
             out.rerolled.append(hour)
             srep = _sreport_hour(slurm, cluster, hour) or HourFigures()
             diffs = compare(hour, led, srep)
+        if diffs and not compare(hour, view := rollup_view(ledger, cluster, hour, now), srep):
+            out.reconciled[hour] = view  # the lines differ only by sreport's own rules
+            diffs = []
         out.hours.append(hour)
         out.figures[hour] = (led, srep)
         pending = None if reroll or not diffs else _pending(ledger, cluster, hour, diffs, now)
