@@ -15,18 +15,21 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from accounting.buckets import floor_hour
 from accounting.render import to_table
 from accounting.report import Window, build_report
 from bridge.accounting_feed import LedgerFeed, ingest_window
+from bridge.cli_text import say
 from bridge.config import BridgeConfig, load_config
 from bridge.daemon.service import build, single_instance
 from bridge.lab import triton
-from bridge.lab.showcase import P99_WINDOW_S, Scenario, ScenarioResult
+from bridge.lab.showcase import Scenario, ScenarioResult
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.lab.stepfigures import describe
 from bridge.lab.tokens import tokens_file
 from bridge.leases.store import LeaseStore
 from bridge.paths import project_root
@@ -154,13 +157,13 @@ def run(
         try:
             console.print(
                 f"[bold]bridge at work[/bold]: tick {config.tick_s:g}s, traffic "
-                f"through nginx at {config.routing.listen}, SLO busy {slo_ms:g} ms"
+                f"through nginx at {escape(config.routing.listen)}, SLO busy {slo_ms:g} ms"
             )
             res = Scenario(
                 spec,
                 bridge.reconciler,
                 config.routing.listen,
-                say=lambda line: console.print(line, highlight=False),
+                say=lambda line: say(console, line),
             ).run(wait_requeued=wait_requeued)
             lease_job = bridge.reconciler.store.get(res.lease_id or 0).slurm_job_id
         finally:
@@ -175,25 +178,23 @@ def run(
     if res.light:
         table.add_row(*_report_row("trickle during return, 4/s", res.light))
     console.print(table)
-    times = res.step_times(slo_ms)
-    if times is not None:
-        console.print(
-            f"after the step: lend decided at {times.lend_s:.1f} s, the lent replica serving "
-            f"at {times.serving_s:.1f} s, the requests' p99 (per {P99_WINDOW_S:g} s) under "
-            f"the SLO from {times.p99_under_slo_s:.0f} s (worst {times.worst_p99_ms:.0f} ms)"
-        )
-    console.print(f"lease {res.lease_id} on {res.lease_node}: {' -> '.join(res.lease_states)}")
-    console.print(
+    figures = res.step_figures(slo_ms)
+    if figures is not None:
+        for line in describe(figures, slo_ms):
+            say(console, line)
+    say(console, f"lease {res.lease_id} on {res.lease_node}: {' -> '.join(res.lease_states)}")
+    say(
+        console,
         f"elastic job {res.victim}: requeued {res.victim_restarts}x by Slurm"
         + (
             ""
             if res.victim_ran_again is None
             else (", ran again" if res.victim_ran_again else ", not running again yet")
-        )
+        ),
     )
     console.print(
         "training jobs "
-        + " ".join(res.training_jobs)
+        + escape(" ".join(res.training_jobs))
         + ": "
         + ("never touched" if res.training_untouched else "[red]disturbed[/red]")
     )
@@ -203,16 +204,17 @@ def run(
             runs = parse_sacct_json(slurm(spec, "sacct", "-j", lease_job, "--json"))
             if runs and runs[-1].end is not None and runs[-1].partition:
                 run = runs[-1]
-                console.print(
+                say(
+                    console,
                     f"sacct books the lent Triton job {lease_job} (account {run.account}, "
                     f"partition {run.partition}): {run.gpus} GPUs x {run.elapsed_s}s = "
-                    f"{run.gpu_seconds / 3600:.3f} GPU-hours of serving"
+                    f"{run.gpu_seconds / 3600:.3f} GPU-hours of serving",
                 )
                 break
             time.sleep(1)
     if bridge.ledger is not None:
         _ledger(spec, config, bridge.ledger, bridge.reconciler.store, started, console)
-    console.print(f"logs: {spec.log_dir}; lab stays up (`stb lab down` stops it)")
+    say(console, f"logs: {spec.log_dir}; lab stays up (`stb lab down` stops it)")
     return res
 
 
@@ -230,15 +232,15 @@ def _ledger(
         config, SlurmCLI(env=spec.env()), feed.ledger, started, now,
         leases=store.touched_since(started), now=now,
     )  # fmt: skip
-    console.print(f"ledger ({config.accounting.ledger_url}): {summary.line()}", highlight=False)
+    say(console, f"ledger ({config.accounting.ledger_url}): {summary.line()}")
     window = Window(floor_hour(started), floor_hour(now) + timedelta(hours=1), "this demo")
     report = build_report(feed.ledger, window, ("team", "workload", "model"))
     console.print(to_table(report))
     # deploy/lab/bridge.toml names the default lab's files relative to the repository
     default = spec.lab_dir.resolve() == (project_root() / ".lab").resolve()
     cfg = "deploy/lab/bridge.toml" if default else "<config>"
-    console.print(
+    say(
+        console,
         f"the same ledger as a finance report (unit economics, lending, capacity plan): "
         f"stb report -c {cfg} --window {now:%Y-%m-%d} --format html -o report.html",
-        highlight=False,
     )

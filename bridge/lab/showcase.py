@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.lab.stepfigures import StepFigures, step_figures
 from bridge.lifecycle import LeaseState
 from bridge.load.arrivals import poisson
 from bridge.load.report import Report, summarize
@@ -60,23 +61,6 @@ class Load(threading.Thread):
         self.report = summarize(result)
 
 
-#: the span over which the load step's own p99 is measured (client side)
-P99_WINDOW_S = 5.0
-
-
-@dataclass(frozen=True)
-class StepTimes:
-    """The load step as its requests saw it, in seconds after the step."""
-
-    #: the lend was decided / its replica was serving
-    lend_s: float
-    serving_s: float
-    #: from here on every 5 s window's p99 is under the SLO (0: it never went over)
-    p99_under_slo_s: float
-    #: the worst 5 s window's p99, in ms
-    worst_p99_ms: float
-
-
 @dataclass
 class ScenarioResult:
     timeline: list[str] = field(default_factory=list)
@@ -97,27 +81,17 @@ class ScenarioResult:
     training_jobs: list[str] = field(default_factory=list)
     training_untouched: bool = False
 
-    def step_times(self, slo_ms: float) -> StepTimes | None:
-        """How fast the step was met, from the step's requests and the first lease."""
+    def step_figures(self, slo_ms: float) -> StepFigures | None:
+        """How the step was met (`bridge.lab.stepfigures`): from the step's requests and
+        the first lease; None before both are known."""
         if self.step_at is None or self.lend_at is None or self.serving_at is None:
             return None
-        windows: dict[int, list[float]] = {}
-        for r in self.heavy_records:
-            if r.ok and r.latency_s is not None:
-                windows.setdefault(int(r.scheduled_s // P99_WINDOW_S), []).append(r.latency_s)
-        p99 = {w: _p99(v) * 1000.0 for w, v in windows.items()}
-        late = [w for w, v in p99.items() if v > slo_ms]
-        return StepTimes(
-            self.lend_at - self.step_at,
-            self.serving_at - self.step_at,
-            (max(late) + 1) * P99_WINDOW_S if late else 0.0,
-            max(p99.values(), default=0.0),
+        return step_figures(
+            self.heavy_records,
+            lend_s=self.lend_at - self.step_at,
+            serving_s=self.serving_at - self.step_at,
+            slo_ms=slo_ms,
         )
-
-
-def _p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 class Scenario:
@@ -203,7 +177,7 @@ class Scenario:
             )
             self.note(
                 "baseline Triton ready; load step: busy at 70 req/s through nginx "
-                "(one replica serves 50/s)"
+                "(one replica, 20 ms a request, answers under 50/s)"
             )
             heavy = Load(self.endpoint, rate=70, duration=70, seed=11)
             heavy.start()

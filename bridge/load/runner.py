@@ -39,6 +39,8 @@ LATE_GRACE_S = 1.0
 """A request due inside max_duration_s is still sent if the sender is behind by up to
 this much at the end; past that the run stops, so the wall-clock bound holds however
 loaded the machine is."""
+UPSTREAM_HEADER = "X-Stb-Upstream"
+"""The answer header in which the bridge's nginx names the replica it chose."""
 MAX_ELEMENTS = 1 << 20
 """Ceiling on the input tensor's element count (4 MiB of FP32), to keep bodies sane."""
 
@@ -166,7 +168,9 @@ class RequestRecord:
 
     sent_s is None for a dropped request (the in-flight cap was full). error is None on
     success (HTTP 200), else its kind: "dropped", "http_<status>", "timeout", "connect",
-    "cancelled", or httpx's exception name for other transport errors.
+    "cancelled", or httpx's exception name for other transport errors. upstream: the
+    replica a router in between named in its `X-Stb-Upstream` answer header (the
+    bridge's nginx sets it to the `$upstream_addr` it chose), None without one.
     """
 
     index: int
@@ -176,6 +180,7 @@ class RequestRecord:
     done_s: float | None
     status: int | None
     error: str | None
+    upstream: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -254,6 +259,7 @@ class _Run:
         sent_s = self.launched[index][2]
         status: int | None = None
         error: str | None = None
+        upstream: str | None = None
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 resp = await self.client.post(
@@ -262,6 +268,7 @@ class _Run:
                     headers={"Content-Type": "application/json"},
                 )
             status = resp.status_code
+            upstream = resp.headers.get(UPSTREAM_HEADER)
             error = None if status == 200 else f"http_{status}"
         except (TimeoutError, httpx.TimeoutException):
             error = "timeout"
@@ -274,7 +281,7 @@ class _Run:
             raise
         finally:
             self.records[index] = RequestRecord(
-                index, str(endpoint), scheduled_s, sent_s, self.now(), status, error
+                index, str(endpoint), scheduled_s, sent_s, self.now(), status, error, upstream
             )
             self.counters.in_flight -= 1
             if error is None:

@@ -39,11 +39,13 @@ class SlowServer:
     """An HTTP/1.1 server speaking just enough of KServe v2 for the sender.
 
     POST /v2/models/sleep-<ms>/infer answers 200 after <ms> milliseconds; .../fail/infer
-    answers 500. Keeps each request's arrival time (time.monotonic) and body.
+    answers 500. Keeps each request's arrival time (time.monotonic) and body. With
+    `upstream`, every answer names it in `X-Stb-Upstream`, as the bridge's nginx does.
     """
 
     host: str = "127.0.0.1"
     port: int = 0
+    upstream: str | None = None
     received: list[tuple[float, str, bytes]] = field(default_factory=list)
     _loop: asyncio.AbstractEventLoop | None = None
     _stop: asyncio.Event | None = None
@@ -62,8 +64,9 @@ class SlowServer:
                     await asyncio.sleep(int(model.removeprefix("sleep-")) / 1000)
                 status = 500 if model == "fail" else 200
                 payload = json.dumps({"model_name": model, "outputs": []}).encode()
+                named = f"X-Stb-Upstream: {self.upstream}\r\n" if self.upstream else ""
                 writer.write(
-                    f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+                    f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n{named}"
                     f"Content-Length: {len(payload)}\r\n\r\n".encode()
                     + payload
                 )
@@ -178,6 +181,18 @@ def test_round_robin_over_endpoints() -> None:
     assert len(a.received) == len(b.received) == 5
     per = {g.name: g.ok for g in summarize(result).endpoints}
     assert per == {str(a.endpoint): 5, str(b.endpoint): 5}
+
+
+def test_each_record_names_the_replica_a_router_chose(server: SlowServer) -> None:
+    routed = SlowServer(host="127.0.0.3", upstream="127.0.1.4:8000")
+    routed.start()
+    try:
+        result = send(
+            regular(4, 0.005), endpoints=(routed.endpoint, server.endpoint), model="sleep-0"
+        )
+    finally:
+        routed.stop()
+    assert [r.upstream for r in result.records] == ["127.0.1.4:8000", None] * 2
 
 
 # --- bounds -------------------------------------------------------------------------
