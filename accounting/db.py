@@ -3,68 +3,58 @@ migration (Alembic, `accounting/migrations/`). SQLite file by default, PostgreSQ
 production; engines come from `bridge.db.make_engine` (WAL, busy timeout, psycopg 3).
 
 Only the tables in `accounting.schema` belong to the ledger; it keeps its own Alembic
-version table, so it may share a database with the lease store.
+version table, so it may share a database with the lease store. Every create, upgrade and
+downgrade runs under the database's schema lock (`bridge.db.schema_lock`), the one the
+bridge's own tables take: processes starting together on a new database make the ledger
+once.
 """
 
 from __future__ import annotations
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-from bridge.db import make_engine
+from bridge.db import Migrations, SchemaChange, make_engine
 
 #: the ledger's own Alembic version table (it may share a database with the lease store)
 VERSION_TABLE = "ledger_alembic_version"
 #: a SQLite file in the working directory
 DEFAULT_LEDGER_URL = "sqlite:///stb-ledger.db"
 
-
-def alembic_config(engine: Engine | None = None) -> Config:
-    cfg = Config()
-    cfg.set_main_option("script_location", "accounting:migrations")
-    if engine is not None:
-        cfg.attributes["engine"] = engine
-    return cfg
+LEDGER = Migrations(
+    what="the ledger",
+    script_location="accounting:migrations",
+    version_table=VERSION_TABLE,
+)
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Migrate the ledger schema to `revision`."""
-    cfg = alembic_config(engine)
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+    """Migrate the ledger schema to `revision`, under the schema lock."""
+    LEDGER.migrate(engine, revision)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
-    cfg = alembic_config(engine)
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, revision)
+    LEDGER.migrate(engine, revision, down=True)
+
+
+def ensure(engine: Engine, *, upgrade: bool = True) -> SchemaChange:
+    """Create the ledger at head, or (with `upgrade`) upgrade it; without `upgrade`, an
+    older schema is refused (`bridge.db.SchemaError`, naming `stb db upgrade`). A revision
+    this code does not know is refused either way."""
+    return LEDGER.ensure(engine, upgrade=upgrade)
 
 
 def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-        return ctx.get_current_revision()
+    return LEDGER.current_of(engine)
 
 
 def head_revision() -> str | None:
-    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+    return LEDGER.head()
 
 
 def open_ledger(url: str = DEFAULT_LEDGER_URL, *, migrate: bool = True) -> Engine:
-    """An engine on the ledger at `url`, migrated to the latest schema unless `migrate` is
-    False (then an out-of-date schema is an error)."""
+    """An engine on the ledger at `url`, created or migrated to the latest schema; with
+    `migrate` False (the daemon) a new ledger is created but an older schema is refused
+    (`bridge.db.SchemaError`) rather than upgraded."""
     engine = make_engine(url)
-    if migrate:
-        if current_revision(engine) != head_revision():
-            upgrade(engine)
-    elif current_revision(engine) != head_revision():
-        raise RuntimeError(
-            f"the ledger at {url} is at revision {current_revision(engine)}, "
-            f"not {head_revision()}: run `stb accounting migrate`"
-        )
+    ensure(engine, upgrade=migrate)
     return engine

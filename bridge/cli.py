@@ -10,6 +10,7 @@ from bridge.advise.cli import advise_app
 from bridge.budget_cli import budget_app
 from bridge.config_cli import config_app, init
 from bridge.daemon.cli import daemon, drain, lend, resume, return_, status, token
+from bridge.db_cli import db_app
 from bridge.lab.cli import lab_app
 from bridge.load.cli import load_app
 from bridge.models.cli import models_app
@@ -27,6 +28,7 @@ app.add_typer(accounting_app, name="accounting")
 app.add_typer(budget_app, name="budget")
 app.add_typer(models_app, name="models")
 app.add_typer(advise_app, name="advise")
+app.add_typer(db_app, name="db")
 app.command()(report)
 app.command()(daemon)
 app.command()(status)

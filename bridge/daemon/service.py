@@ -7,6 +7,11 @@ Which instance acts: on PostgreSQL, the leader row (`bridge.leases.leader`), bea
 thread of its own every third of its TTL; a standby that takes the lease runs its first
 active pass at once. On SQLite, an exclusive file lock: one daemon on one host.
 
+At start the bridge's database and the ledger are opened by `open_database`'s rule: a new
+database is created at head under the schema lock (so two daemons started together make
+it once and both run), an older or newer schema stops the daemon with one line naming
+the revisions and `stb db upgrade`.
+
 `stb daemon --advise` (`build_advisory`, `run_advisory`: an `AdvisoryBridge`) runs the
 advisory pass (`bridge.daemon.advisory.Advisor`) on the same scheduler, tick thread and
 exporter, and never acts: it takes no part in the election and holds its own lock file
@@ -39,10 +44,12 @@ from typing import IO
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
+from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from accounting.db import open_ledger
+from accounting.db import LEDGER
+from accounting.db import ensure as ensure_ledger
 from accounting.errors import LedgerError
 from bridge.accounting_feed import LedgerFeed
 from bridge.config import BridgeConfig
@@ -56,12 +63,14 @@ from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
 from bridge.daemon.report import Outcome, TickReport
 from bridge.daemon.rollouts import RolloutDriver
+from bridge.db import SchemaError, redacted
 from bridge.leases import leader
 from bridge.leases.advice import AdviceStore
 from bridge.leases.leader import LeaderLease
 from bridge.leases.requests import RequestQueue
 from bridge.leases.rollouts import RolloutStore
-from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.leases.schema import BRIDGE, open_schema
+from bridge.leases.store import LeaseStore, make_engine
 from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxControl, NginxProcess
 from bridge.routing.publisher import RoutingPublisher
@@ -171,8 +180,7 @@ def build(
     except KeyShimError as exc:
         raise DaemonError(str(exc)) from exc
 
-    engine = make_engine(config.database_url)
-    create_schema(engine)
+    engine = open_database(config.database_url)
     lease = None
     if elect and leader.supported(engine):
         ttl = config.daemon.leader_ttl_s or config.tick_s
@@ -186,7 +194,7 @@ def build(
         metrics.is_active = lambda: lease.active
     feed = None
     if config.accounting.ingest_interval_s > 0:
-        feed = LedgerFeed(config, open_ledger(config.accounting.ledger_url))
+        feed = LedgerFeed(config, _open_ledger(config.accounting.ledger_url))
         metrics.registry.register(feed.collector)
     publisher = proc = None
     if with_routing:
@@ -238,14 +246,39 @@ def build_advisory(
     if not key_file.exists():
         raise DaemonError(f"triton.key_file {key_file} does not exist")
     clients = TritonClients(key_file.read_text().strip())
-    engine = make_engine(config.database_url)
-    create_schema(engine)
+    engine = open_database(config.database_url)
     requests = RequestQueue(engine)
     slurm = open_backend(env=slurm_env)
     metrics = BridgeMetrics(instance=instance_name(config), advisory=True)
     observer = Observer(slurm, config, clients, prometheus=prometheus_source(config))
     advisor = Advisor(config, observer, AdviceStore(engine), metrics, holds=requests.holds)
     return AdvisoryBridge(config, advisor, metrics, clients)
+
+
+def open_database(url: str) -> Engine:
+    """The bridge's database, its schema created if new (under the schema lock: of many
+    daemons starting at once one creates it); an older or newer schema is a `DaemonError`
+    naming what to run. A daemon never upgrades a schema other hosts may be running on."""
+    engine = make_engine(url)
+    try:
+        change = open_schema(engine)
+    except SchemaError as exc:
+        engine.dispose()
+        raise DaemonError(str(exc)) from exc
+    log.info("%s at %s: %s", BRIDGE.what, redacted(url), change.line())
+    return engine
+
+
+def _open_ledger(url: str) -> Engine:
+    """The ledger the daemon feeds, by the same rule as `open_database`."""
+    engine = make_engine(url)
+    try:
+        change = ensure_ledger(engine, upgrade=False)
+    except SchemaError as exc:
+        engine.dispose()
+        raise DaemonError(str(exc)) from exc
+    log.info("%s at %s: %s", LEDGER.what, redacted(url), change.line())
+    return engine
 
 
 def _leader_only(

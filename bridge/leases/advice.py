@@ -1,7 +1,6 @@
 """The advisory mode's record: what the bridge would have done, and what it saw.
 
-Three tables in the bridge's database, created by `bridge.leases.store.create_schema`
-(new tables only, like the others):
+Three tables in the bridge's database, made by its migrations (`bridge.leases.schema`):
 
 - `advice`: one row per decision the advisory pass would have carried out (lend, return,
   baseline), with the snapshot's key figures as the policy saw them (per model: p99, rate,

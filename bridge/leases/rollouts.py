@@ -24,7 +24,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import JSON, Column, Engine, Float, Index, Integer, String, Text, text
+from sqlalchemy import JSON, Column, Float, Index, Integer, String, Text, text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -97,10 +97,6 @@ class RolloutEvent(SQLModel, table=True):
     reason: str = Field(default="", sa_column=Column(Text, nullable=False))
     #: {"new": {requests, failures, p99_ms}, "old": {...}, "held_s": ...} when judged
     figures: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
-
-
-def create_schema(engine: Engine) -> None:
-    SQLModel.metadata.create_all(engine, tables=[SQLModel.metadata.tables[t] for t in TABLES])
 
 
 class RolloutStore(Transactions):
@@ -230,5 +226,5 @@ def busy(row: Rollout) -> str:
 
 __all__ = [
     "DONE", "MOVES", "OPEN", "TABLES", "Rollout", "RolloutError", "RolloutEvent",
-    "RolloutStore", "State", "busy", "create_schema",
+    "RolloutStore", "State", "busy",
 ]  # fmt: skip

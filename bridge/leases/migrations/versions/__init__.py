@@ -1,0 +1,1 @@
+"""The bridge's migration scripts, one per schema change, in revision order."""
