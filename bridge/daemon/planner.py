@@ -5,9 +5,11 @@ running, a server ready, a job gone) and returns `Step`s: the commands a lease n
 (submit its Triton job, cancel it, unload its models, lift its fence, put it in or out of
 routing) and the move its state makes once they have all succeeded. `plan_orphans`
 handles what no open lease holds (tagged Triton jobs to adopt or cancel, bridge fences to
-lift); `plan_return` gives a lease back. The actuator (`bridge.daemon.actuator`) carries
-steps out through the adapters; errors come back as data, and a lease whose command failed
-permanently is failed by the actuator with the adapter's words.
+lift); `plan_return` gives a lease back; `replayed_lend` and `replayed_return` answer an
+operator request taken again after a failover from the work its first attempt did. The
+actuator (`bridge.daemon.actuator`) carries steps out through the adapters; errors come
+back as data, and a lease whose command failed permanently is failed by the actuator with
+the adapter's words.
 
 No I/O, no clock: `now` is a parameter (epoch seconds), so every case is a unit test with
 literal inputs (tests/unit/test_planner.py).
@@ -423,7 +425,7 @@ def plan(
 def plan_return(lease: LeaseRecord, reason: str, obs: Observation) -> Step | None:
     """Give a lease back: out of routing then drain (serving), cancel (on its way), or
     abandon (not yet submitted). None for a lease already leaving."""
-    why = f"return: {reason}"
+    why, abandoned = return_reasons(reason)
     if lease.state == S.SERVING:
         return Step(
             lease.id,
@@ -438,9 +440,15 @@ def plan_return(lease: LeaseRecord, reason: str, obs: Observation) -> Step | Non
         return Step(
             lease.id,
             _unfence(lease, obs),
-            Move(lease.id, lease.state, S.RETURNED, f"abandoned: {reason}"),
+            Move(lease.id, lease.state, S.RETURNED, abandoned),
         )
     return None
+
+
+def return_reasons(reason: str) -> tuple[str, str]:
+    """The reasons of the moves `plan_return(lease, reason, obs)` makes: (drain or
+    cancel, abandon). How a return taken again finds its first attempt's move."""
+    return f"return: {reason}", f"abandoned: {reason}"
 
 
 def plan_orphans(
@@ -529,3 +537,38 @@ def check_operator_lend(
     if unknown:
         return f"refused: unknown models {', '.join(unknown)}"
     return pool, config.pools[pool].lend_mode, tuple(models) or obs.models.served
+
+
+# ---- operator requests taken again -----------------------------------------------------
+# After a failover the new leader takes again a request that the old one carried out but
+# did not record (killed in between). The request's work is found in the store (the lease
+# its lend made, keyed by the request; the move its return made, named by it) and the
+# request is answered as its first attempt would have been: done once, never refused as
+# someone else's work.
+
+#: a lease's history as the answers below read it: (state entered, reason), oldest first
+Moves = Sequence[tuple[LeaseState, str]]
+
+
+def replayed_lend(made: LeaseRecord, moves: Moves) -> str:
+    """The outcome of an operator lend whose lease `made` (found by the request's key)
+    exists already: that lease's, never a refusal ("already lent": it is the request's
+    own) and never a second lease. `moves` is the lease's history; it is read only for a
+    returned lease, to tell a lend that failed from one returned since it served."""
+    if made.state == S.FAILED:
+        return f"failed: lease {made.id}: {made.reason}"
+    failed = [why for state, why in moves if state == S.FAILED]
+    if made.state == S.RETURNED and failed:
+        return f"failed: lease {made.id}: {failed[-1]}"
+    return f"lease {made.id} lending {made.node}"
+
+
+def replayed_return(lease: LeaseRecord, moves: Moves, reason: str) -> str | None:
+    """The outcome of a return with `reason` of a lease already leaving or returned, when
+    a move in its history `moves` was this return's own (`return_reasons`): its first
+    attempt's answer. None when no move is (the return is someone else's, answered as
+    such: "already draining", "already returned")."""
+    mine = set(return_reasons(reason))
+    if any(why in mine for _, why in moves):
+        return f"lease {lease.id} returning"
+    return None

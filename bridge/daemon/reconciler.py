@@ -13,8 +13,11 @@ by tests with an injected clock. Each pass:
    deadline passed); the actuator carries it out. Then what no lease holds: tagged Triton
    jobs to adopt or cancel, bridge fences to lift. After a crash this is what makes the
    bridge whole again: nothing stays fenced and forgotten.
-4. Operator requests (`stb lend`, `stb return`) through the same steps; the leases of
-   pools an operator holds (`stb drain POOL`) are returned, and those pools lend nothing.
+4. Operator requests (`stb lend`, `stb return`) through the same steps, each answered
+   once: one taken again after a failover (its first daemon died before recording the
+   outcome) is answered from the lease its lend made or the move its return made. The
+   leases of pools an operator holds (`stb drain POOL`) are returned, and those pools
+   lend nothing.
 5. Decide: the pure policy on the observation and the leases as they are now.
 6. Act: lend (a lease, then its Triton job), return (out of routing first), baselines.
 7. Rollouts: each open model rollout one move further (`bridge.daemon.rollouts`).
@@ -53,7 +56,7 @@ from bridge.daemon.report import StepError, TickReport
 from bridge.daemon.rollouts import RolloutDriver
 from bridge.leases.errors import LeaseError
 from bridge.leases.leader import Fenced
-from bridge.leases.requests import PoolHold, RequestQueue
+from bridge.leases.requests import OperatorRequest, PoolHold, RequestQueue, lease_key
 from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 from bridge.policy import Lend, Return, StartBaseline, decide
@@ -317,24 +320,9 @@ class Reconciler:
             assert req.id is not None
             errors_before = len(report.errors)
             if req.kind == "lend" and req.node:
-                checked = planner.check_operator_lend(
-                    req.node, req.models, obs, self.actuator.open_leases(), self.config
-                )
-                if isinstance(checked, str):
-                    outcome = checked
-                elif checked[0] in holds:
-                    hold = holds[checked[0]]
-                    outcome = (
-                        f"refused: pool {checked[0]} is held by {hold.held_by} "
-                        f"(stb resume {checked[0]})"
-                    )
-                else:
-                    pool, mode, models = checked
-                    outcome = self._lend(
-                        Lend(req.node, pool, mode, models, "operator"), obs, now, report
-                    )
+                outcome = self._operator_lend(req, req.node, obs, now, report, holds)
             elif req.kind == "return" and req.lease_id is not None:
-                outcome = self._return(Return(req.lease_id, "operator"), obs, now, report)
+                outcome = self._return(Return(req.lease_id, req.reason), obs, now, report)
             else:
                 outcome = f"refused: malformed {req.kind!r} request"
             new_errors = report.errors[errors_before:]
@@ -346,6 +334,40 @@ class Reconciler:
                     outcome = f"failed: {last.message} ({outcome})"
             self.requests.finish(req.id, now, outcome)
             report.events.append(f"operator request {req.id} ({req.kind}): {outcome}")
+
+    def _operator_lend(
+        self,
+        req: OperatorRequest,
+        node: str,
+        obs: Observation,
+        now: datetime,
+        report: TickReport,
+        holds: Mapping[str, PoolHold],
+    ) -> str:
+        """An operator's lend, its lease keyed by the request (`lease_key`). A request
+        whose lease exists was carried out by a daemon that died before recording the
+        outcome: it is answered from that lease (`planner.replayed_lend`), not refused as
+        a lend of a lent node, and nothing is lent twice."""
+        assert req.id is not None
+        key = lease_key(req.id)
+        made = self.store.by_request_key(key)
+        if made is not None:
+            lease = record_of(made)
+            moves = self._moves(lease.id) if lease.state == S.RETURNED else ()
+            return planner.replayed_lend(lease, moves)
+        checked = planner.check_operator_lend(
+            node, req.models, obs, self.actuator.open_leases(), self.config
+        )
+        if isinstance(checked, str):
+            return checked
+        pool, mode, models = checked
+        if pool in holds:
+            return f"refused: pool {pool} is held by {holds[pool].held_by} (stb resume {pool})"
+        return self._lend(Lend(node, pool, mode, models, req.reason), obs, now, report, key)
+
+    def _moves(self, lease_id: int) -> list[tuple[LeaseState, str]]:
+        """The lease's history as the planner's answers read it: (state entered, reason)."""
+        return [(e.to_state, e.reason) for e in self.store.history(lease_id)]
 
     def _return_held(
         self, holds: Mapping[str, PoolHold], obs: Observation, now: datetime, report: TickReport
@@ -371,14 +393,23 @@ class Reconciler:
         elif isinstance(action, StartBaseline):
             self.actuator.run(Step(None, (SubmitBaseline(action.node),)), now, report)
 
-    def _lend(self, action: Lend, obs: Observation, now: datetime, report: TickReport) -> str:
+    def _lend(
+        self,
+        action: Lend,
+        obs: Observation,
+        now: datetime,
+        report: TickReport,
+        key: str | None = None,
+    ) -> str:
+        """Lend (a lease under `key`, default the action's key at `now`, then its first
+        step); the outcome's text."""
         try:
             lease = self.actuator.create(
                 action.node,
                 action.pool,
                 action.lend_mode,
                 action.models,
-                f"{action.key}@{now.isoformat()}",
+                key or f"{action.key}@{now.isoformat()}",
                 now,
                 action.reason,
             )
@@ -406,10 +437,13 @@ class Reconciler:
                 lease = record_of(self.store.get(action.lease_id))
             except LeaseError as exc:
                 return f"refused: {exc}"
-        if lease.state == S.RETURNED:
-            return f"refused: lease {lease.id} is already returned"
         step = planner.plan_return(lease, action.reason, obs)
-        if step is None:
+        if step is None:  # leaving or gone: by this very return, taken again after a failover?
+            again = planner.replayed_return(lease, self._moves(lease.id), action.reason)
+            if again is not None:
+                return again
+            if lease.state == S.RETURNED:
+                return f"refused: lease {lease.id} is already returned"
             return f"lease {lease.id} is already {lease.state.value}"
         self.actuator.run(step, now, report)
         return f"lease {lease.id} returning"

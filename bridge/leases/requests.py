@@ -7,6 +7,12 @@ machine as its own decisions, then records the outcome. So there is one actor on
 and Triton, however many operators type at once, and a request made while the daemon is
 down is carried out when it comes back.
 
+A request is idempotent across a failover (`kill -9` of the active daemon after it took a
+request and before it recorded the outcome; the standby takes it again): a lend's lease is
+keyed by the request (`lease_key`), and a return's moves name it (`OperatorRequest.reason`),
+so the request taken again is answered from what its first attempt did, never done twice
+and never refused for being its own work.
+
 A hold is a row too: while a pool is held, the daemon lends none of its nodes and returns
 the leases it has there. The rows stay after the hold is lifted, with who lifted it when:
 the audit of who drained what.
@@ -24,6 +30,12 @@ from bridge.db import Transactions, UTCDateTime
 KINDS = ("lend", "return")
 
 
+def lease_key(request_id: int) -> str:
+    """The `request_key` of the lease operator request `request_id` lends
+    (`LeaseStore.create` is idempotent by it): the request taken again finds its lease."""
+    return f"operator-request:{request_id}"
+
+
 class OperatorRequest(SQLModel, table=True):
     __tablename__ = "operator_request"
 
@@ -38,6 +50,13 @@ class OperatorRequest(SQLModel, table=True):
     done_at: datetime | None = Field(default=None, sa_column=Column(UTCDateTime(), nullable=True))
     #: what happened: "lease 7 requested", or the error that stopped it
     outcome: str = Field(default="", sa_column=Column(Text, nullable=False))
+
+    @property
+    def reason(self) -> str:
+        """Why its lease moves: the request and who asked ("operator request 7 by ops").
+        Unique per request, so a return taken again finds the move its first attempt made."""
+        by = f" by {self.requested_by}" if self.requested_by else ""
+        return f"operator request {self.id}{by}"
 
 
 class PoolHold(SQLModel, table=True):

@@ -12,9 +12,8 @@ CLI (`stb lend`, `stb return`, `stb status`). Every write is one transaction:
 
 Leases returned are detached copies: changing one changes nothing in the database.
 
-Schema: `create_schema` runs `create_all` for the lease tables and their neighbours.
-Alembic migrations come with the GPU-hour ledger issue, which brings the first schema
-change to manage.
+Schema: the bridge's Alembic migrations (`bridge.leases.schema`); `create_schema` is
+re-exported here for its callers.
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypedDict, Unpack
 
-from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, SQLModel, and_, col, or_, select
+from sqlmodel import Session, and_, col, or_, select
 
 from bridge.db import Fence, Transactions, make_engine
 from bridge.leases.errors import (
@@ -36,6 +34,7 @@ from bridge.leases.errors import (
     UnexpectedState,
 )
 from bridge.leases.models import Lease, LeaseEvent, LendMode
+from bridge.leases.schema import create_schema
 from bridge.lifecycle import LeaseState, allowed
 
 __all__ = ["Fence", "LeaseFields", "LeaseStore", "create_schema", "make_engine"]
@@ -49,21 +48,6 @@ class LeaseFields(TypedDict, total=False):
 
 
 _SETTABLE = frozenset(LeaseFields.__annotations__)
-
-
-def create_schema(engine: Engine) -> None:
-    """Create the lease tables, the operator requests, the pool holds, the advisory
-    mode's record (`bridge.leases.advice`), the model rollouts (`bridge.leases.rollouts`),
-    the leader row (PostgreSQL) and their indexes if missing (no migrations yet: these
-    are new tables only; a new column would need one)."""
-    from bridge.leases import advice, leader, requests, rollouts  # noqa: F401 - their tables
-
-    names = ["lease", "lease_event", "operator_request", "pool_hold", *advice.TABLES]
-    names += rollouts.TABLES
-    if leader.supported(engine):
-        names.append("stb_leader")
-    tables = [SQLModel.metadata.tables[name] for name in names]
-    SQLModel.metadata.create_all(engine, tables=tables)
 
 
 def _require_aware(now: datetime) -> None:
@@ -264,6 +248,12 @@ class LeaseStore(Transactions):
             if open_only:
                 query = query.where(col(Lease.state) != LeaseState.RETURNED)
             return list(session.exec(query.order_by(col(Lease.id))).all())
+
+    def by_request_key(self, request_key: str) -> Lease | None:
+        """The lease `request_key` made (whatever its state now), or None: how an
+        operator request taken again after a failover finds the lease it lent."""
+        with self._read() as session:
+            return session.exec(select(Lease).where(Lease.request_key == request_key)).first()
 
     def by_job(self, job_id: str) -> Lease | None:
         """The lease that holds Slurm job `job_id` (the newest one, should Slurm have

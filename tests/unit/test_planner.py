@@ -1,6 +1,7 @@
 """The pure sync planner (`bridge.daemon.planner`) with literal inputs and an injected
 clock: every lease state against what Slurm and Triton report, deadlines, drain-mode
-fences, retry backoff, returns, orphans and the operator's lend check."""
+fences, retry backoff, returns, orphans, the operator's lend check and the answers to an
+operator request taken again after a failover."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ from bridge.daemon.planner import (
     plan_lease,
     plan_orphans,
     plan_return,
+    replayed_lend,
+    replayed_return,
+    return_reasons,
 )
 from bridge.lifecycle import LeaseState, allowed
 from bridge.modelfacts import merge_models
@@ -868,3 +872,76 @@ def test_operator_lend_accepted(
 ) -> None:
     returned = lease(S.RETURNED, on=on)  # a returned lease does not hold the node
     assert check_operator_lend(on, models, observe(), [returned], CONFIG) == expected
+
+
+# ---- operator requests taken again after a failover -----------------------------------
+
+WHY = "operator request 7 by ops"
+
+
+@pytest.mark.parametrize(
+    ("made", "moves", "expected"),
+    [
+        # killed after the lease was made, before or after its job was submitted
+        (lease(S.REQUESTED, job_id=None), [], "lease 1 lending n3"),
+        (lease(S.SUBMITTED), [], "lease 1 lending n3"),
+        (lease(S.SERVING), [], "lease 1 lending n3"),
+        # its submit was refused: the first attempt's own answer
+        (
+            replace(lease(S.FAILED), reason="submit: sbatch: no"),
+            [],
+            "failed: lease 1: submit: sbatch: no",
+        ),
+        (
+            replace(lease(S.RETURNED), reason="cleaned up after failure"),
+            [
+                (S.REQUESTED, WHY),
+                (S.FAILED, "submit: sbatch: no"),
+                (S.RETURNED, "cleaned up after failure"),
+            ],
+            "failed: lease 1: submit: sbatch: no",
+        ),
+        # it served, and was returned before the request was taken again
+        (
+            lease(S.RETURNED),
+            [(S.REQUESTED, WHY), (S.SUBMITTED, "submitted"), (S.RETURNED, "abandoned: calm")],
+            "lease 1 lending n3",
+        ),
+    ],
+)
+def test_a_lend_taken_again_is_answered_from_its_lease(
+    made: LeaseRecord, moves: list[tuple[LeaseState, str]], expected: str
+) -> None:
+    assert replayed_lend(made, moves) == expected
+
+
+def test_return_reasons_are_the_moves_plan_return_makes() -> None:
+    back, abandoned = return_reasons(WHY)
+    serving, requested = lease(S.SERVING), lease(S.REQUESTED, job_id=None)
+    step = plan_return(serving, WHY, with_job(serving, srv={}))
+    assert step is not None and step.move is not None and step.move.reason == back
+    step = plan_return(requested, WHY, observe())
+    assert step is not None and step.move is not None and step.move.reason == abandoned
+
+
+@pytest.mark.parametrize(
+    ("state", "moves", "expected"),
+    [
+        # this request's own move: it drained, released or abandoned the lease
+        (S.DRAINING, [(S.SERVING, "ready"), (S.DRAINING, f"return: {WHY}")], "lease 1 returning"),
+        (
+            S.RETURNED,
+            [(S.RELEASING, f"return: {WHY}"), (S.RETURNED, "job gone")],
+            "lease 1 returning",
+        ),
+        (S.RETURNED, [(S.RETURNED, f"abandoned: {WHY}")], "lease 1 returning"),
+        # someone else's: another request's, the policy's, a failure's (answered as such)
+        (S.DRAINING, [(S.DRAINING, "return: operator request 6 by ops")], None),
+        (S.RETURNED, [(S.DRAINING, "return: calm"), (S.RETURNED, "job gone")], None),
+        (S.FAILED, [(S.FAILED, f"submit: {WHY}")], None),
+    ],
+)
+def test_a_return_taken_again_finds_its_own_move(
+    state: LeaseState, moves: list[tuple[LeaseState, str]], expected: str | None
+) -> None:
+    assert replayed_return(lease(state), moves, WHY) == expected
