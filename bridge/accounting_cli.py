@@ -15,12 +15,14 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import select
 
 from accounting.agreement import COLUMNS
-from accounting.db import head_revision, open_ledger, upgrade
+from accounting.db import ensure as ensure_ledger
+from accounting.db import open_ledger
 from accounting.errors import LedgerError
 from accounting.ingest import close_period
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates, parse_price, show_price
@@ -32,7 +34,7 @@ from accounting.usage import utilization_by_job
 from bridge.accounting_agree import sreport_agreement
 from bridge.accounting_feed import ingest_window, ledger_cluster
 from bridge.config_cli import ConfigOpt, fail, load_or_exit
-from bridge.db import make_engine
+from bridge.db import SchemaError, make_engine
 from bridge.leases.store import LeaseStore, create_schema
 from bridge.report_views import VIEWS, build_sections, parse_views
 from bridge.slurm.cli import SlurmCLI
@@ -67,8 +69,8 @@ def parse_time(text: str, now: datetime, what: str) -> datetime:
 
 @accounting_app.command()
 def ingest(
-    since: Annotated[str, typer.Option(help="Window start (ISO time or -N[mhd]).")] = "-2h",
-    until: Annotated[str, typer.Option(help="Window end (ISO time, 'now' or -N[mhd]).")] = "now",
+    since: Annotated[str, typer.Option(help="Window start (ISO time or -N\\[mhd]).")] = "-2h",
+    until: Annotated[str, typer.Option(help="Window end (ISO time, 'now' or -N\\[mhd]).")] = "now",
     restate: Annotated[
         bool, typer.Option(help="Allow changes to closed months (logged as restatements).")
     ] = False,
@@ -112,12 +114,16 @@ def ingest(
     except (LedgerError, SlurmError) as exc:
         raise fail(exc) from exc
     console.print(
-        f"ingest {start.isoformat()} .. {end.isoformat()}: {summary.line()}", soft_wrap=True
+        escape(f"ingest {start.isoformat()} .. {end.isoformat()}: {summary.line()}"),
+        soft_wrap=True,
     )
     for key, why in summary.deferred[:10]:
-        console.print(f"  deferred {key}: {why}")
+        console.print(escape(f"  deferred {key}: {why}"), soft_wrap=True)
     if summary.restated:
-        console.print(f"  restated closed month(s): {', '.join(summary.restated)} ({reason})")
+        console.print(
+            escape(f"  restated closed month(s): {', '.join(summary.restated)} ({reason})"),
+            soft_wrap=True,
+        )
     if summary.overbooked:
         console.print(
             f"  [yellow]warning:[/yellow] {len(summary.overbooked)} pool-hour(s) allocated "
@@ -130,11 +136,20 @@ def agree(
     window: Annotated[
         str, typer.Option(help="Completed hours to compare: YYYY-MM, YYYY-MM-DD or A..B.")
     ] = "",
+    reroll: Annotated[
+        bool,
+        typer.Option(
+            help="Have slurmdbd roll a differing hour up again first (sacctmgr roll; needs a "
+            "Slurm administrator), then compare it anew."
+        ),
+    ] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Compare the ledger with sreport (`-T gres/gpu cluster Utilization` and
     `AccountUtilizationByUser`) hour by hour; each difference is listed with its cause.
-    Default window: the last 24 completed hours. Exit 1 when any hour differs."""
+    An hour slurmdbd has not re-rolled since a job record of it changed is listed as
+    pending, with the runs, and is no failure. Default window: the last 24 completed
+    hours. Exit 1 when any hour differs."""
     cfg = load_or_exit(config)
     now = datetime.now(UTC)
     try:
@@ -146,10 +161,10 @@ def agree(
             start = end - timedelta(hours=24)
         ledger = open_ledger(cfg.accounting.ledger_url)
         cluster = ledger_cluster(cfg, ledger, [], SlurmCLI())
-        result = sreport_agreement(SlurmCLI(), ledger, cluster, start, end)
+        result = sreport_agreement(SlurmCLI(), ledger, cluster, start, end, reroll=reroll)
     except (LedgerError, SlurmError) as exc:
         raise fail(exc) from exc
-    table = Table("hour (UTC)", *COLUMNS, "accounts", title=f"ledger vs sreport, {cluster}")
+    table = Table("hour (UTC)", *COLUMNS, "accounts", title=escape(f"ledger vs sreport, {cluster}"))
     for hour, (led, srep) in sorted(result.figures.items()):
         cells = [
             f"{led.column(c):,}"
@@ -161,15 +176,47 @@ def agree(
     Console().print(table)
     for d in result.differences:
         console.print(
-            f"{d.hour:%Y-%m-%d %H:00} {d.what}: ledger {d.ledger:,} s, sreport {d.sreport:,} s "
-            f"({d.delta:+,}): {d.cause}",
+            escape(
+                f"{d.hour:%Y-%m-%d %H:00} {d.what}: ledger {d.ledger:,} s, sreport "
+                f"{d.sreport:,} s ({d.delta:+,}): {d.cause}"
+            ),
             soft_wrap=True,
         )
+    for p in result.pending:
+        short = ", ".join(
+            f"{d.what} {d.delta:+,} s" for d in p.differences if d.what.startswith("account")
+        )
+        runs = ", ".join(
+            f"job {r.job_id} ({r.account}, {r.gpu_s:,} GPU-s in it, seen {r.changed_at:%H:%M})"
+            for r in p.runs
+        )
+        console.print(
+            escape(
+                f"{p.hour:%Y-%m-%d %H:00} pending: sreport's rollup lacks {short}; slurmdbd "
+                f"re-rolls the hour at its next pass (or: --reroll); changed runs: {runs}"
+            ),
+            soft_wrap=True,
+        )
+    for hour, view in sorted(result.reconciled.items()):
+        led = result.figures[hour][0]
+        moved = ", ".join(
+            f"{c} {led.column(c):,} -> {view.column(c):,}"
+            for c in COLUMNS
+            if led.column(c) != view.column(c)
+        )
+        console.print(
+            f"{hour:%Y-%m-%d %H:00} reconciled: equal to sreport once counted by its "
+            f"cluster-wide rules ({moved}; README, agreement with sreport)",
+            soft_wrap=True,
+        )
+    if result.rerolled:
+        console.print(f"rolled up again by slurmdbd: {len(result.rerolled)} hour(s)")
     if result.not_rolled:
         console.print(f"not rolled up by slurmdbd yet: {len(result.not_rolled)} hour(s)")
     console.print(
         f"{len(result.agreed)} of {len(result.hours)} hour(s) agree (GPU-seconds, "
         "allocated / down / planned down / idle / reported and per account)"
+        + (f", {len(result.pending)} pending" if result.pending else "")
     )
     if result.differences:
         raise typer.Exit(1)
@@ -187,7 +234,7 @@ def close(
         close_period(open_ledger(cfg.accounting.ledger_url), month, note)
     except LedgerError as exc:
         raise fail(exc) from exc
-    console.print(f"closed {month}")
+    console.print(escape(f"closed {month}"))
 
 
 @accounting_app.command()
@@ -200,19 +247,23 @@ def restatements(config: ConfigOpt = None) -> None:
     with engine.connect() as conn:
         for r in conn.execute(select(t).order_by(t.c.id)):
             table.add_row(
-                r.at.isoformat(timespec="seconds"), r.month, r.source,
-                f"{r.old_gpu_ms / 3.6e6:.3f}", f"{r.new_gpu_ms / 3.6e6:.3f}", r.reason,
+                r.at.isoformat(timespec="seconds"), escape(r.month), escape(r.source),
+                f"{r.old_gpu_ms / 3.6e6:.3f}", f"{r.new_gpu_ms / 3.6e6:.3f}", escape(r.reason),
             )  # fmt: skip
     Console().print(table)
 
 
 @accounting_app.command()
 def migrate(config: ConfigOpt = None) -> None:
-    """Bring the ledger's schema to the latest migration."""
+    """Bring the ledger's schema to the latest migration, under the database's schema
+    lock (`stb db upgrade` does this and the bridge's database)."""
     cfg = load_or_exit(config)
     engine = make_engine(cfg.accounting.ledger_url)
-    upgrade(engine)
-    console.print(f"ledger at revision {head_revision()}")
+    try:
+        change = ensure_ledger(engine)
+    except SchemaError as exc:
+        raise fail(exc) from exc
+    console.print(f"ledger at revision {change.now}")
 
 
 @rates_app.command("add")
@@ -245,7 +296,7 @@ def rates_add(
         add_rates(open_ledger(cfg.accounting.ledger_url), [spec])
     except LedgerError as exc:
         raise fail(exc) from exc
-    console.print(f"added {spec.describe()}")
+    console.print(escape(f"added {spec.describe()}"), soft_wrap=True)
 
 
 def _day(text: str, what: str) -> date:
@@ -261,10 +312,10 @@ def rates_list(config: ConfigOpt = None) -> None:
     cfg = load_or_exit(config)
     table = Table("gpu type", "pool", "qos", "from", "to", "price/GPU-h", "currency", "note")
     for r in list_rates(open_ledger(cfg.accounting.ledger_url)):
-        table.add_row(
+        table.add_row(*map(escape, (
             r.gpu_type, r.pool or "*", r.qos or "*", r.valid_from.isoformat(),
             r.valid_to.isoformat() if r.valid_to else "-", show_price(r.price), r.currency, r.note,
-        )  # fmt: skip
+        )))  # fmt: skip
     Console().print(table)
 
 
@@ -319,7 +370,7 @@ def report(
 
             assert output is not None
             render_xlsx(rep, output)
-            console.print(f"wrote {output}")
+            console.print(escape(f"wrote {output}"))
             return
         if fmt == "html":
             from accounting.html import render_html
@@ -339,6 +390,6 @@ def report(
         raise fail(exc) from exc
     if output:
         output.write_text(text)
-        console.print(f"wrote {output}")
+        console.print(escape(f"wrote {output}"))
     else:
         sys.stdout.write(text)
