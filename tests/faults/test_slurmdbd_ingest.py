@@ -13,7 +13,6 @@ that never saw the fault.
 
 from __future__ import annotations
 
-import subprocess
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,7 +30,7 @@ from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import SlurmError
 from tests.lab.helpers import sbatch, wait_sacct_final
 
-from .tools import lab_daemon_running, lab_env, restart_lab, stb, stop_lab_daemon
+from .tools import lab_daemon_running, restart_lab, stb_ingest, stop_lab_daemon
 
 pytestmark = pytest.mark.lab
 
@@ -45,15 +44,6 @@ def _config(lab: LabSpec, tmp_path: Path, name: str) -> Path:
         f'cluster = "{lab.cluster}"\n'
     )
     return path
-
-
-def _ingest(lab: LabSpec, config: Path, since: datetime, until: datetime) -> tuple[int, str]:
-    done = subprocess.run(
-        [stb(), "accounting", "ingest", "--since", since.isoformat(),
-         "--until", until.isoformat(), "-c", str(config)],
-        env=lab_env(lab), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    return done.returncode, done.stdout + done.stderr
 
 
 def _everything(engine: Engine) -> dict[str, list[tuple[object, ...]]]:
@@ -89,7 +79,7 @@ def test_slurmdbd_stopped_during_an_ingest(lab: LabSpec, tmp_path: Path) -> None
     since = floor_hour(t0)
     until1 = datetime.now(UTC).replace(microsecond=0)
     faulted = _config(lab, tmp_path, "faulted")
-    code, out = _ingest(lab, faulted, since, until1)
+    code, out = stb_ingest(lab, faulted, since, until1)
     assert code == 0, out
     ledger = open_ledger(load_config(faulted).accounting.ledger_url)
     before = _everything(ledger)
@@ -119,7 +109,7 @@ def test_slurmdbd_stopped_during_an_ingest(lab: LabSpec, tmp_path: Path) -> None
         assert _everything(ledger) == before  # no row lost, none half-written
 
         # `stb accounting ingest` while slurmdbd is down: one clear line, nothing written.
-        code, out = _ingest(lab, faulted, since, until2)
+        code, out = stb_ingest(lab, faulted, since, until2)
         print(f"stb accounting ingest with slurmdbd down: exit {code}: {out.strip()}")
         assert code == 1, out
         assert "Problem talking to the database" in out and "Traceback" not in out, out
@@ -128,10 +118,10 @@ def test_slurmdbd_stopped_during_an_ingest(lab: LabSpec, tmp_path: Path) -> None
         restart_lab(lab)
 
     # slurmdbd is back: the next ingest catches up with one that never saw a fault.
-    code, out = _ingest(lab, faulted, since, until2)
+    code, out = stb_ingest(lab, faulted, since, until2)
     assert code == 0, out
     clean = _config(lab, tmp_path, "clean")
-    code, out = _ingest(lab, clean, since, until2)
+    code, out = stb_ingest(lab, clean, since, until2)
     assert code == 0, out
     reference = open_ledger(load_config(clean).accounting.ledger_url)
     caught_up, expected = _totals(ledger, since), _totals(reference, since)

@@ -23,6 +23,7 @@ import time
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import IO, TypeVar
 
@@ -74,6 +75,17 @@ def lab_env(spec: LabSpec) -> dict[str, str]:
 
 def stb() -> str:
     return str(Path(sys.executable).with_name("stb"))
+
+
+def stb_ingest(spec: LabSpec, config: Path, since: datetime, until: datetime) -> tuple[int, str]:
+    """`stb accounting ingest` of [since, until) with `config` against the lab: its exit
+    status and what it printed."""
+    done = subprocess.run(
+        [stb(), "accounting", "ingest", "--since", since.isoformat(),
+         "--until", until.isoformat(), "-c", str(config)],
+        env=lab_env(spec), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
 
 
 # ---- Triton processes ---------------------------------------------------------------------

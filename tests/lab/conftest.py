@@ -15,6 +15,7 @@ from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab import triton
 from bridge.lab.demo import daemon_toml
+from bridge.lab.pair import NoPostgres, scratch_database
 from bridge.lab.spec import LabSpec
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
@@ -23,6 +24,17 @@ from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxProcess
 from bridge.routing.publisher import RoutingPublisher
 from bridge.slurm.cli import SlurmCLI
+
+
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    """A new scratch PostgreSQL database's URL, dropped afterwards; the test is skipped
+    where no PostgreSQL answers."""
+    try:
+        with scratch_database() as url:
+            yield url
+    except NoPostgres as exc:
+        pytest.skip(str(exc))
 
 
 def _free_port() -> int:

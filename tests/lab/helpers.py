@@ -25,6 +25,17 @@ from bridge.load.arrivals import Schedule
 from bridge.load.runner import Counters, RunConfig, parse_endpoint, run
 
 
+def until(what: str, check: Callable[[], object], timeout_s: float, every: float = 0.05) -> float:
+    """Poll `check()` until true; the time.time() it became true (else the test fails,
+    naming `what`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return time.time()
+        time.sleep(every)
+    raise AssertionError(f"not within {timeout_s:g}s: {what}")
+
+
 def sbatch(spec: LabSpec, *args: str) -> str:
     out = slurm(spec, "sbatch", "--parsable", f"--output={spec.log_dir}/test-%j.out", *args)
     return out.strip().split(";")[0]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from sqlalchemy import Engine
 
 from bridge.daemon import launcher
 from bridge.daemon.actuator import record_of
-from bridge.lab.pair import Instance, NoPostgres, cancel_triton_jobs, scratch_database
+from bridge.lab.pair import Instance, cancel_triton_jobs
 from bridge.lab.spec import LabSpec
 from bridge.lab.tokens import token_file
 from bridge.leases import leader
@@ -27,31 +26,13 @@ from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
 from bridge.slurm.cli import SlurmCLI
+from tests.lab.helpers import until
 
 pytestmark = pytest.mark.lab
 S = LeaseState
 TICK_S = 2.0
 #: the Triton jobs alive (squeue also lists finished ones until they age out)
 LIVE: dict[str, Any] = {"tag": "stb:triton", "states": ("PENDING", "CONFIGURING", "RUNNING")}
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    try:
-        with scratch_database() as url:
-            yield url
-    except NoPostgres as exc:
-        pytest.skip(str(exc))
-
-
-def _until(what: str, check: object, timeout_s: float, every: float = 0.05) -> float:
-    """Poll `check()` until true; the time.time() it became true."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return time.time()
-        time.sleep(every)
-    pytest.fail(f"not within {timeout_s:g}s: {what}")
 
 
 def _lease_jobs(lab: LabSpec, store: LeaseStore, lease_id: int) -> list[str]:
@@ -77,13 +58,13 @@ def _restart_postgres() -> bool:
 
 
 def test_two_bridges_one_acts_and_the_other_takes_over(
-    lab: LabSpec, database: str, tmp_path: Path
+    lab: LabSpec, pg_database: str, tmp_path: Path
 ) -> None:
-    engine: Engine = make_engine(database)
+    engine: Engine = make_engine(pg_database)
     create_schema(engine)
     store, queue = LeaseStore(engine), RequestQueue(engine)
-    a = Instance("bridge-a", lab, tmp_path / "a", database, TICK_S)
-    b = Instance("bridge-b", lab, tmp_path / "b", database, TICK_S)
+    a = Instance("bridge-a", lab, tmp_path / "a", pg_database, TICK_S)
+    b = Instance("bridge-b", lab, tmp_path / "b", pg_database, TICK_S)
     operator = {
         "Authorization": f"Bearer {token_file(lab.api_dir, 'operator').read_text().strip()}"
     }
@@ -104,7 +85,7 @@ def test_two_bridges_one_acts_and_the_other_takes_over(
         )
         assert asked.status_code == 202, asked.text
         in_flight = (S.REQUESTED, S.SUBMITTED, S.STARTING)
-        _until(
+        until(
             "a lend in flight",
             lambda: any(x.state in in_flight for x in store.open_leases()),
             30,
@@ -116,10 +97,10 @@ def test_two_bridges_one_acts_and_the_other_takes_over(
         killed_at = time.time()
         a.kill()  # the active host is gone, its lend half done
 
-        took_at = _until("b leads", lambda: b.role() == "active", 5 * TICK_S)
+        took_at = until("b leads", lambda: b.role() == "active", 5 * TICK_S)
         held = leader.current(engine)
         assert held is not None and (held.holder, held.epoch) == ("bridge-b", 2)
-        served_at = _until(
+        served_at = until(
             "b finishes the lend", lambda: store.get(lease_id).state == S.SERVING, 120
         )
         after = [e for e in store.history(lease_id) if e.at.timestamp() >= killed_at]
@@ -144,7 +125,7 @@ def test_two_bridges_one_acts_and_the_other_takes_over(
         events_before = len(store.history(lease_id))
         if _restart_postgres():
             time.sleep(4 * TICK_S)
-            _until(
+            until(
                 "one leader after the restart",
                 lambda: {a.role(), b.role()} == {"active", "standby"},
                 10 * TICK_S,
@@ -166,7 +147,7 @@ def test_two_bridges_one_acts_and_the_other_takes_over(
             timeout=5,
         )
         assert back.status_code == 202, back.text
-        _until("returned", lambda: store.get(lease_id).state == S.RETURNED, 120)
+        until("returned", lambda: store.get(lease_id).state == S.RETURNED, 120)
         req_id = back.json()["request"]
         done = queue.get(req_id)
         assert done is not None and done.requested_by == "lab-operator"

@@ -13,7 +13,6 @@ there, then the lock is let go and the dead leader's transaction rolls back.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,12 +21,13 @@ from sqlalchemy import Connection, Engine, make_url, text
 
 from bridge.daemon import launcher
 from bridge.daemon.actuator import record_of
-from bridge.lab.pair import Instance, NoPostgres, cancel_triton_jobs, scratch_database
+from bridge.lab.pair import Instance, cancel_triton_jobs
 from bridge.lab.spec import LabSpec
 from bridge.leases.requests import OperatorRequest, RequestQueue, lease_key
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
 from bridge.slurm.cli import SlurmCLI
+from tests.lab.helpers import until
 
 pytestmark = pytest.mark.lab
 S = LeaseState
@@ -37,25 +37,6 @@ _WAITING = text(
     "SELECT count(*) FROM pg_stat_activity WHERE datname = :db "
     "AND wait_event_type = 'Lock' AND query ILIKE 'UPDATE operator_request%'"
 )
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    try:
-        with scratch_database() as url:
-            yield url
-    except NoPostgres as exc:
-        pytest.skip(str(exc))
-
-
-def _until(what: str, check: object, timeout_s: float, every: float = 0.05) -> float:
-    """Poll `check()` until true; the time.time() it became true."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return time.time()
-        time.sleep(every)
-    pytest.fail(f"not within {timeout_s:g}s: {what}")
 
 
 def _lease_jobs(lab: LabSpec, store: LeaseStore, lease_id: int, *, live: bool = False) -> list[str]:
@@ -83,7 +64,7 @@ def _kill_as_it_records(leader: Instance, engine: Engine, lock: Connection) -> f
     """Once the leader waits to record the outcome: kill -9 it, then let the lock go."""
     db = make_url(str(engine.url)).database
     with engine.connect() as conn:
-        _until(
+        until(
             "the leader waits to record the outcome",
             lambda: conn.execute(_WAITING, {"db": db}).scalar() == 1,
             30,
@@ -98,22 +79,20 @@ def _kill_as_it_records(leader: Instance, engine: Engine, lock: Connection) -> f
 def _answered(queue: RequestQueue, req: OperatorRequest, timeout_s: float) -> OperatorRequest:
     assert req.id is not None
     rid = req.id
-    _until(
-        f"request {rid} answered", lambda: (queue.get(rid) or req).done_at is not None, timeout_s
-    )
+    until(f"request {rid} answered", lambda: (queue.get(rid) or req).done_at is not None, timeout_s)
     done = queue.get(rid)
     assert done is not None and done.done_at is not None
     return done
 
 
 def test_a_request_taken_again_after_a_failover_is_done_once(
-    lab: LabSpec, database: str, tmp_path: Path
+    lab: LabSpec, pg_database: str, tmp_path: Path
 ) -> None:
-    engine = make_engine(database)
+    engine = make_engine(pg_database)
     create_schema(engine)
     store, queue = LeaseStore(engine), RequestQueue(engine)
-    a = Instance("bridge-a", lab, tmp_path / "a", database, TICK_S)
-    b = Instance("bridge-b", lab, tmp_path / "b", database, TICK_S)
+    a = Instance("bridge-a", lab, tmp_path / "a", pg_database, TICK_S)
+    b = Instance("bridge-b", lab, tmp_path / "b", pg_database, TICK_S)
     node = lab.pool_nodes("elastic")[0].name
     try:
         a.start().wait_role("active")
@@ -123,7 +102,7 @@ def test_a_request_taken_again_after_a_failover_is_done_once(
         lend = queue.request_lend(node, ["busy"], datetime.now(UTC), requested_by="lab-operator")
         assert lend.id is not None
         lock = _lock(engine, lend)
-        _until(
+        until(
             "a lent the node (Triton job submitted)",
             lambda: any(x.slurm_job_id for x in store.by_node(node, open_only=True)),
             60,
@@ -136,9 +115,9 @@ def test_a_request_taken_again_after_a_failover_is_done_once(
         assert lease.slurm_job_id is not None
         assert (queue.get(lend.id) or lend).done_at is None  # a's outcome died with it
 
-        took_at = _until("b leads", lambda: b.role() == "active", 10 * TICK_S)
+        took_at = until("b leads", lambda: b.role() == "active", 10 * TICK_S)
         done = _answered(queue, lend, 10 * TICK_S)
-        served_at = _until("serving", lambda: store.get(lease_id).state == S.SERVING, 120)
+        served_at = until("serving", lambda: store.get(lease_id).state == S.SERVING, 120)
         print(
             f"\nlend replay: a killed in {lease.state.value} as it recorded request {lend.id}; "
             f"b active after {took_at - killed_at:.2f}s, request answered after "
@@ -156,13 +135,13 @@ def test_a_request_taken_again_after_a_failover_is_done_once(
         a.start().wait_role("standby")
         ret = queue.request_return(lease_id, datetime.now(UTC), requested_by="lab-operator")
         lock = _lock(engine, ret)
-        _until("b began the return", lambda: store.get(lease_id).state != S.SERVING, 60, 0.02)
+        until("b began the return", lambda: store.get(lease_id).state != S.SERVING, 60, 0.02)
         killed_at = _kill_as_it_records(b, engine, lock)
         began_in = store.get(lease_id).state
         assert (queue.get(ret.id or 0) or ret).done_at is None
 
         done = _answered(queue, ret, 10 * TICK_S + 30)
-        _until("returned", lambda: store.get(lease_id).state == S.RETURNED, 120)
+        until("returned", lambda: store.get(lease_id).state == S.RETURNED, 120)
         print(
             f"return replay: b killed in {began_in.value} as it recorded request {ret.id}; "
             f"answered after {done.done_at.timestamp() - killed_at:.2f}s ({done.outcome!r})"

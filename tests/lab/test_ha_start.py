@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 
-from bridge.lab.pair import Instance, NoPostgres, cancel_triton_jobs, scratch_database
+from bridge.lab.pair import Instance, cancel_triton_jobs
 from bridge.lab.spec import LabSpec
 from bridge.leases import leader
 from bridge.leases.schema import head_revision
@@ -26,15 +25,6 @@ TICK_S = 2.0
 SCHEMA_LINE = re.compile(r"^(\S+ [\d:,]+) \S+ the bridge's database at \S+: (.+)$", re.M)
 
 
-@pytest.fixture
-def new_database() -> Iterator[str]:
-    try:
-        with scratch_database() as url:
-            yield url
-    except NoPostgres as exc:
-        pytest.skip(str(exc))
-
-
 def _schema_line(instance: Instance) -> tuple[datetime, str]:
     """When the daemon checked the schema, and what it found."""
     found = SCHEMA_LINE.findall(instance.log.read_text())
@@ -43,14 +33,14 @@ def _schema_line(instance: Instance) -> tuple[datetime, str]:
     return datetime.strptime(at, "%Y-%m-%d %H:%M:%S,%f"), what
 
 
-def test_two_daemons_started_together_on_a_new_database_both_run_one_active(
-    lab: LabSpec, new_database: str, tmp_path: Path
+def test_two_daemons_started_together_on_a_pg_database_both_run_one_active(
+    lab: LabSpec, pg_database: str, tmp_path: Path
 ) -> None:
     pair = [
-        Instance(name, lab, tmp_path / name, new_database, TICK_S)
+        Instance(name, lab, tmp_path / name, pg_database, TICK_S)
         for name in ("bridge-a", "bridge-b")
     ]
-    engine = make_engine(new_database)
+    engine = make_engine(pg_database)
     try:
         for x in pair:  # back to back: both processes exist within milliseconds
             x.start()

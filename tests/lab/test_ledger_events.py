@@ -23,7 +23,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -43,7 +42,7 @@ from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import SlurmEvent
-from tests.faults.tools import lab_env, stb
+from tests.faults.tools import stb_ingest
 
 pytestmark = pytest.mark.lab
 
@@ -209,15 +208,6 @@ def _site_toml(tmp_path: Path, name: str, accounting: str) -> Path:
     return path
 
 
-def _cli_ingest(lab: LabSpec, toml: Path, since: datetime, until: datetime) -> tuple[int, str]:
-    done = subprocess.run(
-        [stb(), "accounting", "ingest", "--since", since.isoformat(),
-         "--until", until.isoformat(), "-c", str(toml)],
-        env=lab_env(lab), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    return done.returncode, done.stdout + done.stderr
-
-
 def test_a_new_clusters_first_ingest_books_nothing_before_it_registered(
     lab: LabSpec, tmp_path: Path
 ) -> None:
@@ -235,7 +225,7 @@ def test_a_new_clusters_first_ingest_books_nothing_before_it_registered(
     until = arrived.start + timedelta(seconds=20)
 
     toml = _site_toml(tmp_path, "site", "")  # [accounting] cluster left empty, as shipped
-    code, out = _cli_ingest(lab, toml, since, until)
+    code, out = stb_ingest(lab, toml, since, until)
     print(f"stb accounting ingest, cluster unset: exit {code}: {out.strip()}")
     assert code == 0, out
     assert "capacity from the inventory" not in out, out
@@ -246,7 +236,7 @@ def test_a_new_clusters_first_ingest_books_nothing_before_it_registered(
 
     # a cluster slurmdbd has never heard of: the error names the ones it has; nothing written
     wrong = _site_toml(tmp_path, "wrong", 'cluster = "no-such-cluster"\n')
-    code, out = _cli_ingest(lab, wrong, since, until)
+    code, out = stb_ingest(lab, wrong, since, until)
     print(f"stb accounting ingest, unknown cluster: exit {code}: {out.strip()}")
     assert code == 1, out
     assert "no-such-cluster" in out and lab.cluster in out and "Traceback" not in out, out
