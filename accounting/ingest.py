@@ -9,8 +9,7 @@
   the daily roll-up (`rollup`) takes every row written and removed, in the same transaction.
 - `ingest_documents`: the same for the records of documents (e.g. sacct JSON files) that
   worker processes read, parse and prepare while this process does the database part.
-- `record_inventory`: the node inventory as `node_span` rows (a span closes when a node
-  changes pool, GPU type or count, or leaves service).
+- the node inventory (`accounting.inventory`) is recorded in the ingest's transaction.
 - `record_serving`: Triton's per-model compute counters, as scraped (duplicates ignored).
 
 Records stream through in chunks (`progress` is called per chunk), so a million records
@@ -26,7 +25,7 @@ with SQLAlchemy inserts, the reference the tests compare with.
 from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from contextlib import closing
@@ -66,6 +65,7 @@ from accounting.attribution import (
 from accounting.buckets import HOUR, floor_hour, hours, month_of, utc
 from accounting.capacity import RunAlloc, capacity_entries, event_capacity
 from accounting.errors import ClosedPeriodError, IngestError, LedgerError
+from accounting.inventory import Inventory, record_spans
 from accounting.prepare import (
     COPY_HEADER,
     COPY_TRAILER,
@@ -95,7 +95,7 @@ from accounting.schema import (
     SourceRecord,
 )
 from accounting.slurm_events import clusters_with_events, load_events, node_attrs, store_events
-from bridge.db import WRITE_OPTION
+from bridge.db import write_transaction
 from bridge.slurm.model import AccountingRecord, SlurmEvent
 
 LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
@@ -167,11 +167,6 @@ def _row(e: Entry, source: str) -> dict[str, Any]:
         "source": source,
         "gpu_ms": e.gpu_ms,
     }
-
-
-def write_transaction(engine: Engine) -> Any:
-    """A transaction that takes the write lock first (BEGIN IMMEDIATE on SQLite)."""
-    return engine.execution_options(**{WRITE_OPTION: True}).begin()
 
 
 def ingest_records(
@@ -291,7 +286,7 @@ def _ingest(
     touched: set[datetime] = set()
     with write_transaction(engine) as conn:
         if inventory is not None:
-            _record_inventory(conn, inventory)
+            record_spans(conn, inventory)
         if events is not None:
             touched.update(store_events(conn, events, ctx.horizon or until or now))
         closed = set(conn.scalars(select(PERIODS.c.month)))
@@ -885,83 +880,6 @@ def _runs(sorted_hours: Sequence[datetime]) -> Iterator[list[datetime]]:
         run.append(h)
     if run:
         yield run
-
-
-@dataclass(frozen=True, slots=True)
-class NodeCapacity:
-    """One node in service: its pool, GPU type and GPU count."""
-
-    node: str
-    pool: str
-    gpu_type: str
-    gpus: int
-
-
-@dataclass(frozen=True)
-class Inventory:
-    """The nodes in service at `at`, to record with an ingest (see `record_inventory`).
-    A node seen for the first time is taken to have been there since `backfill_from`
-    (when given and earlier), else since its `first_seen` time (when earlier: the first
-    job run it is known to have run), else since `at`."""
-
-    cluster: str
-    nodes: Sequence[NodeCapacity]
-    at: datetime
-    backfill_from: datetime | None = None
-    first_seen: Mapping[str, datetime] | None = None
-
-
-def record_inventory(
-    engine: Engine,
-    cluster: str,
-    nodes: Iterable[NodeCapacity],
-    at: datetime,
-    *,
-    backfill_from: datetime | None = None,
-) -> int:
-    """Record the inventory seen at `at`; returns the spans opened or closed. A node seen
-    for the first time is taken to have been there since `backfill_from` (when given and
-    earlier): the first ingest of a window then has the window's capacity."""
-    with write_transaction(engine) as conn:
-        return _record_inventory(conn, Inventory(cluster, list(nodes), at, backfill_from))
-
-
-def _record_inventory(conn: Connection, inv: Inventory) -> int:
-    at = utc(inv.at)
-    first = min(utc(inv.backfill_from), at) if inv.backfill_from else at
-    seen_at = {node: min(utc(t), first) for node, t in (inv.first_seen or {}).items()}
-    cluster = inv.cluster
-    changes = 0
-    open_spans = {
-        r.node: r
-        for r in conn.execute(
-            select(SPANS).where(SPANS.c.cluster == cluster, SPANS.c.end.is_(None))
-        )
-    }
-    known = set(conn.scalars(select(SPANS.c.node).where(SPANS.c.cluster == cluster).distinct()))
-    seen = set()
-    for n in inv.nodes:
-        if n.gpus < 0:
-            raise LedgerError(f"node {n.node}: negative GPU count {n.gpus}")
-        seen.add(n.node)
-        cur = open_spans.get(n.node)
-        if cur is not None and (cur.pool, cur.gpu_type, cur.gpus) == (n.pool, n.gpu_type, n.gpus):
-            continue
-        if cur is not None:
-            conn.execute(update(SPANS).where(SPANS.c.id == cur.id).values(end=at))
-            changes += 1
-        conn.execute(
-            insert(SPANS).values(
-                cluster=cluster, node=n.node, pool=n.pool, gpu_type=n.gpu_type, gpus=n.gpus,
-                start=seen_at.get(n.node, first) if n.node not in known else at, end=None,
-            )
-        )  # fmt: skip
-        changes += 1
-    for name, cur in open_spans.items():
-        if name not in seen:
-            conn.execute(update(SPANS).where(SPANS.c.id == cur.id).values(end=at))
-            changes += 1
-    return changes
 
 
 def record_serving(engine: Engine, cluster: str, points: Iterable[ServingPoint]) -> int:

@@ -23,8 +23,8 @@ from typing import Any
 from sqlalchemy import Engine, insert, select
 
 from accounting.errors import RateError
-from accounting.ingest import write_transaction
 from accounting.schema import Rate
+from bridge.db import write_transaction
 
 RATES = Rate.__table__  # type: ignore[attr-defined]
 CENT = Decimal("0.01")

@@ -26,8 +26,9 @@ from sqlalchemy import Engine, select, tuple_, update
 
 from accounting.buckets import utc
 from accounting.errors import LedgerError
-from accounting.ingest import batched, write_transaction
+from accounting.ingest import batched
 from accounting.schema import GpuUsage
+from bridge.db import write_transaction
 
 USAGE = GpuUsage.__table__  # type: ignore[attr-defined]
 

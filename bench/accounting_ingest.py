@@ -88,13 +88,12 @@ from accounting.ingest import (
     LEDGER_COLUMNS,
     SACCT,
     SOURCE_COLUMNS,
-    NodeCapacity,
     batched,
     bind_rows,
     ingest_documents,
     insert_rows,
-    record_inventory,
 )
+from accounting.inventory import NodeCapacity, record_inventory
 from accounting.prepare import default_workers, read_sacct_file
 from accounting.report import Window, build_report
 from accounting.schema import CAPACITY_SOURCE, IDLE_TEAM, LedgerRow, SourceRecord

@@ -26,14 +26,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from accounting.attribution import Context, ServingPoint
 from accounting.buckets import floor_hour
 from accounting.errors import LedgerError
-from accounting.ingest import (
-    IngestSummary,
-    Inventory,
-    NodeCapacity,
-    ingest_records,
-    prune_serving,
-    record_serving,
-)
+from accounting.ingest import IngestSummary, ingest_records, prune_serving, record_serving
+from accounting.inventory import Inventory, NodeCapacity
 from accounting.metrics import LedgerCollector
 from accounting.schema import NodeSpan
 from accounting.usage import ingest_usage, read_spool

@@ -74,6 +74,11 @@ def make_engine(url: str | URL = DEFAULT_DATABASE_URL, *, echo: bool = False) ->
     return engine
 
 
+def write_transaction(engine: Engine) -> Any:
+    """A transaction that takes the write lock first (BEGIN IMMEDIATE on SQLite)."""
+    return engine.execution_options(**{WRITE_OPTION: True}).begin()
+
+
 #: run at the start of every write transaction; raises to refuse it (the leader's fence)
 Fence = Callable[[Session], None]
 

@@ -23,7 +23,8 @@ from sqlalchemy.engine import make_url
 from accounting.attribution import Context, ServingPoint
 from accounting.db import open_ledger
 from accounting.errors import IngestError
-from accounting.ingest import NodeCapacity, ingest_records, record_inventory, record_serving
+from accounting.ingest import ingest_records, record_serving
+from accounting.inventory import NodeCapacity, record_inventory
 from accounting.report import Window, build_report
 from bridge.slurm.model import AccountingRecord
 from tests.db.test_ledger_db import rec, snapshot

@@ -22,15 +22,8 @@ from sqlmodel import SQLModel
 from accounting.attribution import Context, ServingPoint
 from accounting.db import current_revision, downgrade, head_revision, open_ledger
 from accounting.errors import ClosedPeriodError, IngestError, LedgerError, RateError
-from accounting.ingest import (
-    LEDGER,
-    SOURCES,
-    NodeCapacity,
-    close_period,
-    ingest_records,
-    record_inventory,
-    record_serving,
-)
+from accounting.ingest import LEDGER, SOURCES, close_period, ingest_records, record_serving
+from accounting.inventory import NodeCapacity, record_inventory
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates
 from accounting.report import Window, build_report
 from accounting.schema import IDLE_TEAM, LEDGER_TABLES, UNATTRIBUTED, Restatement

@@ -38,15 +38,8 @@ from sqlalchemy import Engine, select
 
 from accounting.attribution import Context, ServingPoint
 from accounting.db import open_ledger
-from accounting.ingest import (
-    LEDGER,
-    SOURCES,
-    IngestSummary,
-    NodeCapacity,
-    ingest_records,
-    record_inventory,
-    record_serving,
-)
+from accounting.ingest import LEDGER, SOURCES, IngestSummary, ingest_records, record_serving
+from accounting.inventory import NodeCapacity, record_inventory
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates, money
 from accounting.report import Report, Window, build_report
 from accounting.schema import CAPACITY_SOURCE, CAPACITY_WORKLOADS, UNATTRIBUTED

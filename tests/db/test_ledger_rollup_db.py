@@ -24,14 +24,8 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from accounting.errors import IngestError
-from accounting.ingest import (
-    NodeCapacity,
-    close_period,
-    ingest_documents,
-    ingest_records,
-    record_inventory,
-    record_serving,
-)
+from accounting.ingest import close_period, ingest_documents, ingest_records, record_serving
+from accounting.inventory import NodeCapacity, record_inventory
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates
 from accounting.report import Window, build_report
 from accounting.rollup import DAYS, LEDGER

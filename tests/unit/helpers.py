@@ -13,8 +13,9 @@ from types import ModuleType
 from sqlalchemy import Engine, insert
 
 from accounting.attribution import Entry
-from accounting.ingest import LEDGER, write_transaction
+from accounting.ingest import LEDGER
 from accounting.rollup import DayDelta
+from bridge.db import write_transaction
 from bridge.paths import project_root
 
 

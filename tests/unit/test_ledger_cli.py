@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from accounting.attribution import Context, ServingPoint
 from accounting.db import open_ledger
-from accounting.ingest import NodeCapacity, ingest_records, record_inventory, record_serving
+from accounting.ingest import ingest_records, record_serving
+from accounting.inventory import NodeCapacity, record_inventory
 from accounting.metrics import LedgerCollector
 from bridge.cli import app
 from bridge.daemon.api import finance_routes

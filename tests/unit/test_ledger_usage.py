@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from accounting.attribution import Context
 from accounting.db import open_ledger
 from accounting.errors import LedgerError
-from accounting.ingest import NodeCapacity, ingest_records, record_inventory
+from accounting.ingest import ingest_records
+from accounting.inventory import NodeCapacity, record_inventory
 from accounting.report import Window, build_report
 from accounting.usage import ingest_usage, read_spool, utilization_by_job
 from bridge.cli import app

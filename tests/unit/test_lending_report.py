@@ -16,11 +16,10 @@ from sqlalchemy import Engine, insert
 from accounting.attribution import Entry
 from accounting.buckets import MS_PER_HOUR
 from accounting.db import open_ledger
-from accounting.ingest import write_transaction
 from accounting.rates import RateBook, RateSpec, money
 from accounting.report import Window
 from accounting.schema import NodeSpan
-from bridge.db import make_engine
+from bridge.db import make_engine, write_transaction
 from bridge.leases.store import LeaseStore, create_schema
 from bridge.lending_report import (
     TOTAL,

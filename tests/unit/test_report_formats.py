@@ -20,7 +20,8 @@ from accounting.attribution import Context
 from accounting.db import open_ledger
 from accounting.errors import LedgerError
 from accounting.html import render_html
-from accounting.ingest import NodeCapacity, ingest_records, record_inventory
+from accounting.ingest import ingest_records
+from accounting.inventory import NodeCapacity, record_inventory
 from accounting.rates import ROUNDING, RateBook, RateSpec, add_rates, list_rates
 from accounting.report import Report, Window, build_report
 from accounting.schema import IDLE_TEAM
