@@ -490,6 +490,13 @@ class LeaseConfig(_Strict):
         "before its models are unloaded: longer than any sane request, short enough to "
         "give the node back promptly.",
     )
+    unanswered_grace_s: float = Field(
+        default=15,
+        ge=0,
+        description="Seconds a serving replica whose Triton job still runs may go without "
+        "answering as ready (a server saturated by a burst, a slow host) before its lease "
+        "is failed; the job ending fails it at once. 0: the first unanswered tick fails it.",
+    )
     retry_base_s: float = Field(
         default=2,
         gt=0,

@@ -48,6 +48,9 @@ class TritonServer:
     #: per model it holds, the versions READY (a rollout routes its split only to
     #: replicas that hold the versions it sends requests to)
     versions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: seconds the server has gone without answering as ready (0 when ready now; counted
+    #: from this daemon's first unanswered ask when it never saw it ready)
+    unanswered_s: float = 0.0
 
 
 @dataclass(frozen=True)

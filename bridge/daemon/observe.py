@@ -26,6 +26,7 @@ tick).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -90,6 +91,8 @@ class Observer:
         self._depth = history_depth(config)
         self._history: dict[str, deque[ModelSample]] = {}
         self._previous: dict[str, Scrape] = {}
+        #: per Triton job, when its server last answered as ready (or first did not)
+        self._answered: dict[str, float] = {}
         #: more than one: servers are asked on a pool of threads (each keeps its own
         #: clients, `bridge.daemon.clients`); one: on the caller's thread, as before
         self._workers = config.observe.concurrency
@@ -157,6 +160,16 @@ class Observer:
         )  # fmt: skip
         return server, page, self._clock()
 
+    def _silence(self, server: TritonServer, now: float) -> TritonServer:
+        """The server with how long it has gone unanswered (a busy server misses a tick's
+        ask; the planner fails a serving replica only past `[leases] unanswered_grace_s`)."""
+        job_id = server.job.job_id
+        if server.ready:
+            self._answered[job_id] = now
+            return server
+        since = self._answered.setdefault(job_id, now)
+        return dataclasses.replace(server, unanswered_s=max(0.0, now - since))
+
     def observe(self, now: float) -> Observation:
         """Read Slurm and every running Triton server; raises the Slurm adapter's errors."""
         nodes = {n.name: n for n in self._slurm.nodes()}
@@ -184,7 +197,9 @@ class Observer:
         else:
             self._purge_pool()
             answers = list(self._pool.map(ask, asked))
-        servers = [server for server, _, _ in answers]
+        servers = [self._silence(server, now) for server, _, _ in answers]
+        for job_id in set(self._answered) - {s.job.job_id for s in servers}:
+            del self._answered[job_id]
         for server, page, _ in answers:
             if page is not None and self._on_page is not None:
                 self._on_page(server.job.job_id, server.address, now, page)

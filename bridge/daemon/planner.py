@@ -220,6 +220,8 @@ class Settings:
     releasing_deadline_s: float = 300
     drain_timeout_s: float = 30
     drain_wait_s: float = 120
+    #: a serving replica that stops answering (its job still running) is failed after this
+    unanswered_grace_s: float = 15
     #: a preempt-mode lend requeues its node's jobs itself (`[leases] requeue_victims`)
     requeue_victims: bool = True
 
@@ -233,6 +235,7 @@ class Settings:
             releasing_deadline_s=leases.releasing_deadline_s,
             drain_timeout_s=leases.drain_timeout_s,
             drain_wait_s=config.policy.drain_wait_s,
+            unanswered_grace_s=leases.unanswered_grace_s,
             requeue_victims=leases.requeue_victims,
         )
 
@@ -335,8 +338,16 @@ def plan_lease(lease: LeaseRecord, obs: Observation, now: float, settings: Setti
                 )
         return _fail(lease, f"Triton not ready in time ({overdue_reason})") if overdue else None
     if state == S.SERVING:
-        if job is None or server is None or not server.ready:
-            return _fail(lease, "Triton job or server gone while serving")
+        if job is None:
+            return _fail(lease, "Triton job gone while serving")
+        if lease.node not in obs.nodes:
+            return _fail(lease, f"node {lease.node} vanished from Slurm")
+        if server is None:
+            return _fail(lease, f"Triton job {job.job_id} {job.state.lower()}, not serving")
+        if not server.ready and server.unanswered_s >= settings.unanswered_grace_s:
+            return _fail(
+                lease, f"Triton server unanswered for {server.unanswered_s:.0f}s while serving"
+            )
         return None
     if state == S.DRAINING:
         if job is None or server is None:

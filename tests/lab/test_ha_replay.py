@@ -38,6 +38,11 @@ _WAITING = text(
     "AND wait_event_type = 'Lock' AND query ILIKE 'UPDATE operator_request%'"
 )
 
+_SESSIONS = text(
+    "SELECT pid, state, wait_event_type, wait_event, query FROM pg_stat_activity "
+    "WHERE datname = :db ORDER BY pid"
+)
+
 
 def _lease_jobs(lab: LabSpec, store: LeaseStore, lease_id: int, *, live: bool = False) -> list[str]:
     """Slurm jobs tagged with this lease: every one squeue still lists (finished ones too,
@@ -64,11 +69,17 @@ def _kill_as_it_records(leader: Instance, engine: Engine, lock: Connection) -> f
     """Once the leader waits to record the outcome: kill -9 it, then let the lock go."""
     db = make_url(str(engine.url)).database
     with engine.connect() as conn:
-        until(
-            "the leader waits to record the outcome",
-            lambda: conn.execute(_WAITING, {"db": db}).scalar() == 1,
-            30,
-        )
+        try:
+            until(
+                "the leader waits to record the outcome",
+                lambda: conn.execute(_WAITING, {"db": db}).scalar() == 1,
+                30,
+            )
+        except AssertionError as exc:  # say what each session was doing, and the leader
+            rows = conn.execute(_SESSIONS, {"db": db}).all()
+            sessions = "\n".join(" | ".join(str(v)[:90] for v in row) for row in rows)
+            tail = "\n".join(leader.log.read_text(errors="replace").splitlines()[-25:])
+            raise AssertionError(f"{exc}\nsessions:\n{sessions}\n{leader.name}:\n{tail}") from None
     killed_at = time.time()
     leader.kill()
     lock.rollback()

@@ -136,11 +136,13 @@ def server(
     models: Iterable[str] = ("busy",),
     pending: Mapping[str, float] | None = None,
     unavailable: Mapping[str, str] | None = None,
+    unanswered_s: float = 0.0,
 ) -> TritonServer:
     on = j.nodes[0]
     return TritonServer(
-        j, on, f"10.0.0.{on[1:]}:8000", ready, tuple(models), pending or {}, unavailable or {}
-    )
+        j, on, f"10.0.0.{on[1:]}:8000", ready, tuple(models), pending or {},
+        unavailable or {}, unanswered_s=unanswered_s,
+    )  # fmt: skip
 
 
 def observe(
@@ -432,21 +434,35 @@ def test_serving_model_gone_from_a_ready_server_is_left_to_routing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("srv", "job_there", "nodes"),
+    ("srv", "job_there", "nodes", "reason"),
     [
-        ({"ready": False, "models": ()}, True, ("n1", "n3", "n5")),
-        (None, True, ("n1", "n3", "n5")),
-        (None, False, ("n1", "n3", "n5")),
-        (None, True, ("n1", "n5")),
+        (
+            {"ready": False, "models": (), "unanswered_s": 15.0},
+            True,
+            ("n1", "n3", "n5"),
+            "Triton server unanswered for 15s while serving",
+        ),
+        (None, True, ("n1", "n3", "n5"), "Triton job 100 running, not serving"),
+        (None, False, ("n1", "n3", "n5"), "Triton job gone while serving"),
+        (None, True, ("n1", "n5"), "node n3 vanished from Slurm"),
     ],
-    ids=["server-not-ready", "server-absent", "job-gone", "node-vanished"],
+    ids=["server-unanswered-past-grace", "server-absent", "job-gone", "node-vanished"],
 )
 def test_serving_server_or_job_gone_fails(
-    srv: dict[str, object] | None, job_there: bool, nodes: tuple[str, ...]
+    srv: dict[str, object] | None, job_there: bool, nodes: tuple[str, ...], reason: str
 ) -> None:
     lse = lease(S.SERVING)
     obs = with_job(lse, srv=srv, nodes=nodes) if job_there else observe(nodes=nodes)
-    assert one(lse, obs) == fail(lse, "Triton job or server gone while serving")
+    assert one(lse, obs) == fail(lse, reason)
+
+
+def test_serving_server_that_misses_an_ask_within_the_grace_goes_on_serving() -> None:
+    """A server saturated by a burst answers no readiness ask for a tick or two; its job
+    still runs, so the replica stays in routing until `unanswered_grace_s` has passed."""
+    lse = lease(S.SERVING)
+    for silent in (0.0, 2.0, SETTINGS.unanswered_grace_s - 0.1):
+        obs = with_job(lse, srv={"ready": False, "models": (), "unanswered_s": silent})
+        assert one(lse, obs) is None, silent
 
 
 # ---- draining -------------------------------------------------------------------------

@@ -289,17 +289,27 @@ def test_operator_request_inserted_while_the_tick_finishes_another(
 # ---- serving lease whose server vanishes -----------------------------------------------
 
 
-def test_serving_lease_whose_server_vanishes_fails_leaves_routing_and_is_cancelled(
+def test_serving_lease_whose_server_stops_answering_fails_after_the_grace_and_is_cancelled(
     h: Harness,
 ) -> None:
     to_serving(h)
     assert ADDR3 in h.router.endpoints("busy")
     h.triton.servers[ADDR3].unreachable = True
 
-    r = h.tick(10)
+    h.tick(10)  # unanswered: out of routing, the lease goes on within the grace
+    assert h.lease(1).state == S.SERVING
+    assert ADDR3 not in h.router.endpoints("busy")
+    h.triton.servers[ADDR3].unreachable = False
+    h.tick(12)  # it answers again: back in routing
+    assert h.lease(1).state == S.SERVING
+    assert ADDR3 in h.router.endpoints("busy")
+    h.triton.servers[ADDR3].unreachable = True
+    h.tick(14)
+    assert h.lease(1).state == S.SERVING
+    r = h.tick(14 + 15)  # unanswered for `[leases] unanswered_grace_s`: failed
     lease = h.lease(1)
     assert lease.state == S.FAILED
-    assert lease.reason == "Triton job or server gone while serving"
+    assert lease.reason == "Triton server unanswered for 17s while serving"  # since 12
     assert ADDR3 not in h.router.endpoints("busy")
     assert h.router.endpoints("busy") == ("10.0.0.1:8000",)  # the baseline goes on
     assert r.outcome == Outcome.OK
