@@ -3,7 +3,7 @@
 the ledger's own lines for the same completed hour, with every difference named.
 
 Pure comparison over figures in GPU-seconds; the ledger's side is read here
-(`ledger_hour`), sreport's by the caller (`bridge.accounting_agree.sreport_agreement`).
+(`ledger_hour`), sreport's by the caller (`bridge.ledger.sreport.sreport_agreement`).
 The ledger keeps GPU-milliseconds from Slurm's whole seconds, so equal means equal.
 
 Differences the ledger makes on purpose are not disagreements (README, "Agreement with

@@ -11,7 +11,7 @@ deploy/prometheus/alerts.yml alerts at 80% and 100%.
 
 Enforcement is Slurm's, never the bridge's: where a site opts in (`--enforce`), a
 GPU-hour budget becomes `GrpTRESMins=gres/gpu=<minutes>` on the team's Slurm account
-(`bridge.budget`), and Slurm holds the account's jobs with its own reason
+(`bridge.ledger.limits`), and Slurm holds the account's jobs with its own reason
 (AssocGrpGRESMinutes) once the month's usage reaches it.
 """
 

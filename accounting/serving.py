@@ -1,7 +1,7 @@
 """What Triton's counters say a model served over a window: the stored serving samples
 (`serving_sample`, cumulative per instance, model and version) turned into increases
 between consecutive scrapes. Read by the unit economics (`accounting.economics`) and the
-capacity plan (`bridge.capacity_plan`).
+capacity plan (`bridge.ledger.replica_plan`).
 
 A series is one (cluster, job, instance, model, version). Triton's counters count from the
 model's load: a value below the previous one means the counter was reset (the model was

@@ -29,10 +29,10 @@ from accounting.agreement import COLUMNS, Agreement, summarize
 from accounting.buckets import floor_hour
 from accounting.db import open_ledger
 from accounting.report import Window
-from bridge.accounting_agree import sreport_agreement
-from bridge.accounting_feed import ingest_window
 from bridge.lab.demo import lab_config
 from bridge.lab.spec import LabSpec
+from bridge.ledger.feed import ingest_window
+from bridge.ledger.sreport import sreport_agreement
 from bridge.paths import default_lab_dir
 from bridge.slurm.cli import SlurmCLI
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import (
     BaseModel,
@@ -822,3 +823,20 @@ def unknown_env(environ: dict[str, str]) -> list[str]:
         for key in environ
         if key.startswith("STB_") and key not in OTHER_ENV and key.split("__", 1)[0] not in fields
     )
+
+
+class _InPartitions(Protocol):
+    @property
+    def partitions(self) -> Sequence[str]: ...
+
+
+def pool_of(node: _InPartitions, config: BridgeConfig) -> str | None:
+    """The configured pool of a node (a `bridge.slurm.model.Node`): the one whose partition
+    holds it; a lendable pool wins over the reserved one (the elastic nodes are also in the
+    inference partition)."""
+    matches = [
+        (pool.lend_mode == "reserved", name)
+        for name, pool in config.pools.items()
+        if pool.partition in node.partitions
+    ]
+    return min(matches)[1] if matches else None

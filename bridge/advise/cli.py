@@ -25,7 +25,6 @@ from rich.table import Table
 
 from accounting.errors import WindowError
 from accounting.report import Window
-from bridge.accounting_cli import parse_time
 from bridge.advise.summary import Summary, arrivals, summarise
 from bridge.cli_text import say
 from bridge.config import BridgeConfig, ModelConfig
@@ -33,6 +32,7 @@ from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.db import make_engine
 from bridge.leases.advice import AdviceSample, AdviceStore
 from bridge.leases.store import create_schema
+from bridge.ledger.cli import parse_time
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.select import open_backend
 from bridge.triton.catalog import site_models

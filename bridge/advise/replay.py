@@ -28,8 +28,7 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from bridge.advise.summary import HOLD_S, Arrivals, Summary
-from bridge.config import BridgeConfig, ModelConfig
-from bridge.daemon.observation import pool_of
+from bridge.config import BridgeConfig, ModelConfig, pool_of
 from bridge.sim.engine import Engine, Setup, Timing
 from bridge.sim.fleet import SimNode
 from bridge.sim.inputs import jobs_from_records, partition_kinds

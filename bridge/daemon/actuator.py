@@ -54,7 +54,7 @@ from bridge.lifecycle import LeaseState
 from bridge.routing.errors import RoutingError
 from bridge.routing.table import BASELINE, MetricsTarget, RoutingTable, Split
 from bridge.slurm.errors import SlurmError
-from bridge.slurm.model import JobSpec
+from bridge.slurm.model import JobSpec, lease_of
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.errors import TritonError
 from bridge.triton.ports import METRICS_PORT
@@ -357,7 +357,7 @@ class Actuator:
         split_of = {sp.model: sp for sp in self.splits}
         targets = []
         for s in self._obs.servers:
-            ref = launcher.lease_of(s.job.tags)
+            ref = lease_of(s.job.tags)
             if not s.ready or (ref is not None and s.job.job_id not in serving):
                 continue
             for m in s.models:

@@ -30,11 +30,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from bridge.cli_text import fail, say
-from bridge.config import BridgeConfig
+from bridge.config import BridgeConfig, pool_of
 from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.daemon.actuator import record_of
 from bridge.daemon.auth import TokensError, add_token
-from bridge.daemon.observation import pool_of
 from bridge.daemon.planner import Settings, is_stuck
 from bridge.daemon.service import DaemonError, run_daemon
 from bridge.leases import leader

@@ -21,10 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bridge.config import TritonJobConfig
-from bridge.slurm.model import TRITON_TAG, JobSpec
-
-BASELINE_TAG = "stb:baseline"
-LEASE_TAG_PREFIX = "stb:lease="
+from bridge.slurm.model import BASELINE_TAG, TRITON_TAG, JobSpec, LeaseRef, lease_tag
 
 
 class LauncherError(RuntimeError):
@@ -46,25 +43,6 @@ def triton_home() -> Path:
     if not (home / "bin" / "tritonserver").exists():
         raise LauncherError(f"no tritonserver binary under {home}; reinstall nvidia-pytriton")
     return home
-
-
-#: a lease as its Triton job's tag names it: (lease id, creation time in epoch seconds).
-#: The time makes the tag unique even if lease ids restart (a new database).
-LeaseRef = tuple[int, int]
-
-
-def lease_tag(ref: LeaseRef) -> str:
-    return f"{LEASE_TAG_PREFIX}{ref[0]}.{ref[1]}"
-
-
-def lease_of(tags: Sequence[str]) -> LeaseRef | None:
-    """The lease a Triton job's tags name, if any."""
-    for tag in tags:
-        if tag.startswith(LEASE_TAG_PREFIX):
-            lease_id, _, created = tag[len(LEASE_TAG_PREFIX) :].partition(".")
-            if lease_id.isdigit() and created.isdigit():
-                return int(lease_id), int(created)
-    return None
 
 
 def triton_job(

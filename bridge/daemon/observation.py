@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from bridge.config import BridgeConfig
+from bridge.config import BridgeConfig, pool_of
 from bridge.modelfacts import ModelFacts
 from bridge.policy.snapshot import (
     JobView,
@@ -24,7 +24,7 @@ from bridge.policy.snapshot import (
     ReplicaView,
     Snapshot,
 )
-from bridge.slurm.model import TRITON_TAG, Job, Node, Reservation
+from bridge.slurm.model import TRITON_TAG, Job, Node, Reservation, checkpoint_of
 
 _UNUSABLE = ("down", "fail", "unknown", "future", "inval")
 #: the bridge's own reservations (a drain-mode lend's fence) are named this way
@@ -93,36 +93,9 @@ class Observation:
         return {n: tuple(js) for n, js in out.items()}
 
 
-def pool_of(node: Node, config: BridgeConfig) -> str | None:
-    """The configured pool of a node: the one whose partition holds it; a lendable pool
-    wins over the reserved one (the elastic nodes are also in the inference partition)."""
-    matches = [
-        (pool.lend_mode == "reserved", name)
-        for name, pool in config.pools.items()
-        if pool.partition in node.partitions
-    ]
-    return min(matches)[1] if matches else None
-
-
 def _ts(job: Job, name: str) -> float | None:
     value = getattr(job, name)
     return value.timestamp() if value is not None else None
-
-
-#: how a job reports a checkpoint: `stb:ckpt=<epoch seconds>` in its comment, e.g.
-#: `scontrol update JobId=$SLURM_JOB_ID Comment=stb:ckpt=$(date +%s)` after each save
-CHECKPOINT_TAG = "stb:ckpt="
-
-
-def checkpoint_of(job: Job) -> float | None:
-    """When the job last reported a checkpoint, or None (see CHECKPOINT_TAG)."""
-    for tag in job.tags:
-        if tag.startswith(CHECKPOINT_TAG):
-            try:
-                return float(tag[len(CHECKPOINT_TAG) :])
-            except ValueError:
-                return None
-    return None
 
 
 def reserved_nodes(
@@ -170,7 +143,7 @@ def snapshot(
                 _ts(j, "start_time"),
                 j.restarts,
                 _ts(j, "submit_time"),
-                checkpoint_of(j),
+                checkpoint_of(j.tags),
             )
             for j in obs.work.get(node.name, ())
         )

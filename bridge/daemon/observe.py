@@ -35,12 +35,11 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from bridge.config import BridgeConfig
-from bridge.daemon.launcher import lease_of
 from bridge.daemon.observation import RESERVATION_PREFIX, Observation, TritonServer
 from bridge.modelfacts import ModelFacts
 from bridge.policy import history_depth
 from bridge.policy.snapshot import ModelSample
-from bridge.slurm.model import TRITON_TAG, Job, Node
+from bridge.slurm.model import TRITON_TAG, Job, Node, lease_of
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.catalog import ModelCatalog
 from bridge.triton.errors import TritonError

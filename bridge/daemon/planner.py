@@ -25,11 +25,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from bridge.config import BridgeConfig
-from bridge.daemon import launcher
-from bridge.daemon.observation import RESERVATION_PREFIX, Observation, pool_of
+from bridge.config import BridgeConfig, pool_of
+from bridge.daemon.observation import RESERVATION_PREFIX, Observation
 from bridge.lifecycle import LeaseState
-from bridge.slurm.model import Job
+from bridge.slurm.model import Job, LeaseRef, lease_of
 
 S = LeaseState
 #: a reservation of a drain-mode lend lasts this much past the bounded drain wait
@@ -59,8 +58,8 @@ class LeaseRecord:
     reason: str = ""
 
     @property
-    def ref(self) -> launcher.LeaseRef:
-        """How the lease's Triton job names it (see `launcher.lease_tag`)."""
+    def ref(self) -> LeaseRef:
+        """How the lease's Triton job names it (see `lease_tag`)."""
         return self.id, int(self.created_at)
 
 
@@ -84,7 +83,7 @@ class Submit:
     step = "submit"
     node: str
     models: tuple[str, ...]
-    ref: launcher.LeaseRef
+    ref: LeaseRef
     pool: str
     reservation: str | None
 
@@ -266,7 +265,7 @@ def is_stuck(lease: LeaseRecord, settings: Settings, now: float) -> bool:
 def _job_of(lease: LeaseRecord, jobs: Mapping[str, Job]) -> Job | None:
     if lease.slurm_job_id:
         return jobs.get(lease.slurm_job_id)
-    return next((j for j in jobs.values() if launcher.lease_of(j.tags) == lease.ref), None)
+    return next((j for j in jobs.values() if lease_of(j.tags) == lease.ref), None)
 
 
 def _unfence(lease: LeaseRecord, obs: Observation) -> tuple[Command, ...]:
@@ -465,7 +464,7 @@ def return_reasons(reason: str) -> tuple[str, str]:
 def plan_orphans(
     obs: Observation,
     leases: Sequence[LeaseRecord],
-    closed: Mapping[int, launcher.LeaseRef],
+    closed: Mapping[int, LeaseRef],
     config: BridgeConfig,
 ) -> list[Step]:
     """What no open lease holds: a tagged Triton job of a closed lease still queued or
@@ -479,7 +478,7 @@ def plan_orphans(
     open_nodes = {lease.node for lease in open_leases}
     steps: list[Step] = []
     for job in obs.triton_jobs().values():
-        ref = launcher.lease_of(job.tags)
+        ref = lease_of(job.tags)
         if ref is None or ref in open_refs or job.job_id in open_jobs:
             continue
         if closed.get(ref[0]) == ref:
@@ -520,7 +519,7 @@ def lease_refs_to_check(obs: Observation, leases: Sequence[LeaseRecord]) -> set[
     open_refs = {lease.ref for lease in leases if lease.state != S.RETURNED}
     ids = set()
     for job in obs.triton_jobs().values():
-        ref = launcher.lease_of(job.tags)
+        ref = lease_of(job.tags)
         if ref is not None and ref not in open_refs:
             ids.add(ref[0])
     return ids

@@ -51,7 +51,6 @@ from sqlalchemy.exc import ArgumentError
 from accounting.db import LEDGER
 from accounting.db import ensure as ensure_ledger
 from accounting.errors import LedgerError
-from bridge.accounting_feed import LedgerFeed
 from bridge.config import BridgeConfig
 from bridge.daemon.advisory import Advisor
 from bridge.daemon.api import finance_routes, operator_routes
@@ -71,6 +70,7 @@ from bridge.leases.requests import RequestQueue
 from bridge.leases.rollouts import RolloutStore
 from bridge.leases.schema import BRIDGE, open_schema
 from bridge.leases.store import LeaseStore, make_engine
+from bridge.ledger.feed import LedgerFeed
 from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxControl, NginxProcess
 from bridge.routing.publisher import RoutingPublisher

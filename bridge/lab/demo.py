@@ -21,7 +21,6 @@ from rich.table import Table
 from accounting.buckets import floor_hour
 from accounting.render import to_table
 from accounting.report import Window, build_report
-from bridge.accounting_feed import LedgerFeed, ingest_window
 from bridge.cli_text import say
 from bridge.config import BridgeConfig, load_config
 from bridge.daemon.service import build, single_instance
@@ -32,6 +31,7 @@ from bridge.lab.spec import LabSpec
 from bridge.lab.stepfigures import describe
 from bridge.lab.tokens import tokens_file
 from bridge.leases.store import LeaseStore
+from bridge.ledger.feed import LedgerFeed, ingest_window
 from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import TRITON_TAG

@@ -8,9 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from bridge.config import BridgeConfig
-from bridge.daemon.launcher import BASELINE_TAG
 from bridge.models.publish import Server
-from bridge.slurm.model import TRITON_TAG
+from bridge.slurm.model import BASELINE_TAG, TRITON_TAG
 from bridge.slurm.select import open_backend
 from bridge.triton.client import TritonHttpClient
 from bridge.triton.ports import HTTP_PORT as TRITON_HTTP_PORT

@@ -30,7 +30,7 @@ Where each fact comes from:
 - GPU-hours and cost: the ledger's report for the model, this month and today.
 
 Reading never creates a database: a SQLite file that is missing is "no database" (as the
-reports do, `bridge.report_views`), and a database that does not answer is said, not
+reports do, `bridge.ledger.views`), and a database that does not answer is said, not
 raised; so is a Prometheus that does not answer. A model the repository lacks and the
 journal never saw is `UnknownModel`.
 """

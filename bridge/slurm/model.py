@@ -3,6 +3,7 @@ accounting runs. Shared by every backend; times are timezone-aware UTC."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -12,6 +13,42 @@ BRIDGE_TAG = "stb:"
 #: The comment tag of every Triton job the bridge runs (a server, baseline or lent): how the
 #: daemon finds its servers and the ledger books serving time.
 TRITON_TAG = "stb:triton"
+#: The comment tag of a Triton job the bridge runs as a model's baseline replica.
+BASELINE_TAG = "stb:baseline"
+#: The comment tag of a lent Triton job: `stb:lease=<lease id>.<creation epoch seconds>`.
+LEASE_TAG_PREFIX = "stb:lease="
+#: How a job reports a checkpoint: `stb:ckpt=<epoch seconds>` in its comment, e.g.
+#: `scontrol update JobId=$SLURM_JOB_ID Comment=stb:ckpt=$(date +%s)` after each save.
+CHECKPOINT_TAG = "stb:ckpt="
+
+#: a lease as its Triton job's tag names it: (lease id, creation time in epoch seconds).
+#: The time makes the tag unique even if lease ids restart (a new database).
+LeaseRef = tuple[int, int]
+
+
+def lease_tag(ref: LeaseRef) -> str:
+    return f"{LEASE_TAG_PREFIX}{ref[0]}.{ref[1]}"
+
+
+def lease_of(tags: Sequence[str]) -> LeaseRef | None:
+    """The lease a Triton job's tags name, if any."""
+    for tag in tags:
+        if tag.startswith(LEASE_TAG_PREFIX):
+            lease_id, _, created = tag[len(LEASE_TAG_PREFIX) :].partition(".")
+            if lease_id.isdigit() and created.isdigit():
+                return int(lease_id), int(created)
+    return None
+
+
+def checkpoint_of(tags: Sequence[str]) -> float | None:
+    """When a job last reported a checkpoint (its tags), or None (see CHECKPOINT_TAG)."""
+    for tag in tags:
+        if tag.startswith(CHECKPOINT_TAG):
+            try:
+                return float(tag[len(CHECKPOINT_TAG) :])
+            except ValueError:
+                return None
+    return None
 
 
 @dataclass(frozen=True)

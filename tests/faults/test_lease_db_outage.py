@@ -24,12 +24,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from bridge.daemon import launcher
 from bridge.lab.spec import LabSpec
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, make_engine
 from bridge.lifecycle import LeaseState
 from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.model import BASELINE_TAG, TRITON_TAG
 
 from .tools import DaemonProc, TcpForwarder, delta, until
 
@@ -97,7 +97,7 @@ def test_lease_database_unreachable_for_30s(
     def baselines() -> list[str]:
         return [
             j.job_id
-            for j in cli.jobs(tag=launcher.BASELINE_TAG)
+            for j in cli.jobs(tag=BASELINE_TAG)
             if j.state in ("PENDING", "RUNNING") and (reserved.name in j.nodes or not j.nodes)
         ]
 
@@ -109,14 +109,14 @@ def test_lease_database_unreachable_for_30s(
     assert forwarder.refuses()
     cli.cancel(baseline)  # a tick able to act would start another baseline
     ret = queue.request_return(lease.id, datetime.now(UTC))  # out of the daemon's sight
-    jobs_before = {j.job_id for j in cli.jobs(tag=launcher.TRITON_TAG)}
+    jobs_before = {j.job_id for j in cli.jobs(tag=TRITON_TAG)}
     health: set[int | None] = set()
     new_jobs: set[str] = set()
     settled = None
     try:
         while time.monotonic() - paused < OUTAGE_S:
             health.add(daemon.healthz())
-            new_jobs |= {j.job_id for j in cli.jobs(tag=launcher.TRITON_TAG)} - jobs_before
+            new_jobs |= {j.job_id for j in cli.jobs(tag=TRITON_TAG)} - jobs_before
             if settled is None and time.monotonic() - paused > 8:
                 settled = daemon.must_metrics()
             time.sleep(1)

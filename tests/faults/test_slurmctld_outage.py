@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from bridge.daemon import launcher
 from bridge.lab.spec import LabSpec
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import ControllerUnreachable
+from bridge.slurm.model import TRITON_TAG, lease_of
 
 from .tools import (
     DaemonProc,
@@ -42,9 +42,8 @@ OUTAGE_S = 60.0
 def _lease_jobs(cli: SlurmCLI, lease_id: int) -> list[str]:
     return [
         j.job_id
-        for j in cli.jobs(tag=launcher.TRITON_TAG)
-        if (launcher.lease_of(j.tags) or (0, 0))[0] == lease_id
-        and j.state in ("PENDING", "RUNNING")
+        for j in cli.jobs(tag=TRITON_TAG)
+        if (lease_of(j.tags) or (0, 0))[0] == lease_id and j.state in ("PENDING", "RUNNING")
     ]
 
 

@@ -23,9 +23,9 @@ from sqlalchemy import Engine, MetaData, select
 from accounting.buckets import floor_hour
 from accounting.db import open_ledger
 from accounting.ingest import LEDGER
-from bridge.accounting_feed import ingest_window
 from bridge.config import load_config
 from bridge.lab.spec import LabSpec
+from bridge.ledger.feed import ingest_window
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import SlurmError
 from tests.lab.helpers import sbatch, wait_sacct_final

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge.daemon import launcher
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.spec import LabSpec
 from bridge.lifecycle import LeaseState
+from bridge.slurm.model import TRITON_TAG
 from tests.lab.helpers import tick_until
 
 from .tools import infer_through, tritonserver_pids, until
@@ -73,7 +73,7 @@ def test_killed_triton_leaves_routing_in_one_tick_and_the_node_returns(
     # The node is back with Slurm: no Triton job of the lease, no fence, not drained.
     jobs = [
         j
-        for j in rec.slurm.jobs(tag=launcher.TRITON_TAG)
+        for j in rec.slurm.jobs(tag=TRITON_TAG)
         if lent.name in j.nodes and j.state in ("PENDING", "RUNNING")
     ]
     assert jobs == [], jobs

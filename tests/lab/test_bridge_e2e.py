@@ -18,12 +18,12 @@ import pytest
 from accounting.buckets import floor_hour
 from accounting.db import open_ledger
 from accounting.report import Window, build_report
-from bridge.accounting_feed import ingest_window
 from bridge.daemon.reconciler import Reconciler
 from bridge.db import make_engine
 from bridge.lab.showcase import Scenario
 from bridge.lab.spec import LabSpec
-from bridge.lending_report import lending_section
+from bridge.ledger.feed import ingest_window
+from bridge.ledger.lending import lending_section
 from bridge.lifecycle import LeaseState
 
 from .helpers import wait_sacct_final

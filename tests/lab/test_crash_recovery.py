@@ -29,6 +29,7 @@ from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
 from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.model import lease_of
 
 from .helpers import tick_until
 
@@ -46,8 +47,7 @@ def _lease_jobs(cli: SlurmCLI, lease_id: int) -> list[str]:
     return [
         j.job_id
         for j in cli.jobs(tag="stb:triton")
-        if (launcher.lease_of(j.tags) or (0, 0))[0] == lease_id
-        and j.state in ("PENDING", "RUNNING")
+        if (lease_of(j.tags) or (0, 0))[0] == lease_id and j.state in ("PENDING", "RUNNING")
     ]
 
 

@@ -16,7 +16,6 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from bridge.daemon import launcher
 from bridge.daemon.actuator import record_of
 from bridge.lab.pair import Instance, cancel_triton_jobs
 from bridge.lab.spec import LabSpec
@@ -26,6 +25,7 @@ from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
 from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.model import lease_of
 from tests.lab.helpers import until
 
 pytestmark = pytest.mark.lab
@@ -39,7 +39,7 @@ def _lease_jobs(lab: LabSpec, store: LeaseStore, lease_id: int) -> list[str]:
     """Slurm jobs (queued, running or completing) tagged with this lease (its id and
     creation time: lease ids of earlier databases do not count)."""
     ref = record_of(store.get(lease_id)).ref
-    return [j.job_id for j in SlurmCLI(env=lab.env()).jobs() if launcher.lease_of(j.tags) == ref]
+    return [j.job_id for j in SlurmCLI(env=lab.env()).jobs() if lease_of(j.tags) == ref]
 
 
 def _restart_postgres() -> bool:

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Connection, Engine, make_url, text
 
-from bridge.daemon import launcher
 from bridge.daemon.actuator import record_of
 from bridge.lab.pair import Instance, cancel_triton_jobs
 from bridge.lab.spec import LabSpec
@@ -27,6 +26,7 @@ from bridge.leases.requests import OperatorRequest, RequestQueue, lease_key
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
 from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.model import lease_of
 from tests.lab.helpers import until
 
 pytestmark = pytest.mark.lab
@@ -50,7 +50,7 @@ def _lease_jobs(lab: LabSpec, store: LeaseStore, lease_id: int, *, live: bool = 
     ref = record_of(store.get(lease_id)).ref
     states = LIVE if live else None
     jobs = SlurmCLI(env=lab.env()).jobs(states=states)
-    return [j.job_id for j in jobs if launcher.lease_of(j.tags) == ref]
+    return [j.job_id for j in jobs if lease_of(j.tags) == ref]
 
 
 def _lock(engine: Engine, req: OperatorRequest) -> Connection:

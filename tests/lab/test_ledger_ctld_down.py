@@ -41,12 +41,12 @@ from accounting.capacity import DISCONNECT_USER
 from accounting.db import open_ledger
 from accounting.ingest import LEDGER
 from accounting.schema import CAPACITY_SOURCE
-from bridge.accounting_feed import ingest_window
 from bridge.lab import lab as lab_mod
 from bridge.lab import procs
 from bridge.lab.demo import lab_config
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.ledger.feed import ingest_window
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import SlurmEvent
 

@@ -35,11 +35,11 @@ from accounting.buckets import HOUR, floor_hour
 from accounting.capacity import down_class
 from accounting.db import open_ledger
 from accounting.ingest import LEDGER
-from bridge.accounting_agree import sreport_agreement
-from bridge.accounting_feed import ingest_window
 from bridge.lab.demo import lab_config
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.ledger.feed import ingest_window
+from bridge.ledger.sreport import sreport_agreement
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import SlurmEvent
 from tests.faults.tools import stb_ingest

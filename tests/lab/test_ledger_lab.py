@@ -38,12 +38,12 @@ from accounting.buckets import floor_hour
 from accounting.db import open_ledger
 from accounting.ingest import LEDGER
 from accounting.schema import CAPACITY_SOURCE, UNATTRIBUTED
-from bridge.accounting_feed import LedgerFeed, ingest_window
 from bridge.cli import app
 from bridge.lab import triton
 from bridge.lab.demo import lab_config
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.ledger.feed import LedgerFeed, ingest_window
 from bridge.slurm.cli import SlurmCLI
 from bridge.triton.client import TritonHttpClient
 from bridge.triton.metrics import parse_page

@@ -44,7 +44,7 @@ from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.leases.store import make_engine
-from bridge.lending_report import read_timelines
+from bridge.ledger.lending import read_timelines
 from bridge.lifecycle import LeaseState
 from bridge.load.arrivals import Schedule, poisson
 from bridge.sim import inputs, labcheck

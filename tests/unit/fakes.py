@@ -18,13 +18,12 @@ from typing import Any
 
 from bridge.config import BridgeConfig, LeaseConfig, ModelConfig, TritonJobConfig
 from bridge.daemon.exporter import BridgeMetrics
-from bridge.daemon.launcher import BASELINE_TAG, TRITON_TAG
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.routing.table import RoutingTable
-from bridge.slurm.model import Job, JobSpec, Node, Reservation
+from bridge.slurm.model import BASELINE_TAG, TRITON_TAG, Job, JobSpec, Node, Reservation
 from bridge.triton.errors import TritonRejected, TritonUnreachable
 from bridge.triton.ports import HTTP_PORT
 from bridge.triton.protocol import RepositoryModel, ServerMetadata

@@ -1,4 +1,4 @@
-"""The bridge's feed into the ledger (`bridge.accounting_feed`): capacity from Slurm's
+"""The bridge's feed into the ledger (`bridge.ledger.feed`): capacity from Slurm's
 nodes, the workload of each partition from the pools, the team map, and the lease tag ->
 pool map."""
 
@@ -11,9 +11,9 @@ from sqlalchemy import select
 
 from accounting.db import open_ledger
 from accounting.ingest import SAMPLES, prune_serving
-from bridge.accounting_feed import LedgerFeed, context, inventory
 from bridge.config import BridgeConfig
 from bridge.leases.models import Lease, LendMode
+from bridge.ledger.feed import LedgerFeed, context, inventory
 from bridge.lifecycle import LeaseState
 from bridge.slurm.model import Node
 from bridge.triton.metrics import parse_page

@@ -1,5 +1,5 @@
 """Team budgets (accounting.budget): validation, burn rate and forecast from the ledger,
-states; the Slurm settings enforcement needs (bridge.budget)."""
+states; the Slurm settings enforcement needs (bridge.ledger.limits)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from accounting.attribution import Entry
 from accounting.budget import BudgetError, BudgetSpec, budget_status, budgets, set_budget
 from accounting.db import open_ledger
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates
-from bridge.budget import REQUIRED, EnforcementError, check_enforcement, team_account
 from bridge.config import BridgeConfig
+from bridge.ledger.limits import REQUIRED, EnforcementError, check_enforcement, team_account
 from tests.unit.helpers import insert_entries
 
 NOW = datetime(2026, 11, 11, tzinfo=UTC)  # 10 of November's 30 days gone

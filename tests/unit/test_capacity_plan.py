@@ -16,14 +16,14 @@ from accounting.db import open_ledger
 from accounting.ingest import record_serving
 from accounting.report import Window
 from accounting.serving import Increase
-from bridge.capacity_plan import (
+from bridge.config import ModelConfig
+from bridge.ledger.replica_plan import (
     SPANS,
     needed_replicas,
     plan,
     plan_section,
     typical_gpus,
 )
-from bridge.config import ModelConfig
 from bridge.policy import capacity
 
 T0 = datetime(2026, 11, 3, 10, 0, tzinfo=UTC)

@@ -26,12 +26,12 @@ from typer.testing import CliRunner
 from accounting.budget import parse_amount
 from accounting.rates import parse_price
 from accounting.report import Window
-from bridge.accounting_cli import parse_time
 from bridge.cli import app
 from bridge.config import load_config
 from bridge.daemon.auth import add_token
 from bridge.daemon.launcher import triton_home
 from bridge.daemon.service import single_instance
+from bridge.ledger.cli import parse_time
 from bridge.load.arrivals import read_trace
 from bridge.models.repo import ModelRepository, check_source
 from bridge.models.status import check_known

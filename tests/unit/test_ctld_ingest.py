@@ -14,7 +14,7 @@ from sqlalchemy import select
 from accounting.agreement import changed_runs
 from accounting.db import open_ledger
 from accounting.ingest import LEDGER
-from bridge.accounting_feed import ingest_window
+from bridge.ledger.feed import ingest_window
 from bridge.slurm.model import AccountingRecord, Node, SlurmEvent
 from tests.unit.fakes import N3, N5, make_config
 

@@ -36,9 +36,9 @@ from accounting.attribution import Context
 from accounting.db import open_ledger
 from accounting.ingest import ingest_records
 from accounting.schema import IngestRun, LedgerRow, NodeSpan, SourceRecord
-from bridge.accounting_feed import ingest_window
 from bridge.cli import app
 from bridge.daemon.observe import Observer
+from bridge.ledger.feed import ingest_window
 from bridge.models.publish import PublishError, publish, retire, rollback
 from bridge.models.repo import ModelRepository, RepositoryError
 from bridge.slurm import UnparseableOutput

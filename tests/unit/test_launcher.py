@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from bridge.config import TritonJobConfig
-from bridge.daemon.launcher import LauncherError, lease_of, lease_tag, triton_job
+from bridge.daemon.launcher import LauncherError, triton_job
+from bridge.slurm.model import lease_of, lease_tag
 
 
 def test_lease_tags_round_trip_and_foreign_tags_are_ignored() -> None:

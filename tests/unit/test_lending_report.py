@@ -1,4 +1,4 @@
-"""The lending view (bridge.lending_report): the pure core's GPU-ms per pool and phase on
+"""The lending view (bridge.ledger.lending): the pure core's GPU-ms per pool and phase on
 hand-built timelines, and the section built from a real lease store and ledger (SQLite
 files): phases clipped at the window, lent time and borrowers from the ledger, the cost
 with rates, the note for nodes with no inventory."""
@@ -21,7 +21,7 @@ from accounting.report import Window
 from accounting.schema import NodeSpan
 from bridge.db import make_engine, write_transaction
 from bridge.leases.store import LeaseStore, create_schema
-from bridge.lending_report import (
+from bridge.ledger.lending import (
     TOTAL,
     LeaseTimeline,
     NodeGpus,

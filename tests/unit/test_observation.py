@@ -7,14 +7,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig, PoolConfig
-from bridge.daemon.observation import (
-    Observation,
-    checkpoint_of,
-    reserved_nodes,
-    snapshot,
-)
+from bridge.daemon.observation import Observation, reserved_nodes, snapshot
 from bridge.policy import LeaseView
-from bridge.slurm.model import Job, Node, Reservation
+from bridge.slurm.model import Job, Node, Reservation, checkpoint_of
 
 NOW = 1_800_000_000.0
 CONFIG = BridgeConfig(
@@ -68,9 +63,9 @@ def test_reservations_active_or_starting_soon_hold_their_nodes() -> None:
 
 
 def test_a_jobs_checkpoint_tag_is_read_and_garbage_is_none() -> None:
-    assert checkpoint_of(job("1", "n1", f"stb:elastic,stb:ckpt={NOW - 30:.0f}")) == NOW - 30
-    assert checkpoint_of(job("1", "n1", "stb:ckpt=yesterday")) is None
-    assert checkpoint_of(job("1", "n1", "ckpt=5")) is None
+    assert checkpoint_of(job("1", "n1", f"stb:elastic,stb:ckpt={NOW - 30:.0f}").tags) == NOW - 30
+    assert checkpoint_of(job("1", "n1", "stb:ckpt=yesterday").tags) is None
+    assert checkpoint_of(job("1", "n1", "ckpt=5").tags) is None
 
 
 def test_snapshot_marks_reserved_nodes_checkpoints_and_lent_nodes() -> None:

@@ -12,7 +12,6 @@ from dataclasses import replace
 import pytest
 
 from bridge.config import BridgeConfig, ModelConfig
-from bridge.daemon.launcher import BASELINE_TAG, TRITON_TAG, lease_tag
 from bridge.daemon.observation import Observation, TritonServer
 from bridge.daemon.planner import (
     RESERVATION_SLACK_S,
@@ -44,7 +43,7 @@ from bridge.daemon.planner import (
 )
 from bridge.lifecycle import LeaseState, allowed
 from bridge.modelfacts import merge_models
-from bridge.slurm.model import Job, Node
+from bridge.slurm.model import BASELINE_TAG, TRITON_TAG, Job, Node, lease_tag
 
 S = LeaseState
 NOW = 1_800_000_000.0

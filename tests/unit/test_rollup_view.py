@@ -12,7 +12,7 @@ from pathlib import Path
 
 from accounting.agreement import compare, ledger_hour, rollup_view
 from accounting.db import open_ledger
-from bridge.accounting_feed import ingest_window
+from bridge.ledger.feed import ingest_window
 from bridge.slurm.model import AccountingRecord, SlurmEvent
 from tests.unit.fakes import N3, N5, make_config
 from tests.unit.test_ctld_ingest import EventSlurm

@@ -42,7 +42,7 @@ CAPTURE = json.loads((DATA / "site" / "captures.json").read_text())
 START = datetime.fromtimestamp(CAPTURE["capture_started"], tz=UTC)
 END = START + timedelta(hours=1)
 KINDS = partition_kinds(BridgeConfig())
-#: the ledger's workloads of the bridge's default partitions (as `bridge.accounting_feed` maps them)
+#: the ledger's workloads of the bridge's default partitions (as `bridge.ledger.feed` maps them)
 WORKLOADS = {"train": "training", "elastic": "elastic", "infer": "inference"}
 SERVING = "serving (the bridge's Triton jobs: stb:triton, workload inference)"
 RUN = CliRunner()

@@ -10,8 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bridge.config import BridgeConfig
-from bridge.daemon.observation import pool_of
+from bridge.config import BridgeConfig, pool_of
 from bridge.sim.inputs.common import InputError, read_text
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.parse import parse_nodes, parse_partitions

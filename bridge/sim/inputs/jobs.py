@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from accounting.attribution import comment_tags
-from bridge.accounting_feed import WORKLOAD_OF_MODE
 from bridge.config import BridgeConfig
+from bridge.ledger.feed import WORKLOAD_OF_MODE
 from bridge.sim.inputs.common import InputError, aware, iso
 from bridge.sim.workload import JobKind, SimJob
 from bridge.slurm.errors import SlurmError
@@ -25,7 +25,7 @@ _BATCH: Mapping[str, JobKind] = {"training": "training", "elastic": "elastic"}
 
 
 def partition_kinds(config: BridgeConfig) -> dict[str, JobKind | None]:
-    """Each partition's job kind by the ledger's own rule (`bridge.accounting_feed.context`): a
+    """Each partition's job kind by the ledger's own rule (`bridge.ledger.feed.context`): a
     pool's partition gets its pool's workload (drain: training, preempt: elastic,
     reserved: inference), `[accounting] workloads` names others. Inference is no batch
     work: None (its jobs are left out)."""

@@ -14,7 +14,7 @@ from datetime import datetime
 from sqlalchemy.exc import SQLAlchemyError
 
 from bridge.config import BridgeConfig
-from bridge.lending_report import LeaseTimeline, read_timelines
+from bridge.ledger.lending import LeaseTimeline, read_timelines
 from bridge.lifecycle import LeaseState
 from bridge.sim.engine import Timing
 from bridge.sim.inputs.common import InputError, open_database, positive, shown_db
@@ -114,7 +114,7 @@ def timing_from_leases(
 
 def read_lease_timelines(url: str, start: datetime, end: datetime) -> list[LeaseTimeline]:
     """The leases of the bridge's database at `url` alive in [start, end), with their
-    history (`bridge.lending_report.read_timelines`: one query for the leases, one per
+    history (`bridge.ledger.lending.read_timelines`: one query for the leases, one per
     500 for their events)."""
     engine = open_database(url, "lease database")
     try:

@@ -1,5 +1,5 @@
 """`stb accounting ...` (ingest, periods, rates, migrations) and `stb report`: the ledger
-on the command line. Thin: parses options, calls `bridge.accounting_feed` and `accounting`, prints.
+on the command line. Thin: parses options, calls `bridge.ledger.feed` and `accounting`, prints.
 
 Times on the command line are ISO 8601 (a time without a zone is UTC) or relative to now:
 `-2h`, `-30m`, `-7d`.
@@ -31,12 +31,12 @@ from accounting.report import Window, build_report, parse_filters, parse_keys
 from accounting.schema import Restatement
 from accounting.section import to_rich
 from accounting.usage import utilization_by_job
-from bridge.accounting_agree import sreport_agreement
-from bridge.accounting_feed import ingest_window, ledger_cluster
 from bridge.config_cli import ConfigOpt, fail, load_or_exit
 from bridge.db import SchemaError, make_engine
 from bridge.leases.store import LeaseStore, create_schema
-from bridge.report_views import VIEWS, build_sections, parse_views
+from bridge.ledger.feed import ingest_window, ledger_cluster
+from bridge.ledger.sreport import sreport_agreement
+from bridge.ledger.views import VIEWS, build_sections, parse_views
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.select import open_backend

@@ -1,7 +1,7 @@
 """The views shown beside a GPU-hour report (`stb report --with ...`, and all of them in
 the HTML report): unit economics per model and version (`accounting.economics`), lending
-and what its transitions cost (`bridge.lending_report`), the capacity plan
-(`bridge.capacity_plan`) and the budgets (`accounting.budget`). Each is a `Section`; this
+and what its transitions cost (`bridge.ledger.lending`), the capacity plan
+(`bridge.ledger.replica_plan`) and the budgets (`accounting.budget`). Each is a `Section`; this
 module only picks them and gives each what it reads from the bridge's configuration.
 """
 
@@ -20,11 +20,11 @@ from accounting.errors import WindowError
 from accounting.rates import RateBook
 from accounting.report import Window
 from accounting.section import Section
-from bridge import lending_report
-from bridge.capacity_plan import plan_section, typical_gpus
 from bridge.config import BridgeConfig
 from bridge.db import make_engine
-from bridge.lending_report import lending_section
+from bridge.ledger import lending
+from bridge.ledger.lending import lending_section
+from bridge.ledger.replica_plan import plan_section, typical_gpus
 from bridge.triton.catalog import site_models
 
 VIEWS = ("economics", "lending", "plan", "budgets")
@@ -67,7 +67,7 @@ def _lending(
 
 
 def _no_leases(why: str) -> Section:
-    return Section(lending_report.KEY, lending_report.TITLE, (), [], [why])
+    return Section(lending.KEY, lending.TITLE, (), [], [why])
 
 
 def build_sections(

@@ -31,13 +31,11 @@ from accounting.inventory import Inventory, NodeCapacity
 from accounting.metrics import LedgerCollector
 from accounting.schema import NodeSpan
 from accounting.usage import ingest_usage, read_spool
-from bridge.config import BridgeConfig
-from bridge.daemon.launcher import LEASE_TAG_PREFIX, lease_tag
-from bridge.daemon.observation import pool_of
+from bridge.config import BridgeConfig, pool_of
 from bridge.leases.models import Lease
 from bridge.leases.store import LeaseStore
 from bridge.slurm.errors import SlurmError
-from bridge.slurm.model import AccountingRecord, Node, SlurmEvent
+from bridge.slurm.model import LEASE_TAG_PREFIX, AccountingRecord, Node, SlurmEvent, lease_tag
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.metrics import MetricsPage
 from bridge.triton.repository import model_teams

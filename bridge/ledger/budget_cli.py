@@ -1,6 +1,6 @@
 """`stb budget set|status|remove`: team budgets per month, their burn rate and forecast,
 and (opt-in) the limit Slurm enforces. Thin: parses options, calls `accounting.budget` and
-`bridge.budget`, prints."""
+`bridge.ledger.limits`, prints."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from accounting.budget import (
 from accounting.db import open_ledger
 from accounting.errors import LedgerError
 from accounting.rates import RateBook, list_rates
-from bridge.budget import EnforcementError, enforce, lift, team_account
 from bridge.cli_text import fail, say
 from bridge.config_cli import ConfigOpt, load_or_exit
+from bridge.ledger.limits import EnforcementError, enforce, lift, team_account
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import SlurmError
 
