@@ -39,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.paths import project_root
 from bridge.triton.metrics import parse_page
-from bridge.triton.signal import ModelSignal, Observation, instance_signal, model_signals
+from bridge.triton.signal import ModelSignal, Scrape, instance_signal, model_signals
 
 MODEL_LABEL = re.compile(r'model="([^"]*)"')
 
@@ -68,12 +68,12 @@ def baseline_tick(page: str, instances: int) -> float:
 
 
 def signal_tick(
-    page: str, instances: int, names: list[str], prev: dict[str, Observation], at: float
+    page: str, instances: int, names: list[str], prev: dict[str, Scrape], at: float
 ) -> tuple[float, Mapping[str, ModelSignal]]:
     start = time.perf_counter()
     signals = []
     for name in names[:instances]:
-        obs = Observation(name, at, parse_page(page))
+        obs = Scrape(name, at, parse_page(page))
         signals.append(instance_signal(prev.get(name), obs))
         prev[name] = obs
     aggregate = model_signals(signals)
@@ -103,7 +103,7 @@ def main() -> None:
         prometheus_bench(args, pages)
         return
     names = [f"10.0.{i // 250}.{i % 250}:8000" for i in range(args.instances)]
-    prev: dict[str, Observation] = {}
+    prev: dict[str, Scrape] = {}
     signal_tick(pages[0], args.instances, names, prev, at=0.0)  # warm-up: first scrapes
     base_t: list[float] = []
     sig_t: list[float] = []
@@ -247,7 +247,7 @@ def prometheus_bench(args: argparse.Namespace, pages: list[str]) -> None:
                 raise SystemExit("error: Prometheus did not scrape every target within 300 s")
             local = threading.local()
 
-            def fetch(i: int) -> Observation:
+            def fetch(i: int) -> Scrape:
                 c = getattr(local, "client", None)
                 if c is None:
                     c = local.client = httpx.Client(timeout=10)
@@ -255,10 +255,10 @@ def prometheus_bench(args: argparse.Namespace, pages: list[str]) -> None:
                     text = c.get(f"http://127.0.0.1:{base + i}/metrics").text
                 except httpx.HTTPError:
                     text = ""  # counted below as a page not read
-                return Observation(str(i), time.monotonic(), parse_page(text))
+                return Scrape(str(i), time.monotonic(), parse_page(text))
 
             pool = ThreadPoolExecutor(16)
-            prev: dict[str, Observation] = {}
+            prev: dict[str, Scrape] = {}
             prom_t: list[float] = []
             direct_t: list[float] = []
             base_t: list[float] = []

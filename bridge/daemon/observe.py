@@ -47,8 +47,7 @@ from bridge.triton.metrics import MetricsPage, parse_page
 from bridge.triton.ports import HTTP_PORT
 from bridge.triton.prometheus import PrometheusError, PrometheusSignal
 from bridge.triton.protocol import RepositoryModel, TritonInstance
-from bridge.triton.signal import ModelSignal, instance_signal, model_signals
-from bridge.triton.signal import Observation as Scrape
+from bridge.triton.signal import ModelSignal, Scrape, instance_signal, model_signals
 
 log = logging.getLogger(__name__)
 

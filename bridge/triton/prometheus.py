@@ -32,6 +32,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -57,6 +59,70 @@ class PrometheusError(RuntimeError):
     """Prometheus did not answer, or answered something this module cannot read."""
 
 
+def shown_url(url: str) -> str:
+    """The URL without a password or query, for messages and reports."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class PrometheusAPI:
+    """The one HTTP client of Prometheus' query API in the project: the daemon's signal
+    (`PrometheusSignal`), `stb models status` and the simulator's site inputs
+    (`bridge.sim.inputs.prometheus`) all ask through it. `call` gives an answer whose
+    `status` is success, else raises `PrometheusError` saying what happened, quoting the
+    server's error and its type; answers over `max_answer_bytes` are refused."""
+
+    def __init__(
+        self, url: str, timeout_s: float = 3.0, max_answer_bytes: int = MAX_ANSWER_BYTES
+    ) -> None:
+        self.url = url.strip().rstrip("/")
+        self.shown = shown_url(self.url)
+        self._timeout_s = timeout_s
+        self._max = max_answer_bytes
+        self._http = httpx.Client(timeout=timeout_s)
+
+    def __enter__(self) -> PrometheusAPI:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def call(self, path: str, params: Mapping[str, str], *, post: bool = False) -> dict[str, Any]:
+        """One request of the API (`post`: the form-encoded POST Prometheus takes for long
+        queries, else GET): its JSON answer once its status is success."""
+        try:
+            if post:
+                reply = self._http.post(self.url + path, data=dict(params))
+            else:
+                reply = self._http.get(self.url + path, params=params)
+        except httpx.TimeoutException:
+            raise PrometheusError(f"{self.shown}: no answer within {self._timeout_s}s") from None
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            raise PrometheusError(f"{self.shown}: {exc}") from None
+        if len(reply.content) > self._max:
+            raise PrometheusError(f"{self.shown}{path}: answer over {self._max} bytes")
+        try:
+            doc = reply.json()
+        except ValueError:
+            raise PrometheusError(
+                f"{self.shown}{path}: HTTP {reply.status_code}, not JSON: {reply.text[:200]!r}"
+            ) from None
+        if not isinstance(doc, dict) or doc.get("status") != "success" or reply.status_code != 200:
+            said = doc if not isinstance(doc, dict) else doc.get("error", doc)
+            kind = doc.get("errorType", "") if isinstance(doc, dict) else ""
+            raise PrometheusError(
+                f"{self.shown}{path}: HTTP {reply.status_code}: "
+                f"{kind + ': ' if kind else ''}{str(said)[:500]}"
+            )
+        return doc
+
+
 @dataclass(frozen=True)
 class Reading:
     """One tick's answer: each model's signal over its fresh replicas, and how many of
@@ -73,10 +139,10 @@ class PrometheusSignal:
     def __init__(self, url: str, max_staleness_s: float = 15.0, timeout_s: float = 3.0) -> None:
         self.url = url.rstrip("/")
         self.max_staleness_s = max_staleness_s
-        self._http = httpx.Client(timeout=timeout_s)
+        self._api = PrometheusAPI(self.url, timeout_s)
 
     def close(self) -> None:
-        self._http.close()
+        self._api.close()
 
     def read(self) -> Reading:
         """Every model's signal over the replicas Prometheus scraped recently enough."""
@@ -99,29 +165,14 @@ class PrometheusSignal:
     def _vector(self, query: str, at: float | None, what: str) -> list[dict[str, object]]:
         """The instant vector `query` gives as of `at` (None: now), as Prometheus says it."""
         form = {"query": query} if at is None else {"query": query, "time": f"{at:.3f}"}
-        try:
-            reply = self._http.post(f"{self.url}/api/v1/query", data=form)
-        except (httpx.HTTPError, httpx.InvalidURL) as exc:
-            raise PrometheusError(f"{self.url}: {exc!r}") from exc
-        if len(reply.content) > MAX_ANSWER_BYTES:
-            raise PrometheusError(f"{self.url}: answer over {MAX_ANSWER_BYTES} bytes")
-        try:
-            doc = reply.json()
-        except ValueError as exc:
-            raise PrometheusError(f"{self.url}: HTTP {reply.status_code}, not JSON") from exc
-        if not isinstance(doc, dict):
-            raise PrometheusError(f"{self.url}: HTTP {reply.status_code}, not a JSON object")
-        if reply.status_code != 200 or doc.get("status") != "success":
-            raise PrometheusError(
-                f"{self.url}: HTTP {reply.status_code}: {doc.get('error', doc)!s:.200}"
-            )
+        doc = self._api.call("/api/v1/query", form, post=True)
         data = doc.get("data")
         if (
             not isinstance(data, dict)
             or data.get("resultType") != "vector"
             or not isinstance(data.get("result"), list)
         ):
-            raise PrometheusError(f"{self.url}: {what} did not give an instant vector")
+            raise PrometheusError(f"{self._api.shown}: {what} gave no instant vector")
         return list(data["result"])
 
 

@@ -1,7 +1,7 @@
 """The latency and load signal: pure functions from two scrapes of an instance to numbers.
 
 Called by the daemon's observe step (which scrapes, stamps each page with its own clock,
-and keeps the previous `Observation` per instance) and by bench/observe.py; the policy
+and keeps the previous `Scrape` per instance) and by bench/observe.py; the policy
 reads the result. No I/O and no clock: the times are in the observations.
 
 Per (instance, model, version) over the window between two scrapes:
@@ -58,7 +58,7 @@ class Window(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Observation:
+class Scrape:
     """One scrape of one instance.
 
     `at`: seconds on the caller's clock (monotonic is best) when the page was read.
@@ -148,7 +148,7 @@ _COUNTER_FIELDS = (
 )
 
 
-def instance_signal(earlier: Observation | None, later: Observation) -> InstanceSignal:
+def instance_signal(earlier: Scrape | None, later: Scrape) -> InstanceSignal:
     """The signal of one instance between two of its scrapes (earlier may be None).
 
     Raises ValueError if the two observations are of different instances (a caller bug).

@@ -34,8 +34,7 @@ from bridge.slurm.cli import SlurmCLI
 from bridge.triton.client import TritonHttpClient
 from bridge.triton.metrics import parse_page
 from bridge.triton.prometheus import PrometheusSignal
-from bridge.triton.signal import Observation as Scrape
-from bridge.triton.signal import instance_signal, model_signals
+from bridge.triton.signal import Scrape, instance_signal, model_signals
 
 pytestmark = pytest.mark.lab
 

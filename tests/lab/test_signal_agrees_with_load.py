@@ -27,7 +27,7 @@ from bridge.load.report import summarize
 from bridge.load.runner import RunConfig, parse_endpoint, run
 from bridge.triton.client import TritonHttpClient
 from bridge.triton.metrics import parse_page
-from bridge.triton.signal import Observation, Window, instance_signal
+from bridge.triton.signal import Scrape, Window, instance_signal
 
 pytestmark = pytest.mark.lab
 
@@ -42,8 +42,8 @@ def served(lab: LabSpec) -> Iterator[triton.TritonJob]:
         slurm(lab, "scancel", job_id, check=False)
 
 
-def _observe(client: TritonHttpClient, job: triton.TritonJob) -> Observation:
-    return Observation(
+def _observe(client: TritonHttpClient, job: triton.TritonJob) -> Scrape:
+    return Scrape(
         job.http_url, time.monotonic(), parse_page(client.metrics_text()), incarnation=job.job_id
     )
 

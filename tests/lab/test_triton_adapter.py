@@ -21,7 +21,7 @@ from bridge.triton.client import DEFAULT_API_KEY_HEADER, TritonHttpClient
 from bridge.triton.errors import TritonRejected, TritonUnreachable
 from bridge.triton.metrics import parse_page
 from bridge.triton.protocol import TritonInstance
-from bridge.triton.signal import Observation, Window, instance_signal, model_signals
+from bridge.triton.signal import Scrape, Window, instance_signal, model_signals
 
 pytestmark = pytest.mark.lab
 
@@ -83,13 +83,13 @@ def send(address: str, model: str, n: int) -> None:
     c.close()
 
 
-def scrape(c: TritonHttpClient, incarnation: str, *, busy_at_least: float = 0) -> Observation:
+def scrape(c: TritonHttpClient, incarnation: str, *, busy_at_least: float = 0) -> Scrape:
     """One scrape; with `busy_at_least`, rescrape (up to 5 s) until busy's success counter
     shows that many: Triton counts a request a moment after it has sent the response."""
     deadline = time.monotonic() + 5
     while True:
         text = c.metrics_text()
-        obs = Observation(c.address, time.monotonic(), parse_page(text), incarnation)
+        obs = Scrape(c.address, time.monotonic(), parse_page(text), incarnation)
         busy = obs.page.models.get(("busy", "1"))
         done = busy is not None and (busy.request_success or 0) >= busy_at_least
         if done or time.monotonic() > deadline:
@@ -253,8 +253,8 @@ def test_rates_stay_sane_across_a_triton_restart(lab: LabSpec, served: Served) -
         send(c.address, "busy", 3)
         after = scrape(c, new.job_id, busy_at_least=3)
         # The same windows judged by counters alone (incarnation unknown to the caller).
-        blind = Observation(after.instance, after.at, after.page)
-        unlabelled = Observation(before.instance, before.at, before.page)
+        blind = Scrape(after.instance, after.at, after.page)
+        unlabelled = Scrape(before.instance, before.at, before.page)
     seconds = after.at - before.at
     assert seconds >= time.monotonic() - t0 - 60  # the window spans the restart
     for sig in (instance_signal(before, after), instance_signal(unlabelled, blind)):

@@ -15,7 +15,7 @@ from bridge.triton.metrics import parse_page
 from bridge.triton.signal import (
     InstanceSignal,
     ModelWindow,
-    Observation,
+    Scrape,
     Window,
     instance_signal,
     model_signals,
@@ -26,9 +26,9 @@ STAMPS: dict[str, float] = json.loads((DATA / "captures.json").read_text())
 PAGES = ("idle", "busy_a", "busy_b", "restart")
 
 
-def recorded(name: str, incarnation: str = "") -> Observation:
+def recorded(name: str, incarnation: str = "") -> Scrape:
     text = (DATA / f"{name}.prom").read_text()
-    return Observation("n4", STAMPS[f"{name}.prom"], parse_page(text), incarnation)
+    return Scrape("n4", STAMPS[f"{name}.prom"], parse_page(text), incarnation)
 
 
 def literal(
@@ -45,7 +45,7 @@ def literal(
     instance: str = "i1",
     incarnation: str = "",
     omit: tuple[str, ...] = (),
-) -> Observation:
+) -> Scrape:
     """A Triton-shaped page for one model; compute time goes to compute_infer."""
     counters = {
         "nv_inference_request_success": success,
@@ -70,7 +70,7 @@ def literal(
     ]
     for q, v in (quantiles or {}).items():
         lines.append(f'nv_inference_request_summary_us{{{lab},quantile="{q}"}} {v}')
-    return Observation(instance, at, parse_page("\n".join(lines) + "\n"), incarnation)
+    return Scrape(instance, at, parse_page("\n".join(lines) + "\n"), incarnation)
 
 
 def only(sig: InstanceSignal, model: str = "m") -> ModelWindow:
@@ -187,7 +187,7 @@ def test_non_positive_window_is_no_data() -> None:
 
 def test_garbage_later_page_reports_the_known_models_as_no_data() -> None:
     earlier = recorded("busy_a")
-    bad = Observation("n4", earlier.at + 5, parse_page("<html>oops</html>"))
+    bad = Scrape("n4", earlier.at + 5, parse_page("<html>oops</html>"))
     sig = instance_signal(earlier, bad)
     assert sig.error is not None and "unparseable" in sig.error
     assert {(w.model, w.window) for w in sig.models} == {
@@ -201,7 +201,7 @@ def test_garbage_later_page_reports_the_known_models_as_no_data() -> None:
 
 
 def test_garbage_earlier_page_gives_no_window() -> None:
-    bad = Observation("n4", 0, parse_page("garbage"))
+    bad = Scrape("n4", 0, parse_page("garbage"))
     w = only(instance_signal(bad, recorded("busy_b")), "busy")
     assert w.window is Window.NO_DATA and w.requests is None
     assert w.p99_ms == 83.668

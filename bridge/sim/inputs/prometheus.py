@@ -11,13 +11,12 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
-
-import httpx
+from urllib.parse import urlsplit
 
 from bridge.sim.inputs.arrivals import MAX_GAP_S, Samples, checked, resample
 from bridge.sim.inputs.common import InputError, aware, iso, positive, read_json
 from bridge.sim.workload import ArrivalSeries
+from bridge.triton.prometheus import PrometheusAPI, PrometheusError, shown_url
 
 #: per model, the successful requests per second (Triton's counter, over 1 minute)
 DEFAULT_QUERY = "sum by (model) (rate(nv_inference_request_success[1m]))"
@@ -26,15 +25,8 @@ DEFAULT_QUERY = "sum by (model) (rate(nv_inference_request_success[1m]))"
 MAX_POINTS = 10_000
 #: seconds each request to Prometheus may take
 QUERY_TIMEOUT_S = 60.0
-
-
-def shown_url(url: str) -> str:
-    """The URL without a password, for messages and the report."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+#: a site's range answer may be large (many models, 10,000 points each): refused past this
+MAX_ANSWER_BYTES = 512 * 1024 * 1024
 
 
 def base_url(url: str) -> str:
@@ -44,30 +36,13 @@ def base_url(url: str) -> str:
     return url.strip().rstrip("/")
 
 
-def _get(client: httpx.Client, url: str, path: str, params: Mapping[str, str]) -> dict[str, Any]:
-    """One GET of Prometheus' HTTP API: its answer once its `status` is success, else
-    `InputError` saying what happened, quoting the server's error."""
-    shown = shown_url(url)
+def _get(api: PrometheusAPI, path: str, params: Mapping[str, str]) -> dict[str, Any]:
+    """One GET of Prometheus' HTTP API (`bridge.triton.prometheus.PrometheusAPI`): its
+    answer, or `InputError` with the client's words."""
     try:
-        reply = client.get(url + path, params=params)
-    except httpx.TimeoutException:
-        raise InputError(f"prometheus {shown}: no answer within {client.timeout.read}s") from None
-    except httpx.HTTPError as exc:
-        raise InputError(f"prometheus {shown}: {exc}") from None
-    try:
-        doc = reply.json()
-    except ValueError:
-        raise InputError(
-            f"prometheus {shown}{path}: HTTP {reply.status_code}, not JSON: {reply.text[:200]!r}"
-        ) from None
-    if not isinstance(doc, dict) or doc.get("status") != "success" or reply.status_code != 200:
-        said = doc if not isinstance(doc, dict) else doc.get("error", doc)
-        kind = doc.get("errorType", "") if isinstance(doc, dict) else ""
-        raise InputError(
-            f"prometheus {shown}{path}: HTTP {reply.status_code}: "
-            f"{kind + ': ' if kind else ''}{str(said)[:500]}"
-        )
-    return doc
+        return api.call(path, params)
+    except PrometheusError as exc:
+        raise InputError(f"prometheus {exc}") from None
 
 
 def query_range(
@@ -92,13 +67,13 @@ def query_range(
     merged: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
     warnings: list[Any] = []
     span = step_s * MAX_POINTS
-    with httpx.Client(timeout=timeout_s) as client:
+    with PrometheusAPI(base, timeout_s, MAX_ANSWER_BYTES) as api:
         k = 0
         while (a := lo + k * span) <= hi:
             k += 1
             b = min(hi, a + span - step_s)
             params = {"query": query, "start": f"{a:.3f}", "end": f"{b:.3f}", "step": f"{step_s:g}"}
-            doc = _get(client, base, "/api/v1/query_range", params)
+            doc = _get(api, "/api/v1/query_range", params)
             data = doc.get("data")
             if not isinstance(data, dict) or data.get("resultType") != "matrix":
                 raise InputError(
@@ -128,8 +103,8 @@ def query_instant(
     """`GET /api/v1/query` at time `at`: the answer, as `query_range` gives its own."""
     base = base_url(url)
     params = {"query": query, "time": f"{aware(at, 'time').timestamp():.3f}"}
-    with httpx.Client(timeout=timeout_s) as client:
-        return _get(client, base, "/api/v1/query", params)
+    with PrometheusAPI(base, timeout_s, MAX_ANSWER_BYTES) as api:
+        return _get(api, "/api/v1/query", params)
 
 
 def answer_result(doc: Any, where: str, kind: str) -> list[Any]:
