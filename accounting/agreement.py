@@ -6,8 +6,8 @@ Pure comparison over figures in GPU-seconds; the ledger's side is read here
 (`ledger_hour`), sreport's by the caller (`bridge.ledger.sreport.sreport_agreement`).
 The ledger keeps GPU-milliseconds from Slurm's whole seconds, so equal means equal.
 
-Differences the ledger makes on purpose are not disagreements (README, "Agreement with
-sreport"): it splits serving jobs by model and books lent time to the borrower's team, but
+Differences the ledger makes on purpose are not disagreements (docs/finance/sreport.md):
+it splits serving jobs by model and books lent time to the borrower's team, but
 neither changes an account's or the cluster's totals, so no allowance is needed for them.
 What can differ, and the cause each difference is given:
 - GPUs allocated inside an advanced reservation: sreport 22.05 books them as idle (its
@@ -37,7 +37,7 @@ from sqlalchemy import Engine, func, select
 
 from accounting.buckets import HOUR
 from accounting.capacity import event_capacity
-from accounting.ingest import runs_in_disconnects
+from accounting.idle import runs_in_disconnects
 from accounting.schema import DOWN_WORKLOADS, LedgerRow, SourceRecord
 from accounting.slurm_events import load_events, node_attrs
 

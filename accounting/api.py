@@ -1,5 +1,6 @@
 """The report over HTTP: `GET /api/report?window=2026-11&by=team,workload&step=day`
-returns the same JSON as `stb report --format json`. Served by the daemon's exporter.
+returns the same JSON as `stb report --format json`. Served by the daemon's HTTP
+surface (`bridge.http.routes`).
 
 Parameters: `window` (required: YYYY-MM, YYYY-MM-DD or START..END), `aggregate` (or
 `by`: the keys to group by, comma-separated, default team,workload), `step` (hour, day or

@@ -17,7 +17,7 @@ ingest reads the events and the node inventory from the ledger and writes what t
   first; down lines take what is left of the capacity (down, drained, fenced, in that
   order, then planned_down); idle is the rest. sreport clamps the whole cluster at once,
   the ledger each pool: they differ only where one pool's allocation and down time exceed
-  its capacity while another pool has room (README, "Agreement with sreport").
+  its capacity while another pool has room (docs/finance/sreport.md).
 - slurmctld disconnected (`TrackSlurmctldDown=yes` in slurmdbd.conf; `SlurmEvent.
   is_disconnect`): when slurmctld's connection to slurmdbd closes, slurmdbd inserts a
   cluster event with node name "", no cluster nodes, state NODE_STATE_DOWN, reason

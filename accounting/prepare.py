@@ -42,7 +42,7 @@ from accounting.attribution import (
 from accounting.errors import IngestError
 from accounting.schema import LedgerRow
 from bridge.slurm.model import AccountingRecord
-from bridge.slurm.parse import parse_sacct_json
+from bridge.slurm.sacct import parse_sacct_json
 
 #: a cell of the daily roll-up: (day, cluster, pool, partition, workload, account, team,
 #: model, gpu_type, qos, lease)
@@ -220,7 +220,7 @@ _HOURS: dict[datetime, tuple[int, date, str, str, str, bytes]] = {}
 _PG_EPOCH_US = 946_684_800_000_000
 _PG_EPOCH_ORDINAL = date(2000, 1, 1).toordinal()
 _ONE_MS = timedelta(milliseconds=1)
-#: the ledger's columns as a row holds them (`ingest.LEDGER_COLUMNS`)
+#: the ledger's columns as a row holds them (`bulk.LEDGER_COLUMNS`)
 _NFIELDS = 16
 
 
@@ -268,7 +268,7 @@ def _month(bucket: datetime) -> str:
 
 def sqlite_rows(entries: list[EntryTuple], source: str) -> list[tuple[Any, ...]]:
     """The rows as SQLite's executemany binds them (bucket and day as SQLAlchemy's text),
-    in `ingest.LEDGER_COLUMNS` order."""
+    in `bulk.LEDGER_COLUMNS` order."""
     rows = []
     for e in entries:
         h = _hour(e[0])
@@ -278,7 +278,7 @@ def sqlite_rows(entries: list[EntryTuple], source: str) -> list[tuple[Any, ...]]
 
 def copy_rows(entries: list[EntryTuple], source: str) -> bytes:
     """The rows as tuples of PostgreSQL's binary COPY format (no header or trailer), in
-    `ingest.LEDGER_COLUMNS` order (timestamptz, date, varchar x 13, int8)."""
+    `bulk.LEDGER_COLUMNS` order (timestamptz, date, varchar x 13, int8)."""
     parts = []
     src = _field(source)
     last: tuple[Any, ...] = ()
@@ -360,7 +360,7 @@ def copy_source(
     key: str, now: datetime, dig: str, job_id: str, state: str, start: datetime,
     end: datetime, start_us: int, end_us: int, gpu_ms: int,
 ) -> bytes:  # fmt: skip
-    """A new source row as a binary COPY tuple (`ingest.SOURCE_COLUMNS` order)."""
+    """A new source row as a binary COPY tuple (`bulk.SOURCE_COLUMNS` order)."""
     at = _copy_now(now)
     return b"".join((
         _SOURCE_FIELDS, _field(key), at, _field(dig), _field(job_id), _field(state),

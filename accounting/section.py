@@ -8,14 +8,16 @@ lease history); this module only holds and renders it.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from markupsafe import Markup
 from rich.markup import escape
 from rich.table import Table
+
+from bridge.page import render
 
 
 @dataclass(frozen=True)
@@ -69,29 +71,18 @@ def to_rich(section: Section) -> Table:
     return table
 
 
-def to_html(section: Section) -> str:
-    """The section as an HTML fragment (a heading, its table in a box that scrolls
-    sideways when wide, its notes); numbers right-aligned (class `num`)."""
-    e = html.escape
+def to_html(section: Section) -> Markup:
+    """The section as an HTML fragment (`templates/section.html.j2`: a heading, its table
+    in a box that scrolls sideways when wide, its notes); numbers right-aligned."""
     first = section.rows[0] if section.rows else {}
-    num = {c for c in section.columns if isinstance(first.get(c), int | float | Decimal)}
-
-    def tag(name: str, c: str, text: str) -> str:
-        cls = ' class="num"' if c in num else ""
-        return f"<{name}{cls}>{e(text)}</{name}>"
-
-    head = "".join(tag("th", c, c) for c in section.columns)
-    body = (
-        "".join(
-            "<tr>" + "".join(tag("td", c, cell(r.get(c))) for c in section.columns) + "</tr>"
-            for r in section.rows
-        )
-        or f'<tr><td colspan="{max(1, len(section.columns))}">none in this window</td></tr>'
-    )
-    notes = "".join(f"<li>{e(n)}</li>" for n in section.notes)
-    return (
-        f'<h2>{e(section.title)}</h2><div class="wide"><table><thead><tr>{head}</tr></thead>'
-        f"<tbody>{body}</tbody></table></div>" + (f"<ul>{notes}</ul>" if notes else "")
+    columns = [(c, isinstance(first.get(c), int | float | Decimal)) for c in section.columns]
+    return render(
+        "accounting",
+        "section.html.j2",
+        title=section.title,
+        columns=columns,
+        rows=[[(cell(r.get(c)), numeric) for c, numeric in columns] for r in section.rows],
+        notes=section.notes,
     )
 
 

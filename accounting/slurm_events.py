@@ -17,7 +17,7 @@ from sqlalchemy import Connection, insert, select, update
 from accounting.buckets import floor_hour, utc
 from accounting.capacity import NodeAttrs
 from accounting.schema import NodeSpan, SlurmEventRow
-from bridge.hostlist import compress, expand
+from bridge.slurm.hostlist import compress, expand
 from bridge.slurm.model import SlurmEvent
 
 EVENTS = SlurmEventRow.__table__  # type: ignore[attr-defined]

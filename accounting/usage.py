@@ -26,8 +26,8 @@ from sqlalchemy import Engine, select, tuple_, update
 
 from accounting.buckets import utc
 from accounting.errors import LedgerError
-from accounting.ingest import batched
 from accounting.schema import GpuUsage
+from accounting.tables import batched
 from bridge.db import write_transaction
 
 USAGE = GpuUsage.__table__  # type: ignore[attr-defined]

@@ -6,7 +6,7 @@ The records take the real path: synthetic `sacct --json` documents in the Slurm 
 (the shape of tests/data/slurm/sacct-requeue-22.05.json; checked key for key at start), 10,000
 jobs per document, written to files once (phase `generate`, not timed as part of any other) ->
 `accounting.ingest.ingest_documents` with `accounting.prepare.read_sacct_file`: a worker
-process per CPU (at most 4) reads each file, parses it (`bridge.slurm.parse.parse_sacct_json`) and
+process per CPU (at most 4) reads each file, parses it (`bridge.slurm.sacct.parse_sacct_json`) and
 prepares its records (digests, attribution, rows encoded for COPY or executemany) while the
 main process does the database work (a few documents in memory at a time). The workload,
 seeded and deterministic:
@@ -83,24 +83,18 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
 from accounting.attribution import Context, digest, job_entry_tuples, record_end
+from accounting.bulk import LEDGER_COLUMNS, SOURCE_COLUMNS, bind_rows, insert_rows
 from accounting.db import open_ledger
-from accounting.ingest import (
-    LEDGER_COLUMNS,
-    SACCT,
-    SOURCE_COLUMNS,
-    batched,
-    bind_rows,
-    ingest_documents,
-    insert_rows,
-)
+from accounting.ingest import ingest_documents
 from accounting.inventory import NodeCapacity, record_inventory
-from accounting.prepare import default_workers, read_sacct_file
+from accounting.prepare import SACCT, default_workers, read_sacct_file
 from accounting.report import Window, build_report
 from accounting.schema import CAPACITY_SOURCE, IDLE_TEAM, LedgerRow, SourceRecord
-from bridge.hostlist import compress
+from accounting.tables import batched
 from bridge.paths import project_root
+from bridge.slurm.hostlist import compress
 from bridge.slurm.model import AccountingRecord
-from bridge.slurm.parse import parse_sacct_json, parse_sacct_json_plain
+from bridge.slurm.sacct import parse_sacct_json, parse_sacct_json_plain
 
 LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
 SOURCES = SourceRecord.__table__  # type: ignore[attr-defined]

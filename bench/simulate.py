@@ -46,7 +46,7 @@ says whether the target is met. Baseline in the same run: the first
 (`Setup.prove_quiet = False`, `assess` at every tick) and on; the two results must be
 equal (else exit 1), and their wall times give the proof's speed-up. The other speed-ups
 (incremental engine state, the policy's faster loops) have no switch: their before is
-the README's figures.
+the figures in docs/benchmarks.md.
 
 No lab needed. Usage:
     .venv/bin/python bench/simulate.py [--part all|decide|sim|speed] [--nodes 10000]
@@ -85,7 +85,7 @@ from bridge.policy import (
     decide,
     history_depth,
 )
-from bridge.sim import cli as sim_cli
+from bridge.sim import build as sim_build
 from bridge.sim.engine import Engine
 from bridge.sim.policies import Scenario, compare, setup_for, size
 from bridge.sim.result import PolicyResult
@@ -428,17 +428,17 @@ def part_sim(args: argparse.Namespace, result: dict[str, str]) -> int:
 def _scenario(nodes: int, days: float, policies: list[str], args: argparse.Namespace) -> Scenario:
     """The shared traces' workload at `nodes` nodes for `days` (Azure arrivals for four
     models scaled with the fleet, Alibaba jobs at 90% of the GPUs outside peak inference)."""
-    return sim_cli.build_scenario(
+    return sim_build.build_scenario(
         days=days,
         nodes=nodes,
         gpus_per_node=8,
-        rates=sim_cli.model_rates(4, args.sim_mean_rps * nodes / 256),
+        rates=sim_build.model_rates(4, args.sim_mean_rps * nodes / 256),
         slo_ms=100.0,
         service_ms=20.0,
         arrivals="azure",
-        arrivals_trace=TRACES / sim_cli.AZURE_TRACE,
+        arrivals_trace=TRACES / sim_build.AZURE_TRACE,
         jobs="alibaba",
-        jobs_trace=TRACES / sim_cli.ALIBABA_TRACE,
+        jobs_trace=TRACES / sim_build.ALIBABA_TRACE,
         load=0.9,
         policies=policies,
         seed=args.seed,
@@ -479,7 +479,7 @@ def part_speed(args: argparse.Namespace, result: dict[str, str]) -> int:
         scenario = _scenario(nodes, days, ["bridge"], args)
         setup = setup_for("bridge", scenario, size(scenario))
         built = time.perf_counter() - started
-        short = replace(setup, horizon_s=min(piece, days) * sim_cli.DAY_S)
+        short = replace(setup, horizon_s=min(piece, days) * sim_build.DAY_S)
         gc.collect()
         slow = Engine(replace(short, prove_quiet=False)).run()
         gc.collect()

@@ -16,7 +16,7 @@ import dataclasses
 import sys
 import time
 
-from bridge.sim.cli import build_scenario, model_rates
+from bridge.sim.build import build_scenario, model_rates
 from bridge.sim.policies import compare, size
 from bridge.sim.result import PolicyResult
 

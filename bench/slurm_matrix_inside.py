@@ -35,7 +35,7 @@ sys.path.insert(0, str(SRV))
 from bridge.lab import lab as lab_mod  # noqa: E402
 from bridge.lab.slurmctl import slurm  # noqa: E402
 from bridge.lab.spec import LabSpec  # noqa: E402
-from bridge.slurm.parse import parse_sacct_json  # noqa: E402
+from bridge.slurm.sacct import parse_sacct_json  # noqa: E402
 
 
 def say(msg: str) -> None:

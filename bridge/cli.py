@@ -7,13 +7,13 @@ import typer
 
 from bridge.advise.cli import advise_app
 from bridge.config_cli import config_app, init
-from bridge.daemon.cli import daemon, drain, lend, resume, return_, status, token
 from bridge.db_cli import db_app
 from bridge.lab.cli import lab_app
 from bridge.ledger.budget_cli import budget_app
 from bridge.ledger.cli import accounting_app, report
 from bridge.load.cli import load_app
 from bridge.models.cli import models_app
+from bridge.ops.cli import daemon, drain, lend, resume, return_, status, token
 from bridge.sim.cli import simulate
 
 app = typer.Typer(

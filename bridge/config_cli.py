@@ -123,7 +123,7 @@ def _cluster(
 ) -> tuple[list[Partition], list[Node]]:
     """Partitions and nodes from recorded `scontrol show partition/node -o` output, else
     from Slurm now (`open_backend`); exit 1 naming what failed."""
-    from bridge.slurm.parse import parse_nodes, parse_partitions
+    from bridge.slurm.scontrol import parse_nodes, parse_partitions
     from bridge.slurm.select import open_backend
 
     try:

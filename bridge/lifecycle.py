@@ -12,7 +12,7 @@ contract checks it), so every layer can share this one copy of the state machine
 
 `StepTimes` holds how long a lend's steps took on the lab: the simulator's default timing
 (`bridge.sim.engine.Timing`) and the advisory pass's shadow leases
-(`bridge.daemon.shadow`) both take them from here.
+(`bridge.advise.shadow`) both take them from here.
 
 A lease is one node lent to Triton. It moves only forward:
 

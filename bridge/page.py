@@ -2,18 +2,21 @@
 code they share: the finance report (`accounting.html`) and the simulator's
 (`bridge.sim.render`, `bridge.sim.selection_render`).
 
-One file, readable offline and safe to mail or archive: inline CSS (`CSS`), inline SVG
-charts, no scripts, fonts, images or URLs, and a Content-Security-Policy that loads
-nothing (`head`). Charts use matplotlib's object API (`Figure`, no pyplot: no GUI
-backend, no global figure state), drawn under `drawing()` (glyphs as paths, so their
-text needs no font on the reader's machine; "$" in a name is no math) and saved with
-`svg` (deterministic: no metadata, a hash salt per chart). Text is escaped with
-`html.escape` by whoever makes it.
+One file, readable offline and safe to mail or archive: inline CSS, inline SVG charts, no
+scripts, fonts, images or URLs, and a Content-Security-Policy that loads nothing. The
+markup is Jinja2 templates, package data: `bridge/templates/page.html.j2` (the page, its
+CSS, which a report's template extends) and `macros.html.j2` (a chart under its title, a
+table), loaded by `environment` with autoescape on, so every value a template shows is
+escaped unless it is `Markup` (an SVG chart, a fragment another template rendered).
+Charts use matplotlib's object API (`Figure`, no pyplot: no GUI backend, no global
+figure state), drawn under `drawing()` (glyphs as paths, so their text needs no font on
+the reader's machine; "$" in a name is no math) and saved with `svg` (deterministic: no
+metadata, a hash salt per chart).
 """
 
 from __future__ import annotations
 
-import html
+import functools
 import io
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import matplotlib
+from jinja2 import ChoiceLoader, Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
@@ -33,55 +38,18 @@ WORKLOAD_COLOURS: Mapping[str, str] = {
     "idle": "#a0a0a0",
 }
 
-CSS = """
-body { font-family: "DejaVu Sans", Verdana, Arial, sans-serif; margin: 2em auto;
-       max-width: 1150px; color: #222; padding: 0 1em; }
-h1 { font-size: 1.5em; margin-bottom: .2em; }
-h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ccc; }
-h3 { font-size: 1em; margin: 1.5em 0 .5em; }
-dl.meta { display: grid; grid-template-columns: max-content auto; gap: .2em 1em; }
-dl.meta dt { font-weight: bold; }
-dl.meta dd { margin: 0; }
-figure { margin: 1em 0; }
-figure svg { max-width: 100%; height: auto; }
-figcaption, p.caption { font-size: .9em; color: #555; }
-table { border-collapse: collapse; font-size: .9em; }
-th, td { border: 1px solid #ccc; padding: .25em .6em; text-align: left; }
-th { background: #f0f0f0; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-tfoot td { font-weight: bold; background: #f7f7f7; }
-.muted { color: #888; }
-.wide { overflow-x: auto; }
-.wide th { font-size: .85em; }
-details { margin: .6em 0; }
-summary { cursor: pointer; }
-pre { font-size: .8em; background: #f7f7f7; padding: .6em; overflow-x: auto; }
-footer { margin-top: 2em; font-size: .85em; color: #666; }
-"""
-
 #: no <metadata> block (it carries a date and URLs)
 _NO_METADATA: dict[str, Any] = {"Creator": None, "Date": None, "Format": None, "Type": None}
 
 
 @dataclass(frozen=True)
 class Chart:
+    """A chart for the page: `svg` is `svg(fig, salt)`'s output, put in as it is (its text
+    is glyph paths); the title and caption are text, escaped."""
+
     title: str
     svg: str
     caption: str
-
-
-def head(title: str) -> list[str]:
-    """The page's opening lines, up to and with its <h1> (`title` escaped here)."""
-    e = html.escape
-    return [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        # belt and braces: the file may load nothing at all
-        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
-        "style-src 'unsafe-inline'; img-src data:\">",
-        f"<title>{e(title)}</title><style>{CSS}</style></head><body>",
-        f"<h1>{e(title)}</h1>",
-    ]
 
 
 @contextmanager
@@ -108,13 +76,42 @@ def no_data(ax: Axes, text: str) -> None:
     ax.set_yticks([])
 
 
-def figure(chart: Chart, heading: str = "h3") -> str:
-    """A chart under a title, with its caption (escaped)."""
-    e = html.escape
-    return (
-        f"<{heading}>{e(chart.title)}</{heading}>"
-        f"<figure>{chart.svg}<figcaption>{e(chart.caption)}</figcaption></figure>"
+@functools.cache
+def environment(package: str = "bridge") -> Environment:
+    """The templates of `package` (its `templates/` folder, package data), with bridge's
+    page and macros behind them: autoescape on, an undefined name an error (not ""),
+    a block tag's own line left out of the output."""
+    loaders = [PackageLoader(package, "templates")]
+    if package != "bridge":
+        loaders.append(PackageLoader("bridge", "templates"))
+    return Environment(
+        loader=ChoiceLoader(loaders),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
     )
 
 
-__all__ = ["CSS", "WORKLOAD_COLOURS", "Chart", "drawing", "figure", "head", "no_data", "svg"]
+def render(package: str, name: str, **context: Any) -> Markup:
+    """Template `name` of `package` rendered: an HTML fragment, safe to put in another
+    template as it is."""
+    return Markup(environment(package).get_template(name).render(**context))
+
+
+def render_page(package: str, name: str, **context: Any) -> str:
+    """A page template (one that extends `page.html.j2`) rendered as a file's text."""
+    # Jinja drops a template's last newline; a file ends with one
+    return environment(package).get_template(name).render(**context) + "\n"
+
+
+__all__ = [
+    "WORKLOAD_COLOURS",
+    "Chart",
+    "drawing",
+    "environment",
+    "no_data",
+    "render",
+    "render_page",
+    "svg",
+]

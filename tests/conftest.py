@@ -1,14 +1,27 @@
-"""Test-suite wiring: the lab cluster as a session fixture, and `last` ordering.
+"""Test-suite wiring: the run's order and workers, and the lab cluster as a session fixture.
 
-The `lab` fixture brings the one-host lab up once per session (or reuses one that is
-already up) and takes it down at the end if it started it. `STB_LAB_KEEP=1` keeps it up
-for the next run. Tests marked `last` run after all others (the lab-down test).
+- Order: the tests that need the lab (under tests/lab and tests/faults, or marked `lab`) run
+  after every other test, in collection order, and tests marked `last` (the lab-down test)
+  at the very end.
+- Workers: with pytest-xdist installed (the `dev` extra) a run is parallel by default, as if
+  `-n 2 --dist loadgroup` were given, unless `-n` is (`-n 0`, or `-p no:xdist`, runs in one
+  process: for debugging, `--pdb`, `--collect-only`). The lab's tests form one xdist_group
+  that one worker runs alone, after every other test has finished on every worker
+  (`tests/serial_scheduling.py`), so the lab comes up once and no unit test shares the CPUs
+  with a lab test.
+- The `lab` fixture brings the one-host lab up once per session (or reuses one that is
+  already up) and takes it down at the end if it started it. `STB_LAB_KEEP=1` keeps it up
+  for the next run (and skips the lab-down test).
+
+The quick loop, without the lab: `.venv/bin/python -m pytest -m "not lab"`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,8 +37,54 @@ if _SHARED_TRACES.is_dir():
     os.environ.setdefault("STB_TRACES_DIR", str(_SHARED_TRACES))
 
 
+#: workers of a run that does not say `-n` (the CI machines have 2 cores)
+DEFAULT_WORKERS = 2
+#: the scheduler's group of the tests that need the lab: one worker runs it, last and alone
+LAB_GROUP = "lab"
+#: the folders of the tests that need the lab (a test marked `lab` lives in one of them)
+LAB_DIRS = tuple(Path(__file__).parent / name for name in ("lab", "faults"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Parallel by default: `-n DEFAULT_WORKERS --dist loadgroup` unless `-n` is given,
+    xdist is off (`-p no:xdist`), or this is an xdist worker, `--pdb` or `--collect-only`.
+    Runs before xdist's own option handling (a conftest's tryfirst hook is called first)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    if hasattr(config, "workerinput"):
+        return
+    if config.option.numprocesses is None and not config.option.tx:
+        if config.option.usepdb or config.option.collectonly:
+            return
+        config.option.numprocesses = DEFAULT_WORKERS
+    if config.option.dist == "no" and config.option.numprocesses:
+        config.option.dist = "loadgroup"  # never plain `load`: the lab's tests stay together
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` with the lab's group last and alone (tests/serial_scheduling.py)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.serial_scheduling import SerialLastScheduling
+
+    folders = tuple(f"{d.relative_to(config.rootpath).as_posix()}/" for d in LAB_DIRS)
+    return SerialLastScheduling(config, log, serial=LAB_GROUP, folders=folders)
+
+
+def _in_lab_dirs(item: pytest.Item) -> bool:
+    return any(item.path.is_relative_to(d) for d in LAB_DIRS)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("last") is not None)
+    outside = [i.nodeid for i in items if i.get_closest_marker("lab") and not _in_lab_dirs(i)]
+    if outside:
+        raise pytest.UsageError(
+            f"tests marked lab must live under tests/lab or tests/faults (the scheduler runs "
+            f"those folders last, on one worker): {', '.join(outside)}"
+        )
+    items.sort(key=lambda item: (_in_lab_dirs(item), item.get_closest_marker("last") is not None))
 
 
 def _spec() -> LabSpec:

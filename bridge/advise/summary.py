@@ -54,7 +54,7 @@ class Summary:
     lends_by_model: dict[str, int] = field(default_factory=dict)
     returns_by_pool: dict[str, int] = field(default_factory=dict)
     #: decisions taken while a shadow lease served: the latency they read does not show
-    #: that lend's replica (see `bridge.daemon.advisory`)
+    #: that lend's replica (see `bridge.advise.advisory`)
     under_shadow: int = 0
     models: dict[str, ModelSeen] = field(default_factory=dict)
     #: ticks with samples, and the first and last of them

@@ -88,9 +88,9 @@ def record_of(lease: Lease) -> LeaseRecord:
         lease.lend_mode.value,
         LeaseState(lease.state),
         tuple(lease.models),
-        lease.slurm_job_id,
         lease.created_at.timestamp(),
         lease.updated_at.timestamp(),
+        lease.slurm_job_id,
         lease.reason,
     )
 

@@ -1,6 +1,6 @@
 """The key shim: the small LD_PRELOAD library (`deploy/slurm/stb-keyshim.c`) that puts
 the Triton model-control key into tritonserver's arguments inside the process, so the
-key is on no command line and in no environment (the README's threat model).
+key is on no command line and in no environment (docs/operators/security.md, the threat model).
 
 `ensure_key_shim(cfg)` makes sure the library a Triton job preloads
 (`TritonJobConfig.key_shim_path`) is there: `[triton] key_shim` when set (a site builds it

@@ -26,7 +26,7 @@ by tests with an injected clock. Each pass:
 
 A standby (another daemon leads: `bridge.leases.leader`) runs only steps 1, 2 and 8 and
 the metrics: it never acts. A pass whose write is fenced (this instance was deposed)
-stops there. The advisory pass (`stb daemon --advise`, `bridge.daemon.advisory`) builds
+stops there. The advisory pass (`stb daemon --advise`, `bridge.advise.advisory`) builds
 the policy's view with the same `policy_snapshot` and `LendMemory`, over shadow leases.
 
 Errors are data (`bridge.daemon.report`): an adapter error is a `StepError` and the pass
@@ -48,7 +48,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from bridge.config import BridgeConfig
 from bridge.daemon import planner
 from bridge.daemon.actuator import Actuator, Router, record_of
-from bridge.daemon.exporter import BridgeMetrics
+from bridge.daemon.metrics import BridgeMetrics
 from bridge.daemon.observation import Observation, snapshot
 from bridge.daemon.observe import Observer
 from bridge.daemon.planner import LeaseRecord, Settings, Step, SubmitBaseline
@@ -61,7 +61,7 @@ from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 from bridge.policy import Lend, Return, StartBaseline, decide
 from bridge.policy.forecast import next_lead
-from bridge.policy.snapshot import LeaseView, Snapshot
+from bridge.policy.snapshot import Snapshot
 from bridge.routing.errors import RoutingError
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.protocol import SlurmProtocol
@@ -72,24 +72,10 @@ log = logging.getLogger(__name__)
 S = LeaseState
 
 
-def lease_view(lease: LeaseRecord) -> LeaseView:
-    return LeaseView(
-        lease.id,
-        lease.node,
-        lease.pool,
-        lease.lend_mode,
-        lease.state,
-        lease.models,
-        lease.created_at,
-        # a lease's last status change is when it entered its current state
-        lease.updated_at if lease.state == S.SERVING else None,
-    )
-
-
 class LendMemory:
     """What the policy remembers of past lends from one pass to the next, kept by the pass
     that decides (the reconciler over its leases, the advisory pass over its shadow
-    leases: `bridge.daemon.advisory`). Kept in memory: after a restart the cooldown
+    leases: `bridge.advise.advisory`). Kept in memory: after a restart the cooldown
     anchors come back from the open leases and the lead times start again from
     `lend_lead_s`."""
 
@@ -149,7 +135,7 @@ def policy_snapshot(
     snap = snapshot(
         obs,
         config,
-        [lease_view(x) for x in leases],
+        leases,
         memory.last_lend_at,
         memory.lend_s,
         preemptions_last_hour,
@@ -471,4 +457,4 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-__all__ = ["LendMemory", "Reconciler", "TickReport", "lease_view", "policy_snapshot"]
+__all__ = ["LendMemory", "Reconciler", "TickReport", "policy_snapshot"]

@@ -71,7 +71,7 @@ class TickReport:
     #: False on a standby's pass (it observed and routed, and did nothing else) and on an
     #: advisory pass (it observed and decided, and acted on nothing)
     active: bool = True
-    #: an advisory pass's shadow leases by state (`bridge.daemon.shadow`; None: not one)
+    #: an advisory pass's shadow leases by state (`bridge.advise.shadow`; None: not one)
     shadow_states: Mapping[str, int] | None = None
 
     @property

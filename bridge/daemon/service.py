@@ -12,13 +12,8 @@ database is created at head under the schema lock (so two daemons started togeth
 it once and both run), an older or newer schema stops the daemon with one line naming
 the revisions and `stb db upgrade`.
 
-`stb daemon --advise` (`build_advisory`, `run_advisory`: an `AdvisoryBridge`) runs the
-advisory pass (`bridge.daemon.advisory.Advisor`) on the same scheduler, tick thread and
-exporter, and never acts: it takes no part in the election and holds its own lock file
-(`<lock_file>.advise`), so an active daemon may run beside it; it starts no nginx,
-publishes no routing, feeds no ledger, serves no operator API, starts no Triton server
-(its Triton key reads each server's model list, nothing else), and `/healthz` says
-`"role": "advisory"`.
+`stb daemon --advise` runs the advisory pass on the same scheduler, tick thread and
+exporter (`bridge.advise.service`): `Daemon` is what both kinds of daemon give them.
 
 The passes run on an executor of their own with one thread, so
 they never wait behind a slow ledger ingest and always use the same thread (the Triton
@@ -37,34 +32,32 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, Protocol
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
+from fastapi import APIRouter
 from sqlalchemy import Engine
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from accounting.db import LEDGER
 from accounting.db import ensure as ensure_ledger
 from accounting.errors import LedgerError
 from bridge.config import BridgeConfig
-from bridge.daemon.advisory import Advisor
-from bridge.daemon.api import finance_routes, operator_routes
-from bridge.daemon.auth import TokensError, TokenTable
 from bridge.daemon.clients import TritonClients
-from bridge.daemon.exporter import BridgeMetrics, Endpoint, ExporterServer, tls_context
 from bridge.daemon.keyshim import KeyShimError, ensure_key_shim
+from bridge.daemon.metrics import BridgeMetrics
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
 from bridge.daemon.report import Outcome, TickReport
 from bridge.daemon.rollouts import RolloutDriver
 from bridge.db import SchemaError, redacted
+from bridge.http.app import create_app
+from bridge.http.auth import TokensError, TokenTable
+from bridge.http.routes import finance_routes, operator_routes
+from bridge.http.server import HttpServer, tls_context
 from bridge.leases import leader
-from bridge.leases.advice import AdviceStore
 from bridge.leases.leader import LeaderLease
 from bridge.leases.requests import RequestQueue
 from bridge.leases.rollouts import RolloutStore
@@ -121,33 +114,30 @@ class Bridge:
             self.nginx.stop()
 
 
-@dataclass
-class AdvisoryBridge:
-    """The parts of an advisory daemon (`build_advisory`): its pass, metrics and Triton
-    clients; none that acts (no routing, nginx, ledger, election or request queue)."""
+class Daemon(Protocol):
+    """What the scheduler, the exporter and the API need of a daemon: the acting one
+    (`Bridge`) or the advisory one (`bridge.advise.service.AdvisoryBridge`)."""
 
     config: BridgeConfig
-    advisor: Advisor
     metrics: BridgeMetrics
-    clients: TritonClients
-    publisher: None = None
-    ledger: None = None
-    leader: None = None
-    advisory = True
-    active = False
+    advisory: bool
 
     @property
-    def loop(self) -> Advisor:
-        """The pass each tick runs."""
-        return self.advisor
+    def loop(self) -> Pass: ...
 
     @property
-    def instance(self) -> str:
-        return instance_name(self.config)
+    def publisher(self) -> RoutingPublisher | None: ...
 
-    def close(self) -> None:
-        self.advisor.observer.close()
-        self.clients.close()
+    @property
+    def instance(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class Pass(Protocol):
+    """One tick's pass: the reconciler's, or the advisory's."""
+
+    def run_once(self, now: datetime) -> TickReport: ...
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -234,27 +224,6 @@ def build(
     return Bridge(config, reconciler, metrics, publisher, proc, clients, feed, lease, requests)
 
 
-def build_advisory(
-    config: BridgeConfig, *, slurm_env: Mapping[str, str] | None = None
-) -> AdvisoryBridge:
-    """The advisory daemon's parts: the same Slurm adapter and observer as `build`'s, the
-    advisory pass over them, the exporter's metrics; no routing, no ledger, no election,
-    no operator requests (their pool holds are read). It holds the Triton key as the
-    daemon does, since Triton lists a server's models only behind it (the repository
-    index), and calls no other keyed API; it needs no key shim (it starts no server)."""
-    key_file = config.triton.key_file
-    if not key_file.exists():
-        raise DaemonError(f"triton.key_file {key_file} does not exist")
-    clients = TritonClients(key_file.read_text().strip())
-    engine = open_database(config.database_url)
-    requests = RequestQueue(engine)
-    slurm = open_backend(env=slurm_env)
-    metrics = BridgeMetrics(instance=instance_name(config), advisory=True)
-    observer = Observer(slurm, config, clients, prometheus=prometheus_source(config))
-    advisor = Advisor(config, observer, AdviceStore(engine), metrics, holds=requests.holds)
-    return AdvisoryBridge(config, advisor, metrics, clients)
-
-
 def open_database(url: str) -> Engine:
     """The bridge's database, its schema created if new (under the schema lock: of many
     daemons starting at once one creates it); an older or newer schema is a `DaemonError`
@@ -303,24 +272,26 @@ def prometheus_source(config: BridgeConfig) -> PrometheusSignal | None:
     return PrometheusSignal(o.prometheus_url, o.max_staleness_s, o.timeout_s)
 
 
-def api_routes(bridge: Bridge | AdvisoryBridge) -> dict[str, Endpoint]:
-    """The operator endpoints, and finance's report when the daemon feeds a ledger; none
+def api_routes(bridge: Daemon) -> list[APIRouter]:
+    """The operator routes, and finance's report when the daemon feeds a ledger; none
     on an advisory daemon (it takes no request)."""
-    if isinstance(bridge, AdvisoryBridge):
-        return {}
+    if not isinstance(bridge, Bridge):
+        return []
     assert bridge.requests is not None
-    routes = operator_routes(
-        bridge.config,
-        bridge.requests,
-        bridge.reconciler.store,
-        models=bridge.reconciler.observer.models,
-    )
+    routes = [
+        operator_routes(
+            bridge.config,
+            bridge.requests,
+            bridge.reconciler.store,
+            models=bridge.reconciler.observer.models,
+        )
+    ]
     if bridge.ledger is not None:
-        routes |= finance_routes(bridge.ledger.ledger, bridge.config.accounting.idle_cost)
+        routes.append(finance_routes(bridge.ledger.ledger, bridge.config.accounting.idle_cost))
     return routes
 
 
-def exporter_for(bridge: Bridge | AdvisoryBridge) -> ExporterServer:
+def exporter_for(bridge: Daemon) -> HttpServer:
     """The exporter and API as configured (`[daemon] exporter_listen`, `[api]`)."""
     config = bridge.config
     host, port = _host_port(config.daemon.exporter_listen)
@@ -335,12 +306,16 @@ def exporter_for(bridge: Bridge | AdvisoryBridge) -> ExporterServer:
         except (OSError, ValueError) as exc:
             raise DaemonError(f"api.tls_cert/tls_key: {exc}") from exc
     sd = bridge.publisher.document if bridge.publisher else None
-    return ExporterServer(
-        bridge.metrics, (host, port), config.tick_s, sd, api_routes(bridge), tokens=tokens, tls=tls
+    app = create_app(
+        bridge.metrics, config.tick_s, tokens=tokens, sd_document=sd, routers=api_routes(bridge)
     )
+    try:
+        return HttpServer(app, (host, port), tls=tls)
+    except OSError as exc:
+        raise DaemonError(f"daemon.exporter_listen {host}:{port}: {exc.strerror}") from exc
 
 
-def tick_once(bridge: Bridge | AdvisoryBridge) -> TickReport | None:
+def tick_once(bridge: Daemon) -> TickReport | None:
     """One pass as the scheduler runs it: the report's lines logged; an exception (a bug,
     since adapter errors come back as data) counted as a failed tick with its traceback."""
     try:
@@ -357,7 +332,7 @@ def tick_once(bridge: Bridge | AdvisoryBridge) -> TickReport | None:
 
 
 def scheduler_for(
-    bridge: Bridge | AdvisoryBridge, scheduler_cls: type[BaseScheduler] = BlockingScheduler
+    bridge: Daemon, scheduler_cls: type[BaseScheduler] = BlockingScheduler
 ) -> BaseScheduler:
     """The daemon's scheduler with its tick job: one pass at a time on the `tick`
     executor's single thread, late passes coalesced; other jobs go to `ledger`."""
@@ -405,20 +380,10 @@ def single_instance(path: os.PathLike[str]) -> Iterator[IO[str]]:
         handle.close()
 
 
-def advisory_lock(config: BridgeConfig) -> Path:
-    """The advisory daemon's own lock file: one advisory per host and lock, beside (never
-    instead of) the active daemon's."""
-    lock = config.daemon.lock_file
-    return lock.with_name(lock.name + ".advise")
-
-
-def run_daemon(config: BridgeConfig, *, advise: bool = False) -> None:
+def run_daemon(config: BridgeConfig) -> None:
     """Run until SIGTERM or SIGINT: on PostgreSQL as one of several instances (the
-    leader acts), on SQLite as the only one; with `advise`, as an advisory daemon that
-    never acts."""
-    if advise:
-        run_advisory(config)
-        return
+    leader acts), on SQLite as the only one (`stb daemon --advise` runs
+    `bridge.advise.service.run_advisory` instead)."""
     elect = leader.supported(make_engine(config.database_url))
     with nullcontext() if elect else single_instance(config.daemon.lock_file):
         bridge = build(config, elect=elect)
@@ -489,30 +454,10 @@ def run_daemon(config: BridgeConfig, *, advise: bool = False) -> None:
                 election.release()
             bridge.close()
 
-        _serve(scheduler, exporter, closing)
+        serve(scheduler, exporter, closing)
 
 
-def run_advisory(config: BridgeConfig) -> None:
-    """`stb daemon --advise` until SIGTERM or SIGINT: the advisory pass on the daemon's
-    scheduler and exporter, under its own lock file (`advisory_lock`)."""
-    with single_instance(advisory_lock(config)):
-        bridge = build_advisory(config)
-        exporter = exporter_for(bridge).start()
-        scheduler = scheduler_for(bridge)
-        log.warning(
-            "bridge daemon %s: ADVISORY mode, acts on nothing: it observes and decides every "
-            "%ss and records what it would do in the advice tables of %s (no Slurm or Triton "
-            "write, no lease, no routing, no operator request); metrics and /healthz (role "
-            "advisory) on %s",
-            bridge.instance,
-            config.tick_s,
-            _redacted(config.database_url),
-            exporter.url,
-        )
-        _serve(scheduler, exporter, bridge.close)
-
-
-def _serve(scheduler: BaseScheduler, exporter: ExporterServer, closing: Callable[[], None]) -> None:
+def serve(scheduler: BaseScheduler, exporter: HttpServer, closing: Callable[[], None]) -> None:
     """Run the scheduler until SIGTERM or SIGINT, then stop the exporter and close."""
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -542,11 +487,3 @@ def _beat(bridge: Bridge, scheduler: BaseScheduler) -> None:
         log.warning("%s is standing by (%s)", bridge.instance, election.last_error or "deposed")
     elif not now_active and election.last_error:
         log.warning("leader election: %s", election.last_error)
-
-
-def _redacted(url: str) -> str:
-    """A database URL without its password, for the log."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "the bridge's database"

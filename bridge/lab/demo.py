@@ -35,7 +35,7 @@ from bridge.ledger.feed import LedgerFeed, ingest_window
 from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import TRITON_TAG
-from bridge.slurm.parse import parse_sacct_json
+from bridge.slurm.sacct import parse_sacct_json
 
 
 def lab_config(spec: LabSpec, pools_from: Path | None = None) -> BridgeConfig:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from string import Template
 
-from bridge.hostlist import compress
 from bridge.lab.spec import LabSpec
 from bridge.paths import slurm_plugins_dir, templates_dir
+from bridge.slurm.hostlist import compress
 
 
 @dataclass(frozen=True)

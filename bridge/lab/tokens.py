@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bridge.daemon.auth import add_token
+from bridge.http.auth import add_token
 
 #: the lab's callers: name -> role
 LAB_CALLERS = {"lab-operator": "operator", "lab-finance": "finance", "prometheus": "metrics"}

@@ -8,10 +8,10 @@ Three tables in the bridge's database, made by its migrations (`bridge.leases.sc
 - `advice_sample`: each tick, each model's observed request rate, p99, mean and compute
   time and pending requests: the arrivals `stb advise report` replays through the
   simulator, without a Prometheus server;
-- `shadow_lease`: the leases the advisory would have made (`bridge.daemon.shadow`), so a
+- `shadow_lease`: the leases the advisory would have made (`bridge.advise.shadow`), so a
   restarted advisory carries on with the same leases, cooldowns and preemption budget.
 
-Written by `bridge.daemon.advisory.Advisor` once per tick, in one transaction (a crash
+Written by `bridge.advise.advisory.Advisor` once per tick, in one transaction (a crash
 loses at most the tick in progress); read by `stb advise report` (`bridge.advise`). It
 writes nothing else: no lease, no operator request, no leader row.
 """
@@ -75,7 +75,7 @@ class AdviceSample(SQLModel, table=True):
 
 
 class ShadowLeaseRow(SQLModel, table=True):
-    """A shadow lease as stored (`bridge.daemon.shadow.ShadowLease`). Times of its Triton
+    """A shadow lease as stored (`bridge.advise.shadow.ShadowLease`). Times of its Triton
     job (which never exists) are epoch seconds."""
 
     __tablename__ = "shadow_lease"

@@ -24,7 +24,7 @@ from accounting.agreement import COLUMNS
 from accounting.db import ensure as ensure_ledger
 from accounting.db import open_ledger
 from accounting.errors import LedgerError
-from accounting.ingest import close_period
+from accounting.periods import close_period
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates, parse_price, show_price
 from accounting.render import FORMATS, to_csv, to_json, to_table
 from accounting.report import Window, build_report, parse_filters, parse_keys
@@ -206,7 +206,7 @@ def agree(
         )
         console.print(
             f"{hour:%Y-%m-%d %H:00} reconciled: equal to sreport once counted by its "
-            f"cluster-wide rules ({moved}; README, agreement with sreport)",
+            f"cluster-wide rules ({moved}; docs/finance/sreport.md)",
             soft_wrap=True,
         )
     if result.rerolled:

@@ -24,11 +24,13 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from accounting.attribution import Context, ServingPoint
+from accounting.book import IngestSummary
 from accounting.buckets import floor_hour
 from accounting.errors import LedgerError
-from accounting.ingest import IngestSummary, ingest_records, prune_serving, record_serving
+from accounting.ingest import ingest_records
 from accounting.inventory import Inventory, NodeCapacity
 from accounting.metrics import LedgerCollector
+from accounting.samples import prune_serving, record_serving
 from accounting.schema import NodeSpan
 from accounting.usage import ingest_usage, read_spool
 from bridge.config import BridgeConfig, pool_of

@@ -30,7 +30,9 @@ from bridge.models import history, rollout
 from bridge.models.publish import PublishError, Server, publish, retire, rollback
 from bridge.models.repo import ModelRepository, RepositoryError, check_source
 from bridge.models.servers import running_servers
-from bridge.models.status import ModelStatus, UnknownModel, check_known, gather, render
+from bridge.models.status import UnknownModel, check_known, gather
+from bridge.models.status_render import render
+from bridge.models.status_views import ModelStatus
 from bridge.policy.rollout import parse_plan
 from bridge.slurm.errors import SlurmError
 from bridge.triton.catalog import ModelCatalog

@@ -2,7 +2,10 @@
 no adapters (import-linter checks it); the reconciler builds the snapshot and carries out
 the actions. See `decide.py`; the capacity model (`capacity.py`) and the rate forecast
 (`forecast.py`) are shared with the simulator. `rollout.py`: a gradual model rollout's
-step plan and verdict (pure; its controller is still to be built)."""
+step plan and verdict (its driver is `bridge.daemon.rollouts`). `snapshot.LeaseView` is
+the one lease view, and `leasesync.py` the one per-state sync of a lease (its commands in
+`steps.py`), which the daemon's planner, advisory mode's shadow book and the simulator
+all call."""
 
 from bridge.policy.actions import Action, Lend, Return, StartBaseline
 from bridge.policy.decide import (

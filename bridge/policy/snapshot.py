@@ -6,6 +6,7 @@ none of those. Times are UTC epoch seconds (floats)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -77,7 +78,14 @@ class ModelSample:
 
 @dataclass(frozen=True)
 class LeaseView:
-    lease_id: int
+    """A lease as every pure part reads it: the one copy of a lease's fields outside the
+    store's row (`bridge.leases.models.Lease`). The planner and its per-state sync
+    (`bridge.daemon.planner`, `bridge.policy.leasesync`), the policy (`Snapshot.leases`),
+    the advisory's shadow leases (`bridge.advise.shadow`) and the simulator's leases
+    (`bridge.sim.engine`) all read this; those last two keep their modelled times beside
+    it. Times are epoch seconds."""
+
+    id: int
     node: str
     pool: str
     lend_mode: str
@@ -85,15 +93,36 @@ class LeaseView:
     state: LeaseState
     models: tuple[str, ...]
     created_at: float
-    #: when it entered `serving`; None before
-    serving_since: float | None = None
-    #: GPUs of its node
+    #: when it entered its current state; None (or not given): when it was made
+    updated_at: float = math.nan
+    #: its Triton job once submitted ("1234", or "1234_5" for an array task)
+    slurm_job_id: str | None = None
+    #: why it is in its current state (the reason of its last move)
+    reason: str = ""
+    #: GPUs of its node (the snapshot's, from the observation)
     gpus: int = 1
     #: its node still runs jobs it waits for (a drain-mode lend): not capacity soon
     waiting: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", LeaseState(self.state))
+        if self.updated_at is None or math.isnan(self.updated_at):
+            object.__setattr__(self, "updated_at", self.created_at)
+
+    @property
+    def lease_id(self) -> int:
+        """`id`, by the name the policy's rules read it."""
+        return self.id
+
+    @property
+    def serving_since(self) -> float | None:
+        """When it entered `serving`; None before."""
+        return self.updated_at if self.state == LeaseState.SERVING else None
+
+    @property
+    def ref(self) -> tuple[int, int]:
+        """How the lease's Triton job names it (`bridge.slurm.model.lease_tag`)."""
+        return self.id, int(self.created_at)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """`stb simulate`: compare the set-ups of `bridge.sim.policies` on a simulated fleet, fed
 by a site's own data (`bridge.sim.inputs`), by generators (the defaults: they need
 nothing outside the repository) or by the public traces, and print or write the
-comparison. Registered in `bridge.cli`. Thin: checks the options, reads the site's data
-(`bridge.sim.inputs.site.resolve`), builds the `Scenario` (`bridge.sim.workload` for the
-generators and traces), runs `compare` with a progress bar on stderr, renders with
-`bridge.sim.render`.
+comparison. Registered in `bridge.cli`. Thin: checks the options (here), reads the site's
+data (`bridge.sim.inputs.site.resolve`), builds the `Scenario` (`bridge.sim.build`, with
+`bridge.sim.workload` for the generators and traces), runs `compare` and the selection's
+trade-off runs with progress bars on stderr (`bridge.sim.progress`), and prints or writes
+the result (`bridge.sim.output`, rendered by `bridge.sim.render` and
+`bridge.sim.selection_render`).
 
 Generated models are named m0, m1, ...; model i gets `--mean-rps` / (i + 1) requests per
 second on average (a Zipf-like popularity: m0 the full rate, m1 half, m2 a third, ...),
@@ -28,29 +30,24 @@ nothing; an output file is written whole or not at all (temp file + rename).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import io
 import math
-import os
-import sys
-import tempfile
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from bridge.cli_text import fail, say
-from bridge.config import PolicyConfig
+from bridge.cli_text import fail
 from bridge.config_cli import ConfigOpt, load_or_exit
-from bridge.paths import traces_dir
-from bridge.sim import workload
-from bridge.sim.engine import Timing
-from bridge.sim.inputs import JobReplay
+from bridge.sim.build import (
+    ALIBABA_TRACE,
+    AZURE_TRACE,
+    STEP_S,
+    BadInput,
+    build_scenario,
+    model_rates,
+)
+from bridge.sim.criteria import Criteria, parse_criteria
 from bridge.sim.inputs.site import (
     DEFAULT_DAYS,
     SERVICE_FROM,
@@ -62,66 +59,19 @@ from bridge.sim.inputs.site import (
     resolve,
 )
 from bridge.sim.options import GENERATED_ARRIVALS, GENERATED_JOBS, settle
-from bridge.sim.policies import (
-    POLICIES,
-    Scenario,
-    compare,
-    known,
-    setup_for,
-    size,
-    tradeoff,
-    tradeoff_sizes,
-    with_separate,
-)
-from bridge.sim.result import SimReport
-from bridge.sim.selection import Criteria, Selection, parse_criteria, select
-from bridge.sim.workload import ArrivalSeries, SimJob
+from bridge.sim.output import emit
+from bridge.sim.policies import POLICIES, known, size, tradeoff_sizes, with_separate
+from bridge.sim.progress import run, run_selection
 
 FORMATS = ("table", "json", "html", "markdown")
 ARRIVALS = (*GENERATED_ARRIVALS, *SITE_ARRIVALS)
 JOBS = (*GENERATED_JOBS, *SITE_JOBS)
-AZURE_TRACE = "azure_llm_conv_2023.csv"
-ALIBABA_TRACE = "alibaba_gpu2023_tasks.csv"
-DAY_S = 86400.0
-#: steps of the arrival series (the bridge's tick)
-STEP_S = 5.0
-#: the generators' parameters: fixed, and written into the report's scenario
-AZURE_PARAMS: Mapping[str, float] = {"diurnal_amplitude": 0.5, "weekly_amplitude": 0.2}
-SYNTHETIC_SERIES_PARAMS: Mapping[str, float] = {
-    **AZURE_PARAMS,
-    "bursts_per_day": 4.0,
-    "burst_factor": 3.0,
-    "burst_s": 600.0,
-    "noise": 0.1,
-}
-#: steep ramps (5x in 30 min) and sudden steps (3x in a minute) on a flat base
-RAMP_PARAMS: Mapping[str, float] = {
-    "ramps_per_day": 3.0,
-    "ramp_factor": 5.0,
-    "ramp_s": 1800.0,
-    "steps_per_day": 3.0,
-    "step_factor": 3.0,
-    "step_rise_s": 60.0,
-    "noise": 0.05,
-}
-SYNTHETIC_JOBS_PARAMS: Mapping[str, float] = {"elastic_share": 0.4, "multi_node_share": 0.1}
 ALL = ",".join(POLICIES)
-
-errors = Console(stderr=True)
-
-
-class BadInput(ValueError):
-    """An option or input the simulation cannot run with: exit 2."""
 
 
 def _bad(exc: Exception) -> typer.Exit:
     """Print `exc` as the command's one-line error (`fail`) and return exit code 2."""
     return fail(exc, code=2)
-
-
-def model_rates(models: int, mean_rps: float) -> dict[str, float]:
-    """m0..m{models-1}: model i gets mean_rps / (i + 1) requests per second."""
-    return {f"m{i}": mean_rps / (i + 1) for i in range(models)}
 
 
 def parse_policies(text: str) -> list[str]:
@@ -136,24 +86,6 @@ def parse_policies(text: str) -> list[str]:
             f"choose from {', '.join(POLICIES)} or separate-N (N inference nodes)"
         )
     return names
-
-
-def default_trace(name: str) -> Path | None:
-    """`$STB_TRACES_DIR/NAME`, or None when that folder is not set."""
-    folder = traces_dir()
-    return folder / name if folder is not None else None
-
-
-def _trace(path: Path | None, name: str, option: str) -> Path:
-    trace = path if path is not None else default_trace(name)
-    if trace is None:
-        raise BadInput(
-            f"{option}: give the {name} file, or set STB_TRACES_DIR to the folder that "
-            "holds it (or choose the synthetic generator)"
-        )
-    if not trace.is_file():
-        raise BadInput(f"{option}: trace file {trace} not found")
-    return trace
 
 
 def _check(
@@ -209,203 +141,6 @@ def _check(
             raise BadInput(f"--output {output} is a directory")
         if not output.parent.is_dir():
             raise BadInput(f"--output: no directory {output.parent}")
-
-
-def _arrivals(
-    kind: str, trace: Path | None, rates: Mapping[str, float], horizon_s: float, seed: int
-) -> tuple[ArrivalSeries, dict[str, object]]:
-    """The arrival series and what the report says about it."""
-    about: dict[str, object] = {"source": kind, "step_s": STEP_S, "mean_rps": dict(rates)}
-    if kind == "azure":
-        path = _trace(trace, AZURE_TRACE, "--arrivals-trace")
-        about.update(trace=path.name, **AZURE_PARAMS)
-        series = workload.azure_series(path, rates, horizon_s, STEP_S, seed=seed, **AZURE_PARAMS)
-        return series, about
-    if kind == "ramps":
-        about.update(RAMP_PARAMS)
-        return workload.ramp_series(rates, horizon_s, STEP_S, seed=seed, **RAMP_PARAMS), about
-    about.update(SYNTHETIC_SERIES_PARAMS)
-    return workload.synthetic_series(
-        rates, horizon_s, STEP_S, seed=seed, **SYNTHETIC_SERIES_PARAMS
-    ), about
-
-
-def _jobs(
-    kind: str, trace: Path | None, horizon_s: float, capacity: int, load: float, gpn: int, seed: int
-) -> tuple[list[SimJob], dict[str, object]]:
-    """The job list and what the report says about it."""
-    about: dict[str, object] = {"source": kind, "capacity_gpus": capacity}
-    if kind == "alibaba":
-        path = _trace(trace, ALIBABA_TRACE, "--jobs-trace")
-        about["trace"] = path.name
-        return workload.alibaba_jobs(
-            path, horizon_s, capacity, load, gpus_per_node=gpn, seed=seed
-        ), about
-    about.update(SYNTHETIC_JOBS_PARAMS)
-    return workload.synthetic_jobs(
-        horizon_s, capacity, load, gpus_per_node=gpn, seed=seed, **SYNTHETIC_JOBS_PARAMS
-    ), about
-
-
-def build_scenario(
-    *,
-    days: float,
-    nodes: int,
-    gpus_per_node: int,
-    rates: Mapping[str, float],
-    slo_ms: float,
-    service_ms: float,
-    arrivals: str,
-    arrivals_trace: Path | None,
-    jobs: str,
-    jobs_trace: Path | None,
-    load: float,
-    policies: list[str],
-    seed: int = 0,
-    checkpoint_s: float | None = None,
-    reserve: str = "mean",
-    policy: PolicyConfig | None = None,
-    tick_s: float = STEP_S,
-    about: Mapping[str, object] | None = None,
-    series: ArrivalSeries | None = None,
-    site_jobs: JobReplay | None = None,
-    models: Mapping[str, tuple[float, float]] | None = None,
-    timing: Timing | None = None,
-) -> Scenario:
-    """The scenario the options describe. The fleet is sized first without jobs (the peak
-    inference pool), so the job load can be a share of the GPUs outside it; every policy's
-    set-up is checked before the jobs are generated. `policy` and `tick_s` are the bridge's
-    (defaults: PolicyConfig's and 5 s); `about` adds to what the report says about the
-    inputs. A site's own data (`bridge.sim.inputs`) replaces what would be generated:
-    `series` the arrivals (its `about` goes to the report), `site_jobs` the jobs (as they
-    came: `load` does not scale them); `models` gives each model's (SLO ms, service ms)
-    (default: `slo_ms`, `service_ms` for every model of `rates`), `timing` the actuation
-    times (default: the lab's). Raises ValueError (BadInput for the options) naming the
-    problem."""
-    horizon = days * DAY_S
-    if arrivals in SITE_ARRIVALS and series is None:
-        raise ValueError(f"{arrivals} arrivals are the site's: pass them as `series`")
-    if jobs in SITE_JOBS and site_jobs is None:
-        raise ValueError(f"{jobs} jobs are the site's: pass them as `site_jobs`")
-    if series is None:
-        series, arrivals_about = _arrivals(arrivals, arrivals_trace, rates, horizon, seed)
-    else:
-        arrivals_about = dict(series.about)
-    probe = Scenario(
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        arrivals=series,
-        jobs=[],
-        models=dict(models) if models is not None else {m: (slo_ms, service_ms) for m in rates},
-        horizon_s=horizon,
-        policy=policy or PolicyConfig(),
-        tick_s=tick_s,
-        checkpoint_s=checkpoint_s,
-        reserve=reserve,
-        timing=timing or Timing(),
-    )
-    sizing = size(probe)
-    rest = nodes - sizing.peak_nodes
-    if rest < 2:
-        more = " or more" if rest <= 0 else ""
-        raise BadInput(
-            f"the models' peak load ({sizing.peak_load:.1f} busy GPUs) needs "
-            f"{sizing.peak_nodes}{more} of the {nodes} nodes, leaving {max(rest, 0)} for "
-            "training and elastic (at least 2): give the fleet more nodes or the models "
-            "less load"
-        )
-    for name in policies:
-        setup_for(name, probe, sizing)  # a fleet too small says so here
-    capacity = (nodes - sizing.peak_nodes) * gpus_per_node
-    if site_jobs is None:
-        job_list, jobs_about = _jobs(jobs, jobs_trace, horizon, capacity, load, gpus_per_node, seed)
-    else:
-        job_list = list(site_jobs.jobs)
-        jobs_about = {**site_jobs.about, "capacity_gpus": capacity}
-    described = {
-        "days": days,
-        "seed": seed,
-        "load": load if site_jobs is None else None,  # a site's jobs come as they came
-        "arrivals": arrivals_about,
-        "batch_jobs": jobs_about,
-        **(about or {}),
-    }
-    return dataclasses.replace(probe, jobs=job_list, about=described)
-
-
-def run(scenario: Scenario, policies: list[str]) -> SimReport:
-    """`compare` with one progress bar per policy on stderr (simulated time)."""
-    with Progress(
-        TextColumn("{task.description:<14}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-        console=errors,
-        transient=not sys.stderr.isatty(),
-    ) as progress:
-        tasks: dict[str, TaskID] = {
-            p: progress.add_task(p, total=scenario.horizon_s, start=False) for p in policies
-        }
-        current: list[str] = []  # the policy running now
-
-        def step(name: str, t: float, total: float) -> None:
-            if not current or current[0] != name:  # the next policy's first report
-                if current:  # the previous one ended between two reports
-                    progress.update(tasks[current[0]], completed=total)
-                progress.start_task(tasks[name])
-                current[:] = [name]
-            progress.update(tasks[name], completed=t, total=total)
-
-        report = compare(scenario, policies, step)
-        for task in tasks.values():
-            progress.update(task, completed=scenario.horizon_s)
-    return report
-
-
-def run_selection(
-    scenario: Scenario, report: SimReport, sizes: list[int], criteria: Criteria
-) -> tuple[SimReport, Selection]:
-    """The selection report's trade-off runs (`tradeoff` at `sizes`, with a progress bar
-    per run on stderr; none when `sizes` is empty) added to `report`, and its selection."""
-    if sizes:
-        with Progress(
-            TextColumn("{task.description:<14}"),
-            BarColumn(),
-            TextColumn("{task.percentage:>3.0f}%"),
-            TimeElapsedColumn(),
-            console=errors,
-            transient=not sys.stderr.isatty(),
-        ) as progress:
-            tasks: dict[str, TaskID] = {}
-
-            def step(name: str, t: float, total: float) -> None:
-                if name not in tasks:  # the next run's first report: the others ended
-                    for task in tasks.values():
-                        progress.update(task, completed=total)
-                    tasks[name] = progress.add_task(name, total=total)
-                progress.update(tasks[name], completed=t)
-
-            runs = tradeoff(scenario, sizes, criteria.target, step, report.results)
-            for task in tasks.values():
-                progress.update(task, completed=scenario.horizon_s)
-        report = dataclasses.replace(report, tradeoff=runs)
-    return report, select(report, criteria)
-
-
-def _write(path: Path, text: str) -> None:
-    """Write `text` to `path` whole or not at all: a temp file beside it, then a rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary new file, not mkstemp's 0600
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 #: where an option's value came from when the user gave it (typer's vendored click's
@@ -700,32 +435,4 @@ def simulate(
         raise _bad(exc) from exc
     report, selection = run_selection(scenario, run(scenario, chosen), sizes, thresholds)
 
-    from bridge.sim import render, selection_render  # matplotlib: only when a run ran
-
-    if fmt == "table":
-        if output is None:
-            out = Console(width=None if sys.stdout.isatty() else 160)
-            for table in render.tables(report):
-                out.print(table)
-            selection_render.print_tables(selection, out)
-            return
-        buf = io.StringIO()
-        text_console = Console(file=buf, width=160, color_system=None)
-        for table in render.tables(report):
-            text_console.print(table)
-        selection_render.print_tables(selection, text_console)
-        text = buf.getvalue()
-    elif fmt == "json":
-        text = render.to_json(report, selection)
-    elif fmt == "markdown":
-        text = selection_render.to_markdown(report, selection)
-    else:
-        text = selection_render.to_html(report, selection)
-    if output is None:
-        sys.stdout.write(text)
-        return
-    try:
-        _write(output, text)
-    except OSError as exc:
-        raise fail(exc) from exc
-    say(errors, f"wrote {output}")
+    emit(report, selection, fmt, output)

@@ -82,7 +82,7 @@ class PolicyResult:
     returns: int = 0
     lends_by_pool: dict[str, int] = field(default_factory=dict)
     decisions: list[Decision] = field(default_factory=list)
-    #: sampled every `series_step_s`: name -> values (see engine.SERIES)
+    #: sampled every `series_step_s`: name -> values (see tally.SERIES)
     series: dict[str, list[float]] = field(default_factory=dict)
     series_step_s: float = 300.0
     #: ticks at which decide ran / all ticks (the engine skips ticks it can prove are quiet)

@@ -3,17 +3,17 @@ terminal's rich tables), as markdown, and as a section of the simulator's HTML p
 the trade-off curve as an inline SVG chart. Called by `stb simulate` (`bridge.sim.cli`);
 pure functions of the selection (and, for the page and the markdown, the report).
 
-Every number sits beside its definition (`bridge.sim.selection.DEFINITIONS`), every
-threshold beside its reason (`REASONS`); the recommendation's reasons and the flips are
-the selection's own sentences, made from the numbers.
+Every number sits beside its definition (`bridge.sim.measures.DEFINITIONS`), every
+threshold beside its reason (`bridge.sim.criteria.REASONS`); the recommendation's reasons
+and the flips are the selection's own sentences, made from the numbers.
 """
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from markupsafe import Markup
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
@@ -21,19 +21,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from bridge.page import WORKLOAD_COLOURS, Chart, drawing, figure, no_data, svg
+from bridge import page
+from bridge.page import WORKLOAD_COLOURS, Chart, drawing, no_data, svg
 from bridge.sim import render
+from bridge.sim.criteria import REASONS, Criteria
+from bridge.sim.measures import DEFINITIONS, SEPARATE, Dimensions, human
 from bridge.sim.render import Grid
 from bridge.sim.result import SimReport
-from bridge.sim.selection import (
-    DEFINITIONS,
-    REASONS,
-    SEPARATE,
-    Criteria,
-    Dimensions,
-    Selection,
-    human,
-)
+from bridge.sim.selection import Selection
 
 #: the attainment axis of the trade-off chart: requests outside SLO from 1 in 100,000
 #: to all of them, drawn as "nines" (99.999% at the top)
@@ -326,32 +321,21 @@ def _md(text: str) -> str:
 # -- the HTML page ---------------------------------------------------------------------------
 
 
-def html_section(selection: Selection) -> str:
+def html_section(selection: Selection) -> Markup:
     """The selection as a section of the simulator's page (`render.to_html(...,
-    sections=[...])`): the recommendation, its reasons and flips, the trade-off chart and
-    the tables; all text escaped."""
-    e = html.escape
-    rec = selection.recommendation
+    sections=[...])`), from `bridge/templates/sim_selection.html.j2`: the recommendation,
+    its reasons and flips, the trade-off chart and the tables; all text escaped."""
     with drawing():
         chart = tradeoff_chart(selection) if selection.points else None
-    flips = [f"<li>{e(f.text)}</li>" for f in selection.flips] or [
-        "<li>no criterion within its range</li>"
-    ]
-    parts = [
-        "<h2>Selection: shared or separate?</h2>",
-        f"<p><strong>{e(headline(selection))}</strong></p>",
-        "<ul>",
-        *(f"<li>{e(r)}</li>" for r in rec.reasons),
-        "</ul>",
-        "<h3>Would flip</h3>",
-        "<ul>",
-        *flips,
-        "</ul>",
-    ]
-    if chart is not None:
-        parts.append(figure(chart))
-    parts += [render.html_table(g) for g in grids(selection)]
-    return "\n".join(parts)
+    return page.render(
+        "bridge",
+        "sim_selection.html.j2",
+        headline=headline(selection),
+        reasons=selection.recommendation.reasons,
+        flips=[f.text for f in selection.flips],
+        chart=chart,
+        grids=grids(selection),
+    )
 
 
 def to_html(report: SimReport, selection: Selection) -> str:

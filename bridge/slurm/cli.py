@@ -15,14 +15,14 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
-from bridge.hostlist import compress
-from bridge.slurm import parse
+from bridge.slurm import parse, sacct, sacctmgr, scontrol, squeue, sreport
 from bridge.slurm.errors import (
     CommandRejected,
     ControllerUnreachable,
     UnparseableOutput,
     from_message,
 )
+from bridge.slurm.hostlist import compress
 from bridge.slurm.model import (
     BRIDGE_TAG,
     AccountingRecord,
@@ -93,10 +93,10 @@ class SlurmCLI:
         return out[1]
 
     def nodes(self) -> list[Node]:
-        return parse.parse_nodes(self._run("scontrol", "show", "node", "-o"))
+        return scontrol.parse_nodes(self._run("scontrol", "show", "node", "-o"))
 
     def partitions(self) -> list[Partition]:
-        return parse.parse_partitions(self._run("scontrol", "show", "partition", "-o"))
+        return scontrol.parse_partitions(self._run("scontrol", "show", "partition", "-o"))
 
     def jobs(
         self,
@@ -106,11 +106,11 @@ class SlurmCLI:
         partition: str | None = None,
         states: Iterable[str] | None = None,
     ) -> list[Job]:
-        jobs = parse.parse_squeue_json(self._run("squeue", "--all", "--json"))
-        return parse.filter_jobs(jobs, tag=tag, node=node, partition=partition, states=states)
+        jobs = squeue.parse_squeue_json(self._run("squeue", "--all", "--json"))
+        return squeue.filter_jobs(jobs, tag=tag, node=node, partition=partition, states=states)
 
     def reservations(self) -> list[Reservation]:
-        return parse.parse_reservations(self._run("scontrol", "show", "reservation", "-o"))
+        return scontrol.parse_reservations(self._run("scontrol", "show", "reservation", "-o"))
 
     def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
         if since.tzinfo is None or until.tzinfo is None:
@@ -129,7 +129,7 @@ class SlurmCLI:
             "-E",
             until.astimezone(UTC).strftime(fmt),
         )
-        return parse.parse_sacct_json(out)
+        return sacct.parse_sacct_json(out)
 
     def cluster_name(self) -> str:
         name = self.config().get("ClusterName", "")
@@ -151,10 +151,10 @@ class SlurmCLI:
         out = self._run(
             "sacctmgr", "-P", "-n", "show", "event",
             f"Start=uts{int(since.timestamp())}", f"End=uts{int(until.timestamp())}",
-            "Format=" + ",".join(parse.EVENT_FIELDS),
+            "Format=" + ",".join(sacctmgr.EVENT_FIELDS),
             env={"SLURM_TIME_FORMAT": "%s"},
         )  # fmt: skip
-        return parse.parse_sacctmgr_events(out)
+        return sacctmgr.parse_sacctmgr_events(out)
 
     # --- JSON Web Tokens (the REST backend's credentials; not part of SlurmProtocol) -----
 
@@ -166,13 +166,13 @@ class SlurmCLI:
         if lifespan_s < 1:
             raise ValueError(f"token lifespan {lifespan_s}s is not positive")
         out = self._run("scontrol", "token", f"username={username}", f"lifespan={lifespan_s}")
-        return parse.parse_token(out)
+        return scontrol.parse_token(out)
 
     # --- association limits and configuration (budgets; not part of SlurmProtocol) -------
 
     def config(self) -> dict[str, str]:
         """`scontrol show config` as key -> value."""
-        return parse.parse_show_config(self._run("scontrol", "show", "config"))
+        return scontrol.parse_show_config(self._run("scontrol", "show", "config"))
 
     def set_account_gpu_minutes(self, account: str, minutes: int | None) -> None:
         """GrpTRESMins=gres/gpu=<minutes> on the account's association (None: no limit)."""
@@ -200,10 +200,10 @@ class SlurmCLI:
 
     # --- sreport (the agreement check's reference; not part of SlurmProtocol) ------------
 
-    def cluster_utilization(self, start: datetime, end: datetime) -> list[parse.GpuUtilization]:
+    def cluster_utilization(self, start: datetime, end: datetime) -> list[sreport.GpuUtilization]:
         """`sreport -T gres/gpu cluster Utilization` over [start, end), in GPU-seconds, one
         line per cluster; none for hours slurmdbd has not rolled up yet."""
-        return parse.parse_sreport_utilization(
+        return sreport.parse_sreport_utilization(
             self._run("sreport", *self._sreport_args(start, end), "cluster", "Utilization",
                       *self._sreport_window(start, end))
         )  # fmt: skip
@@ -211,7 +211,7 @@ class SlurmCLI:
     def account_utilization(self, start: datetime, end: datetime) -> dict[str, int]:
         """`sreport -T gres/gpu cluster AccountUtilizationByUser` over [start, end):
         GPU-seconds per account (each account's own line, which includes its sub-accounts)."""
-        return parse.parse_sreport_accounts(
+        return sreport.parse_sreport_accounts(
             self._run("sreport", *self._sreport_args(start, end), "cluster",
                       "AccountUtilizationByUser", *self._sreport_window(start, end))
         )  # fmt: skip

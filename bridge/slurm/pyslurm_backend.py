@@ -24,10 +24,10 @@ from typing import Any
 
 import pyslurm  # importing this module is how a site opts in
 
-from bridge.hostlist import compress, expand
 from bridge.slurm import parse
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import CommandRejected, ControllerUnreachable
+from bridge.slurm.hostlist import compress, expand
 from bridge.slurm.model import (
     BRIDGE_TAG,
     AccountingRecord,

@@ -30,8 +30,7 @@ from urllib.parse import quote
 
 import httpx
 
-from bridge.hostlist import compress
-from bridge.slurm import parse, rest_parse
+from bridge.slurm import parse, rest_parse, sacct, squeue
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import (
     CommandRejected,
@@ -40,6 +39,7 @@ from bridge.slurm.errors import (
     UnparseableOutput,
     from_message,
 )
+from bridge.slurm.hostlist import compress
 from bridge.slurm.model import (
     AccountingRecord,
     Job,
@@ -457,8 +457,8 @@ class SlurmRest:
         partition: str | None = None,
         states: Iterable[str] | None = None,
     ) -> list[Job]:
-        jobs = parse.parse_squeue_json(self._get("jobs", "GET jobs"))
-        return parse.filter_jobs(jobs, tag=tag, node=node, partition=partition, states=states)
+        jobs = squeue.parse_squeue_json(self._get("jobs", "GET jobs"))
+        return squeue.filter_jobs(jobs, tag=tag, node=node, partition=partition, states=states)
 
     def reservations(self) -> list[Reservation]:
         text = self._get("reservations", "GET reservations")
@@ -475,7 +475,7 @@ class SlurmRest:
             "end_time": _relative(until, now, math.ceil),
             "skip_steps": "true",
         }
-        return parse.parse_sacct_json(self._get("db:jobs", "GET slurmdb jobs", params))
+        return sacct.parse_sacct_json(self._get("db:jobs", "GET slurmdb jobs", params))
 
     def cluster_name(self) -> str:
         return self._cli.cluster_name()  # v0.0.38 serves no configuration

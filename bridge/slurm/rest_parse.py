@@ -3,10 +3,10 @@ recorded real answers (tests/data/slurm/rest-*.json).
 
 Jobs (`/slurm/v0.0.38/jobs`) and accounting (`/slurmdb/v0.0.38/jobs`) are the very
 documents `squeue --json` and `sacct --json` print on 22.05 (both commands dump through the
-same OpenAPI plugins), so `bridge.slurm.parse.parse_squeue_json` and `parse_sacct_json` read
-them. This module reads what has no command-line twin in JSON: nodes, partitions,
-reservations, a submission's answer, the `errors` list every answer carries, the release in
-`meta`, and the OpenAPI versions `/openapi` lists.
+same OpenAPI plugins), so `bridge.slurm.squeue.parse_squeue_json` and
+`bridge.slurm.sacct.parse_sacct_json` read them. This module reads what has no command-line
+twin in JSON: nodes, partitions, reservations, a submission's answer, the `errors` list
+every answer carries, the release in `meta`, and the OpenAPI versions `/openapi` lists.
 
 Each returns the same records as the `scontrol show ... -o` parsers for the same cluster
 state (node state flags use the same names, e.g. DRAIN, COMPLETING, MAINTENANCE,
@@ -23,8 +23,8 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from bridge.hostlist import HostlistError, expand
 from bridge.slurm.errors import UnparseableOutput
+from bridge.slurm.hostlist import HostlistError, expand
 from bridge.slurm.model import Node, Partition, Reservation
 from bridge.slurm.parse import (
     benign_error,

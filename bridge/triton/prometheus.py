@@ -24,7 +24,7 @@ step then has no data for any model this tick.
 
 `PrometheusSignal.instant` asks any other instant query through the same client, timeout
 and checks, as of a given time: each series' labels and value (`stb models status`'s
-last-hour figures, `bridge.models.status`).
+last-hour figures, `bridge.models.status_hour`).
 """
 
 from __future__ import annotations

@@ -20,14 +20,11 @@ import psycopg
 import pytest
 from sqlalchemy.engine import URL, make_url
 
+from tests.db.helpers import libpq
+
 ADMIN_URL = make_url(
     os.environ.get("STB_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 )
-
-
-def _libpq(url: URL) -> str:
-    """The URL as psycopg takes it (no SQLAlchemy '+driver' part)."""
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def _docker_engine() -> bool:
@@ -39,7 +36,7 @@ def _docker_engine() -> bool:
 def admin_url() -> Iterator[URL]:
     """A maintenance database URL: the local server, or a testcontainers PostgreSQL."""
     try:
-        psycopg.connect(_libpq(ADMIN_URL), connect_timeout=3).close()
+        psycopg.connect(libpq(ADMIN_URL), connect_timeout=3).close()
         yield ADMIN_URL
         return
     except psycopg.Error as exc:
@@ -59,14 +56,14 @@ def admin_url() -> Iterator[URL]:
 def postgres_database(admin_url: URL) -> Iterator[str]:
     """A PostgreSQL database of its own for this test session; its SQLAlchemy URL."""
     name = f"stb_test_db_{secrets.token_hex(4)}"
-    with psycopg.connect(_libpq(admin_url), autocommit=True, connect_timeout=3) as admin:
+    with psycopg.connect(libpq(admin_url), autocommit=True, connect_timeout=3) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
         url = admin_url.set(drivername="postgresql+psycopg", database=name)
         yield url.render_as_string(hide_password=False)
     finally:
         # a connection of its own: the server may have restarted since (tests/lab/test_ha)
-        with psycopg.connect(_libpq(admin_url), autocommit=True, connect_timeout=10) as admin:
+        with psycopg.connect(libpq(admin_url), autocommit=True, connect_timeout=10) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
@@ -76,7 +73,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'test.db'}"
     url: str = request.getfixturevalue("postgres_database")
-    with psycopg.connect(_libpq(make_url(url)), autocommit=True) as conn:
+    with psycopg.connect(libpq(make_url(url)), autocommit=True) as conn:
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
     return url

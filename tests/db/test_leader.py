@@ -20,14 +20,14 @@ from bridge.leases import leader
 from bridge.leases.leader import Fenced, LeaderLease
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
-from tests.db.conftest import _libpq
+from tests.db.helpers import libpq
 
 TTL = 0.8
 
 
 @pytest.fixture
 def engine(postgres_database: str) -> Engine:
-    with psycopg.connect(_libpq(make_url(postgres_database)), autocommit=True) as conn:
+    with psycopg.connect(libpq(make_url(postgres_database)), autocommit=True) as conn:
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
     engine = make_engine(postgres_database)

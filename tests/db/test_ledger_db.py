@@ -22,16 +22,21 @@ from sqlmodel import SQLModel
 from accounting.attribution import Context, ServingPoint
 from accounting.db import current_revision, downgrade, head_revision, open_ledger
 from accounting.errors import ClosedPeriodError, IngestError, LedgerError, RateError
-from accounting.ingest import LEDGER, SOURCES, close_period, ingest_records, record_serving
+from accounting.ingest import ingest_records
 from accounting.inventory import NodeCapacity, record_inventory
+from accounting.periods import close_period
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates
 from accounting.report import Window, build_report
+from accounting.samples import record_serving
 from accounting.schema import IDLE_TEAM, LEDGER_TABLES, UNATTRIBUTED, Restatement
-from bridge.accounting_feed import ingest_window
+from accounting.tables import LEDGER, SOURCES
 from bridge.config import BridgeConfig
+from bridge.ledger.feed import ingest_window
 from bridge.slurm import UnparseableOutput
 from bridge.slurm.model import AccountingRecord, Node, SlurmEvent
-from bridge.slurm.parse import parse_nodes, parse_sacct_json
+from bridge.slurm.sacct import parse_sacct_json
+from bridge.slurm.scontrol import parse_nodes
+from tests.db.helpers import rec, snapshot, table_of
 
 DATA = Path(__file__).parent.parent / "data" / "slurm"
 T0 = datetime(2026, 10, 31, 22, 0, tzinfo=UTC)  # two hours before a month boundary
@@ -44,38 +49,6 @@ CTX = Context(
     known_gpu_types=frozenset({"h100"}),
     horizon=T0 + timedelta(hours=4),
 )
-
-
-def rec(
-    job: str,
-    start: datetime | None,
-    end: datetime | None,
-    *,
-    nodes: tuple[str, ...] = ("n1",),
-    gpus: int = 2,
-    partition: str = "train",
-    account: str = "team-nlp",
-    gpu_type: str | None = "h100",
-    comment: str = "",
-    state: str = "COMPLETED",
-) -> AccountingRecord:
-    return AccountingRecord(
-        cluster="lab", job_id=job, array_job_id=None, array_task_id=None, name="j",
-        partition=partition, account=account, user="alice", qos="normal", state=state,
-        submit=start, start=start, end=end,
-        elapsed_s=int((end - start).total_seconds()) if start and end else 0,
-        nodes=nodes, gpus=gpus, gpu_type=gpu_type, comment=comment, restarts=0,
-    )  # fmt: skip
-
-
-def snapshot(engine: Engine) -> dict[str, list[Any]]:
-    """Every ledger table's rows, for before/after comparisons."""
-    out = {}
-    with engine.connect() as conn:
-        for table in sorted(LEDGER_TABLES):
-            t = SQLModel.metadata.tables[table]
-            out[table] = [tuple(r) for r in conn.execute(select(t).order_by(*t.primary_key))]
-    return out
 
 
 @pytest.fixture
@@ -96,25 +69,13 @@ def test_migrations_build_exactly_the_models(database_url: str) -> None:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})
         diff = [
             d for d in compare_metadata(ctx, SQLModel.metadata)
-            if _table_of(d) in LEDGER_TABLES
+            if table_of(d) in LEDGER_TABLES
         ]  # fmt: skip
     assert diff == []
     downgrade(engine, "base")
     assert not LEDGER_TABLES & set(inspect(engine).get_table_names())
     open_ledger(database_url)  # and up again
     assert set(inspect(engine).get_table_names()) >= LEDGER_TABLES
-
-
-def _table_of(diff: Any) -> str | None:
-    item = diff[0] if isinstance(diff, list) else diff
-    for part in item[1:]:
-        name = getattr(part, "name", None) if not isinstance(part, str) else None
-        table = getattr(part, "table", None)
-        if table is not None:
-            return str(table.name)
-        if name:
-            return str(name)
-    return None
 
 
 def test_a_job_across_the_month_boundary_is_split_by_hour_and_month(ledger: Engine) -> None:

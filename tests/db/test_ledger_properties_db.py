@@ -37,12 +37,15 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, select
 
 from accounting.attribution import Context, ServingPoint
+from accounting.book import IngestSummary
 from accounting.db import open_ledger
-from accounting.ingest import LEDGER, SOURCES, IngestSummary, ingest_records, record_serving
+from accounting.ingest import ingest_records
 from accounting.inventory import NodeCapacity, record_inventory
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates, money
 from accounting.report import Report, Window, build_report
+from accounting.samples import record_serving
 from accounting.schema import CAPACITY_SOURCE, CAPACITY_WORKLOADS, UNATTRIBUTED
+from accounting.tables import LEDGER, SOURCES
 from bridge.slurm.model import AccountingRecord
 
 DB_PROPS = settings(max_examples=25, deadline=None, database=None)

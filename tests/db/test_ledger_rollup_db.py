@@ -24,16 +24,18 @@ import pytest
 from sqlalchemy import Engine, func, select
 
 from accounting.errors import IngestError
-from accounting.ingest import close_period, ingest_documents, ingest_records, record_serving
+from accounting.ingest import ingest_documents, ingest_records
 from accounting.inventory import NodeCapacity, record_inventory
+from accounting.periods import close_period
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates
 from accounting.report import Window, build_report
 from accounting.rollup import DAYS, LEDGER
+from accounting.samples import record_serving
 from accounting.schema import DAY_KEYS
 from bridge.slurm import UnparseableOutput
 from bridge.slurm.model import AccountingRecord
-from tests.db.test_ledger_bulk_db import CTX, NODES, NOW, T0, _fresh, _points, _records
-from tests.db.test_ledger_db import rec, snapshot
+from tests.db.helpers import fresh_ledger, rec, snapshot
+from tests.db.ledger_scenario import CTX, NODES, NOW, T0, points, records
 
 WINDOWS = ("2026-10", "2026-11", "2026-10-31..2026-11-02", "2026-11-01")
 KEYS: list[tuple[str, ...]] = [
@@ -88,7 +90,7 @@ def _assert_reports_agree(engine: Engine) -> int:
 def test_the_roll_up_equals_the_hourly_rows_through_changes_idle_and_restatements(
     database_url: str, tmp_path: Path
 ) -> None:
-    engine = _fresh(database_url, tmp_path, "rollup")
+    engine = fresh_ledger(database_url, tmp_path, "rollup")
     add_rates(
         engine,
         [
@@ -101,19 +103,19 @@ def test_the_roll_up_equals_the_hourly_rows_through_changes_idle_and_restatement
     record_inventory(
         engine, "lab", nodes, T0 + timedelta(hours=1), backfill_from=T0 - timedelta(hours=1)
     )
-    record_serving(engine, "", _points(False))
-    ingest_records(engine, _records(False), CTX, chunk_size=4, now=NOW)
+    record_serving(engine, "", points(False))
+    ingest_records(engine, records(False), CTX, chunk_size=4, now=NOW)
     assert _assert_reports_agree(engine) > 100
     # the running job ended, more samples: rows replaced
-    record_serving(engine, "", _points(True))
-    s = ingest_records(engine, _records(True), CTX, chunk_size=4, now=NOW + timedelta(hours=1))
+    record_serving(engine, "", points(True))
+    s = ingest_records(engine, records(True), CTX, chunk_size=4, now=NOW + timedelta(hours=1))
     assert s.changed > 0
     _assert_reports_agree(engine)
     # a node left the pool: idle recomputed for the window
     record_inventory(engine, "lab", nodes[1:], T0 + timedelta(hours=2))
     later = NOW + timedelta(hours=2)
     s = ingest_records(
-        engine, _records(True), CTX, since=T0, until=T0 + timedelta(hours=5), now=later
+        engine, records(True), CTX, since=T0, until=T0 + timedelta(hours=5), now=later
     )
     assert s.idle_hours and s.unchanged
     _assert_reports_agree(engine)
@@ -129,8 +131,8 @@ def test_the_roll_up_equals_the_hourly_rows_through_changes_idle_and_restatement
 def test_a_report_of_part_of_a_day_or_by_hour_reads_the_hourly_rows(
     database_url: str, tmp_path: Path
 ) -> None:
-    engine = _fresh(database_url, tmp_path, "partial")
-    ingest_records(engine, _records(True), CTX, now=NOW)
+    engine = fresh_ledger(database_url, tmp_path, "partial")
+    ingest_records(engine, records(True), CTX, now=NOW)
     with engine.begin() as conn:  # a roll-up that disagrees would show
         conn.execute(DAYS.update().values(gpu_ms=DAYS.c.gpu_ms + 1))
     for window, step in (("2026-10-31T22:00..2026-11-01T03:00", None), ("2026-11", "hour")):
@@ -152,8 +154,8 @@ def test_ingest_documents_writes_what_ingest_records_writes(
             T0 + timedelta(hours=1), backfill_from=T0 - timedelta(hours=1),
         )  # fmt: skip
         for k, (ended, later) in enumerate([(False, False), (True, True), (True, True)]):
-            record_serving(engine, "", _points(later))
-            recs = _records(ended)
+            record_serving(engine, "", points(later))
+            recs = records(ended)
             now = NOW + k * timedelta(hours=1)
             if documents:  # three documents, the middle one empty
                 docs = [recs[:5], [], recs[5:]]
@@ -166,10 +168,10 @@ def test_ingest_documents_writes_what_ingest_records_writes(
         snap["ingest_run"] = [r[:2] + r[3:] for r in snap["ingest_run"]]  # not finished_at
         return snap
 
-    engine = _fresh(database_url, tmp_path, "records")
+    engine = fresh_ledger(database_url, tmp_path, "records")
     want = run(engine, documents=False)
     engine.dispose()
-    engine = _fresh(database_url, tmp_path, "documents")
+    engine = fresh_ledger(database_url, tmp_path, "documents")
     got = run(engine, documents=True)
     assert len(want["ledger_row"]) > 40 and want["ledger_day"]
     for table in want:
@@ -179,10 +181,10 @@ def test_ingest_documents_writes_what_ingest_records_writes(
     bad = rec("99", T0, T0 + timedelta(hours=1), gpu_type="a100")
     with pytest.raises(IngestError, match=r"record lab:99:.*unknown GPU type 'a100'"):
         ingest_documents(
-            engine, [_records(True), [bad]], read_document, CTX, workers=workers, now=NOW
+            engine, [records(True), [bad]], read_document, CTX, workers=workers, now=NOW
         )
     with pytest.raises(UnparseableOutput, match="cannot parse sacct --json: 'not JSON: 7'") as e:
-        ingest_documents(engine, [_records(True), 7], read_unparseable, CTX, workers=workers)
+        ingest_documents(engine, [records(True), 7], read_unparseable, CTX, workers=workers)
     assert e.value.raw == "not JSON: 7"
     assert snapshot(engine) == before
     engine.dispose()
@@ -191,13 +193,13 @@ def test_ingest_documents_writes_what_ingest_records_writes(
 def test_lent_time_shows_in_the_lending_pool_as_lent(database_url: str, tmp_path: Path) -> None:
     """The derived key `lent`: a lent node's serving time (rows under a lease) is `lent` in
     the pool it was lent from, the rest `own`; from the roll-up and the hourly rows alike."""
-    engine = _fresh(database_url, tmp_path, "lent")
+    engine = fresh_ledger(database_url, tmp_path, "lent")
     ctx = replace(CTX, pool_of_lease={"L1": "elastic"})
     lent = rec(
         "40", T0, T0 + timedelta(minutes=90), nodes=("n3",), gpus=8, partition="infer",
         comment="stb:triton,stb:lease=L1",
     )  # fmt: skip
-    ingest_records(engine, [*_records(True), lent], ctx, now=NOW)
+    ingest_records(engine, [*records(True), lent], ctx, now=NOW)
     for rollup in (True, False):
         w = Window.parse("2026-10-31..2026-11-02")
         rep = build_report(engine, w, ("pool", "lent"), rollup=rollup)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from accounting.attribution import Entry
 from accounting.report import Window, utilization
-from tests.db.test_ledger_bulk_db import _fresh
+from tests.db.helpers import fresh_ledger
 from tests.unit.helpers import insert_entries
 
 T0 = datetime(2026, 11, 3, 10, tzinfo=UTC)
@@ -24,7 +24,7 @@ def _entry(workload: str, team: str, ms: int, pool: str = "training") -> Entry:
 
 
 def test_down_time_is_capacity_not_allocation(database_url: str, tmp_path: Path) -> None:
-    engine = _fresh(database_url, tmp_path, "util")
+    engine = fresh_ledger(database_url, tmp_path, "util")
     insert_entries(
         engine,
         [_entry("down", "(down)", 4 * MS_H), _entry("idle", "(idle)", 4 * MS_H),

@@ -28,7 +28,7 @@ from bridge.db import Migrations, SchemaError, make_engine, schema_lock
 from bridge.leases import advice, leader, requests, rollouts, schema  # noqa: F401 - tables
 from bridge.leases.migrations import baseline
 from bridge.leases.store import LeaseStore
-from tests.db.test_ledger_db import _table_of
+from tests.db.helpers import table_of
 
 NOW_SQL = "CURRENT_TIMESTAMP"
 
@@ -64,7 +64,7 @@ def test_the_migrations_build_exactly_the_models(database_url: str) -> None:
         diff = [
             d
             for d in compare_metadata(ctx, SQLModel.metadata)
-            if _table_of(d) in _bridge_tables(engine)
+            if table_of(d) in _bridge_tables(engine)
         ]
     assert diff == []
     schema.BRIDGE.migrate(engine, "base", down=True)

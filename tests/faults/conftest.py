@@ -2,7 +2,7 @@
 
 The lab fixtures are shared, not copied: `lab` comes from tests/conftest.py, and `bridge`
 (a Reconciler wired to the lab, driven by `run_once`), `daemon_config` (a TOML for a real
-`stb daemon`) and `triton_config` are imported from tests/lab/conftest.py. Added here:
+`stb daemon`) and `triton_config` are imported from tests/lab/fixtures.py. Added here:
 
 - `daemons`: starts `stb daemon` subprocesses and, at the end, stops them and cancels the
   Triton jobs and bridge reservations they left.
@@ -20,7 +20,7 @@ import pytest
 from bridge.lab import lab as lab_mod
 from bridge.lab.spec import LabSpec
 from bridge.slurm.cli import SlurmCLI
-from tests.lab.conftest import bridge, daemon_config, triton_config
+from tests.lab.fixtures import bridge, daemon_config, triton_config
 
 from .tools import DaemonProc, lab_env, restart_lab
 

@@ -22,7 +22,7 @@ from sqlalchemy import Engine, MetaData, select
 
 from accounting.buckets import floor_hour
 from accounting.db import open_ledger
-from accounting.ingest import LEDGER
+from accounting.tables import LEDGER
 from bridge.config import load_config
 from bridge.lab.spec import LabSpec
 from bridge.ledger.feed import ingest_window

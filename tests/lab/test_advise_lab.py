@@ -49,9 +49,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from bridge.advise import service as advise_service
 from bridge.cli import app
 from bridge.config import BridgeConfig, load_config
-from bridge.daemon import service
 from bridge.daemon.clients import TritonClients
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
@@ -208,7 +208,7 @@ def test_the_advisory_records_the_active_lend_and_changes_nothing(
         adv_config: BridgeConfig = config.model_copy(
             update={"database_url": f"sqlite:///{tmp_path / 'advice.db'}", "routing": routing}
         )
-        advisory = service.build_advisory(adv_config, slurm_env=lab.env())
+        advisory = advise_service.build_advisory(adv_config, slurm_env=lab.env())
         adv = advisory.advisor
         began = datetime.now(UTC).replace(microsecond=0)
 

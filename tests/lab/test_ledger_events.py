@@ -34,7 +34,7 @@ from sqlalchemy import select
 from accounting.buckets import HOUR, floor_hour
 from accounting.capacity import down_class
 from accounting.db import open_ledger
-from accounting.ingest import LEDGER
+from accounting.tables import LEDGER
 from bridge.lab.demo import lab_config
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec

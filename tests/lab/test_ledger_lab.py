@@ -36,8 +36,8 @@ from typer.testing import CliRunner
 
 from accounting.buckets import floor_hour
 from accounting.db import open_ledger
-from accounting.ingest import LEDGER
 from accounting.schema import CAPACITY_SOURCE, UNATTRIBUTED
+from accounting.tables import LEDGER
 from bridge.cli import app
 from bridge.lab import triton
 from bridge.lab.demo import lab_config

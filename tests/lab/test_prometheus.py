@@ -28,7 +28,7 @@ from bridge.lab.tokens import token_file
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
-from bridge.models.status import last_hour
+from bridge.models.status_hour import last_hour
 from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
 from bridge.triton.client import TritonHttpClient

@@ -36,8 +36,10 @@ from bridge.routing.table import BASELINE, MetricsTarget, RoutingTable
 @pytest.fixture(autouse=True)
 def _nginx(request: pytest.FixtureRequest) -> None:
     """nginx, looked for when the test runs, not when it is collected: on a fresh machine
-    `stb lab up` (the lab fixture) is what installs it."""
-    if not os.access(find_nginx(), os.X_OK):
+    `stb lab up` (the lab fixture) is what installs it, in a run that has lab tests (not in
+    the quick loop, `-m "not lab"`, which never starts the lab: these tests skip there)."""
+    lab_run = any(item.get_closest_marker("lab") for item in request.session.items)
+    if not os.access(find_nginx(), os.X_OK) and lab_run:
         request.getfixturevalue("lab")
     if not os.access(find_nginx(), os.X_OK):
         pytest.skip(f"nginx is not installed ({find_nginx()} missing; apt-get install nginx-light)")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.hostlist import expand
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.slurm.hostlist import expand
 
 from .helpers import gpu_count, sbatch, scontrol_show, wait_sacct_final
 

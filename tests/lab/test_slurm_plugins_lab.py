@@ -16,7 +16,7 @@ import pytest
 from accounting.attribution import tags
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
-from bridge.slurm.parse import parse_sacct_json
+from bridge.slurm.sacct import parse_sacct_json
 
 from .helpers import sbatch, scontrol_show, wait_sacct_final
 

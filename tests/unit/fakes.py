@@ -17,13 +17,22 @@ from pathlib import Path
 from typing import Any
 
 from bridge.config import BridgeConfig, LeaseConfig, ModelConfig, TritonJobConfig
-from bridge.daemon.exporter import BridgeMetrics
+from bridge.daemon.metrics import BridgeMetrics
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.routing.table import RoutingTable
-from bridge.slurm.model import BASELINE_TAG, TRITON_TAG, Job, JobSpec, Node, Reservation
+from bridge.slurm.model import (
+    BASELINE_TAG,
+    TRITON_TAG,
+    AccountingRecord,
+    Job,
+    JobSpec,
+    Node,
+    Reservation,
+    SlurmEvent,
+)
 from bridge.triton.errors import TritonRejected, TritonUnreachable
 from bridge.triton.ports import HTTP_PORT
 from bridge.triton.protocol import RepositoryModel, ServerMetadata
@@ -475,3 +484,27 @@ def make_harness(tmp_path: Path, *, tick_s: float = 5, **leases: float) -> Harne
         reconciler,
         tmp_path / "db" / "bridge.db",
     )
+
+
+class EventSlurm:
+    """The reads `ingest_window` makes: nodes, sacct, slurmdbd's events."""
+
+    def __init__(
+        self, nodes: list[Node], records: list[AccountingRecord], events: list[SlurmEvent]
+    ) -> None:
+        self._nodes, self._records, self._events = nodes, records, events
+
+    def nodes(self) -> list[Node]:
+        return self._nodes
+
+    def cluster_name(self) -> str:
+        return "stblab"
+
+    def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
+        return [
+            r for r in self._records
+            if r.start and r.start < until and (r.end is None or r.end > since)
+        ]  # fmt: skip
+
+    def events(self, since: datetime, until: datetime) -> list[SlurmEvent]:
+        return self._events

@@ -1,11 +1,12 @@
 """Small helpers shared by unit tests: loading a bench script as a module, checking that
 an HTML report loads nothing from outside itself, writing an API tokens file, writing
-ledger rows directly."""
+ledger rows directly, a model's source directory to publish."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -13,8 +14,8 @@ from types import ModuleType
 from sqlalchemy import Engine, insert
 
 from accounting.attribution import Entry
-from accounting.ingest import LEDGER
 from accounting.rollup import DayDelta
+from accounting.tables import LEDGER
 from bridge.db import write_transaction
 from bridge.paths import project_root
 
@@ -63,3 +64,23 @@ def insert_entries(engine: Engine, entries: list[Entry], source: str = "test") -
                     e.team, e.model, e.gpu_type, e.qos, e.lease)  # fmt: skip
             days.add_cells([(cell, e.gpu_ms)])
         days.apply(conn)
+
+
+#: the lab's `echo` model's config.pbtxt without its name line
+ECHO_CONFIG = (
+    (project_root() / "triton_repo" / "echo" / "config.pbtxt")
+    .read_text()
+    .replace('name: "echo"\n', "")
+)
+
+
+def model_dir(tmp: Path, config: str = ECHO_CONFIG, files: dict[str, str] | None = None) -> Path:
+    """A model's source directory (tmp/src, made anew): its config.pbtxt and files (by
+    default a one-line model.py)."""
+    d = tmp / "src"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    (d / "config.pbtxt").write_text(config)
+    for name, text in (files or {"model.py": "# a model\n"}).items():
+        (d / name).write_text(text)
+    return d

@@ -10,7 +10,8 @@ from pathlib import Path
 from sqlalchemy import select
 
 from accounting.db import open_ledger
-from accounting.ingest import SAMPLES, prune_serving
+from accounting.samples import prune_serving
+from accounting.tables import SAMPLES
 from bridge.config import BridgeConfig
 from bridge.leases.models import Lease, LendMode
 from bridge.ledger.feed import LedgerFeed, context, inventory

@@ -1,4 +1,4 @@
-"""The advisory pass (bridge.daemon.advisory) on literal observations with an injected
+"""The advisory pass (bridge.advise.advisory) on literal observations with an injected
 clock: it decides what the reconciler decides on the same observations, records each
 decision with the snapshot's key figures and each tick's signal, keeps its shadow leases
 across a restart and through a database outage, and writes nothing to Slurm, Triton,
@@ -16,9 +16,10 @@ import pytest
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import Session, select
 
+from bridge.advise import service as advise_service
+from bridge.advise.advisory import Advisor, key_figures
 from bridge.config import BridgeConfig
 from bridge.daemon import service
-from bridge.daemon.advisory import Advisor, key_figures
 from bridge.daemon.observation import Observation, TritonServer
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
@@ -319,11 +320,11 @@ def test_key_figures_count_free_and_lendable_nodes_per_pool(tmp_path: Path) -> N
 
 def test_stb_daemon_advise_is_wired_to_act_on_nothing(tmp_path: Path) -> None:
     cfg = config_for(tmp_path)
-    bridge = service.build_advisory(cfg)
+    bridge = advise_service.build_advisory(cfg)
     try:
         assert isinstance(bridge.loop, Advisor) and bridge.advisory and not bridge.active
         assert bridge.publisher is None and bridge.ledger is None and bridge.leader is None
-        assert service.api_routes(bridge) == {}
+        assert service.api_routes(bridge) == []  # no operator API
         assert service.scheduler_for(bridge).get_job("tick") is not None
         assert bridge.metrics.role == "advisory"
         _, body = bridge.metrics.health(cfg.tick_s)
@@ -332,12 +333,12 @@ def test_stb_daemon_advise_is_wired_to_act_on_nothing(tmp_path: Path) -> None:
         assert f'stb_active{{instance="{bridge.metrics.instance}"}} 0.0' in text
     finally:
         bridge.close()
-    lock = service.advisory_lock(cfg)
+    lock = advise_service.advisory_lock(cfg)
     assert lock.name == cfg.daemon.lock_file.name + ".advise"
     # it needs the key Triton lists a server's models behind, as the daemon does
     nokey = cfg.model_copy(update={"triton": cfg.triton.model_copy(update={"key_file": lock})})
     with pytest.raises(service.DaemonError, match="key_file"):
-        service.build_advisory(nokey)
+        advise_service.build_advisory(nokey)
 
 
 def _metrics_text(metrics: Any) -> str:

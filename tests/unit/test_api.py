@@ -1,6 +1,7 @@
 """The daemon's HTTP API over real HTTP(S) on loopback, against a real lease database
 (SQLite): bearer tokens and roles (401, 403, 200), TLS, operator requests recorded under
-the token's name, pool holds, and hostile requests refused with nothing written."""
+the token's name, pool holds, hostile requests refused with nothing written, and the
+OpenAPI document the server publishes checked against the routes it answers."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ from typer.testing import CliRunner
 from accounting.db import open_ledger
 from bridge.cli import app
 from bridge.config import BridgeConfig, ModelConfig
-from bridge.daemon.api import finance_routes, operator_routes
-from bridge.daemon.auth import TokensError, TokenTable, add_token, parse_tokens
-from bridge.daemon.exporter import BridgeMetrics, ExporterServer, tls_context
+from bridge.daemon.metrics import BridgeMetrics
+from bridge.http.app import create_app
+from bridge.http.auth import TokensError, TokenTable, add_token, parse_tokens
+from bridge.http.routes import finance_routes, operator_routes
+from bridge.http.server import HttpServer, tls_context
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from tests.unit.helpers import write_tokens
@@ -58,7 +61,7 @@ def _config() -> BridgeConfig:
     return BridgeConfig(models={"echo": ModelConfig(slo_p99_ms=50)})
 
 
-def _serve(tmp_path: Path, tls: bool = False) -> tuple[ExporterServer, Served]:
+def _serve(tmp_path: Path, tls: bool = False) -> tuple[HttpServer, Served]:
     engine = make_engine(f"sqlite:///{tmp_path / 'bridge.db'}")
     create_schema(engine)
     queue, store = RequestQueue(engine), LeaseStore(engine)
@@ -70,16 +73,18 @@ def _serve(tmp_path: Path, tls: bool = False) -> tuple[ExporterServer, Served]:
             "ann": ("finance,operator", BOTH),
         },
     )
-    routes = operator_routes(_config(), queue, store) | finance_routes(
-        open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}"), "line"
-    )
+    routes = [
+        operator_routes(_config(), queue, store),
+        finance_routes(open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}"), "line"),
+    ]
     context = verify = None
     if tls:
         cert, key = _self_signed(tmp_path)
         context, verify = tls_context(cert, key), ssl.create_default_context(cafile=cert)
-    server = ExporterServer(
-        BridgeMetrics(), ("127.0.0.1", 0), 5, routes=routes, tokens=TokenTable(tokens), tls=context
-    ).start()
+    app = create_app(
+        BridgeMetrics(), 5, tokens=TokenTable(tokens), sd_document=lambda: b"[]", routers=routes
+    )
+    server = HttpServer(app, ("127.0.0.1", 0), tls=context).start()
     return server, Served(server.url, queue, store, verify if verify else True)
 
 
@@ -210,6 +215,74 @@ def test_a_post_without_length_is_refused(api: Served) -> None:
     assert got.status_code == 411 and api.queue.pending() == []
 
 
+#: every route the daemon serves with all its parts: (path, method) -> the role it needs
+ROUTES: dict[tuple[str, str], str | None] = {
+    ("/api/lend", "post"): "operator",
+    ("/api/return", "post"): "operator",
+    ("/api/drain", "post"): "operator",
+    ("/api/resume", "post"): "operator",
+    ("/api/request", "get"): "operator",
+    ("/api/models/status", "get"): "operator",
+    ("/api/report", "get"): "finance",
+    ("/sd", "get"): "metrics",
+    ("/metrics", "get"): None,
+    ("/healthz", "get"): None,
+}
+
+
+def test_the_openapi_document_lists_every_route_its_method_and_role(api: Served) -> None:
+    got = api.call("GET", "/openapi.json", None)  # open, like /metrics
+    assert got.status_code == 200 and got.headers["Content-Type"] == "application/json"
+    doc = got.json()
+    assert doc["openapi"].startswith("3.") and doc["info"]["version"]
+    listed = {(path, method) for path, ops in doc["paths"].items() for method in ops}
+    assert listed == set(ROUTES)
+    assert doc["components"]["securitySchemes"]["bearer"]["type"] == "http"
+    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    for (path, method), role in ROUTES.items():
+        op = doc["paths"][path][method]
+        assert op.get("security") == ([{"bearer": [role]}] if role else None), (path, op)
+        # what the document says is what the server does: a guarded route refuses a
+        # request without a token, an open one answers it
+        status = api.call(method.upper(), path, None, content=b"{}" if method == "post" else None)
+        assert status.status_code in ((401,) if role else (200, 503)), (path, status.text)
+    lend = doc["paths"]["/api/lend"]["post"]
+    body = lend["requestBody"]["content"]["application/json"]["schema"]
+    assert body["required"] == ["node"] and body["additionalProperties"] is False
+    assert body["properties"]["node"]["pattern"] == "^[A-Za-z0-9_.-]{1,128}$"
+    assert {"202", "400", "401", "403", "413"} <= set(lend["responses"])
+    (param,) = doc["paths"]["/api/request"]["get"]["parameters"]
+    assert (param["name"], param["in"], param["schema"]["type"]) == ("id", "query", "integer")
+
+
+def test_a_405_names_the_method_and_allows_it(api: Served) -> None:
+    got = api.call("DELETE", "/api/drain", OPERATOR)
+    assert got.status_code == 405 and got.json() == {"error": "/api/drain takes POST"}
+    assert got.headers["Allow"] == "POST"
+
+
+def test_a_failing_handler_answers_json_and_names_no_internals(tmp_path: Path) -> None:
+    from fastapi import APIRouter
+
+    boom = APIRouter()
+
+    @boom.get("/boom")
+    def fail() -> None:
+        raise RuntimeError("postgresql://bridge:secret@db/bridge is down")
+
+    server = HttpServer(create_app(BridgeMetrics(), 5, routers=[boom]), ("127.0.0.1", 0))
+    server.start()
+    try:
+        got = httpx.get(server.url + "/boom", timeout=5)
+        assert got.status_code == 500 and "secret" not in got.text
+        assert got.json() == {
+            "error": "internal error (RuntimeError); the daemon's log has the details"
+        }
+        assert httpx.get(server.url + "/healthz", timeout=5).status_code == 503  # still serving
+    finally:
+        server.stop()
+
+
 def test_over_tls(tmp_path: Path) -> None:
     server, api = _serve(tmp_path, tls=True)
     try:
@@ -225,11 +298,15 @@ def test_over_tls(tmp_path: Path) -> None:
 
 
 def test_no_tokens_file_closes_the_api(tmp_path: Path) -> None:
-    server = ExporterServer(BridgeMetrics(), ("127.0.0.1", 0), 5, routes={}).start()
+    server = HttpServer(create_app(BridgeMetrics(), 5), ("127.0.0.1", 0)).start()
     try:
         got = httpx.get(server.url + "/sd")
         assert got.status_code == 404  # no routing, no /sd
-        server.sd_document = lambda: b"[]"
+    finally:
+        server.stop()
+    app = create_app(BridgeMetrics(), 5, sd_document=lambda: b"[]")
+    server = HttpServer(app, ("127.0.0.1", 0)).start()
+    try:
         got = httpx.get(server.url + "/sd", headers={"Authorization": f"Bearer {OPERATOR}"})
         assert got.status_code == 401 and "no api.tokens_file" in got.json()["error"]
     finally:

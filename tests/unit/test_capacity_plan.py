@@ -13,8 +13,8 @@ from sqlalchemy import insert
 
 from accounting.attribution import ServingPoint
 from accounting.db import open_ledger
-from accounting.ingest import record_serving
 from accounting.report import Window
+from accounting.samples import record_serving
 from accounting.serving import Increase
 from bridge.config import ModelConfig
 from bridge.ledger.replica_plan import (

@@ -28,9 +28,9 @@ from accounting.rates import parse_price
 from accounting.report import Window
 from bridge.cli import app
 from bridge.config import load_config
-from bridge.daemon.auth import add_token
 from bridge.daemon.launcher import triton_home
 from bridge.daemon.service import single_instance
+from bridge.http.auth import add_token
 from bridge.ledger.cli import parse_time
 from bridge.load.arrivals import read_trace
 from bridge.models.repo import ModelRepository, check_source

@@ -13,38 +13,14 @@ from sqlalchemy import select
 
 from accounting.agreement import changed_runs
 from accounting.db import open_ledger
-from accounting.ingest import LEDGER
+from accounting.tables import LEDGER
 from bridge.ledger.feed import ingest_window
-from bridge.slurm.model import AccountingRecord, Node, SlurmEvent
-from tests.unit.fakes import N3, N5, make_config
+from bridge.slurm.model import AccountingRecord, SlurmEvent
+from tests.unit.fakes import N3, N5, EventSlurm, make_config
 
 T0 = datetime(2026, 11, 29, tzinfo=UTC)
 H = timedelta(hours=1)
 M = timedelta(minutes=1)
-
-
-class EventSlurm:
-    """The reads `ingest_window` makes: nodes, sacct, slurmdbd's events."""
-
-    def __init__(
-        self, nodes: list[Node], records: list[AccountingRecord], events: list[SlurmEvent]
-    ) -> None:
-        self._nodes, self._records, self._events = nodes, records, events
-
-    def nodes(self) -> list[Node]:
-        return self._nodes
-
-    def cluster_name(self) -> str:
-        return "stblab"
-
-    def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
-        return [
-            r for r in self._records
-            if r.start and r.start < until and (r.end is None or r.end > since)
-        ]  # fmt: skip
-
-    def events(self, since: datetime, until: datetime) -> list[SlurmEvent]:
-        return self._events
 
 
 def test_a_job_across_the_gap_is_not_down(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.daemon.exporter import BridgeMetrics
+from bridge.daemon.metrics import BridgeMetrics
 from bridge.paths import project_root
 
 DEPLOY = project_root() / "deploy"

@@ -17,9 +17,10 @@ from accounting.attribution import Context, ServingPoint
 from accounting.db import open_ledger
 from accounting.economics import COLUMNS, unit_economics
 from accounting.errors import WindowError
-from accounting.ingest import ingest_records, record_serving
+from accounting.ingest import ingest_records
 from accounting.rates import RateBook, RateSpec, add_rates, list_rates
 from accounting.report import Window
+from accounting.samples import record_serving
 from bridge.slurm.model import AccountingRecord
 
 T0 = datetime(2026, 11, 3, 10, 0, tzinfo=UTC)

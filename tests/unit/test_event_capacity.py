@@ -23,11 +23,8 @@ from accounting.capacity import (
 from accounting.schema import DOWN_WORKLOADS
 from bridge.slurm.errors import UnparseableOutput
 from bridge.slurm.model import SlurmEvent
-from bridge.slurm.parse import (
-    parse_sacctmgr_events,
-    parse_sreport_accounts,
-    parse_sreport_utilization,
-)
+from bridge.slurm.sacctmgr import parse_sacctmgr_events
+from bridge.slurm.sreport import parse_sreport_accounts, parse_sreport_utilization
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 T0 = datetime(2026, 12, 1, tzinfo=UTC)

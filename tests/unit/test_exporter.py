@@ -1,18 +1,25 @@
-"""The bridge's exporter over real HTTP on loopback, with an injected clock."""
+"""The daemon's metrics, health and http_sd over real HTTP on loopback (`bridge.http`), with
+an injected clock."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
-from bridge.daemon.auth import TokenTable
-from bridge.daemon.exporter import BridgeMetrics, ExporterServer
+from bridge.daemon.metrics import BridgeMetrics
 from bridge.daemon.report import StepError, TickReport
+from bridge.http.app import create_app
+from bridge.http.auth import TokenTable
+from bridge.http.server import HttpServer
 from bridge.policy import Lend
 from tests.unit.helpers import write_tokens
 
@@ -33,13 +40,13 @@ def served(tmp_path: Path) -> Iterator[tuple[Clock, BridgeMetrics, str]]:
     clock = Clock()
     metrics = BridgeMetrics(clock=clock)
     tokens = write_tokens(tmp_path / "tokens", {"prometheus": ("metrics", METRICS_TOKEN)})
-    server = ExporterServer(
+    app = create_app(
         metrics,
-        ("127.0.0.1", 0),
         tick_s=5,
         sd_document=lambda: b'[{"targets": ["127.0.1.4:8002"]}]',
         tokens=TokenTable(tokens),
-    ).start()
+    )
+    server = HttpServer(app, ("127.0.0.1", 0)).start()
     host, port = server.address
     try:
         yield clock, metrics, f"http://{host}:{port}"
@@ -131,6 +138,55 @@ def test_sd_and_unknown_paths(served: tuple[Clock, BridgeMetrics, str]) -> None:
     assert httpx.get(f"{url}/sd", headers=auth).json() == [{"targets": ["127.0.1.4:8002"]}]
     assert httpx.get(f"{url}/sd").status_code == 401  # the targets are not for everyone
     assert httpx.get(f"{url}/nope").status_code == 404
+
+
+def test_metrics_in_the_format_asked_for(served: tuple[Clock, BridgeMetrics, str]) -> None:
+    _, metrics, url = served
+    metrics.lends.labels("elastic").inc()
+    plain = httpx.get(f"{url}/metrics")
+    assert plain.headers["Content-Type"].startswith("text/plain; version=")
+    assert _samples(plain.text)[("stb_lends_total", (("pool", "elastic"),))] == 1
+    om = "application/openmetrics-text; version=1.0.0"
+    open_metrics = httpx.get(f"{url}/metrics", headers={"Accept": om})
+    assert open_metrics.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert open_metrics.text.endswith("# EOF\n") and "stb_lends_total" in open_metrics.text
+    only = httpx.get(f"{url}/metrics", params={"name[]": "stb_leases"}).text
+    assert {name for name, _ in _samples(only)} == {"stb_leases"}
+
+
+class SlowCollector(Collector):
+    """A collector that waits to be released, like the ledger's on a stalled database."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        self.entered.set()
+        self.release.wait(10)
+        yield GaugeMetricFamily("stb_slow", "A slow family.", value=1)
+
+
+def test_a_slow_scrape_does_not_stall_healthz(served: tuple[Clock, BridgeMetrics, str]) -> None:
+    _, metrics, url = served
+    slow = SlowCollector()
+    metrics.registry.register(slow)
+    scrape: list[httpx.Response] = []
+    scraping = threading.Thread(target=lambda: scrape.append(httpx.get(f"{url}/metrics")))
+    scraping.start()
+    try:
+        assert slow.entered.wait(5), "the scrape never reached the collector"
+        started = time.monotonic()
+        assert httpx.get(f"{url}/healthz", timeout=2).status_code == 503  # no tick yet
+        assert time.monotonic() - started < 1
+    finally:
+        slow.release.set()
+        scraping.join(10)
+    (done,) = scrape
+    assert done.status_code == 200 and _samples(done.text)[("stb_slow", ())] == 1
 
 
 def test_two_exporters_do_not_share_a_registry() -> None:

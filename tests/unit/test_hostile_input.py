@@ -43,7 +43,8 @@ from bridge.models.publish import PublishError, publish, retire, rollback
 from bridge.models.repo import ModelRepository, RepositoryError
 from bridge.slurm import UnparseableOutput
 from bridge.slurm.model import AccountingRecord, Node, SlurmEvent
-from bridge.slurm.parse import parse_sacct_json, parse_squeue_json
+from bridge.slurm.sacct import parse_sacct_json
+from bridge.slurm.squeue import parse_squeue_json
 from bridge.triton import client as client_mod
 from bridge.triton.client import MAX_METRICS_BYTES, TritonHttpClient
 from bridge.triton.errors import TritonRejected

@@ -17,7 +17,7 @@ from bridge.config import BridgeConfig, load_config
 from bridge.init import InitError, live_problems, propose, render
 from bridge.paths import project_root
 from bridge.slurm.model import Node, Partition
-from bridge.slurm.parse import parse_nodes, parse_partitions
+from bridge.slurm.scontrol import parse_nodes, parse_partitions
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 PARTITIONS = DATA / "scontrol-partitions-22.05.txt"

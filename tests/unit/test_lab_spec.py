@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge.hostlist import expand
 from bridge.lab import render
 from bridge.lab.spec import LabSpec, LabSpecError
+from bridge.slurm.hostlist import expand
 
 
 def _conf_lines(text: str, key: str) -> list[dict[str, str]]:

@@ -19,13 +19,16 @@ from typer.testing import CliRunner
 
 from accounting.attribution import Context, ServingPoint
 from accounting.db import open_ledger
-from accounting.ingest import ingest_records, record_serving
+from accounting.ingest import ingest_records
 from accounting.inventory import NodeCapacity, record_inventory
 from accounting.metrics import LedgerCollector
+from accounting.samples import record_serving
 from bridge.cli import app
-from bridge.daemon.api import finance_routes
-from bridge.daemon.auth import TokenTable
-from bridge.daemon.exporter import BridgeMetrics, ExporterServer
+from bridge.daemon.metrics import BridgeMetrics
+from bridge.http.app import create_app
+from bridge.http.auth import TokenTable
+from bridge.http.routes import finance_routes
+from bridge.http.server import HttpServer
 from bridge.slurm.model import AccountingRecord
 from tests.unit.helpers import write_tokens
 
@@ -136,11 +139,11 @@ def test_bad_report_options_are_named(cfg: Path, args: list[str], message: str) 
 def test_the_http_endpoint_serves_the_report_json(cfg: Path, tmp_path: Path) -> None:
     engine = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     token = "f" * 20
-    server = ExporterServer(
-        BridgeMetrics(), ("127.0.0.1", 0), 5.0,
-        routes=finance_routes(engine, "line"),
+    app = create_app(
+        BridgeMetrics(), 5.0, routers=[finance_routes(engine, "line")],
         tokens=TokenTable(write_tokens(tmp_path / "tokens", {"fin": ("finance", token)})),
-    ).start()  # fmt: skip
+    )  # fmt: skip
+    server = HttpServer(app, ("127.0.0.1", 0)).start()
     host, port = server.address
     try:
         url = f"http://{host}:{port}/api/report"

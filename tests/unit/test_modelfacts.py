@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 
 from bridge.cli import app
 from bridge.config import BridgeConfig, DaemonConfig, ModelConfig, ModelOverride, TritonJobConfig
-from bridge.daemon.cli import collect
 from bridge.daemon.observation import snapshot
 from bridge.daemon.observe import Observer
 from bridge.modelfacts import FILE, ModelFactsError, Published, merge_models, toml_models
+from bridge.ops.cli import collect
 from bridge.policy import Lend, ModelSample, NodeView, ReplicaView, Snapshot, decide
 from bridge.triton.catalog import ModelCatalog, site_models
 from bridge.triton.repository import PublishedModels, instances_of, published_of, read_published

@@ -21,7 +21,7 @@ from bridge.models import history
 from bridge.models.publish import PublishError, Server, publish, retire, rollback
 from bridge.models.repo import ModelRepository
 from tests.unit.fakes import FakeTriton, FakeTritonInstance
-from tests.unit.test_models_repo import model_dir
+from tests.unit.helpers import model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 

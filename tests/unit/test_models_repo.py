@@ -13,19 +13,10 @@ import pytest
 from bridge.models.publish import PublishError, publish, retire, rollback, zero_inputs
 from bridge.models.repo import ModelRepository
 from bridge.triton.repository import ModelConfigError, check_name, parse_config
+from tests.unit.helpers import model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = (ROOT / "triton_repo" / "echo" / "config.pbtxt").read_text().replace('name: "echo"\n', "")
-
-
-def model_dir(tmp: Path, config: str = GOOD, files: dict[str, str] | None = None) -> Path:
-    d = tmp / "src"
-    shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(parents=True)
-    (d / "config.pbtxt").write_text(config)
-    for name, text in (files or {"model.py": "# a model\n"}).items():
-        (d / name).write_text(text)
-    return d
 
 
 def tree(root: Path) -> dict[str, str]:

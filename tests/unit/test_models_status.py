@@ -32,13 +32,16 @@ from typer.testing import CliRunner
 
 from accounting.attribution import Context, ServingPoint
 from accounting.db import open_ledger
-from accounting.ingest import ingest_records, record_serving
+from accounting.ingest import ingest_records
 from accounting.rates import RateSpec, add_rates
+from accounting.samples import record_serving
 from bridge.cli import app
 from bridge.config import BridgeConfig, ObserveConfig, TritonJobConfig
-from bridge.daemon.api import operator_routes
-from bridge.daemon.auth import TokenTable
-from bridge.daemon.exporter import BridgeMetrics, ExporterServer
+from bridge.daemon.metrics import BridgeMetrics
+from bridge.http.app import create_app
+from bridge.http.auth import TokenTable
+from bridge.http.routes import operator_routes
+from bridge.http.server import HttpServer
 from bridge.leases.requests import RequestQueue
 from bridge.leases.rollouts import RolloutStore
 from bridge.leases.store import LeaseStore, create_schema, make_engine
@@ -46,15 +49,10 @@ from bridge.lifecycle import LeaseState
 from bridge.models import cli as models_cli
 from bridge.models import history
 from bridge.models.repo import ModelRepository
-from bridge.models.status import (
-    LAST_HOUR_P99_NOTE,
-    LIVE_NOTE,
-    UnknownModel,
-    gather,
-    last_hour_queries,
-    prometheus_url,
-    render,
-)
+from bridge.models.status import UnknownModel, gather
+from bridge.models.status_hour import last_hour_queries, prometheus_url
+from bridge.models.status_render import render
+from bridge.models.status_views import LAST_HOUR_P99_NOTE, LIVE_NOTE
 from bridge.slurm.errors import ControllerUnreachable
 from bridge.slurm.model import AccountingRecord
 from bridge.triton.catalog import ModelCatalog
@@ -560,7 +558,7 @@ def test_a_prometheus_that_is_down_or_errs_is_a_note(repo: ModelRepository) -> N
         observe = ObserveConfig(source="prometheus", prometheus_url=url, timeout_s=0.3)
         slow = _at(repo, observe)
     assert slow.last_hour_note.startswith(f"Prometheus did not answer: {url}: ")
-    assert "Timeout" in slow.last_hour_note
+    assert "no answer within 0.3s" in slow.last_hour_note
 
 
 def test_no_prometheus_configured(repo: ModelRepository) -> None:
@@ -655,9 +653,8 @@ def test_the_api_answers_the_same_json(
     tokens = write_tokens(
         tmp_path / "tokens", {"olga": ("operator", "o" * 24), "fred": ("finance", "f" * 24)}
     )
-    server = ExporterServer(
-        BridgeMetrics(), ("127.0.0.1", 0), 5, routes=routes, tokens=TokenTable(tokens)
-    ).start()
+    app = create_app(BridgeMetrics(), 5, tokens=TokenTable(tokens), routers=[routes])
+    server = HttpServer(app, ("127.0.0.1", 0)).start()
     try:
 
         def get(token: str, **params: str) -> httpx.Response:

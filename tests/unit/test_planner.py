@@ -43,7 +43,8 @@ from bridge.daemon.planner import (
 )
 from bridge.lifecycle import LeaseState, allowed
 from bridge.modelfacts import merge_models
-from bridge.slurm.model import BASELINE_TAG, TRITON_TAG, Job, Node, lease_tag
+from bridge.slurm.model import Job, Node
+from tests.unit.planner_literals import job
 
 S = LeaseState
 NOW = 1_800_000_000.0
@@ -93,39 +94,7 @@ def lease(
 ) -> LeaseRecord:
     """A lease in `state` for `since` seconds (updated_at = NOW - since)."""
     pool = {"preempt": "elastic", "drain": "training"}[mode]
-    return LeaseRecord(lease_id, on, pool, mode, state, models, job_id, created, NOW - since)
-
-
-def job(
-    job_id: str = "100",
-    *,
-    of: LeaseRecord | None = None,
-    on: str = "n3",
-    state: str = "RUNNING",
-    reason: str = "None",
-    comment: str | None = None,
-) -> Job:
-    """A Triton job; `of` tags it with that lease's ref (else a baseline job)."""
-    if comment is None:
-        tag = lease_tag((of.id, int(of.created_at))) if of is not None else BASELINE_TAG
-        comment = f"{TRITON_TAG},{tag}"
-    running = state == "RUNNING"
-    return Job(
-        job_id,
-        "stb-triton",
-        "infer",
-        "bridge",
-        "root",
-        state,
-        reason,
-        (on,) if running else (),
-        comment,
-        4,
-        0,
-        None,
-        None,
-        requested_nodes=(on,),
-    )
+    return LeaseRecord(lease_id, on, pool, mode, state, models, created, NOW - since, job_id)
 
 
 def server(
@@ -347,18 +316,7 @@ def test_submitted_deadline_by_lend_mode(mode: str, drain_wait_s: float, expecte
 
 
 def replace_since(lse: LeaseRecord, since: float) -> LeaseRecord:
-    return LeaseRecord(
-        lse.id,
-        lse.node,
-        lse.pool,
-        lse.lend_mode,
-        lse.state,
-        lse.models,
-        lse.slurm_job_id,
-        lse.created_at,
-        NOW - since,
-        lse.reason,
-    )
+    return replace(lse, updated_at=NOW - since)
 
 
 # ---- starting -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from bridge.page import WORKLOAD_COLOURS
-from tests.unit.test_report_formats import render_page
+from tests.unit.report_ledger import render_page
 
 CHROMIUM = shutil.which("chromium")
 #: pixels of a workload's colour a drawn chart shows at least (bars are thousands)

@@ -36,8 +36,7 @@ from bridge.routing.nginx import render
 from bridge.routing.table import RoutingTable, Split
 from bridge.triton.protocol import RepositoryModel, ServerMetadata
 from bridge.triton.repository import parse_config
-
-from .test_planner import job
+from tests.unit.planner_literals import job
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

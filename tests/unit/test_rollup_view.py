@@ -14,8 +14,7 @@ from accounting.agreement import compare, ledger_hour, rollup_view
 from accounting.db import open_ledger
 from bridge.ledger.feed import ingest_window
 from bridge.slurm.model import AccountingRecord, SlurmEvent
-from tests.unit.fakes import N3, N5, make_config
-from tests.unit.test_ctld_ingest import EventSlurm
+from tests.unit.fakes import N3, N5, EventSlurm, make_config
 
 T0 = datetime(2026, 11, 29, tzinfo=UTC)
 H = timedelta(hours=1)

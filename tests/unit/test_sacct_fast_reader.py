@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge.slurm.parse import parse_sacct_json, parse_sacct_json_plain
+from bridge.slurm.sacct import parse_sacct_json, parse_sacct_json_plain
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 PROPS = settings(database=None, deadline=None, max_examples=300)
@@ -234,7 +234,7 @@ def test_well_typed_documents_take_the_typed_path(jobs: list[dict[str, Any]]) ->
     the property above is not won by falling back every time)."""
     import msgspec
 
-    from bridge.slurm.parse import _SACCT_DECODER, _sacct_record
+    from bridge.slurm.sacct import _SACCT_DECODER, _sacct_record
 
     text = json.dumps({"jobs": jobs})
     try:
@@ -249,7 +249,7 @@ def test_well_typed_documents_take_the_typed_path(jobs: list[dict[str, Any]]) ->
 
 
 def test_the_typed_path_takes_both_shapes() -> None:
-    from bridge.slurm.parse import _SACCT_DECODER
+    from bridge.slurm.sacct import _SACCT_DECODER
 
     v38 = {"job_id": 5, "state": {"current": "COMPLETED"}, "time": {"start": 1700000000}}
     v40 = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
+from markupsafe import Markup
 from rich.console import Console
 
 from accounting.section import Section, sections_dict, to_html, to_rich
@@ -40,3 +41,12 @@ def test_the_rich_table_shows_every_row() -> None:
     console.print(to_rich(S))
     text = console.export_text()
     assert "1,200" in text and "0.50" in text and "echo" in text
+
+
+def test_html_escapes_markup_and_quotes_everywhere_a_name_can_go() -> None:
+    hostile = '"><script>alert(1)</script>'
+    page = to_html(Section("x", hostile, (hostile, "n"), [{hostile: hostile, "n": 1}], [hostile]))
+    assert "<script" not in page and hostile not in page
+    assert page.count("&#34;&gt;&lt;script&gt;alert(1)&lt;/script&gt;") == 4  # title, th, td, li
+    # the fragment is markup: a page's template puts it in as it is, not escaped again
+    assert str(Markup("{}").format(page)) == page

@@ -11,7 +11,7 @@ import pytest
 
 from accounting.attribution import ServingPoint
 from accounting.db import open_ledger
-from accounting.ingest import record_serving
+from accounting.samples import record_serving
 from accounting.serving import Sample, increases, window_increases
 
 T0 = datetime(2026, 11, 3, 10, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""Shadow leases (bridge.daemon.shadow) on literal observations with an injected clock:
+"""Shadow leases (bridge.advise.shadow) on literal observations with an injected clock:
 they move through the lease states on the simulator's timing, each move one the
 lifecycle table allows, and the advisory's view shows them as the active daemon would
 see its real leases (a serving replica, the Triton job on its node, the requeued
@@ -12,10 +12,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from bridge.advise.shadow import SHADOW_TAG, ShadowBook, ShadowLease
 from bridge.daemon.observation import Observation, TritonServer
-from bridge.daemon.shadow import SHADOW_TAG, ShadowBook, ShadowLease
 from bridge.lifecycle import TRANSITIONS, LeaseState, StepTimes
-from bridge.policy import Lend
+from bridge.policy import LeaseView, Lend
 from bridge.sim.engine import Timing
 from bridge.slurm.model import TRITON_TAG, Job, Node
 
@@ -190,9 +190,10 @@ def test_an_advised_baseline_becomes_a_replica_until_a_real_job_is_there() -> No
 
 
 def test_a_book_carries_on_from_stored_shadows() -> None:
-    serving = ShadowLease(4, "n3", "elastic", "preempt", ("busy",), T0 - 100, S.SERVING,
-                          T0 - 90, "ready", victims=("7",))  # fmt: skip
-    done = ShadowLease(3, "n5", "training", "drain", ("busy",), T0 - 200, S.RETURNED, T0 - 150)
+    serving = ShadowLease(LeaseView(4, "n3", "elastic", "preempt", S.SERVING, ("busy",), T0 - 100,
+                                    T0 - 90, reason="ready"), victims=("7",))  # fmt: skip
+    done = ShadowLease(LeaseView(3, "n5", "training", "drain", S.RETURNED, ("busy",), T0 - 200,
+                                 T0 - 150))  # fmt: skip
     book = ShadowBook.restore([done, serving], next_id=5)
     assert list(book.leases) == [4] and book.next_id == 5
     assert book.preemptions_since(T0 - 3600) == 1  # the stored lend's victim still counts

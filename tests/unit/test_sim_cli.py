@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from bridge.cli import app
 from bridge.paths import project_root
-from bridge.sim.cli import ALIBABA_TRACE, AZURE_TRACE, default_trace, model_rates
+from bridge.sim.build import ALIBABA_TRACE, AZURE_TRACE, default_trace, model_rates
 from bridge.sim.policies import POLICIES
 
 RUN = CliRunner()

@@ -225,7 +225,7 @@ S = LeaseState
 
 def test_the_engine_refuses_a_move_the_table_forbids() -> None:
     engine = Engine(_setup())
-    lease = SimLease(1, engine.nodes[1], "elastic", "preempt", ("busy",), 0.0, updated_at=0.0)
+    lease = SimLease.born(1, engine.nodes[1], "elastic", "preempt", ("busy",), 0.0)
     assert lease.state == S.SUBMITTED
     engine.now = 10.0
     # serving straight from submitted skips starting (Triton cannot be ready before its

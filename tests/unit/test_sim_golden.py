@@ -21,7 +21,7 @@ import pytest
 
 from bridge.config import PolicyConfig
 from bridge.paths import project_root
-from bridge.sim import cli as sim_cli
+from bridge.sim import build as sim_build
 from bridge.sim.engine import Engine
 from bridge.sim.policies import POLICIES, setup_for, size
 
@@ -56,9 +56,9 @@ def run_case(name: str, check: bool = True) -> list[dict[str, Any]]:
     models, mean_rps = args.pop("models"), args.pop("mean_rps")
     arrivals = args.pop("arrivals", "synthetic")
     load = args.pop("load", 0.9)
-    scenario = sim_cli.build_scenario(
+    scenario = sim_build.build_scenario(
         gpus_per_node=8,
-        rates=sim_cli.model_rates(models, mean_rps),
+        rates=sim_build.model_rates(models, mean_rps),
         slo_ms=100.0,
         service_ms=20.0,
         arrivals=arrivals,

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from accounting.attribution import ServingPoint
 from accounting.db import open_ledger
-from accounting.ingest import record_serving
+from accounting.samples import record_serving
 from accounting.serving import Increase
 from bridge.cli import app
 from bridge.sim.inputs import (

@@ -12,7 +12,7 @@ import pytest
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
 from bridge.policy import ModelSample
 from bridge.policy.forecast import forecast_rate
-from bridge.sim import cli as sim_cli
+from bridge.sim import build as sim_build
 from bridge.sim.engine import Engine
 from bridge.sim.policies import setup_for, size
 from bridge.sim.quiet import QuietProof
@@ -38,11 +38,11 @@ def test_the_forecast_bound_holds_the_policys_forecast(seed: int) -> None:
 
 
 def test_the_proof_spares_assess_on_most_ticks_and_changes_nothing() -> None:
-    scenario = sim_cli.build_scenario(
+    scenario = sim_build.build_scenario(
         days=0.25,
         nodes=48,
         gpus_per_node=8,
-        rates=sim_cli.model_rates(3, 1800.0),
+        rates=sim_build.model_rates(3, 1800.0),
         slo_ms=100.0,
         service_ms=20.0,
         arrivals="synthetic",

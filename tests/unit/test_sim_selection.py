@@ -12,44 +12,13 @@ from dataclasses import replace
 
 import pytest
 
+from bridge.sim import criteria as crit
+from bridge.sim import measures, rules, sensitivity
 from bridge.sim import selection as sel
-from bridge.sim.result import ModelOutcome, PolicyResult, QueueOutcome, SimReport, Tradeoff
-from bridge.sim.selection import Criteria, Dimensions
-
-
-def _result(
-    policy: str,
-    pools: dict[str, int],
-    *,
-    within: float = 0.995,
-    minutes: tuple[int, int] = (100, 99),
-    replicas: list[float] | None = None,
-    gpu_hours: dict[str, dict[str, float]] | None = None,
-    waits: tuple[float, float] = (60.0, 600.0),
-    lends: int = 0,
-    preemptions: int = 0,
-    lost: float = 0.0,
-    used: float = 10.0,
-) -> PolicyResult:
-    """A literal result: one model of 10,000 requests, 10 training and 30 elastic jobs."""
-    model = ModelOutcome(100.0, 10_000.0, 10_000.0 * within, *minutes)
-    training = QueueOutcome(10, 10, 8, waits[0], 2 * waits[0], 7200.0, 7000.0, 50.0)
-    elastic = QueueOutcome(30, 30, 27, waits[1], 3 * waits[1], 1800.0, 3600.0, 20.0)
-    return PolicyResult(
-        policy=policy,
-        description=f"the {policy} set-up",
-        pools=pools,
-        models={"m0": model},
-        gpu_hours=gpu_hours or {"inference": {"inference": 24.0, "idle": 0.0}},
-        queues={"training": training, "elastic": elastic},
-        inference_used_gpu_hours=used,
-        preemptions=preemptions,
-        gpu_hours_lost=lost,
-        lends=lends,
-        returns=lends,
-        series={"replicas": replicas if replicas is not None else [float(pools["inference"])]},
-    )
-
+from bridge.sim.criteria import Criteria
+from bridge.sim.measures import Dimensions
+from bridge.sim.result import SimReport, Tradeoff
+from tests.unit.sim_literals import policy_result
 
 # -- the dimensions -------------------------------------------------------------------------
 
@@ -60,7 +29,7 @@ def test_the_dimensions_of_a_literal_run() -> None:
         "elastic": {"elastic": 100.0, "inference": 20.0, "fenced": 4.0, "idle": 12.0},
         "training": {"training": 150.0, "idle": 50.0},
     }
-    r = _result(
+    r = policy_result(
         "bridge",
         {"inference": 2, "elastic": 4, "training": 6},
         within=0.99,
@@ -73,7 +42,7 @@ def test_the_dimensions_of_a_literal_run() -> None:
         lost=5.0,
         used=40.0,
     )
-    d = sel.dimensions(r, days=3.0, gpus_per_node=8)
+    d = measures.dimensions(r, days=3.0, gpus_per_node=8)
     assert (d.name, d.kind, d.reserved_nodes, d.reserved_gpus) == ("bridge", "shared", 2, 16)
     assert d.peak_serving_nodes == 5
     # at the (first) sample with 5 replicas, 2 are on the reserved nodes
@@ -93,16 +62,20 @@ def test_the_dimensions_of_a_literal_run() -> None:
 
 
 def test_idle_loan_owns_its_loan_pool_and_separate_pools_expose_nothing() -> None:
-    loan = _result("idle-loan", {"inference": 2, "loan": 3, "elastic": 4}, replicas=[2.0, 5.0, 4.0])
-    d = sel.dimensions(loan, 1.0, 4)
+    loan = policy_result(
+        "idle-loan", {"inference": 2, "loan": 3, "elastic": 4}, replicas=[2.0, 5.0, 4.0]
+    )
+    d = measures.dimensions(loan, 1.0, 4)
     assert (d.reserved_nodes, d.reserved_gpus, d.exposure_replicas) == (5, 20, 3)
-    peak = sel.dimensions(_result("separate-peak", {"inference": 5}, replicas=[5.0] * 3), 1, 4)
+    peak = measures.dimensions(
+        policy_result("separate-peak", {"inference": 5}, replicas=[5.0] * 3), 1, 4
+    )
     assert (peak.kind, peak.exposure_replicas, peak.exposure_share) == ("separate", 0, 0.0)
     # a run shorter than one sample: its reserved pool serves, nothing exposed
-    short = sel.dimensions(_result("bridge", {"inference": 2}, replicas=[]), 1.0, 4)
+    short = measures.dimensions(policy_result("bridge", {"inference": 2}, replicas=[]), 1.0, 4)
     assert (short.peak_serving_nodes, short.exposure_replicas) == (2, 0)
     with pytest.raises(ValueError, match="days"):
-        sel.dimensions(loan, 0.0, 4)
+        measures.dimensions(loan, 0.0, 4)
 
 
 # -- the rules --------------------------------------------------------------------------------
@@ -162,11 +135,11 @@ SEPARATE = [(4, 0.6), (7, 0.98), (8, 0.991), (10, 0.999)]
 def _choice(
     setups: list[Dimensions], criteria: Criteria, points: tuple[Dimensions, ...] = ()
 ) -> str:
-    return sel.recommend(setups, points, SEPARATE, criteria).choice
+    return rules.recommend(setups, points, SEPARATE, criteria).choice
 
 
 def test_the_bridge_is_recommended_when_it_passes_every_check() -> None:
-    rec = sel.recommend([PEAK, MEAN, BRIDGE], [], SEPARATE, Criteria())
+    rec = rules.recommend([PEAK, MEAN, BRIDGE], [], SEPARATE, Criteria())
     assert (rec.choice, rec.kind, rec.reference, rec.rule) == (
         "bridge",
         "shared",
@@ -187,13 +160,13 @@ def test_the_bridge_is_recommended_when_it_passes_every_check() -> None:
 
 def test_the_reference_is_the_fewest_nodes_meeting_the_target() -> None:
     small = replace(PEAK, name="separate-8", reserved_nodes=8, requests_within=0.9915)
-    assert sel.reference([PEAK, MEAN, small], 0.99) == small
+    assert rules.reference([PEAK, MEAN, small], 0.99) == small
     # above what separate-8 serves, separate-peak; above all of them, the best served
-    assert sel.reference([PEAK, MEAN, small], 0.995) == PEAK
-    assert sel.reference([MEAN, small], 0.9999) == small
-    assert sel.reference([BRIDGE], 0.99) is None
-    assert sel.needed_separate(SEPARATE, 0.99) == 8
-    assert sel.needed_separate(SEPARATE, 0.9995) is None
+    assert rules.reference([PEAK, MEAN, small], 0.995) == PEAK
+    assert rules.reference([MEAN, small], 0.9999) == small
+    assert rules.reference([BRIDGE], 0.99) is None
+    assert rules.needed_separate(SEPARATE, 0.99) == 8
+    assert rules.needed_separate(SEPARATE, 0.9995) is None
 
 
 @pytest.mark.parametrize(
@@ -213,7 +186,7 @@ def test_each_limit_keeps_the_bridge_out_once_crossed(
     setups = [PEAK, MEAN, BRIDGE]
     assert _choice(setups, replace(Criteria(), **{field: passes})) == "bridge"
     crossed = replace(Criteria(), **{field: fails})
-    rec = sel.recommend(setups, [], SEPARATE, crossed)
+    rec = rules.recommend(setups, [], SEPARATE, crossed)
     assert (rec.choice, rec.rule) == ("separate-peak", "separate")
     (v,) = rec.verdicts
     assert [c.name for c in v.failed] == [
@@ -234,7 +207,7 @@ def test_the_bridge_needs_one_gain_of_the_two() -> None:
     no_nodes = Criteria(min_nodes_saved=math.nextafter(0.5, 1.0))
     assert _choice(setups, no_wait) == "bridge" and _choice(setups, no_nodes) == "bridge"
     both = replace(no_wait, min_nodes_saved=no_nodes.min_nodes_saved)
-    rec = sel.recommend(setups, [], SEPARATE, both)
+    rec = rules.recommend(setups, [], SEPARATE, both)
     assert rec.choice == "separate-peak"
     assert [c.name for c in rec.verdicts[0].failed] == ["wait_cut", "nodes_saved"]
 
@@ -250,13 +223,15 @@ def test_the_shortest_wait_of_the_passing_shared_set_ups_wins() -> None:
         BRIDGE, name="idle-loan", reserved_nodes=10, job_wait_mean_s=70.0, lost_share=0.02
     )
     setups = [PEAK, MEAN, loan, BRIDGE]
-    rec = sel.recommend(setups, [at2, at7], SEPARATE, Criteria())
+    rec = rules.recommend(setups, [at2, at7], SEPARATE, Criteria())
     assert rec.choice == "bridge@7"  # bridge@2 is too exposed; bridge@7 waits least of the rest
     assert [v.candidate for v in rec.verdicts] == ["idle-loan", "bridge", "bridge@2", "bridge@7"]
     assert [v.passed for v in rec.verdicts] == [True, True, False, True]
     # a trade-off run of the comparison's own bridge size is the same run: not twice
     same = replace(BRIDGE, name="bridge@4")
-    assert [v.candidate for v in sel.recommend(setups, [same], SEPARATE, Criteria()).verdicts] == [
+    assert [
+        v.candidate for v in rules.recommend(setups, [same], SEPARATE, Criteria()).verdicts
+    ] == [
         "idle-loan",
         "bridge",
     ]
@@ -264,13 +239,13 @@ def test_the_shortest_wait_of_the_passing_shared_set_ups_wins() -> None:
 
 def test_without_a_separate_set_up_the_best_served_is_recommended() -> None:
     bad = replace(BRIDGE, lends_per_day=1000.0)
-    rec = sel.recommend([bad], [], SEPARATE, Criteria())
+    rec = rules.recommend([bad], [], SEPARATE, Criteria())
     assert (rec.choice, rec.rule, rec.reference) == ("bridge", "best-service", None)
-    assert sel.recommend([BRIDGE], [], SEPARATE, Criteria()).rule == "shared"  # no gain asked
+    assert rules.recommend([BRIDGE], [], SEPARATE, Criteria()).rule == "shared"  # no gain asked
 
 
 def test_when_no_separate_set_up_meets_the_target_the_reasons_say_so() -> None:
-    rec = sel.recommend([MEAN, replace(BRIDGE, lends_per_day=1000.0)], [], SEPARATE, Criteria())
+    rec = rules.recommend([MEAN, replace(BRIDGE, lends_per_day=1000.0)], [], SEPARATE, Criteria())
     assert rec.choice == "separate-mean"
     assert "no separate set-up of the comparison meets the target 99.00%" in rec.reasons[0]
     assert "a separate pool needs 8 nodes to meet it" in rec.reasons[0]
@@ -283,7 +258,7 @@ def test_each_flip_is_where_the_recommendation_changes_and_the_nearest() -> None
     setups = [PEAK, MEAN, BRIDGE]
     criteria = Criteria()
     now = _choice(setups, criteria)
-    flips = sel.flips(setups, [], SEPARATE, criteria)
+    flips = sensitivity.flips(setups, [], SEPARATE, criteria)
     found = {(f.knob, f.direction): f for f in flips}
     # computed from the bridge's own numbers
     assert found["target", "above"].value == 0.9985
@@ -300,7 +275,7 @@ def test_each_flip_is_where_the_recommendation_changes_and_the_nearest() -> None
         "accepts were below 100.0 (now 288.0)" in [f.text for f in flips]
     )
     for f in flips:
-        past = replace(criteria, **{f.knob: sel.beyond(f.value, f.direction)})
+        past = replace(criteria, **{f.knob: sensitivity.beyond(f.value, f.direction)})
         assert _choice(setups, past) == f.to != now, f
         current = getattr(criteria, f.knob)
         between = replace(criteria, **{f.knob: (current + f.value) / 2})
@@ -312,7 +287,8 @@ def test_each_flip_is_where_the_recommendation_changes_and_the_nearest() -> None
 def test_a_separate_recommendation_flips_to_the_bridge_when_a_limit_loosens() -> None:
     busy = replace(BRIDGE, lends_per_day=400.0)
     flips = {
-        (f.knob, f.direction): f for f in sel.flips([PEAK, MEAN, busy], [], SEPARATE, Criteria())
+        (f.knob, f.direction): f
+        for f in sensitivity.flips([PEAK, MEAN, busy], [], SEPARATE, Criteria())
     }
     up = flips["max_lends_per_day", "above"]
     assert (up.value, up.to) == (400.0, "bridge")
@@ -323,9 +299,9 @@ def test_a_separate_recommendation_flips_to_the_bridge_when_a_limit_loosens() ->
 
 
 def test_criteria_parse_and_refuse() -> None:
-    k = sel.parse_criteria(" max_lends_per_day=96, max_exposure=0.7 ", Criteria(target=0.999))
+    k = crit.parse_criteria(" max_lends_per_day=96, max_exposure=0.7 ", Criteria(target=0.999))
     assert (k.target, k.max_lends_per_day, k.max_exposure) == (0.999, 96.0, 0.7)
-    assert sel.parse_criteria("") == Criteria()
+    assert crit.parse_criteria("") == Criteria()
     for text, message in [
         ("lends=3", "give name=value with a name from"),
         ("max_exposure", "give name=value"),
@@ -336,14 +312,16 @@ def test_criteria_parse_and_refuse() -> None:
         ("max_lends_per_day=-1", "give a number >= 0"),
     ]:
         with pytest.raises(ValueError, match=message):
-            sel.parse_criteria(text)
+            crit.parse_criteria(text)
 
 
 def test_select_a_literal_report() -> None:
     results = [
-        _result("separate-peak", {"inference": 10, "elastic": 4}, within=0.999, replicas=[10.0]),
-        _result("separate-mean", {"inference": 4, "elastic": 10}, within=0.6, replicas=[4.0]),
-        _result(
+        policy_result(
+            "separate-peak", {"inference": 10, "elastic": 4}, within=0.999, replicas=[10.0]
+        ),
+        policy_result("separate-mean", {"inference": 4, "elastic": 10}, within=0.6, replicas=[4.0]),
+        policy_result(
             "bridge",
             {"inference": 4, "elastic": 10},
             within=0.998,
@@ -354,12 +332,16 @@ def test_select_a_literal_report() -> None:
     ]
     trade = Tradeoff(
         bridge=[
-            _result("bridge@2", {"inference": 2, "elastic": 12}, within=0.97, replicas=[2.0, 9.0]),
-            _result("bridge@4", {"inference": 4, "elastic": 10}, within=0.998, replicas=[4.0, 8.0]),
+            policy_result(
+                "bridge@2", {"inference": 2, "elastic": 12}, within=0.97, replicas=[2.0, 9.0]
+            ),
+            policy_result(
+                "bridge@4", {"inference": 4, "elastic": 10}, within=0.998, replicas=[4.0, 8.0]
+            ),
         ],
         separate=[
-            _result("separate-8", {"inference": 8}, within=0.991),
-            _result("separate-7", {"inference": 7}, within=0.98),
+            policy_result("separate-8", {"inference": 8}, within=0.991),
+            policy_result("separate-7", {"inference": 7}, within=0.98),
         ],
         target=0.99,
     )
@@ -380,8 +362,8 @@ def test_select_a_literal_report() -> None:
     data = s.as_dict()
     assert data["recommendation"]["choice"] == "bridge"
     assert data["recommendation"]["verdicts"][0]["passed"] is True
-    assert set(data["definitions"]) == set(sel.DEFINITIONS)
-    assert {f.name for f in sel.KNOBS} == set(data["criteria"]) == set(sel.REASONS)
+    assert set(data["definitions"]) == set(measures.DEFINITIONS)
+    assert {f.name for f in sensitivity.KNOBS} == set(data["criteria"]) == set(crit.REASONS)
 
 
 def test_the_selection_imports_no_plotting() -> None:

@@ -5,7 +5,6 @@ with their reasons; text escaped; and a short end-to-end run on synthetic inputs
 
 from __future__ import annotations
 
-import html
 import io
 import json
 import math
@@ -13,15 +12,18 @@ import re
 from pathlib import Path
 
 import pytest
+from markupsafe import escape
 from rich.console import Console
 from typer.testing import CliRunner
 
 from bridge.cli import app
 from bridge.sim import render, selection_render
+from bridge.sim.criteria import REASONS
+from bridge.sim.measures import DEFINITIONS
 from bridge.sim.result import SimReport, Tradeoff
-from bridge.sim.selection import DEFINITIONS, REASONS, Selection, select
+from bridge.sim.selection import Selection, select
 from tests.unit.helpers import assert_refs_stay_inside
-from tests.unit.test_sim_selection import _result
+from tests.unit.sim_literals import policy_result
 
 SETUPS = ("separate-peak", "separate-6", "separate-mean", "idle-loan", "bridge")
 
@@ -29,10 +31,12 @@ SETUPS = ("separate-peak", "separate-6", "separate-mean", "idle-loan", "bridge")
 @pytest.fixture(scope="module")
 def report() -> SimReport:
     results = [
-        _result("separate-peak", {"inference": 10, "training": 6, "elastic": 4}, within=0.999),
-        _result("separate-6", {"inference": 6, "training": 6, "elastic": 8}, within=0.97),
-        _result("separate-mean", {"inference": 4, "training": 6, "elastic": 10}, within=0.6),
-        _result(
+        policy_result(
+            "separate-peak", {"inference": 10, "training": 6, "elastic": 4}, within=0.999
+        ),
+        policy_result("separate-6", {"inference": 6, "training": 6, "elastic": 8}, within=0.97),
+        policy_result("separate-mean", {"inference": 4, "training": 6, "elastic": 10}, within=0.6),
+        policy_result(
             "idle-loan",
             {"inference": 4, "loan": 6, "training": 6, "elastic": 4},
             within=0.998,
@@ -42,7 +46,7 @@ def report() -> SimReport:
             lost=3.0,
             gpu_hours={"elastic": {"elastic": 100.0}},
         ),
-        _result(
+        policy_result(
             "bridge",
             {"inference": 4, "training": 6, "elastic": 10},
             within=0.998,
@@ -54,12 +58,16 @@ def report() -> SimReport:
     results[-1].description = "the <bridge> & co"  # escaped on the page
     trade = Tradeoff(
         bridge=[
-            _result("bridge@1", {"inference": 1, "elastic": 13}, within=0.97, replicas=[1.0, 9.0]),
-            _result("bridge@7", {"inference": 7, "elastic": 7}, within=0.9989, replicas=[7.0, 9.0]),
+            policy_result(
+                "bridge@1", {"inference": 1, "elastic": 13}, within=0.97, replicas=[1.0, 9.0]
+            ),
+            policy_result(
+                "bridge@7", {"inference": 7, "elastic": 7}, within=0.9989, replicas=[7.0, 9.0]
+            ),
         ],
         separate=[
-            _result("separate-7", {"inference": 7}, within=0.98),
-            _result("separate-8", {"inference": 8}, within=0.991),
+            policy_result("separate-7", {"inference": 7}, within=0.98),
+            policy_result("separate-8", {"inference": 8}, within=0.991),
         ],
         target=0.99,
     )
@@ -137,9 +145,10 @@ def test_the_page_has_the_selection_section_with_its_chart(
     for setup in SETUPS:
         assert f'<th class="num">{setup}</th>' in section
     for key, label, _ in selection_render.ROWS:
-        assert f"<td>{html.escape(label)}</td><td>{html.escape(DEFINITIONS[key])}</td>" in section
+        # escaped as the page's templates escape (markupsafe: ' as &#39;)
+        assert f"<td>{escape(label)}</td><td>{escape(DEFINITIONS[key])}</td>" in section
     for flip in selection.flips:
-        assert f"<li>{html.escape(flip.text)}</li>" in section
+        assert f"<li>{escape(flip.text)}</li>" in section
     assert "the &lt;bridge&gt; &amp; co" in section and "<bridge>" not in page
     assert selection_render.to_html(report, selection) == page  # the same bytes
 

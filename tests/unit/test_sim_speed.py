@@ -17,9 +17,12 @@ import pytest
 from bridge.config import BridgeConfig, ModelConfig
 from bridge.policy import JobView, ModelSample, NodeView, capacity, history_depth
 from bridge.sim import latency
-from bridge.sim.engine import _job_view, _model_sample, _node_view, _window_quantile
 from bridge.sim.fleet import Fleet, JobRun, SimNode
 from bridge.sim.quiet import QuietProof
+from bridge.sim.serving import _window_quantile
+from bridge.sim.views import job_view as _job_view
+from bridge.sim.views import model_sample as _model_sample
+from bridge.sim.views import node_view as _node_view
 from bridge.sim.workload import SimJob
 
 

@@ -18,14 +18,16 @@ from bridge.slurm.parse import (
     num,
     parse_gres,
     parse_job_id,
+    states,
+)
+from bridge.slurm.sacct import parse_sacct_json
+from bridge.slurm.scontrol import (
     parse_nodes,
     parse_partitions,
     parse_reservations,
-    parse_sacct_json,
-    parse_squeue_json,
     scontrol_records,
-    states,
 )
+from bridge.slurm.squeue import parse_squeue_json
 
 DATA = Path(__file__).parent.parent / "data" / "slurm"
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from bridge.slurm.model import AccountingRecord
-from bridge.slurm.parse import parse_sacct_json, parse_sacct_json_plain, parse_squeue_json
+from bridge.slurm.sacct import parse_sacct_json, parse_sacct_json_plain
+from bridge.slurm.squeue import parse_squeue_json
 
 DATA = Path(__file__).parent.parent / "data" / "slurm"
 RELEASES = sorted(p.name.removeprefix("sacct-matrix-").removesuffix(".json")

@@ -31,7 +31,6 @@ from bridge.slurm import (
     UnparseableOutput,
     rest_parse,
 )
-from bridge.slurm.parse import parse_sacct_json, parse_squeue_json, parse_token
 from bridge.slurm.rest import (
     RestSettings,
     SlurmRest,
@@ -39,7 +38,10 @@ from bridge.slurm.rest import (
     script_directives,
     submission,
 )
+from bridge.slurm.sacct import parse_sacct_json
+from bridge.slurm.scontrol import parse_token
 from bridge.slurm.select import open_backend
+from bridge.slurm.squeue import parse_squeue_json
 
 DATA = Path(__file__).parent.parent / "data" / "slurm"
 #: when the recording was made (between the reservation's start and end)

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from bridge.config import BridgeConfig, DaemonConfig, LeaseConfig, ModelConfig
-from bridge.daemon.cli import collect
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState as S
+from bridge.ops.cli import collect
 
 T0 = datetime(2027, 3, 1, 12, 0, tzinfo=UTC)
 

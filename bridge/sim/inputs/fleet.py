@@ -13,7 +13,7 @@ from pathlib import Path
 from bridge.config import BridgeConfig, pool_of
 from bridge.sim.inputs.common import InputError, read_text
 from bridge.slurm.errors import SlurmError
-from bridge.slurm.parse import parse_nodes, parse_partitions
+from bridge.slurm.scontrol import parse_nodes, parse_partitions
 
 
 @dataclass(frozen=True)

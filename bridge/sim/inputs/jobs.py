@@ -1,6 +1,6 @@
 """Batch jobs from a site's own `sacct --json --duplicates`, replayed as they came
 (`replay_records`). The records are parsed by the ledger's own parser
-(`bridge.slurm.parse.parse_sacct_json`); a job's kind comes from its workload tag or its
+(`bridge.slurm.sacct.parse_sacct_json`); a job's kind comes from its workload tag or its
 partition's pool, by the ledger's rule. Called by `stb simulate --jobs sacct`."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from bridge.sim.inputs.common import InputError, aware, iso
 from bridge.sim.workload import JobKind, SimJob
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import AccountingRecord
-from bridge.slurm.parse import parse_sacct_json
+from bridge.slurm.sacct import parse_sacct_json
 
 #: the ledger's workloads that are batch jobs, as the simulator's job kinds
 _BATCH: Mapping[str, JobKind] = {"training": "training", "elastic": "elastic"}

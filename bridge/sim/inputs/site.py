@@ -1,7 +1,7 @@
 """`stb simulate`'s site options resolved into the simulator's inputs: which window,
 which arrivals, jobs, fleet, per-model SLO and service time and actuation times, each
 read by its module of `bridge.sim.inputs`, and one `about` saying where each came from.
-Called by `bridge.sim.cli` (which keeps the typer options and the run); the clock is a
+Called by `bridge.sim.cli` (the typer options; the run is in `bridge.sim.progress`); the clock is a
 parameter (`now`: the end of a live Prometheus query without --until).
 
 The window is --since to --until where given; else the site data's own span: the
@@ -38,7 +38,6 @@ from bridge.sim.inputs.prometheus import (
     arrivals_from_prometheus,
     query_instant,
     query_range,
-    shown_url,
 )
 from bridge.sim.inputs.service import (
     read_ledger_service,
@@ -48,6 +47,7 @@ from bridge.sim.inputs.service import (
 from bridge.sim.inputs.timing import lend_modes, read_lease_timelines, timing_from_leases
 from bridge.sim.workload import ArrivalSeries, JobKind
 from bridge.triton.catalog import site_models
+from bridge.triton.prometheus import shown_url
 
 #: arrivals and jobs read from a site (the others are generators or public traces)
 SITE_ARRIVALS = ("prometheus", "csv")

@@ -29,13 +29,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bridge.advise.service import run_advisory
 from bridge.cli_text import fail, say
 from bridge.config import BridgeConfig, pool_of
 from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.daemon.actuator import record_of
-from bridge.daemon.auth import TokensError, add_token
 from bridge.daemon.planner import Settings, is_stuck
 from bridge.daemon.service import DaemonError, run_daemon
+from bridge.http.auth import TokensError, add_token
 from bridge.leases import leader
 from bridge.leases.errors import LeaseError
 from bridge.leases.requests import RequestQueue
@@ -65,7 +66,11 @@ def daemon(config: ConfigOpt = None, advise: AdviseOpt = False) -> None:
     for noisy in ("apscheduler", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        run_daemon(load_or_exit(config), advise=advise)
+        cfg = load_or_exit(config)
+        if advise:
+            run_advisory(cfg)
+        else:
+            run_daemon(cfg)
     except DaemonError as exc:
         raise fail(exc) from exc
 

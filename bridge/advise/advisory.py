@@ -8,7 +8,7 @@ injected clock and observer. Each pass, `run_once(now)`:
 1. Observe: the same `Observer` as the reconciler's (Slurm's nodes, jobs and
    reservations; each Triton server's readiness, models and metrics). A Slurm error ends
    the pass `failed`, as it does the reconciler's.
-2. Sync the shadow leases (`bridge.daemon.shadow`): each lend the advisory would have
+2. Sync the shadow leases (`bridge.advise.shadow`): each lend the advisory would have
    made moves through the lease states on the simulator's timing.
 3. The pools an operator holds (`stb drain POOL`, read only): their shadows are returned
    and nothing is lent from them, as the reconciler does.
@@ -66,16 +66,16 @@ from typing import Any, Protocol
 
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 
+from bridge.advise.shadow import ShadowBook, ShadowLease
 from bridge.config import BridgeConfig
-from bridge.daemon.exporter import BridgeMetrics
+from bridge.daemon.metrics import BridgeMetrics
 from bridge.daemon.observation import Observation
 from bridge.daemon.reconciler import LendMemory, policy_snapshot
 from bridge.daemon.report import StepError, TickReport
-from bridge.daemon.shadow import ShadowBook, ShadowLease
 from bridge.leases.advice import Advice, AdviceSample, AdviceStore, ShadowLeaseRow
 from bridge.leases.requests import PoolHold
 from bridge.lifecycle import LeaseState, StepTimes
-from bridge.policy import Lend, Return, Snapshot, StartBaseline, decide
+from bridge.policy import LeaseView, Lend, Return, Snapshot, StartBaseline, decide
 from bridge.policy.decide import LENDABLE, choose_nodes
 from bridge.slurm.errors import SlurmError
 
@@ -142,13 +142,13 @@ def shadow_row(lease: ShadowLease) -> ShadowLeaseRow:
     return ShadowLeaseRow(
         id=lease.id,
         node=lease.node,
-        pool=lease.pool,
-        lend_mode=lease.lend_mode,
-        models=list(lease.models),
+        pool=lease.view.pool,
+        lend_mode=lease.view.lend_mode,
+        models=list(lease.view.models),
         state=lease.state.value,
-        created_at=datetime.fromtimestamp(lease.created_at, UTC),
+        created_at=datetime.fromtimestamp(lease.view.created_at, UTC),
         updated_at=datetime.fromtimestamp(lease.updated_at, UTC),
-        reason=lease.reason,
+        reason=lease.view.reason,
         running_at=lease.running_at,
         ready_at=lease.ready_at,
         gone_at=lease.gone_at,
@@ -158,15 +158,17 @@ def shadow_row(lease: ShadowLease) -> ShadowLeaseRow:
 
 def shadow_of(row: ShadowLeaseRow) -> ShadowLease:
     return ShadowLease(
-        row.id,
-        row.node,
-        row.pool,
-        row.lend_mode,
-        tuple(row.models),
-        row.created_at.timestamp(),
-        LeaseState(row.state),
-        row.updated_at.timestamp(),
-        row.reason,
+        LeaseView(
+            row.id,
+            row.node,
+            row.pool,
+            row.lend_mode,
+            LeaseState(row.state),
+            tuple(row.models),
+            row.created_at.timestamp(),
+            row.updated_at.timestamp(),
+            reason=row.reason,
+        ),
         row.running_at,
         row.ready_at,
         row.gone_at,
@@ -249,9 +251,10 @@ class Advisor:
         report.events += [m.line() for m in book.sync(obs, t)]
         returns: list[Return] = []
         for lease in list(book.leases.values()):
-            hold = holds.get(lease.pool)
+            pool = lease.view.pool
+            hold = holds.get(pool)
             if hold is not None and lease.state not in (S.DRAINING, S.RELEASING, S.FAILED):
-                returns.append(Return(lease.id, f"pool {lease.pool} held by {hold.held_by}"))
+                returns.append(Return(lease.id, f"pool {pool} held by {hold.held_by}"))
         returned = [(r, self._return(r, t, report)) for r in returns]
         view = book.observation(obs)
         self.last_observation = view
@@ -337,9 +340,9 @@ class Advisor:
             at=now,
             kind="return",
             node=lease.node if lease else "",
-            pool=lease.pool if lease else "",
-            lend_mode=lease.lend_mode if lease else "",
-            models=list(lease.models) if lease else [],
+            pool=lease.view.pool if lease else "",
+            lend_mode=lease.view.lend_mode if lease else "",
+            models=list(lease.view.models) if lease else [],
             reason=action.reason,
             shadow_lease=action.lease_id,
             shadow_serving=serving,

@@ -9,7 +9,9 @@ changes, so a token is added or revoked without restarting the daemon.
 `authorize(header, role)` compares the presented token with every known one by
 `hmac.compare_digest` over SHA-256 digests (equal length, constant time, no early exit),
 and answers 401 (no or unknown token) or 403 (a known token without the role). Used by
-the exporter (`bridge.daemon.exporter`) for every path but /metrics and /healthz.
+the HTTP surface's bearer dependency (`bridge.http.guard`) for every path but /metrics,
+/healthz and /openapi.json, and by `stb token` (`add_token`). Free of any web framework,
+so the CLI reads and writes tokens without loading one.
 """
 
 from __future__ import annotations

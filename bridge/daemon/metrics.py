@@ -1,60 +1,21 @@
-"""The bridge's own metrics and health, and its API, over HTTP or HTTPS: `/metrics`
-(Prometheus text) and `/healthz` (200 while the last good tick is recent, 503 otherwise,
-with a JSON body saying why) are open; `/sd` (the http_sd document of Triton targets,
-role `metrics`) and the routes the daemon adds (the ledger's `/api/report`, the operator
-requests of `bridge.daemon.api`) need a bearer token with the route's role
-(`bridge.daemon.auth`: 401 without one, 403 without the role). Requests are bounded
-(query string, body, time to send them) and refused with a JSON `{"error": ...}`.
+"""The metrics the daemon keeps about itself (`BridgeMetrics`): every tick metric from the
+pass's `TickReport`, the leader's epoch, and the health verdict `/healthz` answers.
 
-Called by the reconciler (it records each pass's `TickReport`: every tick metric comes
-from the report) and by `stb daemon` (it starts the server). One registry per exporter,
-so tests and several daemons in one process never collide.
+Called by the reconciler and the advisory pass (they record each pass's report) and by
+the daemon's service, which hands it to the HTTP surface (`bridge.http.app`: `/metrics`
+from its registry, `/healthz` from `health`). One registry per instance, so tests and
+several daemons in one process never collide.
 """
 
 from __future__ import annotations
 
-import json
-import ssl
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from collections.abc import Callable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from bridge.daemon.auth import Principal, TokenTable
 from bridge.daemon.report import Outcome, TickReport
 from bridge.lifecycle import LeaseState
-
-#: longest query string and POST body an API request may carry
-MAX_QUERY_CHARS = 4096
-MAX_BODY_BYTES = 64 * 1024
-#: seconds a client may take to send its request
-REQUEST_TIMEOUT_S = 10
-
-
-@dataclass(frozen=True)
-class ApiRequest:
-    """One authenticated request, as a route's handler sees it."""
-
-    path: str
-    query: Mapping[str, Sequence[str]]
-    body: bytes
-    principal: Principal
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """An API path: its method, the role a caller needs, and its handler, which answers
-    (HTTP status, JSON body)."""
-
-    method: str
-    role: str
-    handler: Callable[[ApiRequest], tuple[int, bytes]]
 
 
 class BridgeMetrics:
@@ -260,137 +221,4 @@ class BridgeMetrics:
         return ok, body
 
 
-class ExporterServer:
-    """`/metrics` and `/healthz` (open), `/sd` and the added routes (bearer token with
-    the route's role), over HTTP or HTTPS, in a background thread."""
-
-    def __init__(
-        self,
-        metrics: BridgeMetrics,
-        address: tuple[str, int],
-        tick_s: float,
-        sd_document: Callable[[], bytes] | None = None,
-        routes: Mapping[str, Endpoint] | None = None,
-        *,
-        tokens: TokenTable | None = None,
-        tls: ssl.SSLContext | None = None,
-    ) -> None:
-        exporter = self
-        #: more paths: path -> endpoint (method, role, handler)
-        self.routes = dict(routes or {})
-        self.tokens = tokens or TokenTable(None)
-
-        class Handler(BaseHTTPRequestHandler):
-            timeout = REQUEST_TIMEOUT_S  # a client that stalls mid-request is dropped
-
-            def do_GET(self) -> None:
-                exporter._serve(self, "GET")
-
-            def do_POST(self) -> None:
-                exporter._serve(self, "POST")
-
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
-        self.metrics = metrics
-        self.tick_s = tick_s
-        self.sd_document = sd_document
-        self._server = ThreadingHTTPServer(address, Handler)
-        self._server.daemon_threads = True
-        self.scheme = "http"
-        if tls is not None:
-            # the handshake runs in the request's own thread, not in the accept loop
-            self._server.socket = tls.wrap_socket(
-                self._server.socket, server_side=True, do_handshake_on_connect=False
-            )
-            self.scheme = "https"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, daemon=True, name="stb-exporter"
-        )
-
-    @property
-    def address(self) -> tuple[str, int]:
-        host, port = self._server.server_address[:2]
-        return str(host), int(port)
-
-    @property
-    def url(self) -> str:
-        host, port = self.address
-        return f"{self.scheme}://{host}:{port}"
-
-    def start(self) -> ExporterServer:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def _serve(self, req: BaseHTTPRequestHandler, method: str) -> None:
-        target = urlsplit(req.path)
-        path = target.path
-        if method == "GET" and path == "/metrics":
-            self._reply(req, 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry))
-            return
-        if method == "GET" and path == "/healthz":
-            ok, health = self.metrics.health(self.tick_s)
-            self._reply(req, 200 if ok else 503, "application/json", json.dumps(health).encode())
-            return
-        endpoint = self.routes.get(path)
-        if path == "/sd" and self.sd_document is not None:
-            document = self.sd_document
-            endpoint = Endpoint("GET", "metrics", lambda _r: (200, document()))
-        if endpoint is None:
-            self._error(req, 404, f"no such path: {path[:100]}")
-            return
-        if endpoint.method != method:
-            self._error(req, 405, f"{path} takes {endpoint.method}")
-            return
-        verdict = self.tokens.authorize(req.headers.get("Authorization"), endpoint.role)
-        if verdict.status != 200:
-            self._error(req, verdict.status, verdict.reason)
-            return
-        if len(target.query) > MAX_QUERY_CHARS:
-            self._error(req, 414, f"query string over {MAX_QUERY_CHARS} characters")
-            return
-        body = b""
-        if method == "POST":
-            length = req.headers.get("Content-Length", "")
-            if not length.isdigit():
-                self._error(req, 411, "a POST needs a Content-Length")
-                return
-            if int(length) > MAX_BODY_BYTES:
-                self._error(req, 413, f"body over {MAX_BODY_BYTES} bytes")
-                return
-            body = req.rfile.read(int(length))
-        try:
-            query = parse_qs(
-                target.query, keep_blank_values=True, strict_parsing=False, max_num_fields=50
-            )
-        except ValueError as exc:
-            self._error(req, 400, f"bad query string: {exc}")
-            return
-        assert verdict.principal is not None
-        code, payload = endpoint.handler(ApiRequest(path, query, body, verdict.principal))
-        self._reply(req, code, "application/json", payload)
-
-    def _error(self, req: BaseHTTPRequestHandler, code: int, reason: str) -> None:
-        self._reply(req, code, "application/json", json.dumps({"error": reason}).encode())
-
-    @staticmethod
-    def _reply(req: BaseHTTPRequestHandler, code: int, ctype: str, body: bytes) -> None:
-        req.send_response(code)
-        req.send_header("Content-Type", ctype)
-        req.send_header("Content-Length", str(len(body)))
-        if code == 401:
-            req.send_header("WWW-Authenticate", 'Bearer realm="stb"')
-        req.end_headers()
-        req.wfile.write(body)
-
-
-def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
-    """A server context for `cert` and `key` (TLS 1.2 or newer)."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert, key)
-    return context
+__all__ = ["BridgeMetrics"]

@@ -1,0 +1,248 @@
+"""The simulated cluster of one run: simulated time, Slurm's side of it and the bridge's
+Triton jobs on it. Arrivals and events are processed in time order (job arrivals and
+ends, requeues becoming eligible, Triton jobs starting and ending), and Slurm schedules
+when events arrive (a pass per instant with events: `bridge.sim.fleet`); a Triton job
+starts on its node after the lab's measured delay (a preempt-mode lend's node has its
+jobs requeued then; a drain-mode lend's job waits until its node is free), its server is
+ready `triton_ready_s` later (plus its models' load), and it ends `cancel_s` after its
+cancel.
+
+`Cluster` is the engine's base (`bridge.sim.engine.Engine`, which adds the bridge: its
+ticks, leases and policy); `SimLease` is a simulated lease, its modelled times those of
+its Triton job here. The hot loop (`_advance`: a job's arrival, start and end) is
+written out rather than layered; `tests/unit/test_sim_speed.py` compares its shortcuts
+with the plain code.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from bridge.lifecycle import LeaseState
+from bridge.policy import LeaseView
+from bridge.policy.leasesync import ModelledLease
+from bridge.sim.fleet import Fleet, JobRun, SimNode
+from bridge.sim.setup import Setup
+
+
+@dataclass(eq=False)
+class SimLease(ModelledLease):
+    """A simulated lease: its view and modelled times (`ModelledLease`), and its node. It
+    is born `submitted` (`born`): the simulated act step records the lend and submits
+    its Triton job in the same instant (the reconciler's requested -> submitted, which
+    takes no simulated time). It then changes state only through `Engine._move`, which
+    checks each move against `bridge.lifecycle.TRANSITIONS`."""
+
+    node: SimNode = field(kw_only=True)
+    #: a drain lease's Triton job has been given its start (the node became free)
+    queued: bool = field(default=False, kw_only=True)
+    #: a drain lease found its node busy when it was made (it waited for the jobs)
+    waited: bool = field(default=False, kw_only=True)
+
+    @classmethod
+    def born(
+        cls,
+        lease_id: int,
+        node: SimNode,
+        pool: str,
+        lend_mode: str,
+        models: tuple[str, ...],
+        now: float,
+        gpus: int = 1,
+    ) -> SimLease:
+        """A lend made at `now`, its Triton job submitted (`sim-<id>`)."""
+        view = LeaseView(
+            lease_id,
+            node.name,
+            pool,
+            lend_mode,
+            LeaseState.SUBMITTED,
+            models,
+            now,
+            now,
+            slurm_job_id=f"sim-{lease_id}",
+            gpus=gpus,
+        )
+        return cls(view, node=node)
+
+    @property
+    def lease_id(self) -> int:
+        """`id`, by the name the tracing engine (`bridge.sim.labcheck`) reads."""
+        return self.view.id
+
+
+class Cluster:
+    """The simulated cluster: its nodes and jobs, the event heap, Slurm's passes and the
+    bridge's Triton jobs (see the module docstring)."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.s = setup
+        runs = {
+            j.job_id: JobRun(j, j.kind, j.submit_s, submitted_at=j.submit_s) for j in setup.jobs
+        }
+        #: the run's own nodes (a Setup can be run again: its nodes are only a plan)
+        self.nodes = [SimNode(n.index, n.name, n.pool, n.partition, n.gpus) for n in setup.nodes]
+        partitions = {n.partition for n in self.nodes if n.partition}
+        for run in runs.values():
+            if run.partition not in partitions:
+                raise ValueError(f"job {run.job.job_id}: no {run.partition} nodes in the fleet")
+        self.by_name = {n.name: n for n in self.nodes}
+        self.arrival_order = sorted(runs.values(), key=lambda r: (r.job.submit_s, r.job.job_id))
+        self.next_arrival = 0
+        #: their submit times, and inf after the last
+        self.arrival_times = [r.job.submit_s for r in self.arrival_order] + [math.inf]
+        #: the event heap: (when, seq, kind, payload), or (when, seq, run, run number) for
+        #: a job's end (`_pass`)
+        self.events: list[tuple[float, int, object, object]] = []
+        #: the events' order among those of one instant
+        self.seq = itertools.count(1)
+        self.now = 0.0
+        reserved = {p for p, pc in setup.config.pools.items() if pc.lend_mode == "reserved"}
+        #: the nodes of the reserved pools: their baseline Triton servers run from the start
+        self.reserved_nodes = [n for n in self.nodes if n.pool in reserved]
+        for node in self.reserved_nodes:
+            node.triton = True
+        self.fleet = Fleet(
+            self.nodes, runs, setup.timing.requeue_delay_s, checkpoint_s=setup.checkpoint_s
+        )
+        #: indexes of the nodes whose jobs changed since the policy's last view of them
+        self.stale: set[int] = set()
+        #: a scheduling pass is due
+        self.dirty_sched = True
+        #: drain-mode leases, by id, that may still need their Triton job's start
+        self.drain_pending: dict[int, SimLease] = {}
+        #: when each job was requeued by a Triton job's start (the preemption budget's)
+        self.victims: deque[float] = deque()
+
+    def _at(self, when: float, kind: str, payload: object) -> None:
+        heapq.heappush(self.events, (when, next(self.seq), kind, payload))
+
+    def _advance(self, until: float) -> None:
+        """Process arrivals and events up to `until` (inclusive). Slurm schedules on
+        events: a pass runs once the events of one instant are all in. (The hot loop of a
+        run: a job's end is handled here rather than in `_event`; the pass's flag
+        `dirty_sched` is kept in a local meanwhile, and the pass is `_schedule` written
+        out.)"""
+        events, arrivals, order = self.events, self.arrival_times, self.arrival_order
+        fleet, stale, heappop, heappush = self.fleet, self.stale, heapq.heappop, heapq.heappush
+        submit, start_alone, end = fleet.submit, fleet.start_alone, fleet.end
+        inf, run_type, seq = math.inf, JobRun, self.seq
+        nxt = self.next_arrival
+        t_arr = arrivals[nxt]
+        dirty = self.dirty_sched
+        now = self.now  # (kept equal to self.now, which the calls below read)
+        while True:
+            t_event = events[0][0] if events else inf
+            t = t_arr if t_arr < t_event else t_event
+            fresh = t > now  # (a new instant)
+            if fresh and dirty:
+                dirty = False
+                if fleet.waiting:  # (else the pass would start nothing)
+                    self._pass(now)
+            if t > until:
+                break
+            if fresh:
+                now = self.now = t
+            if t_arr <= t_event:
+                run = order[nxt]
+                nxt += 1
+                t_next = arrivals[nxt]
+                if fresh and t_next > t < t_event and start_alone(run, now):
+                    # alone at its instant, no job waiting: the instant's pass is its
+                    # start (`_pass`, made here: no submit, no pass)
+                    stale.update(run.nodes)
+                    done = now + (run.job.duration_s - run.done_s)
+                    heappush(events, (done, next(seq), run, run.run))
+                else:
+                    submit(run)
+                    dirty = True
+                t_arr = t_next
+                continue
+            _, _, what, detail = heappop(events)
+            if what.__class__ is run_type:  # a job's end: (when, seq, its run, run number)
+                run = what
+                if run.run == detail and run.started_at is not None:
+                    stale.update(run.nodes)  # the nodes' indexes (`_touch`)
+                    end(run, now)
+                    dirty = True
+                    if self.drain_pending:
+                        self._drain_ready()
+            else:
+                self.dirty_sched = dirty
+                self._event(cast(str, what), detail)
+                dirty = self.dirty_sched
+        self.next_arrival = nxt
+        self.dirty_sched = dirty
+        self._schedule()
+        self.now = until
+
+    def _event(self, kind: str, payload: object) -> None:
+        if kind == "eligible":
+            self.dirty_sched = True
+        elif kind == "triton_run":
+            lease = payload
+            assert isinstance(lease, SimLease)
+            if lease.view.state != LeaseState.SUBMITTED or lease.running_at is not None:
+                return
+            node = lease.node
+            for run in list(self.fleet.running_on(node)):
+                self._touch(self.fleet.preempt(run, self.now))
+                self.victims.append(self.now)
+                self._at(self.now + self.s.timing.requeue_delay_s, "eligible", None)
+            self.fleet.take(node, self.now)
+            self._touch([node])
+            lease.running_at = self.now
+            timing = self.s.timing
+            ready = timing.triton_ready_s + timing.load_s(lease.view.models)
+            lease.ready_at = self.now + ready
+            self.dirty_sched = True
+        elif kind == "triton_gone":
+            lease = payload
+            assert isinstance(lease, SimLease)
+            if lease.node.triton:
+                self.fleet.give_back(lease.node, self.now)
+                self._touch([lease.node])
+                self.dirty_sched = True
+
+    def _drain_ready(self) -> None:
+        """Drain-mode leases whose node just became free start their Triton job. Only the
+        drain leases not yet given their start are looked at (in lease order); one that
+        never will be (queued, cancelled, past submitted) leaves that list."""
+        gone = []
+        for lease_id, lease in self.drain_pending.items():
+            pending = lease.view.state == LeaseState.SUBMITTED and lease.running_at is None
+            if not pending or lease.queued:
+                gone.append(lease_id)
+                continue
+            if not lease.node.jobs:
+                lease.queued = True
+                gone.append(lease_id)
+                self._at(self.now + self.s.timing.slurm_start_s, "triton_run", lease)
+        for lease_id in gone:
+            del self.drain_pending[lease_id]
+
+    def _schedule(self) -> None:
+        if not self.dirty_sched:
+            return
+        self.dirty_sched = False
+        if self.fleet.waiting:  # (else the pass would start nothing)
+            self._pass(self.now)
+
+    def _pass(self, now: float) -> None:
+        """A scheduling pass at `now`; each job it starts gets its end event, kept in the
+        heap as (when, seq, run, run number) (the other events: (when, seq, kind,
+        payload))."""
+        stale, events, seq, push = self.stale, self.events, self.seq, heapq.heappush
+        for run in self.fleet.schedule(now):
+            stale.update(run.nodes)  # the nodes' indexes (`_touch`)
+            push(events, (now + (run.job.duration_s - run.done_s), next(seq), run, run.run))
+
+    def _touch(self, nodes: Sequence[SimNode]) -> None:
+        for node in nodes:
+            self.stale.add(node.index)

@@ -1,0 +1,315 @@
+"""The replicas' side of a simulated run: ready replicas grouped by the models they hold
+(`Group`: replicas of one model set see the same load), the latency model over each tick
+(`bridge.sim.latency`), and what each model's requests saw: the `ModelSample` the
+observe step would have read (Triton's 60 s p99, the tick's mean latency, request rate,
+pending requests), the share within the SLO, per request and per minute.
+
+`Serving` is the engine's (`bridge.sim.engine.Engine`): `join` when routing changes (a
+replica in or out: the engine's act and sync), `serve(k)` once per tick. The hot path (the
+latency model's tick) is kept as plain numbers; `tests/unit/test_sim_speed.py` compares
+its shortcuts with the plain code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bridge.config import ModelConfig
+from bridge.policy import ModelSample
+from bridge.sim import latency
+from bridge.sim.result import ModelOutcome
+from bridge.sim.setup import Setup
+from bridge.sim.views import model_sample as _model_sample
+from bridge.sim.workload import ArrivalSeries
+
+#: Triton's latency summaries (prometheus-cpp): observations of the last 60 s, kept in 5
+#: buckets that rotate every 12 s, so a quantile covers the last 48 to 60 s and old
+#: requests leave it in 12 s steps (as the lab shows)
+WINDOW_S = 60.0
+AGE_BUCKETS = 5
+
+
+@dataclass(eq=False)
+class Group:
+    """Ready replicas holding the same models: they see the same load."""
+
+    models: tuple[str, ...]
+    nodes: int = 0
+    backlog_s: float = 0.0
+    #: the ticks in Triton's summary window, oldest first: their (quantile
+    #: `wait_quantile()`, requests), their requests alone and their end times. A tick
+    #: leaves all three once the window has rotated past it (`_window_start`; it never
+    #: comes back)
+    window: deque[tuple[float, float]] = field(default_factory=deque)
+    window_n: deque[float] = field(default_factory=deque)
+    window_at: deque[float] = field(default_factory=deque)
+    extra_p99_s: float | None = None
+    #: the last tick's state (`latency.TickState`'s delay_lo_s, delay_hi_s, wait_p and
+    #: wait_rate), its `mean_extra()` and `share_within(budget)` by budget
+    state: tuple[float, float, float, float] | None = None
+    mean_extra: float = 0.0
+    within: dict[float, float] = field(default_factory=dict)
+    #: when its first replica came up (the summaries' rotation runs from there)
+    born: float = 0.0
+    #: requests queued on one of its nodes at the last tick's end
+    pending: float = 0.0
+
+
+#: `Serving._lay_out()`: per group its models' (index, replicas, service time), per model
+#: its (share of its traffic, group)
+Layout = tuple[list[tuple[Group, list[tuple[int, int, float]]]], list[list[tuple[float, Group]]]]
+
+
+class Serving:
+    """The ready replicas of one run, by model set, and each model's outcome and samples."""
+
+    def __init__(
+        self,
+        setup: Setup,
+        specs: Mapping[str, ModelConfig],
+        ticks: int,
+        depth: int,
+        node_gpus: int,
+        replica_gpus: int,
+    ) -> None:
+        self.s = setup
+        self.tick_s = setup.config.tick_s
+        self.models = list(specs)
+        #: per model, its mean arrival rate over each tick
+        self.rates = {m: per_tick(setup.arrivals, m, self.tick_s, ticks) for m in self.models}
+        self.window_ticks = max(1, round(WINDOW_S / self.tick_s))
+        self._rate_series = [self.rates[m] for m in self.models]
+        #: per model, its recent samples (as deep as the policy reads)
+        self.history: dict[str, deque[ModelSample]] = {m: deque(maxlen=depth) for m in self.models}
+        self.rate_window: dict[str, deque[float]] = {
+            m: deque(maxlen=self.window_ticks) for m in self.models
+        }
+        self.groups: dict[tuple[str, ...], Group] = {}
+        #: `_lay_out()` of the groups as they are (None: to be made again)
+        self._layout: Layout | None = None
+        #: GPUs of a node, and parallel model instances on one replica
+        self.node_gpus = node_gpus
+        self.replica_gpus = replica_gpus
+        #: GPU-seconds the replicas spent serving
+        self.inference_used_s = 0.0
+        out = {m: ModelOutcome(specs[m].slo_p99_ms) for m in self.models}
+        self.outcome = out
+        self.minute = {m: [0.0, 0.0] for m in self.models}
+        #: what `serve` reads of each model, in model order: SLO (ms), service time (s and
+        #: ms), SLO budget beyond the service time (s), outcome, minute tally, history, rates
+        self._per_model = [
+            (
+                specs[m].slo_p99_ms,
+                setup.service_s[m],
+                setup.service_s[m] * 1000.0,
+                specs[m].slo_p99_ms / 1000.0 - setup.service_s[m],
+                out[m],
+                self.minute[m],
+                self.history[m],
+                self.rate_window[m],
+            )
+            for m in self.models
+        ]
+        #: the last tick's requests per second (all models) and worst p99 over its SLO
+        self.tick_requests = 0.0
+        self.tick_worst = 0.0
+
+    def join(self, models: tuple[str, ...], n: int, now: float) -> None:
+        """`n` replicas holding `models` come into routing at `now` (n < 0: go out)."""
+        group = self.groups.get(models)
+        if group is None:
+            size = self.window_ticks + 1
+            group = self.groups[models] = Group(
+                models,
+                window=deque(maxlen=size),
+                window_n=deque(maxlen=size),
+                window_at=deque(maxlen=size),
+                born=now,
+            )
+        if n > 0 and group.nodes > 0:  # a fresh replica starts with an empty queue
+            group.backlog_s *= group.nodes / (group.nodes + n)
+        group.nodes += n
+        if group.nodes <= 0:
+            del self.groups[models]
+        self._layout = None
+
+    def _lay_out(self) -> Layout:
+        """What `serve` needs of the groups, which change only at `join` (`Layout`)."""
+        replicas = dict.fromkeys(self.models, 0)
+        for group in self.groups.values():
+            for m in group.models:
+                if m in replicas:
+                    replicas[m] += group.nodes
+        index = {m: i for i, m in enumerate(self.models)}
+        per_group: list[tuple[Group, list[tuple[int, int, float]]]] = []
+        per_model: list[list[tuple[float, Group]]] = [[] for _ in self.models]
+        for group in self.groups.values():
+            parts: list[tuple[int, int, float]] = []
+            for m in group.models:
+                r = replicas.get(m, 0)
+                if r:
+                    parts.append((index[m], r, self.s.service_s[m]))
+                    per_model[index[m]].append((group.nodes / r, group))
+            per_group.append((group, parts))
+        return per_group, per_model
+
+    def serve(self, k: int) -> list[ModelSample]:
+        """The latency model over tick k (from k*tick to (k+1)*tick); each model's sample
+        of it, in model order (each also appended to its history)."""
+        dt = self.tick_s
+        now = (k + 1) * dt
+        if self._layout is None:
+            self._layout = self._lay_out()
+        per_group, per_model_at = self._layout
+        rates = [series[k] for series in self._rate_series]
+        cv2 = self.s.service_cv2
+        servers = self.replica_gpus
+        advance, wait_quantile = latency.advance, latency.wait_quantile
+        for group, members in per_group:
+            node_rate = 0.0
+            node_load = 0.0
+            for i, r, service in members:
+                share = rates[i] / r
+                node_rate += share
+                node_load += share * service
+            # `latency.step`, as plain numbers
+            lo = group.backlog_s
+            hi, p, tail, queued = advance(servers, node_load, node_rate, lo, dt, cv2)
+            group.backlog_s = hi
+            busy = min(node_load, servers) / servers
+            self.inference_used_s += busy * self.node_gpus * group.nodes * dt
+            window, window_n, window_at = group.window, group.window_n, group.window_at
+            requests = node_rate * dt
+            window.append((wait_quantile(lo, hi, p, tail), requests))
+            window_n.append(requests)
+            window_at.append(now)
+            group.state = (lo, hi, p, tail)
+            group.mean_extra = (lo + hi) / 2.0 + (p / tail if tail > 0 else 0.0)  # `mean_extra`
+            group.within.clear()
+            group.pending = queued
+            start = _window_start(group.born, now)
+            while window_at[0] <= start:  # (the newest tick is always in)
+                window_at.popleft()
+                window_n.popleft()
+                window.popleft()
+            group.extra_p99_s = _window_quantile(window, window_n)
+        requests_total = 0.0
+        worst = 0.0
+        samples: list[ModelSample] = []
+        for (slo_ms, s_m, compute_ms, budget, out, minute, history, rate_window), lam, parts in zip(
+            self._per_model, rates, per_model_at, strict=True
+        ):
+            rate_window.append(lam)
+            n = lam * dt
+            requests_total += lam
+            p99: float | None = None
+            mean: float | None = None
+            if not parts:  # no replica: every request fails
+                within = 0.0
+                out.requests += n
+                out.within_slo += n * within
+                minute[0] += n
+                minute[1] += n * within
+                if n > 0:
+                    worst = math.inf
+                sample = _model_sample(now, None, None, None, None, None)
+                history.append(sample)
+                samples.append(sample)
+                continue
+            if len(parts) == 1:  # (most models: one group holds them all) the loop below
+                share, group = parts[0]
+                part = group.within.get(budget)
+                if part is None:
+                    assert group.state is not None
+                    part = group.within[budget] = latency.share_within(*group.state, budget)
+                within = 0.0 + share * part  # (`0.0 +`: the loop's sums, exactly)
+                mean_s = 0.0 + share * (s_m + group.mean_extra)
+                pending = 0.0 + group.pending
+                if group.extra_p99_s is not None:
+                    p99 = (s_m + group.extra_p99_s) * 1000.0
+            else:
+                pending = 0.0
+                within = 0.0
+                mean_s = 0.0
+                for share, group in parts:
+                    # the group's tick, once for all its models (of the same budget)
+                    part = group.within.get(budget)
+                    if part is None:
+                        assert group.state is not None
+                        part = group.within[budget] = latency.share_within(*group.state, budget)
+                    within += share * part
+                    mean_s += share * (s_m + group.mean_extra)
+                    pending += group.pending
+                    if group.extra_p99_s is not None:
+                        q = (s_m + group.extra_p99_s) * 1000.0
+                        if p99 is None or q > p99:  # (`max`, without the call)
+                            p99 = q
+            if lam > 0:
+                mean = mean_s * 1000.0
+            if p99 is not None and sum(rate_window) <= 0:
+                p99 = None
+            out.requests += n
+            out.within_slo += n * within
+            minute[0] += n
+            minute[1] += n * within
+            if p99 is not None and p99 / slo_ms > worst:
+                worst = p99 / slo_ms
+            sample = _model_sample(
+                now, p99, lam, pending, mean, compute_ms if mean is not None else None
+            )
+            history.append(sample)
+            samples.append(sample)
+        self.tick_requests = requests_total
+        self.tick_worst = worst
+        if int(now // 60.0) != int((now - dt) // 60.0):
+            for m in self.models:
+                minute = self.minute[m]
+                if minute[0] > 0:
+                    out = self.outcome[m]
+                    out.minutes += 1
+                    if minute[1] >= latency.Q * minute[0] - 1e-9:
+                        out.minutes_within += 1
+                minute[0] = minute[1] = 0.0
+        return samples
+
+
+def _window_quantile(
+    window: Sequence[tuple[float, float]], requests: Sequence[float]
+) -> float | None:
+    """`latency.window_quantile_of` of a group's window ((quantile, requests) of each
+    tick, and the requests alone): most often the slowest tick alone holds the share of
+    requests over the quantile, and this finds it without a Python loop."""
+    total = sum(requests)  # (`window_quantile_of`'s sum: the same terms, in order)
+    if total <= 0:
+        return None
+    top = max(window)  # the slowest tick, the most requests among equals
+    if top[1] > 0 and top[1] >= (1.0 - latency.Q) * total:
+        return top[0]
+    return latency.window_quantile_of([(n, extra) for extra, n in window])
+
+
+def _window_start(born: float, now: float) -> float:
+    """The oldest observation time in a Triton summary at `now` (see AGE_BUCKETS)."""
+    rotation = WINDOW_S / AGE_BUCKETS
+    last = born + math.floor((now - born) / rotation) * rotation
+    return last - (WINDOW_S - rotation)
+
+
+def per_tick(arrivals: ArrivalSeries, model: str, tick_s: float, ticks: int) -> list[float]:
+    """The model's mean rate over each tick (the series' steps need not match ticks)."""
+    rates = np.asarray(arrivals.rates[model], dtype=float)
+    step = arrivals.step_s
+    if math.isclose(step, tick_s):
+        out = np.zeros(ticks)
+        n = min(ticks, len(rates))
+        out[:n] = rates[:n]
+        return [float(x) for x in out]
+    edges = np.arange(len(rates) + 1) * step
+    cum = np.concatenate(([0.0], np.cumsum(rates * step)))
+    at = np.arange(ticks + 1) * tick_s
+    return [float(x) for x in np.diff(np.interp(at, edges, cum)) / tick_s]

@@ -1,0 +1,76 @@
+"""What one simulated run is given: `Setup` (the policy's configuration, the fleet, the
+jobs, the arrivals, service times, horizon and the run's switches) and `Timing` (how long
+each actuation step takes). Built by `bridge.sim.policies` (and `bridge.sim.labcheck`,
+`bridge.advise.replay`), played by `bridge.sim.engine.Engine`, which names them too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bridge.config import BridgeConfig, ModelConfig
+from bridge.lifecycle import StepTimes
+from bridge.sim.fleet import SimNode
+from bridge.sim.workload import ArrivalSeries, SimJob
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds each step takes: by default the lab's measured `bridge.lifecycle.StepTimes`
+    (each field's meaning there). A site's own, from its bridge's lease history:
+    `bridge.sim.inputs.timing_from_leases`."""
+
+    slurm_start_s: float = StepTimes.slurm_start_s
+    preempt_start_s: float = StepTimes.preempt_start_s
+    triton_ready_s: float = StepTimes.triton_ready_s
+    cancel_s: float = StepTimes.cancel_s
+    #: a requeued job may start again after this long (Slurm's fixed requeue delay)
+    requeue_delay_s: float = 121.0
+    #: per model, the seconds loading it adds after `triton_ready_s` (its weights: a
+    #: site's large models); a lent replica is ready once its slowest model is. Empty by
+    #: default: the lab's small models load within `triton_ready_s`
+    model_load_s: Mapping[str, float] = field(default_factory=dict, hash=False)
+
+    def load_s(self, models: Sequence[str]) -> float:
+        """The extra seconds a replica holding `models` takes to be ready."""
+        loads = self.model_load_s
+        return max((loads.get(m, 0.0) for m in models), default=0.0) if loads else 0.0
+
+
+@dataclass
+class Setup:
+    """Everything one policy's run needs. `config` is the policy's bridge configuration
+    (its pools name which simulated pools the policy may lend from)."""
+
+    name: str
+    description: str
+    config: BridgeConfig
+    nodes: list[SimNode]
+    jobs: Sequence[SimJob]
+    arrivals: ArrivalSeries
+    #: per model, service time of one request on one instance (seconds)
+    service_s: Mapping[str, float]
+    horizon_s: float
+    timing: Timing = field(default_factory=Timing)
+    #: squared coefficient of variation of service times (0: deterministic)
+    service_cv2: float = 0.0
+    series_step_s: float = 300.0
+    #: keep at most this many decisions in the result
+    max_decisions: int = 10_000
+    #: call decide at every tick (slow; proves the quiet-tick shortcut in tests)
+    always_decide: bool = False
+    #: prove ticks quiet without running `assess` where it can (`bridge.sim.quiet`);
+    #: False runs `assess` at every tick (the bench's baseline; the same results)
+    prove_quiet: bool = True
+    #: run `assess` on the ticks proven quiet as well and fail if it would act (tests)
+    check_quiet: bool = False
+    #: parallel model instances on one replica; None: one per GPU of the node
+    replica_servers: int | None = None
+    #: elastic jobs checkpoint every this many seconds of run time and report it (the
+    #: bridge's `stb:ckpt=` tag); a requeued run resumes there. None: no checkpoints
+    checkpoint_s: float | None = None
+    #: the models the policy scales, with their effective SLO and bounds (the daemon's:
+    #: `bridge.modelfacts.merge_models` of a repository and the TOML); None: the TOML's
+    #: `[models]` alone (`toml_models`)
+    models: Mapping[str, ModelConfig] | None = None

@@ -1,0 +1,146 @@
+"""The lab tests' fixtures that wire the bridge's parts to the lab (not a test module):
+`pg_database` (a scratch PostgreSQL database), `triton_config` (the Triton job settings; a
+test module may override it), `bridge` (a Reconciler on the lab, its own nginx and SQLite
+lease store, driven by `run_once`) and `daemon_config` (a TOML for a real `stb daemon`).
+tests/lab/conftest.py and tests/faults/conftest.py import them, so both folders share one
+copy.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bridge.config import TritonJobConfig, load_config
+from bridge.daemon.clients import TritonClients
+from bridge.daemon.observe import Observer
+from bridge.daemon.reconciler import Reconciler
+from bridge.lab import triton
+from bridge.lab.demo import daemon_toml
+from bridge.lab.pair import NoPostgres, scratch_database
+from bridge.lab.spec import LabSpec
+from bridge.leases.requests import RequestQueue
+from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.paths import project_root
+from bridge.routing import nginx
+from bridge.routing.nginxctl import NginxProcess
+from bridge.routing.publisher import RoutingPublisher
+from bridge.slurm.cli import SlurmCLI
+
+
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    """A new scratch PostgreSQL database's URL, dropped afterwards; the test is skipped
+    where no PostgreSQL answers."""
+    try:
+        with scratch_database() as url:
+            yield url
+    except NoPostgres as exc:
+        pytest.skip(str(exc))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def triton_config(lab: LabSpec) -> TritonJobConfig:
+    """The Triton job settings of the `bridge` fixture; a test module may override this
+    fixture (e.g. to serve a model repository of its own)."""
+    return triton.job_config(lab)
+
+
+@pytest.fixture
+def bridge(
+    lab: LabSpec, tmp_path: Path, triton_config: TritonJobConfig
+) -> Iterator[tuple[Reconciler, str]]:
+    base = load_config(project_root() / "deploy" / "lab" / "bridge.toml")
+    port = _free_port()
+    config = base.model_copy(
+        update={
+            "database_url": f"sqlite:///{tmp_path / 'bridge.db'}",
+            "triton": triton_config,
+            "policy": base.policy.model_copy(
+                update={
+                    "breach_evaluations": 2,
+                    "return_dwell_s": 6,
+                    "scale_out_cooldown_s": 0,
+                    "scale_in_cooldown_s": 6,
+                    "max_lent_nodes": 1,
+                }
+            ),
+        }
+    )
+    engine = make_engine(config.database_url)
+    create_schema(engine)
+    clients = TritonClients(triton.api_key(lab))
+
+    proc = NginxProcess(tmp_path / "nginx")
+    proc.start()
+    publisher = RoutingPublisher(
+        proc.routing_conf,
+        tmp_path / "http_sd.json",
+        proc.control,
+        settings=nginx.NginxSettings(listen=f"127.0.0.1:{port}"),
+    )
+    cli = SlurmCLI(env=lab.env())
+    rec = Reconciler(
+        config,
+        cli,
+        LeaseStore(engine),
+        Observer(cli, config, clients),
+        clients,
+        publisher,
+        requests=RequestQueue(engine),
+        forget_triton=clients.forget,
+    )
+    try:
+        yield rec, f"127.0.0.1:{port}"
+    finally:
+        proc.stop()
+        clients.close()
+        for job in cli.jobs(tag="stb:triton"):
+            cli.cancel(job.job_id)
+        for resv in cli.reservations():
+            if resv.name.startswith("stb-lease-"):
+                cli.delete_reservation(resv.name)
+
+
+@pytest.fixture
+def daemon_config(lab: LabSpec, tmp_path: Path) -> Iterator[Path]:
+    """A bridge TOML for a `stb daemon` subprocess: lab Triton paths, everything else
+    (database, nginx, exporter port, lock) under tmp_path."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nginx_port = s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        exporter_port = s.getsockname()[1]
+    path = tmp_path / "bridge.toml"
+    path.write_text(
+        daemon_toml(
+            lab, tmp_path, listen=f"127.0.0.1:{nginx_port}", exporter=f"127.0.0.1:{exporter_port}"
+        )
+    )
+    yield path
+    nginx_pid = tmp_path / "nginx" / "run" / "nginx.pid"
+    if nginx_pid.exists():
+        subprocess.run(
+            [
+                "nginx",
+                "-p",
+                str(tmp_path / "nginx"),
+                "-c",
+                str(tmp_path / "nginx" / "conf" / "nginx.conf"),
+                "-s",
+                "quit",
+            ],
+            capture_output=True,
+            check=False,
+        )
