@@ -59,7 +59,6 @@ Where the advice can differ from what the active daemon would do:
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -70,14 +69,13 @@ from bridge.advise.shadow import ShadowBook, ShadowLease
 from bridge.config import BridgeConfig
 from bridge.daemon.metrics import BridgeMetrics
 from bridge.daemon.observation import Observation
-from bridge.daemon.reconciler import LendMemory, policy_snapshot
-from bridge.daemon.report import StepError, TickReport
+from bridge.daemon.reconciler import LendMemory, carry_out, policy_snapshot
+from bridge.daemon.report import StepError, TickReport, first_line
 from bridge.leases.advice import Advice, AdviceSample, AdviceStore, ShadowLeaseRow
 from bridge.leases.requests import PoolHold
 from bridge.lifecycle import LeaseState, StepTimes
 from bridge.policy import LeaseView, Lend, Return, Snapshot, StartBaseline, decide
 from bridge.policy.decide import LENDABLE, choose_nodes
-from bridge.slurm.errors import SlurmError
 
 log = logging.getLogger(__name__)
 
@@ -224,22 +222,13 @@ class Advisor:
     def run_once(self, now: datetime | None = None) -> TickReport:
         now = now or datetime.now(UTC)
         report = TickReport(now, active=False)
-        started = time.monotonic()
-        try:
-            self._pass(now, report)
-        except SlurmError as exc:  # no fresh view of Slurm: nothing is decided
-            report.error("observe", exc)
-            report.failed = True
-        except SQLAlchemyError as exc:  # the holds could not be read: nothing is decided
-            report.errors.append(StepError("store", "transient", _first_line(exc)))
-            report.failed = True
-        report.seconds = time.monotonic() - started
-        for err in report.errors:
-            log.warning("%s", err.line())
-        seen = self.last_observation
-        slo = {m: c.slo_p99_ms for m, c in seen.models.scaled.items()} if seen else {}
-        self.metrics.record(report, slo)
-        return report
+
+        def slo() -> Mapping[str, float]:
+            seen = self.last_observation
+            return {m: c.slo_p99_ms for m, c in seen.models.scaled.items()} if seen else {}
+
+        # no fresh view of Slurm, or the holds unread: nothing is decided
+        return carry_out(report, lambda: self._pass(now, report), self.metrics, slo)
 
     def _pass(self, now: datetime, report: TickReport) -> None:
         t = now.timestamp()
@@ -367,10 +356,10 @@ class Advisor:
         try:
             self.store.write_tick(self._advice, self._samples, list(self._shadows.values()))
         except (IntegrityError, DataError) as exc:  # refused for good: retrying cannot help
-            report.errors.append(StepError("record", "permanent", _first_line(exc)))
-            log.error("advice rows refused by the database, dropped: %s", _first_line(exc))
+            report.errors.append(StepError("record", "permanent", first_line(exc)))
+            log.error("advice rows refused by the database, dropped: %s", first_line(exc))
         except SQLAlchemyError as exc:  # the database is away: kept for the next tick's write
-            report.errors.append(StepError("record", "transient", _first_line(exc)))
+            report.errors.append(StepError("record", "transient", first_line(exc)))
             if len(self._samples) > MAX_PENDING_SAMPLES:
                 dropped = len(self._samples) - MAX_PENDING_SAMPLES
                 del self._samples[:dropped]
@@ -410,10 +399,6 @@ def _line(row: Advice) -> str:
         what += f" ({row.pool}, {row.lend_mode}) for {','.join(row.models)}"
     shadow = f" [shadow lease {row.shadow_lease}]" if row.shadow_lease is not None else ""
     return f"advice: {what}: {row.reason}{shadow}"
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 __all__ = ["Advisor", "key_figures", "shadow_of", "shadow_row"]

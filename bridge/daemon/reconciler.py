@@ -52,7 +52,7 @@ from bridge.daemon.metrics import BridgeMetrics
 from bridge.daemon.observation import Observation, snapshot
 from bridge.daemon.observe import Observer
 from bridge.daemon.planner import LeaseRecord, Settings, Step, SubmitBaseline
-from bridge.daemon.report import StepError, TickReport
+from bridge.daemon.report import StepError, TickReport, first_line
 from bridge.daemon.rollouts import RolloutDriver
 from bridge.leases.errors import LeaseError
 from bridge.leases.leader import Fenced
@@ -192,29 +192,20 @@ class Reconciler:
     def run_once(self, now: datetime | None = None) -> TickReport:
         now = now or datetime.now(UTC)
         report = TickReport(now)
-        started = time.monotonic()
         report.active = self.is_active()
-        try:
+
+        def body() -> None:
             if report.active:
                 self._pass(now, report)
             else:
                 self._standby_pass(now, report)
-        except Fenced as exc:  # deposed mid-pass: the rest is the new leader's
-            report.errors.append(StepError("leader", "transient", str(exc)))
-            report.failed = True
-        except SlurmError as exc:  # only observe lets one through: no fresh view of Slurm
-            report.error("observe", exc)
-            report.failed = True
-        except SQLAlchemyError as exc:  # the lease database: nothing can be recorded
-            report.errors.append(StepError("store", "transient", _first_line(exc)))
-            report.failed = True
-        report.seconds = time.monotonic() - started
-        for err in report.errors:
-            log.warning("%s", err.line())
-        seen = self.last_observation
-        facts = seen.models if seen is not None else self.observer.models()
-        self.metrics.record(report, {m: c.slo_p99_ms for m, c in facts.scaled.items()})
-        return report
+
+        def slo() -> Mapping[str, float]:
+            seen = self.last_observation
+            facts = seen.models if seen is not None else self.observer.models()
+            return {m: c.slo_p99_ms for m, c in facts.scaled.items()}
+
+        return carry_out(report, body, self.metrics, slo)
 
     def _pass(self, now: datetime, report: TickReport) -> None:
         leases = [record_of(lease) for lease in self.store.open_leases()]
@@ -453,8 +444,32 @@ def _summarise(report: TickReport, leases: Sequence[LeaseRecord], obs: Observati
     report.p99_ms = {m: (h[-1].p99_ms if h else None) for m, h in obs.history.items()}
 
 
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+def carry_out(
+    report: TickReport,
+    body: Callable[[], None],
+    metrics: BridgeMetrics,
+    slo: Callable[[], Mapping[str, float]],
+) -> TickReport:
+    """One pass's body as the reconciler and the advisory pass both run it: an error that
+    stops the pass (deposed, no fresh view of Slurm, the database) recorded as data and
+    the pass failed; the errors logged, the pass timed and counted with each model's SLO."""
+    started = time.monotonic()
+    try:
+        body()
+    except Fenced as exc:  # deposed mid-pass: the rest is the new leader's
+        report.errors.append(StepError("leader", "transient", str(exc)))
+        report.failed = True
+    except SlurmError as exc:  # only observe lets one through: no fresh view of Slurm
+        report.error("observe", exc)
+        report.failed = True
+    except SQLAlchemyError as exc:  # the database: nothing can be recorded (or read)
+        report.errors.append(StepError("store", "transient", first_line(exc)))
+        report.failed = True
+    report.seconds = time.monotonic() - started
+    for err in report.errors:
+        log.warning("%s", err.line())
+    metrics.record(report, slo())
+    return report
 
 
-__all__ = ["LendMemory", "Reconciler", "TickReport", "policy_snapshot"]
+__all__ = ["LendMemory", "Reconciler", "TickReport", "carry_out", "policy_snapshot"]
