@@ -1,5 +1,6 @@
-"""Small helpers the lab tests share: run Slurm commands, wait for job states, a Prometheus
-server scraping the lab's Triton servers, a load sender stoppable half-way."""
+"""Small helpers the lab tests share: run Slurm commands, wait for job states, cancel the
+Triton jobs a test's daemons left, a Prometheus server scraping the lab's Triton servers, a
+load sender stoppable half-way."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.load.arrivals import Schedule
 from bridge.load.runner import Counters, RunConfig, parse_endpoint, run
+from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.model import TRITON_TAG
 
 
 def until(what: str, check: Callable[[], object], timeout_s: float, every: float = 0.05) -> float:
@@ -59,6 +62,24 @@ def wait_state(spec: LabSpec, job_id: str, states: set[str], timeout_s: float) -
             return state
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} never reached {states} in {timeout_s}s (last {state!r})")
+
+
+#: squeue's states of a job that holds, or will hold, its node and ports
+LIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
+
+
+def cancel_triton_jobs(spec: LabSpec, timeout_s: float = 60) -> None:
+    """Cancel every live Triton job (the baselines the daemons start outlive them by
+    design) and wait until none is left, so the next user of the lab finds its ports free.
+    Ended jobs, which squeue lists for MinJobAge (600 s) after they end, are not waited
+    for (bridge.lab.pair's `cancel_triton_jobs` waits its whole timeout for them)."""
+    cli = SlurmCLI(env=spec.env())
+    for job in cli.jobs(tag=TRITON_TAG, states=LIVE_STATES):
+        cli.cancel(job.job_id)
+    deadline = time.monotonic() + timeout_s
+    while cli.jobs(tag=TRITON_TAG, states=LIVE_STATES):
+        assert time.monotonic() < deadline, f"Triton jobs still alive after {timeout_s:g}s"
+        time.sleep(0.5)
 
 
 def sacct_records(spec: LabSpec, job_id: str, *, duplicates: bool = False) -> list[dict[str, Any]]:

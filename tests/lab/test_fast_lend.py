@@ -92,8 +92,8 @@ def _lend_and_return(
     assert lease.id is not None
     queue.request_return(lease.id, datetime.now(UTC))
     tick_until(rec, lambda: not store.open_leases(), 120, log)
-    # Slurm holds a requeued job for its requeue delay (about two minutes), then it runs
-    # again: a second run, on the node it was taken from or another elastic one.
+    # Slurm holds a requeued job for its requeue delay (the lab's cred_expire + 1: 31 s), then
+    # it runs again: a second run, on the node it was taken from or another elastic one.
     wait_state(lab, job, {"RUNNING"}, 240)
     deadline = time.monotonic() + 30
     while "run 1" not in marker.read_text() and time.monotonic() < deadline:

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import Engine
 
 from bridge.daemon.actuator import record_of
-from bridge.lab.pair import Instance, cancel_triton_jobs
+from bridge.lab.pair import Instance
 from bridge.lab.spec import LabSpec
 from bridge.lab.tokens import token_file
 from bridge.leases import leader
@@ -26,7 +26,7 @@ from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import lease_of
-from tests.lab.helpers import until
+from tests.lab.helpers import cancel_triton_jobs, until
 
 pytestmark = pytest.mark.lab
 S = LeaseState

@@ -20,14 +20,14 @@ import pytest
 from sqlalchemy import Connection, Engine, make_url, text
 
 from bridge.daemon.actuator import record_of
-from bridge.lab.pair import Instance, cancel_triton_jobs
+from bridge.lab.pair import Instance
 from bridge.lab.spec import LabSpec
 from bridge.leases.requests import OperatorRequest, RequestQueue, lease_key
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import lease_of
-from tests.lab.helpers import until
+from tests.lab.helpers import cancel_triton_jobs, until
 
 pytestmark = pytest.mark.lab
 S = LeaseState

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from bridge.lab.pair import Instance, cancel_triton_jobs
+from bridge.lab.pair import Instance
 from bridge.lab.spec import LabSpec
 from bridge.leases import leader
 from bridge.leases.schema import head_revision

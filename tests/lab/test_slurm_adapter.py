@@ -281,7 +281,7 @@ def test_requeued_job_has_one_accounting_record_per_run(
     job = _job(slurm, job_id)
     assert job is not None and job.restarts == 1
 
-    # Slurm makes the requeued run eligible about two minutes later: a window that
+    # Slurm makes the requeued run eligible 31 s later (the lab's cred_expire + 1): a window that
     # reaches past that sees both runs.
     def runs() -> list[AccountingRecord]:
         until = datetime.now(UTC) + timedelta(minutes=5)

@@ -154,7 +154,8 @@ def test_triton_on_an_elastic_node_requeues_the_elastic_job_which_runs_again(
         assert fields["Restarts"] == "1"
     finally:
         slurm(lab, "scancel", job_id)
-    # Slurm holds a requeued job back for about two minutes (BeginTime), then runs it.
+    # Slurm holds a requeued job back for cred_expire + 1 = 31 s on the lab (BeginTime), then
+    # runs it.
     wait_state(lab, victim, {"RUNNING"}, timeout_s=240)
     runs = sacct_records(lab, victim, duplicates=True)
     states = [r["state"]["current"] for r in runs]
