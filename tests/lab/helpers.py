@@ -77,8 +77,7 @@ def cancel_triton_jobs(spec: LabSpec, timeout_s: float = 60) -> None:
     for job in cli.jobs(tag=TRITON_TAG, states=LIVE_STATES):
         cli.cancel(job.job_id)
     deadline = time.monotonic() + timeout_s
-    while cli.jobs(tag=TRITON_TAG, states=LIVE_STATES):
-        assert time.monotonic() < deadline, f"Triton jobs still alive after {timeout_s:g}s"
+    while cli.jobs(tag=TRITON_TAG, states=LIVE_STATES) and time.monotonic() < deadline:
         time.sleep(0.5)
 
 

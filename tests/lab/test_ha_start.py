@@ -18,6 +18,7 @@ from bridge.lab.spec import LabSpec
 from bridge.leases import leader
 from bridge.leases.schema import head_revision
 from bridge.leases.store import make_engine
+from tests.lab.helpers import cancel_triton_jobs
 
 pytestmark = pytest.mark.lab
 TICK_S = 2.0
