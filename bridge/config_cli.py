@@ -9,9 +9,7 @@ or the cluster prints as it is (escaped: `[triton]` in a message stays)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -23,6 +21,7 @@ from bridge.cli_text import error, say
 from bridge.cli_text import fail as fail  # the commands' error line, re-exported
 from bridge.config import BridgeConfig, ConfigError, load_config, unknown_env
 from bridge.init import InitError, live_problems, propose, render
+from bridge.paths import write_whole
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import Node, Partition
 
@@ -200,7 +199,7 @@ def init(
         else "the cluster's partitions and nodes"
     )
     text = render(proposal, source=source)
-    _write(output, text)
+    write_whole(output, text, mode=0o644)
     for pool in proposal.pools:
         say(
             console,
@@ -210,17 +209,3 @@ def init(
     for note in proposal.notes:
         say(console, f"left out: {note}")
     say(console, f"wrote {output}; next: stb config check {output} --live")
-
-
-def _write(path: Path, text: str) -> None:
-    """`path` whole or not at all (a temp file beside it, then a rename)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

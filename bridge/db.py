@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from alembic import command
 from alembic.config import Config
@@ -83,6 +83,13 @@ def write_transaction(engine: Engine) -> Any:
 Fence = Callable[[Session], None]
 
 
+class _Row(Protocol):
+    """A stored row whose id the database gives on insert."""
+
+    @property
+    def id(self) -> int | None: ...
+
+
 class Transactions:
     """The sessions of a store on one engine: `_read()` (a session whose rows stay usable
     after it closes) and `_write()` (one transaction, BEGIN IMMEDIATE on SQLite, committed
@@ -107,6 +114,15 @@ class Transactions:
             if self._fence is not None:
                 self._fence(session)
             yield session
+
+    @staticmethod
+    def _insert(session: Session, row: _Row, first_event: Callable[[int], object]) -> None:
+        """Insert `row` and, once the database has given it its id, the event that opens
+        its history (`first_event(id)`), in `session`'s transaction."""
+        session.add(row)
+        session.flush()
+        assert row.id is not None
+        session.add(first_event(row.id))
 
 
 def configure_sqlite(engine: Engine) -> None:

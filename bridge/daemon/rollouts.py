@@ -39,7 +39,7 @@ from datetime import datetime
 from bridge.config import BridgeConfig
 from bridge.daemon.observation import Observation
 from bridge.daemon.report import TickReport
-from bridge.leases.rollouts import Rollout, RolloutStore
+from bridge.leases.rollouts import Rollout, RolloutStore, State
 from bridge.models import rollout as steps
 from bridge.models.publish import PublishError, Server
 from bridge.models.repo import ModelRepository, RepositoryError
@@ -146,7 +146,7 @@ class RolloutDriver:
             except (TritonError, PublishError) as exc:
                 why = f"version {row.new_version} did not load and answer: {exc}"
                 row = self.store.move(rid, "rolling_back", now, why)
-                self._finish_rollback(row, servers, now, route)
+                self._finish(row, servers, now, route, promote=False)
             return
         if row.state == "running" and lacking:
             # A replica that started, or reloaded, with one version only (a lend: it
@@ -156,10 +156,10 @@ class RolloutDriver:
                     s.client.load_model(row.model)
                     log.info("%s: both versions loaded on %s", row.model, s.address)
         if row.state == "promoting":
-            self._finish_promote(row, servers, now, route)
+            self._finish(row, servers, now, route, promote=True)
             return
         if row.state == "rolling_back":
-            self._finish_rollback(row, servers, now, route)
+            self._finish(row, servers, now, route, promote=False)
             return
         plan = parse_plan(row.plan, row.hold_s)
         step = plan[row.step]
@@ -176,7 +176,7 @@ class RolloutDriver:
             why = f"rolled back at {step.percent:g}%: {verdict.why}"
             row = self.store.move(rid, "rolling_back", now, why, figures=figures)
             log.warning("%s version %d %s", row.model, row.new_version, why)
-            self._finish_rollback(row, servers, now, route)
+            self._finish(row, servers, now, route, promote=False)
         elif row.step + 1 < len(plan):
             nxt = plan[row.step + 1]
             counts = self._counts[rid]  # the next step counts from what this tick read
@@ -188,24 +188,27 @@ class RolloutDriver:
         else:
             row = self.store.move(rid, "promoting", now, f"promoted: {verdict.why}",
                                   figures=figures)  # fmt: skip
-            self._finish_promote(row, servers, now, route)
+            self._finish(row, servers, now, route, promote=True)
 
-    def _finish_promote(
-        self, row: Rollout, servers: Sequence[Server], now: datetime, route: Callable[[], None]
+    def _finish(
+        self,
+        row: Rollout,
+        servers: Sequence[Server],
+        now: datetime,
+        route: Callable[[], None],
+        *,
+        promote: bool,
     ) -> None:
+        """The rollout's end: the new version serves alone (`promote`), or the old one
+        does, and the rollout is recorded as ended so."""
         assert row.id is not None
-        route()  # every unversioned request to the new version before the old unloads
-        steps.promote(self.repo, row, servers, row.reason)
-        self.store.move(row.id, "promoted", now, row.reason)
-        log.info("%s version %d %s", row.model, row.new_version, row.reason)
-
-    def _finish_rollback(
-        self, row: Rollout, servers: Sequence[Server], now: datetime, route: Callable[[], None]
-    ) -> None:
-        assert row.id is not None
-        route()  # every unversioned request to the old version before the new unloads
-        steps.abandon(self.repo, row, servers, row.reason)
-        self.store.move(row.id, "rolled_back", now, row.reason)
+        end: State = "promoted" if promote else "rolled_back"
+        finish = steps.promote if promote else steps.abandon
+        route()  # every unversioned request to the version that stays before the other unloads
+        finish(self.repo, row, servers, row.reason)
+        self.store.move(row.id, end, now, row.reason)
+        if promote:
+            log.info("%s version %d %s", row.model, row.new_version, row.reason)
 
     def _figures(
         self, row: Rollout, servers: Sequence[Server]

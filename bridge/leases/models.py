@@ -36,19 +36,21 @@ def _str_enum(enum: type[StrEnum], length: int) -> SAEnum:
     )
 
 
+def partial_unique(name: str, column: str, where: str) -> Index:
+    """A unique index of `column` among the rows for which `where` holds (SQL), partial
+    on SQLite and PostgreSQL alike."""
+    return Index(name, column, unique=True, sqlite_where=text(where), postgresql_where=text(where))
+
+
 class Lease(SQLModel, table=True):
     """One node lent to Triton. At most one open (not returned) lease per node: a partial
     unique index enforces it on SQLite and PostgreSQL, the store checks it everywhere."""
 
     __tablename__ = "lease"
     __table_args__ = (
-        Index(
-            "uq_lease_open_node",
-            "node",
-            unique=True,
-            sqlite_where=text("state <> 'returned'"),
-            postgresql_where=text("state <> 'returned'"),
-        ).ddl_if(dialect=("sqlite", "postgresql")),  # type: ignore[arg-type]  # a tuple is documented
+        partial_unique("uq_lease_open_node", "node", "state <> 'returned'").ddl_if(
+            dialect=("sqlite", "postgresql")  # type: ignore[arg-type]  # a tuple is documented
+        ),
     )
 
     id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))

@@ -24,11 +24,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import JSON, Column, Float, Index, Integer, String, Text, text
+from sqlalchemy import JSON, Column, Float, Integer, String, Text
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from bridge.db import Transactions, UTCDateTime
+from bridge.leases.models import partial_unique
 
 State = Literal["pending", "running", "promoting", "promoted", "rolling_back", "rolled_back"]
 OPEN: tuple[State, ...] = ("pending", "running", "promoting", "rolling_back")
@@ -52,12 +53,8 @@ class Rollout(SQLModel, table=True):
 
     __tablename__ = "rollout"
     __table_args__ = (
-        Index(
-            "ux_rollout_open_model",
-            "model",
-            unique=True,
-            sqlite_where=text("state NOT IN ('promoted', 'rolled_back')"),
-            postgresql_where=text("state NOT IN ('promoted', 'rolled_back')"),
+        partial_unique(
+            "ux_rollout_open_model", "model", "state NOT IN ('promoted', 'rolled_back')"
         ),
     )
 
@@ -127,18 +124,17 @@ class RolloutStore(Transactions):
                     hold_s=hold_s, state="pending", created_at=now, updated_at=now, who=who,
                     why=why, reason="waiting for the daemon to load the new version",
                 )  # fmt: skip
-                session.add(row)
-                session.flush()
-                assert row.id is not None
-                session.add(
-                    RolloutEvent(
-                        rollout_id=row.id,
+                self._insert(
+                    session,
+                    row,
+                    lambda rollout_id: RolloutEvent(
+                        rollout_id=rollout_id,
                         at=now,
                         from_state="",
                         to_state="pending",
                         step=0,
                         reason=why or "published with a step plan",
-                    )
+                    ),
                 )
         except IntegrityError as exc:  # another writer opened one between our read and write
             raise RolloutError(f"{model}: a rollout was opened at the same time") from exc

@@ -100,18 +100,17 @@ class LeaseStore(Transactions):
                     created_at=now,
                     updated_at=now,
                 )
-                session.add(lease)
-                session.flush()
-                assert lease.id is not None
-                session.add(
-                    LeaseEvent(
-                        lease_id=lease.id,
+                self._insert(
+                    session,
+                    lease,
+                    lambda lease_id: LeaseEvent(
+                        lease_id=lease_id,
                         from_state=None,
                         to_state=LeaseState.REQUESTED,
                         at=now,
                         reason=reason,
                         detail=f"node={node} pool={pool} mode={mode.value} models={names}",
-                    )
+                    ),
                 )
             return lease
         except IntegrityError:

@@ -158,14 +158,7 @@ def needed_replicas(
         if hi >= MAX_REPLICAS:
             return None
         hi = min(MAX_REPLICAS, hi * 2)
-    lo = hi // 2  # not ok (or 0)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return capacity.smallest(hi // 2, hi, ok)  # hi // 2: not ok (or 0)
 
 
 def long_term_of(needed: list[int]) -> int:

@@ -47,10 +47,25 @@ models_app = typer.Typer(
 RepoOpt = Annotated[
     Path | None, typer.Option("--repository", help="Model repository (default: the config's).")
 ]
+WhyOpt = Annotated[str, typer.Option(help="Why (kept in the history).")]
 
 
 def _repo(cfg: BridgeConfig, repository: Path | None) -> ModelRepository:
     return ModelRepository(repository or cfg.triton.model_repository)
+
+
+def _model(
+    config: Path | None, repository: Path | None, name: str
+) -> tuple[BridgeConfig, ModelRepository]:
+    """The configuration and the model repository, for a command on model `name` (which
+    the repository must hold: else the command's error line)."""
+    cfg = load_or_exit(config)
+    repo = _repo(cfg, repository)
+    try:
+        repo.model_dir(name)
+    except RepositoryError as exc:
+        raise fail(exc) from exc
+    return cfg, repo
 
 
 def _rollouts(cfg: BridgeConfig) -> RolloutStore:
@@ -184,16 +199,11 @@ def _bounds(fact: ModelFact) -> str:
 
 @models_app.command("rollback")
 def rollback_cmd(
-    name: str,
-    reason: Annotated[str, typer.Option(help="Why (kept in the history).")] = "rollback",
-    repository: RepoOpt = None,
-    config: ConfigOpt = None,
+    name: str, reason: WhyOpt = "rollback", repository: RepoOpt = None, config: ConfigOpt = None
 ) -> None:
     """Set the latest version aside; the previous one serves again."""
-    cfg = load_or_exit(config)
-    repo = _repo(cfg, repository)
+    cfg, repo = _model(config, repository, name)
     try:
-        repo.model_dir(name)
         store = _rollouts(cfg)
         running = store.open_of(name)
         if running is not None and running.state in ("pending", "running"):
@@ -221,16 +231,11 @@ def rollback_cmd(
 
 @models_app.command("retire")
 def retire_cmd(
-    name: str,
-    reason: Annotated[str, typer.Option(help="Why (kept in the history).")] = "retired",
-    repository: RepoOpt = None,
-    config: ConfigOpt = None,
+    name: str, reason: WhyOpt = "retired", repository: RepoOpt = None, config: ConfigOpt = None
 ) -> None:
     """Unload the model everywhere and move it out of the repository (kept in the archive)."""
-    cfg = load_or_exit(config)
-    repo = _repo(cfg, repository)
+    cfg, repo = _model(config, repository, name)
     try:
-        repo.model_dir(name)
         with running_servers(cfg) as servers:
             where = retire(repo, name, servers, reason)
     except (PublishError, RepositoryError, SlurmError, TritonError) as exc:

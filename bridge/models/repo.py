@@ -32,6 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import NoReturn
 
+from bridge.paths import fsync_dir
+
 #: files a model directory may hold besides its versions that are never copied
 _SKIP = {"config.pbtxt", "__pycache__"}
 #: the longest model name, in bytes (a file name's limit on Linux file systems)
@@ -59,15 +61,7 @@ def _fsync_tree(path: Path) -> None:
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -77,7 +71,7 @@ def write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 class ModelRepository:
@@ -202,7 +196,7 @@ class ModelRepository:
                 write_atomic(kept, previous_config)
         write_atomic(configs / f"{version}.pbtxt", config_text)
         os.rename(staging, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         write_atomic(self.model_dir(name) / "config.pbtxt", served_text or config_text)
         return Change(name, version, previous, previous_config)
 

@@ -190,3 +190,16 @@ def carries(groups: Sequence[Group], demand: Mapping[str, Demand], cv2: float = 
     """Whether every feasible model is predicted within its objective (`over` is empty)."""
     p99 = predict(groups, demand, cv2)
     return not any(d.rate > 0 and d.feasible and p99[m] > d.slo_s for m, d in demand.items())
+
+
+def smallest(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
+    """The smallest count in (lo, hi] for which `ok` holds, by bisection: `ok(hi)` holds,
+    `ok(lo)` does not (or lo is below every count asked), and `ok` holds for every count
+    above one for which it holds (replicas or nodes: more never serve worse)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

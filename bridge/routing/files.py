@@ -11,6 +11,8 @@ import contextlib
 import os
 from pathlib import Path
 
+from bridge import paths
+
 
 def write_durably(path: Path, data: bytes) -> None:
     """Write `data` to `path` (created or truncated) and fsync it."""
@@ -23,11 +25,7 @@ def write_durably(path: Path, data: bytes) -> None:
 def fsync_dir(directory: Path) -> None:
     """Make renames in `directory` durable (best effort on filesystems that refuse)."""
     with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        paths.fsync_dir(directory)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

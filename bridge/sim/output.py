@@ -6,16 +6,14 @@ temp file beside it, then a rename: `write_whole`).
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
 
 from bridge.cli_text import fail, say
+from bridge.paths import write_whole
 from bridge.sim.result import SimReport
 from bridge.sim.selection import Selection
 
@@ -55,19 +53,3 @@ def emit(report: SimReport, selection: Selection, fmt: str, output: Path | None)
     except OSError as exc:
         raise fail(exc) from exc
     say(errors, f"wrote {output}")
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write `text` to `path` whole or not at all: a temp file beside it, then a rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary new file, not mkstemp's 0600
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

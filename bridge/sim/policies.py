@@ -419,10 +419,5 @@ def tradeoff(
     if attains(hi):  # bisect between the largest failing and the smallest attaining size
         hi = min(n for n in separate if attains(n))
         lo = max((n for n in separate if n < hi and not attains(n)), default=0)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if attains(mid):
-                hi = mid
-            else:
-                lo = mid
+        capacity.smallest(lo, hi, attains)  # (each size it tries is run and kept)
     return Tradeoff(bridge, [separate[n] for n in sorted(separate)], target)

@@ -20,16 +20,22 @@ from bridge.sim.selection import Selection, select
 errors = Console(stderr=True)
 
 
-def run(scenario: Scenario, policies: list[str]) -> SimReport:
-    """`compare` with one progress bar per policy on stderr (simulated time)."""
-    with Progress(
+def _bars() -> Progress:
+    """The runs' progress bars on stderr: name, bar, percentage, time taken (left on
+    screen only on a terminal)."""
+    return Progress(
         TextColumn("{task.description:<14}"),
         BarColumn(),
         TextColumn("{task.percentage:>3.0f}%"),
         TimeElapsedColumn(),
         console=errors,
         transient=not sys.stderr.isatty(),
-    ) as progress:
+    )
+
+
+def run(scenario: Scenario, policies: list[str]) -> SimReport:
+    """`compare` with one progress bar per policy on stderr (simulated time)."""
+    with _bars() as progress:
         tasks: dict[str, TaskID] = {
             p: progress.add_task(p, total=scenario.horizon_s, start=False) for p in policies
         }
@@ -55,14 +61,7 @@ def run_selection(
     """The selection report's trade-off runs (`tradeoff` at `sizes`, with a progress bar
     per run on stderr; none when `sizes` is empty) added to `report`, and its selection."""
     if sizes:
-        with Progress(
-            TextColumn("{task.description:<14}"),
-            BarColumn(),
-            TextColumn("{task.percentage:>3.0f}%"),
-            TimeElapsedColumn(),
-            console=errors,
-            transient=not sys.stderr.isatty(),
-        ) as progress:
+        with _bars() as progress:
             tasks: dict[str, TaskID] = {}
 
             def step(name: str, t: float, total: float) -> None:

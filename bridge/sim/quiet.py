@@ -199,26 +199,11 @@ class QuietProof:
     # ---- samples -----------------------------------------------------------------------
 
     def observe_all(self, samples: Sequence[ModelSample]) -> None:
-        """`observe` each model's new sample, given in model order (one call a tick):
-        `_count`, written out."""
+        """`observe` each model's new sample, given in model order (one call a tick)."""
         for runs, high, low, s in zip(
             self.runs_in_order, self.high_in_order, self.low_in_order, samples, strict=True
         ):
-            p99, mean, rate = s.p99_ms, s.mean_ms, s.request_rate
-            if p99 is not None and p99 > high and mean is not None and mean > low:
-                runs.breach += 1
-            else:
-                runs.breach = 0
-            if rate is not None and (p99 is None or p99 < low):
-                runs.calm += 1
-            else:
-                runs.calm = 0
-            runs.rated = runs.rated + 1 if rate is not None else 0
-            compute = s.compute_ms
-            if compute is not None and compute > 0:
-                runs.since_compute = 0
-            else:
-                runs.since_compute += 1
+            _count(runs, high, low, s)
 
     def observe(self, m: str, s: ModelSample) -> None:
         """Count model m's new sample into its runs (`evaluate_model`'s tests)."""
@@ -458,7 +443,8 @@ def _count(runs: _Runs, high: float, low: float, s: ModelSample) -> None:
     else:
         runs.calm = 0
     runs.rated = runs.rated + 1 if rate is not None else 0
-    if s.compute_ms is not None and s.compute_ms > 0:
+    compute = s.compute_ms
+    if compute is not None and compute > 0:
         runs.since_compute = 0
     else:
         runs.since_compute += 1

@@ -11,6 +11,7 @@ and the flips are the selection's own sentences, made from the numbers.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from markupsafe import Markup
@@ -44,37 +45,41 @@ def _done(finished: int, submitted: int) -> str:
     return f"{finished:,} / {submitted:,}" if submitted else "-"
 
 
-#: the dimensions table's rows: (key in DEFINITIONS, label, cell of a set-up's numbers)
-ROWS: tuple[tuple[str, str, Callable[[Dimensions], str]], ...] = (
+#: a row of the dimensions table: (key in DEFINITIONS, label, cell of a set-up's numbers)
+Row = tuple[str, str, Callable[[Dimensions], str]]
+
+
+def _jobs_rows(kind: str) -> tuple[Row, ...]:
+    """The rows of one kind of job (training, elastic): its waits, completion, finished."""
+
+    def of(d: Dimensions, name: str) -> Any:
+        return getattr(d, f"{kind}_{name}")
+
+    return (
+        (f"{kind}_wait_mean_s", f"{kind} wait mean", lambda d: human(of(d, "wait_mean_s"))),
+        (f"{kind}_wait_p95_s", f"{kind} wait p95", lambda d: human(of(d, "wait_p95_s"))),
+        (
+            f"{kind}_completion_mean_s",
+            f"{kind} completion",
+            lambda d: human(of(d, "completion_mean_s")) if of(d, "finished") else "-",
+        ),
+        (
+            f"{kind}_finished",
+            f"{kind} finished",
+            lambda d: _done(of(d, "finished"), of(d, "submitted")),
+        ),
+    )
+
+
+#: the dimensions table's rows
+ROWS: tuple[Row, ...] = (
     ("reserved_nodes", "reserved nodes", lambda d: f"{d.reserved_nodes:,}"),
     ("reserved_gpus", "reserved GPUs", lambda d: f"{d.reserved_gpus:,}"),
     ("peak_serving_nodes", "peak serving nodes", lambda d: f"{d.peak_serving_nodes:,}"),
     ("requests_within", "requests within SLO", lambda d: _pct(d.requests_within, 3)),
     ("minutes_within", "minutes within SLO", lambda d: _pct(d.minutes_within, 2)),
-    ("training_wait_mean_s", "training wait mean", lambda d: human(d.training_wait_mean_s)),
-    ("training_wait_p95_s", "training wait p95", lambda d: human(d.training_wait_p95_s)),
-    (
-        "training_completion_mean_s",
-        "training completion",
-        lambda d: human(d.training_completion_mean_s) if d.training_finished else "-",
-    ),
-    (
-        "training_finished",
-        "training finished",
-        lambda d: _done(d.training_finished, d.training_submitted),
-    ),
-    ("elastic_wait_mean_s", "elastic wait mean", lambda d: human(d.elastic_wait_mean_s)),
-    ("elastic_wait_p95_s", "elastic wait p95", lambda d: human(d.elastic_wait_p95_s)),
-    (
-        "elastic_completion_mean_s",
-        "elastic completion",
-        lambda d: human(d.elastic_completion_mean_s) if d.elastic_finished else "-",
-    ),
-    (
-        "elastic_finished",
-        "elastic finished",
-        lambda d: _done(d.elastic_finished, d.elastic_submitted),
-    ),
+    *_jobs_rows("training"),
+    *_jobs_rows("elastic"),
     ("job_wait_mean_s", "job wait mean", lambda d: human(d.job_wait_mean_s)),
     ("preemptions", "preemptions", lambda d: f"{d.preemptions:,}"),
     ("gpu_hours_lost", "GPU-hours lost", lambda d: f"{d.gpu_hours_lost:,.1f}"),

@@ -249,24 +249,18 @@ class SlurmCLI:
             f"--partition={spec.partition}",
             f"--account={spec.account}",
         ]
-        if spec.name:
-            argv.append(f"--job-name={spec.name}")
-        if spec.comment:
-            argv.append(f"--comment={spec.comment}")
-        if spec.nodelist:
-            argv.append(f"--nodelist={compress(spec.nodelist)}")
-        if spec.gpus_per_node is not None:
-            argv.append(f"--gres=gpu:{spec.gpus_per_node}")
-        if spec.exclusive:
-            argv.append("--exclusive")
-        if spec.requeue is not None:
-            argv.append("--requeue" if spec.requeue else "--no-requeue")
-        if spec.reservation:
-            argv.append(f"--reservation={spec.reservation}")
-        if spec.output:
-            argv.append(f"--output={spec.output}")
-        if spec.time_limit_min is not None:
-            argv.append(f"--time={spec.time_limit_min}")
+        optional = (  # each option the spec gives, in this order (None: not given)
+            f"--job-name={spec.name}" if spec.name else None,
+            f"--comment={spec.comment}" if spec.comment else None,
+            f"--nodelist={compress(spec.nodelist)}" if spec.nodelist else None,
+            None if spec.gpus_per_node is None else f"--gres=gpu:{spec.gpus_per_node}",
+            "--exclusive" if spec.exclusive else None,
+            None if spec.requeue is None else "--requeue" if spec.requeue else "--no-requeue",
+            f"--reservation={spec.reservation}" if spec.reservation else None,
+            f"--output={spec.output}" if spec.output else None,
+            None if spec.time_limit_min is None else f"--time={spec.time_limit_min}",
+        )
+        argv += [option for option in optional if option is not None]
         argv.append("--export=" + ",".join(["ALL", *(f"{k}={v}" for k, v in spec.env.items())]))
         argv += ["--wrap", spec.wrap] if spec.wrap is not None else [str(spec.script)]
         out = self._run(*argv).strip()

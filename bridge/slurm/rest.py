@@ -384,11 +384,7 @@ class SlurmRest:
         text = resp.text
         code = resp.status_code
         if code in (401, 403):
-            raise CommandRejected(
-                what,
-                f"slurmrestd refused the credentials of {self.settings.user} (HTTP {code}: "
-                f"{text.strip()[:200]})",
-            )
+            raise self._refused(what, resp)
         if code == 404:
             raise CommandRejected(
                 what, f"slurmrestd at {self.settings.url} has no {path} ({text.strip()[:200]})"
@@ -402,6 +398,14 @@ class SlurmRest:
             raise CommandRejected(what, f"HTTP {code}: {text.strip()[:500]}")
         return text
 
+    def _refused(self, what: str, resp: httpx.Response) -> CommandRejected:
+        """slurmrestd's answer to credentials it refuses (HTTP 401 or 403)."""
+        return CommandRejected(
+            what,
+            f"slurmrestd refused the credentials of {self.settings.user} "
+            f"(HTTP {resp.status_code}: {resp.text.strip()[:200]})",
+        )
+
     def api_version(self) -> str:
         """The OpenAPI version spoken (e.g. "v0.0.38"), asked of `/openapi` once (a
         server's plugins do not change while it runs); `UnsupportedApi` when it has none
@@ -411,11 +415,7 @@ class SlurmRest:
                 return self._api
             resp = self._send("GET", "/openapi", "GET /openapi")
             if resp.status_code in (401, 403):
-                raise CommandRejected(
-                    "GET /openapi",
-                    f"slurmrestd refused the credentials of {self.settings.user} "
-                    f"(HTTP {resp.status_code}: {resp.text.strip()[:200]})",
-                )
+                raise self._refused("GET /openapi", resp)
             if resp.status_code >= 400:
                 raise UnparseableOutput(f"GET /openapi (HTTP {resp.status_code})", resp.text)
             offered = rest_parse.openapi_versions(resp.text)

@@ -9,11 +9,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from bridge.slurm.errors import UnparseableOutput
 from bridge.slurm.model import Node, Partition, Reservation
 from bridge.slurm.parse import NULLS, gpus_from_tres, nodes_of, parse_gres, strip_reason
+
+T = TypeVar("T")
 
 _FIELD_START = re.compile(r"\s+(?=[A-Za-z][A-Za-z0-9_/:.]*=)")
 
@@ -43,71 +47,71 @@ def _scontrol_time(value: str) -> datetime | None:
     return datetime.fromisoformat(value).replace(tzinfo=UTC)
 
 
-def parse_nodes(text: str) -> list[Node]:
-    nodes = []
-    for r in scontrol_records(text):
-        try:
-            state_parts = r["State"].split("+")
-            gpu_type, gpus = parse_gres(r.get("Gres", ""))
-            alloc_type, alloc = gpus_from_tres(r.get("AllocTRES", ""))
-            nodes.append(
-                Node(
-                    name=r["NodeName"],
-                    addr=r.get("NodeAddr", r["NodeName"]),
-                    partitions=tuple(p for p in r.get("Partitions", "").split(",") if p),
-                    state=state_parts[0].rstrip("*").lower(),
-                    flags=frozenset(s.upper() for s in state_parts[1:]),
-                    reason=strip_reason(r.get("Reason", "")),
-                    gpu_type=gpu_type or alloc_type,
-                    gpus=gpus,
-                    gpus_alloc=alloc,
-                )
-            )
-        except (KeyError, ValueError) as exc:
-            raise UnparseableOutput("scontrol show node", str(r)) from exc
-    return nodes
-
-
-def parse_partitions(text: str) -> list[Partition]:
-    parts = []
-    for r in scontrol_records(text):
-        try:
-            allow = r.get("AllowAccounts", "ALL")
-            parts.append(
-                Partition(
-                    name=r["PartitionName"],
-                    nodes=nodes_of(r.get("Nodes", ""), str(r)),
-                    priority_tier=int(r.get("PriorityTier", "1")),
-                    preempt_mode=r.get("PreemptMode", "OFF"),
-                    allow_accounts=None if allow == "ALL" else tuple(allow.split(",")),
-                    grace_time_s=int(r.get("GraceTime", "0")),
-                    state=r.get("State", "UP"),
-                    default=r.get("Default", "NO") == "YES",
-                )
-            )
-        except (KeyError, ValueError) as exc:
-            raise UnparseableOutput("scontrol show partition", str(r)) from exc
-    return parts
-
-
-def parse_reservations(text: str) -> list[Reservation]:
+def _each(text: str, what: str, make: Callable[[dict[str, str]], T]) -> list[T]:
+    """`make` of each record of `scontrol show <what> -o`'s `text`; a record it cannot
+    read (a key missing, a value malformed) raises `UnparseableOutput` quoting it."""
     out = []
     for r in scontrol_records(text):
         try:
-            out.append(
-                Reservation(
-                    name=r["ReservationName"],
-                    nodes=nodes_of(r.get("Nodes", ""), str(r)),
-                    start=_scontrol_time(r.get("StartTime", "")),
-                    end=_scontrol_time(r.get("EndTime", "")),
-                    flags=frozenset(f for f in r.get("Flags", "").split(",") if f),
-                    users=tuple(u for u in r.get("Users", "").split(",") if u not in NULLS),
-                    state=r.get("State", ""),
-                )
-            )
+            out.append(make(r))
         except (KeyError, ValueError) as exc:
-            raise UnparseableOutput("scontrol show reservation", str(r)) from exc
+            raise UnparseableOutput(f"scontrol show {what}", str(r)) from exc
     return out
+
+
+def _node(r: dict[str, str]) -> Node:
+    state_parts = r["State"].split("+")
+    gpu_type, gpus = parse_gres(r.get("Gres", ""))
+    alloc_type, alloc = gpus_from_tres(r.get("AllocTRES", ""))
+    return Node(
+        name=r["NodeName"],
+        addr=r.get("NodeAddr", r["NodeName"]),
+        partitions=tuple(p for p in r.get("Partitions", "").split(",") if p),
+        state=state_parts[0].rstrip("*").lower(),
+        flags=frozenset(s.upper() for s in state_parts[1:]),
+        reason=strip_reason(r.get("Reason", "")),
+        gpu_type=gpu_type or alloc_type,
+        gpus=gpus,
+        gpus_alloc=alloc,
+    )
+
+
+def _partition(r: dict[str, str]) -> Partition:
+    allow = r.get("AllowAccounts", "ALL")
+    return Partition(
+        name=r["PartitionName"],
+        nodes=nodes_of(r.get("Nodes", ""), str(r)),
+        priority_tier=int(r.get("PriorityTier", "1")),
+        preempt_mode=r.get("PreemptMode", "OFF"),
+        allow_accounts=None if allow == "ALL" else tuple(allow.split(",")),
+        grace_time_s=int(r.get("GraceTime", "0")),
+        state=r.get("State", "UP"),
+        default=r.get("Default", "NO") == "YES",
+    )
+
+
+def _reservation(r: dict[str, str]) -> Reservation:
+    return Reservation(
+        name=r["ReservationName"],
+        nodes=nodes_of(r.get("Nodes", ""), str(r)),
+        start=_scontrol_time(r.get("StartTime", "")),
+        end=_scontrol_time(r.get("EndTime", "")),
+        flags=frozenset(f for f in r.get("Flags", "").split(",") if f),
+        users=tuple(u for u in r.get("Users", "").split(",") if u not in NULLS),
+        state=r.get("State", ""),
+    )
+
+
+def parse_nodes(text: str) -> list[Node]:
+    return _each(text, "node", _node)
+
+
+def parse_partitions(text: str) -> list[Partition]:
+    return _each(text, "partition", _partition)
+
+
+def parse_reservations(text: str) -> list[Reservation]:
+    return _each(text, "reservation", _reservation)
 
 
 def parse_token(text: str) -> str:

@@ -4,11 +4,8 @@ already exist. Used by the other modules of `bridge.sim.inputs`."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from bridge.db import make_engine
+from bridge.paths import write_whole
 
 
 class InputError(ValueError):
@@ -112,18 +110,9 @@ def shown_db(url: str) -> str:
 
 
 def write_json(path: Path, doc: object) -> None:
-    """`doc` as JSON in `path`, whole or not at all (a temp file beside it, then a
-    rename); `InputError` naming the file when it cannot be written."""
+    """`doc` as JSON in `path`, whole or not at all (`bridge.paths.write_whole`);
+    `InputError` naming the file when it cannot be written."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        write_whole(path, json.dumps(doc), mode=0o644)
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -6,14 +6,17 @@ which of the bridge's pools each is in (the daemon's rule,
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
 from bridge.config import BridgeConfig, pool_of
 from bridge.sim.inputs.common import InputError, read_text
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.scontrol import parse_nodes, parse_partitions
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,18 @@ class FleetShape:
         return dict(sorted(Counter(n.pool for n in self.nodes).items()))
 
 
+def _parsed(parse: Callable[[str], list[T]], text: str, source: str, none: str) -> list[T]:
+    """`parse(text)`, the Slurm parser's error and an empty answer (`none` says why) as
+    `InputError`s naming `source`."""
+    try:
+        out = parse(text)
+    except SlurmError as exc:
+        raise InputError(f"{source}: {exc}") from None
+    if not out:
+        raise InputError(f"{source}: {none}")
+    return out
+
+
 def fleet_from_scontrol(
     nodes_text: str,
     partitions_text: str | None,
@@ -72,24 +87,16 @@ def fleet_from_scontrol(
     which node is in which partition where given, else each node's `Partitions=`. Nodes in
     no pool or with no GPU are left out and counted; a pool whose partition Slurm does not
     have, a partition naming a node the node list lacks, or no node in any pool is refused."""
-    try:
-        nodes = parse_nodes(nodes_text)
-    except SlurmError as exc:
-        raise InputError(f"{nodes_source}: {exc}") from None
-    if not nodes:
-        raise InputError(f"{nodes_source}: no node (is it `scontrol show node -o` output?)")
+    nodes = _parsed(
+        parse_nodes, nodes_text, nodes_source, "no node (is it `scontrol show node -o` output?)"
+    )
     names = Counter(n.name for n in nodes)
     twice = [n for n, k in names.items() if k > 1]
     if twice:
         raise InputError(f"{nodes_source}: node {twice[0]} is listed {names[twice[0]]} times")
     known = {p for n in nodes for p in n.partitions}
     if partitions_text is not None:
-        try:
-            parts = parse_partitions(partitions_text)
-        except SlurmError as exc:
-            raise InputError(f"{partitions_source}: {exc}") from None
-        if not parts:
-            raise InputError(f"{partitions_source}: no partition")
+        parts = _parsed(parse_partitions, partitions_text, partitions_source, "no partition")
         member: dict[str, list[str]] = defaultdict(list)
         for p in parts:
             for name in p.nodes:
