@@ -204,6 +204,23 @@ class PolicyConfig(_Strict):
         "enough to give nodes back within minutes (simulated, 3 days: 180, 300, 600 and "
         "900 s kept the same SLO; 300 s gave the shortest job waits).",
     )
+    return_dwell_max_s: float = Field(
+        default=3600,
+        ge=0,
+        description="The longest a model's return dwell grows to (`bridge.policy.returns`): "
+        "each return of the model that was lent again sooner than the break-even doubles "
+        "its dwell, each that stayed out longer halves it, and the return's rate is the "
+        "highest of that dwell. An hour: bursty traffic keeps its nodes through its "
+        "bursts, and a quiet hour still gives them back.",
+    )
+    relend_work_s: float = Field(
+        default=600,
+        ge=0,
+        description="Seconds of a node's elastic work a lend throws away (the victims' work "
+        "since their start or checkpoint, Slurm's requeue): with the lend's lead time "
+        "(Slurm, Triton, the models' load) it is the break-even of a return, the shortest "
+        "time a returned node must stay out for the return to have paid.",
+    )
     forecast_window_s: float = Field(
         default=180,
         gt=0,
@@ -253,6 +270,11 @@ class PolicyConfig(_Strict):
                 f"return_headroom ({self.return_headroom}) must be at least "
                 f"capacity_headroom ({self.capacity_headroom}), or a return would set off "
                 "the next lend"
+            )
+        if self.return_dwell_max_s < self.return_dwell_s:
+            raise ValueError(
+                f"return_dwell_max_s ({self.return_dwell_max_s:g}) must be at least "
+                f"return_dwell_s ({self.return_dwell_s:g}): it is the longest the dwell grows"
             )
         return self
 

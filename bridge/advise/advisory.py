@@ -192,7 +192,7 @@ class Advisor:
         self.store = store
         self.metrics = metrics or BridgeMetrics(advisory=True)
         self.holds = holds
-        self.memory = LendMemory()
+        self.memory = LendMemory(config.policy.return_dwell_max_s)
         remember = max(3600.0, config.policy.preempt_guard_s)
         rows: list[ShadowLeaseRow] = []
         next_id = 1
@@ -315,6 +315,7 @@ class Advisor:
         move = self.book.return_(action.lease_id, action.reason, t)
         if move is not None:
             report.events.append(move.line())
+            self.memory.returned(lease.view.models, t)
         return lease
 
     def _advice_of(

@@ -16,6 +16,7 @@ from functools import cached_property
 
 from bridge.config import BridgeConfig, pool_of
 from bridge.modelfacts import ModelFacts
+from bridge.policy.returns import RatePeaks, ReturnHistory
 from bridge.policy.snapshot import (
     JobView,
     LeaseView,
@@ -121,9 +122,13 @@ def snapshot(
     lend_s: Mapping[str, float] | None = None,
     preemptions_last_hour: int = 0,
     held_pools: frozenset[str] = frozenset(),
+    *,
+    returns: Mapping[str, ReturnHistory] | None = None,
+    peaks: Mapping[str, RatePeaks] | None = None,
 ) -> Snapshot:
     """The policy's view of an observation and the open leases. Pure. The nodes of
-    `held_pools` (an operator's `stb drain`) are reserved: never lent."""
+    `held_pools` (an operator's `stb drain`) are reserved: never lent. `returns` and
+    `peaks`: the deciding pass's memory of the models' returns and rate peaks."""
     lease_of = {lease.node: lease.lease_id for lease in leases}
     reserved = reserved_nodes(obs.site_reservations, obs.at, config.policy.reservation_lookahead_s)
     triton_bound: set[str] = set()
@@ -184,4 +189,6 @@ def snapshot(
         dict(lend_s or {}),
         preemptions_last_hour,
         obs.models.scaled,
+        returns=dict(returns or {}),
+        peaks=dict(peaks or {}),
     )

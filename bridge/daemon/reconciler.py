@@ -61,7 +61,8 @@ from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 from bridge.policy import Lend, Return, StartBaseline, decide
 from bridge.policy.forecast import next_lead
-from bridge.policy.snapshot import Snapshot
+from bridge.policy.returns import PeakLog, ReturnLog
+from bridge.policy.snapshot import ModelSample, Snapshot
 from bridge.routing.errors import RoutingError
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.protocol import SlurmProtocol
@@ -79,11 +80,17 @@ class LendMemory:
     anchors come back from the open leases and the lead times start again from
     `lend_lead_s`."""
 
-    def __init__(self) -> None:
+    def __init__(self, peaks_s: float = 3600.0) -> None:
+        """`peaks_s`: how long the models' rate peaks are kept (the policy's
+        `return_dwell_max_s`)."""
         #: per model, when a lend carrying it was last made (scale-out cooldown anchor)
         self.last_lend_at: dict[str, float] = {}
         #: per pool, the running estimate of seconds from a lend to its replica serving
         self.lend_s: dict[str, float] = {}
+        #: per model, its returns and the lends after them; its rate's per-minute peaks
+        #: (`bridge.policy.returns`: the return dwell learned from what returns cost)
+        self.returns = ReturnLog()
+        self.peaks = PeakLog(peaks_s)
         self._timed: set[int] = set()
         self._waited: set[int] = set()
 
@@ -91,6 +98,19 @@ class LendMemory:
         """A lend carrying `models` was made at `at` (epoch seconds)."""
         for m in models:
             self.last_lend_at[m] = at
+        self.returns.lent(models, at)
+
+    def returned(self, models: Sequence[str], at: float) -> None:
+        """A lease holding `models` was given back at `at` (by the policy or an operator)."""
+        self.returns.returned(models, at)
+
+    def track(self, history: Mapping[str, Sequence[ModelSample]]) -> None:
+        """Each model's newest sample into its rate peaks (a pass's observation)."""
+        for model, samples in history.items():
+            if samples:
+                last = samples[-1]
+                self.peaks.add(model, last.at, last.request_rate)
+        self.peaks.forget(history)
 
     def anchor(self, leases: Sequence[LeaseRecord]) -> None:
         """The scale-out cooldown runs from when a lend's replica began serving (or from
@@ -132,6 +152,7 @@ def policy_snapshot(
     anchors and lead times folded into `memory`), the hour's preemptions and the held
     pools. The one place the reconciler and the advisory pass build what `decide` reads."""
     memory.anchor(leases)
+    memory.track(obs.history)
     snap = snapshot(
         obs,
         config,
@@ -140,6 +161,8 @@ def policy_snapshot(
         memory.lend_s,
         preemptions_last_hour,
         held,
+        returns=memory.returns.view(),
+        peaks=memory.peaks.view(),
     )
     memory.measure(leases, snap)
     return snap
@@ -173,7 +196,7 @@ class Reconciler:
         self.settings = Settings.of(config)
         self.actuator = Actuator(config, slurm, store, triton_for, router, forget_triton)
         #: what the policy remembers of past lends (cooldown anchors, lend lead times)
-        self.memory = LendMemory()
+        self.memory = LendMemory(config.policy.return_dwell_max_s)
         #: the last pass's observation (for tools and tests that want the same view)
         self.last_observation: Observation | None = None
 
@@ -423,6 +446,7 @@ class Reconciler:
                 return f"refused: lease {lease.id} is already returned"
             return f"lease {lease.id} is already {lease.state.value}"
         self.actuator.run(step, now, report)
+        self.memory.returned(lease.models, now.timestamp())
         return f"lease {lease.id} returning"
 
 

@@ -10,7 +10,9 @@ Rules, in order, each tick:
 3. Capacity-aware return (`assess`): a serving lease past `scale_in_cooldown_s` whose
    models were calm (p99 under low_watermark x SLO) for `return_dwell_s` goes
    back when the replicas left would still carry `return_headroom` x the larger of the
-   highest rate of those ticks and the forecast rate, by the capacity model. Several in
+   highest rate of the model's return dwell and the forecast rate, by the capacity model.
+   The dwell is `return_dwell_s`, longer for a model whose past returns were lent again
+   sooner than their break-even (`bridge.policy.returns`: no flapping on bursts). Several in
    one tick when load fell far; the lowest `cost_rank` first (elastic before training:
    requeued elastic work waits to run again, a drained training node was idle when lent),
    then the longest serving.
@@ -47,14 +49,15 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
+from bridge.config import BridgeConfig, ModelConfig
 from bridge.lifecycle import IN_FLIGHT, LeaseState
 from bridge.policy import capacity
 from bridge.policy.actions import Action, Lend, Return, StartBaseline
 from bridge.policy.forecast import forecast_rate
+from bridge.policy.returns import break_even_s, dwell_s
 from bridge.policy.snapshot import ModelSample, NodeView, Snapshot
 
 LENDABLE = ("preempt", "drain")
@@ -143,6 +146,9 @@ class Assessment:
     backstop: list[str] = field(default_factory=list)
     #: the capacity demand per model (req/s to carry), for the lend's reason
     demand: dict[str, capacity.Demand] = field(default_factory=dict)
+    #: models the capacity model found late that the requests' latency contradicts (no
+    #: lend for them: `_unconfirmed`)
+    unconfirmed: list[str] = field(default_factory=list)
 
     @property
     def acts(self) -> bool:
@@ -160,6 +166,22 @@ def lead_s(snapshot: Snapshot, config: BridgeConfig) -> float:
     return min(leads) if leads else config.policy.lend_lead_s
 
 
+def dwells(snapshot: Snapshot, config: BridgeConfig, now: float) -> dict[str, float]:
+    """Per model with remembered returns, its return dwell when it is longer than
+    `return_dwell_s` (`bridge.policy.returns`): the models whose past returns were lent
+    again sooner than the break-even."""
+    policy = config.policy
+    if not snapshot.returns:
+        return {}
+    even = break_even_s(lead_s(snapshot, config), policy)
+    out: dict[str, float] = {}
+    for name, history in snapshot.returns.items():
+        d = dwell_s(history, now, even, policy)
+        if d > policy.return_dwell_s:
+            out[name] = d
+    return out
+
+
 def _demand(
     snapshot: Snapshot,
     config: BridgeConfig,
@@ -167,9 +189,11 @@ def _demand(
     horizon: float,
     returning: bool,
     ahead: dict[str, float | None],
+    long_dwell: Mapping[str, float] | None = None,
 ) -> dict[str, capacity.Demand]:
     """Per model with a known service time: the rate to carry. Lending: headroom x max(now,
-    forecast). Returning: return_headroom x max(the dwell's highest, forecast)."""
+    forecast). Returning: return_headroom x max(the dwell's highest, forecast); a model
+    with a longer dwell (`long_dwell`) takes its highest over that dwell from the peaks."""
     policy = config.policy
     out: dict[str, capacity.Demand] = {}
     for name, model in snapshot.models.items():
@@ -181,6 +205,8 @@ def _demand(
             recent = [s.request_rate for s in history[-_ticks(policy.return_dwell_s, config) :]]
             rates = [r for r in recent if r is not None]
             base = max(rates) if rates else 0.0
+            if long_dwell and name in long_dwell and name in snapshot.peaks:
+                base = max(base, snapshot.peaks[name].highest_since(now - long_dwell[name]))
             factor = policy.return_headroom
         else:
             base = history[-1].request_rate or 0.0
@@ -283,7 +309,8 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     if serving:
         rank = {name: pool.cost_rank for name, pool in config.pools.items()}
         serving.sort(key=lambda s: (rank.get(s.pool, 0), s.serving_since or 0.0, s.lease_id))
-        keep = _demand(snapshot, config, now, horizon, True, ahead)
+        long_dwell = dwells(snapshot, config, now)
+        keep = _demand(snapshot, config, now, horizon, True, ahead, long_dwell)
         replica_of = {
             r.lease_id: (_model_set(r.models), r.gpus)
             for r in snapshot.replicas
@@ -305,14 +332,21 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
                 continue
             kept.clear()
             leaving.add(lease.lease_id)
-            returns.append(Return(lease.lease_id, _return_reason(keep, lease.models, policy)))
+            dwell = max((long_dwell.get(m, 0.0) for m in lease.models), default=0.0)
+            reason = _return_reason(keep, lease.models, max(dwell, policy.return_dwell_s))
+            returns.append(Return(lease.lease_id, reason))
 
     demand = _demand(snapshot, config, now, horizon, False, ahead)
     groups = _groups(count)
     open_leases = sum(1 for lease in snapshot.leases if lease.lease_id not in leaving)
     slots = max(0, policy.max_lent_nodes - open_leases)
     wanted: list[tuple[str, ...]] = []
-    if slots and capacity.over(groups, demand, policy.service_cv2):
+    late = capacity.over(groups, demand, policy.service_cv2) if slots else []
+    unconfirmed = _unconfirmed(snapshot, config, groups, demand, late, ahead)
+    if unconfirmed:
+        demand = {m: d for m, d in demand.items() if m not in unconfirmed}
+        late = [m for m in late if m not in unconfirmed]
+    if late:
         gpus = max((r.gpus for r in snapshot.replicas), default=1)
         wanted = capacity.plan_nodes(
             groups,
@@ -341,7 +375,50 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
                 and not in_flight[name]
             ]
             backstop.sort(key=lambda m: -_severity(snapshot.history.get(m, ()), snapshot.models[m]))
-    return Assessment(returns, wanted, backstop, demand)
+    return Assessment(returns, wanted, backstop, demand, unconfirmed)
+
+
+def _unconfirmed(
+    snapshot: Snapshot,
+    config: BridgeConfig,
+    groups: Sequence[capacity.Group],
+    demand: Mapping[str, capacity.Demand],
+    late: Sequence[str],
+    ahead: Mapping[str, float | None],
+) -> list[str]:
+    """The models the capacity model finds late that the requests contradict: by the
+    model they are late already at the rate now (no headroom, no forecast), yet the tick's
+    p99 and mean latency are both under low_watermark x SLO (nothing queues), and the rate
+    is not rising; and only when every late model is so (one whose requests queue
+    confirms the capacity model's picture). A client whose rate is set by its own
+    concurrency (a closed loop: a benchmark, an offline evaluation) saturates any number
+    of replicas in the model's arithmetic, never in its latency: such demand is not
+    chased. A lend for headroom or for a rising rate is made as before; a real breach
+    still lends through the backstop."""
+    low = config.policy.low_watermark
+    quiet: dict[str, float] = {}
+    for m in late:
+        history = snapshot.history.get(m, ())
+        model = snapshot.models.get(m)
+        if not history or model is None:
+            continue
+        last = history[-1]
+        rate, p99, mean = last.request_rate, last.p99_ms, last.mean_ms
+        if rate is None or p99 is None or mean is None or (ahead.get(m) or 0.0) > rate:
+            continue
+        if max(p99, mean) < low * model.slo_p99_ms:
+            quiet[m] = rate
+    if not quiet:
+        return []
+    now_demand = {
+        m: replace(d, rate=quiet.get(m, (snapshot.history[m][-1].request_rate or 0.0)))
+        for m, d in demand.items()
+    }
+    p99_now = capacity.predict(groups, now_demand, config.policy.service_cv2)
+    contradicted = [m for m in late if m in quiet and p99_now[m] > demand[m].slo_s]
+    # one late model whose requests do queue confirms the picture (models that share a
+    # replica's GPUs wait on each other's load, whatever their own rates)
+    return contradicted if len(contradicted) == len(late) else []
 
 
 def capacity_inputs(
@@ -355,7 +432,7 @@ def capacity_inputs(
     horizon = lead_s(snapshot, config)
     ahead: dict[str, float | None] = {}
     count = _replica_groups(snapshot, set())
-    keep = _demand(snapshot, config, now, horizon, True, ahead)
+    keep = _demand(snapshot, config, now, horizon, True, ahead, dwells(snapshot, config, now))
     lend = _demand(snapshot, config, now, horizon, False, ahead)
     return count, keep, lend
 
@@ -370,12 +447,10 @@ def model_set(models: tuple[str, ...]) -> tuple[str, ...]:
     return _model_set(models)
 
 
-def _return_reason(
-    keep: Mapping[str, capacity.Demand], models: Sequence[str], policy: PolicyConfig
-) -> str:
+def _return_reason(keep: Mapping[str, capacity.Demand], models: Sequence[str], dwell: float) -> str:
     rates = _rates(keep, models)
     carried = f"; the other replicas carry {rates}" if rates else ""
-    return f"quiet for {policy.return_dwell_s:g}s: {','.join(models)}{carried}"
+    return f"quiet for {dwell:g}s: {','.join(models)}{carried}"
 
 
 def _rates(demand: Mapping[str, capacity.Demand], models: Sequence[str]) -> str:

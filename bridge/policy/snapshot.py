@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from bridge.config import ModelConfig
 from bridge.lifecycle import LeaseState
+from bridge.policy.returns import RatePeaks, ReturnHistory
 
 
 @dataclass(frozen=True)
@@ -144,3 +145,7 @@ class Snapshot:
     #: the models the policy scales, with their effective SLO and bounds
     #: (`bridge.modelfacts.merge_models`); a model not here is never lent for
     models: Mapping[str, ModelConfig] = field(default_factory=dict)
+    #: per model, its recent returns and the lends after them (`bridge.policy.returns`)
+    returns: Mapping[str, ReturnHistory] = field(default_factory=dict)
+    #: per model, its request rate's per-minute peaks (the return's rate over a long dwell)
+    peaks: Mapping[str, RatePeaks] = field(default_factory=dict)

@@ -50,6 +50,19 @@ RAMP_PARAMS: Mapping[str, float] = {
     "step_rise_s": 60.0,
     "noise": 0.05,
 }
+#: bursts between minutes of near-silence, 5-second spikes, a model mix that shifts within
+#: the hour, surges each day above the days before (`workload.bursty_series`)
+BURSTY_PARAMS: Mapping[str, float] = {
+    "burst_s": 300.0,
+    "gap_s": 420.0,
+    "quiet": 0.05,
+    "spike_sigma": 0.35,
+    "mix_amplitude": 0.7,
+    "mix_period_s": 3600.0,
+    "surges_per_day": 2.0,
+    "surge_growth": 0.5,
+    "surge_s": 900.0,
+}
 SYNTHETIC_JOBS_PARAMS: Mapping[str, float] = {"elastic_share": 0.4, "multi_node_share": 0.1}
 
 
@@ -93,6 +106,9 @@ def _arrivals(
     if kind == "ramps":
         about.update(RAMP_PARAMS)
         return workload.ramp_series(rates, horizon_s, STEP_S, seed=seed, **RAMP_PARAMS), about
+    if kind == "bursty":
+        about.update(BURSTY_PARAMS)
+        return workload.bursty_series(rates, horizon_s, STEP_S, seed=seed, **BURSTY_PARAMS), about
     about.update(SYNTHETIC_SERIES_PARAMS)
     return workload.synthetic_series(
         rates, horizon_s, STEP_S, seed=seed, **SYNTHETIC_SERIES_PARAMS

@@ -201,7 +201,7 @@ def simulate(
     arrivals: Annotated[
         str,
         typer.Option(
-            help=f"{'|'.join(ARRIVALS)}: generated (synthetic, ramps), the public Azure "
+            help=f"{'|'.join(ARRIVALS)}: generated (synthetic, ramps, bursty), the public Azure "
             "trace, or the site's own (a Prometheus range query, a CSV)."
         ),
     ] = "synthetic",

@@ -65,6 +65,7 @@ from bridge.policy.leasesync import (
     return_step,
     sync_lease,
 )
+from bridge.policy.returns import PeakLog, ReturnLog
 from bridge.policy.steps import Cancel, RouteIn, RouteOut, Step
 from bridge.sim.cluster import Cluster, SimLease
 from bridge.sim.fleet import SimNode
@@ -108,6 +109,9 @@ class Engine(Cluster):
         self.unsettled: set[int] = set()
         self.next_lease = 1
         self.last_lend_at: dict[str, float] = {}
+        #: the models' returns and rate peaks, as the daemon's LendMemory keeps them
+        self.returns = ReturnLog()
+        self.peaks = PeakLog(cfg.policy.return_dwell_max_s)
         depth = history_depth(cfg)
         self.baseline = tuple(sorted(self.models))
         #: parallel model instances on one replica (one per GPU)
@@ -154,6 +158,9 @@ class Engine(Cluster):
         """The latency model over tick k (`Serving.serve`); the quiet proof counts its
         samples."""
         samples = self.serving.serve(k)
+        add = self.peaks.add
+        for m, sample in zip(self.models, samples, strict=True):
+            add(m, sample.at, sample.request_rate)
         if self.proof is not None:
             self.proof.observe_all(samples)
 
@@ -251,6 +258,7 @@ class Engine(Cluster):
                 self.drain_pending[lease.id] = lease
             for m in action.models:
                 self.last_lend_at[m] = now
+            self.returns.lent(action.models, now)
             self.fleet.fence(node, now)
             self._touch([node])
             tally.lends += 1
@@ -264,6 +272,7 @@ class Engine(Cluster):
         elif isinstance(action, Return):
             lease = self.leases[action.lease_id]
             tally.returns += 1
+            self.returns.returned(lease.view.models, now)
             step = return_step(lease.view, action.reason, _NO_FENCE)
             if step is not None:
                 self._carry_out(lease, step)
@@ -368,6 +377,8 @@ class Engine(Cluster):
             dict(self.lend_s),
             len(self.victims),
             self.specs,
+            returns=self.returns.view(),
+            peaks=self.peaks.view(),
         )
 
     def _lease_view(self, lease: SimLease) -> LeaseView:

@@ -22,7 +22,7 @@ from bridge.sim.inputs.site import SERVICE_FROM, SITE_ARRIVALS, SITE_JOBS
 
 #: arrivals the simulator makes (the public trace it rescales, the generators): the
 #: models are m0, m1, ... at --mean-rps / (i + 1); a site's bring their own
-GENERATED_ARRIVALS = ("azure", "synthetic", "ramps")
+GENERATED_ARRIVALS = ("azure", "synthetic", "ramps", "bursty")
 #: jobs the simulator makes at --load (the public trace it rescales, the generator)
 GENERATED_JOBS = ("alibaba", "synthetic")
 #: the inputs that have a clock (a window of real time): the site's
@@ -78,31 +78,32 @@ def _policies(v: Values) -> list[str]:
     return [p.strip() for p in str(v["--policies"]).split(",") if p.strip()]
 
 
+def _chooses(option: str, decider: str, kind: str, note: str = "") -> Pair:
+    """`option` is read by one kind of `decider` only (a file only that kind reads): given
+    while `decider` was left at its default, it chooses that kind."""
+    return Pair(
+        option,
+        (decider,),
+        f"with {decider} {kind}{note}",
+        lambda v: v[decider] == kind,
+        implies=(decider, kind),
+    )
+
+
+def _among(option: str, decider: str, kinds: Collection[str], needs: str) -> Pair:
+    """`option` is read only when `decider` is one of `kinds`."""
+    return Pair(option, (decider,), needs, lambda v: v[decider] in kinds)
+
+
 _CLOCK = "--arrivals prometheus|csv, --jobs sacct|ledger or --service-from prometheus|ledger"
 
 #: every option read only when others say so (the one place that says which)
 PAIRS: tuple[Pair, ...] = (
     # the arrivals
-    Pair(
-        "--arrivals-trace",
-        ("--arrivals",),
-        "with --arrivals azure",
-        lambda v: v["--arrivals"] == "azure",
-        implies=("--arrivals", "azure"),
-    ),
-    Pair(
-        "--arrivals-file",
-        ("--arrivals",),
-        "with --arrivals csv",
-        lambda v: v["--arrivals"] == "csv",
-        implies=("--arrivals", "csv"),
-    ),
-    Pair(
-        "--prometheus-json",
-        ("--arrivals",),
-        "with --arrivals prometheus (service times have --service-json)",
-        lambda v: v["--arrivals"] == "prometheus",
-        implies=("--arrivals", "prometheus"),
+    _chooses("--arrivals-trace", "--arrivals", "azure"),
+    _chooses("--arrivals-file", "--arrivals", "csv"),
+    _chooses(
+        "--prometheus-json", "--arrivals", "prometheus", " (service times have --service-json)"
     ),
     Pair(
         "--query",
@@ -123,58 +124,46 @@ PAIRS: tuple[Pair, ...] = (
         "with --arrivals prometheus and --prometheus-url (it saves the live arrivals query)",
         lambda v: v["--arrivals"] == "prometheus" and _given(v["--prometheus-url"]),
     ),
-    Pair(
+    _among(
         "--scale",
-        ("--arrivals",),
+        "--arrivals",
+        SITE_ARRIVALS,
         "with the site's arrivals (--arrivals prometheus|csv; --mean-rps sets the others)",
-        lambda v: v["--arrivals"] in SITE_ARRIVALS,
     ),
-    Pair(
+    _among(
         "--max-gap-s",
-        ("--arrivals",),
+        "--arrivals",
+        SITE_ARRIVALS,
         "with the site's arrivals (--arrivals prometheus|csv)",
-        lambda v: v["--arrivals"] in SITE_ARRIVALS,
     ),
-    Pair(
+    _among(
         "--models",
-        ("--arrivals",),
-        "with generated arrivals (--arrivals synthetic|ramps|azure; the site's bring their "
+        "--arrivals",
+        GENERATED_ARRIVALS,
+        "with generated arrivals (--arrivals synthetic|ramps|bursty|azure; the site's bring their "
         "own models)",
-        lambda v: v["--arrivals"] in GENERATED_ARRIVALS,
     ),
-    Pair(
+    _among(
         "--mean-rps",
-        ("--arrivals",),
-        "with generated arrivals (--arrivals synthetic|ramps|azure; the site's bring their "
+        "--arrivals",
+        GENERATED_ARRIVALS,
+        "with generated arrivals (--arrivals synthetic|ramps|bursty|azure; the site's bring their "
         "own rates: --scale them)",
-        lambda v: v["--arrivals"] in GENERATED_ARRIVALS,
     ),
     # the jobs
-    Pair(
-        "--jobs-trace",
-        ("--jobs",),
-        "with --jobs alibaba",
-        lambda v: v["--jobs"] == "alibaba",
-        implies=("--jobs", "alibaba"),
-    ),
-    Pair(
-        "--sacct-json",
-        ("--jobs",),
-        "with --jobs sacct",
-        lambda v: v["--jobs"] == "sacct",
-        implies=("--jobs", "sacct"),
-    ),
-    Pair(
+    _chooses("--jobs-trace", "--jobs", "alibaba"),
+    _chooses("--sacct-json", "--jobs", "sacct"),
+    _among(
         "--load",
-        ("--jobs",),
+        "--jobs",
+        GENERATED_JOBS,
         "with generated jobs (--jobs synthetic|alibaba; the site's come as they came)",
-        lambda v: v["--jobs"] in GENERATED_JOBS,
     ),
-    Pair(
+    _among(
         "--partition-kind",
-        ("--jobs",),
+        "--jobs",
+        SITE_JOBS,
         "with the site's jobs (--jobs sacct|ledger)",
-        lambda v: v["--jobs"] in SITE_JOBS,
     ),
     Pair(
         "--ledger-url",
@@ -185,18 +174,12 @@ PAIRS: tuple[Pair, ...] = (
     Pair(
         "--seed",
         ("--arrivals", "--jobs"),
-        "with generated arrivals or jobs (--arrivals synthetic|ramps|azure, --jobs "
+        "with generated arrivals or jobs (--arrivals synthetic|ramps|bursty|azure, --jobs "
         "synthetic|alibaba; the site's are replayed as they came)",
         lambda v: v["--arrivals"] in GENERATED_ARRIVALS or v["--jobs"] in GENERATED_JOBS,
     ),
     # the service times
-    Pair(
-        "--service-json",
-        ("--service-from",),
-        "with --service-from prometheus",
-        lambda v: v["--service-from"] == "prometheus",
-        implies=("--service-from", "prometheus"),
-    ),
+    _chooses("--service-json", "--service-from", "prometheus"),
     # the fleet
     Pair(
         "--fleet-partitions",

@@ -84,6 +84,11 @@ def _positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
 
 
+def _at_least(name: str, value: float, low: float) -> None:
+    if not (math.isfinite(value) and value >= low):
+        raise ValueError(f"{name} must be a finite number >= {low:g}, got {value!r}")
+
+
 def _share(name: str, value: float) -> None:
     if not (0.0 <= value <= 1.0):
         raise ValueError(f"{name} must be between 0 and 1, got {value!r}")
@@ -209,13 +214,10 @@ def synthetic_series(
     them it is higher, by (burst_factor - 1) x the share of steps in a burst.
     """
     steps = _check_series(models, horizon_s, step_s, diurnal_amplitude, weekly_amplitude)
-    if not (math.isfinite(bursts_per_day) and bursts_per_day >= 0):
-        raise ValueError(f"bursts_per_day must be a finite number >= 0, got {bursts_per_day!r}")
-    if not (math.isfinite(burst_factor) and burst_factor >= 1):
-        raise ValueError(f"burst_factor must be a finite number >= 1, got {burst_factor!r}")
+    _at_least("bursts_per_day", bursts_per_day, 0)
+    _at_least("burst_factor", burst_factor, 1)
     _positive("burst_s", burst_s)
-    if not (math.isfinite(noise) and noise >= 0):
-        raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
+    _at_least("noise", noise, 0)
     envelope = _envelope(steps, step_s, diurnal_amplitude, weekly_amplitude)
     rng = np.random.default_rng(seed)
     rates: dict[str, FloatArray] = {}
@@ -255,11 +257,9 @@ def ramp_series(
     the larger factor. The mean is above the base by the events' share."""
     steps = _check_series(models, horizon_s, step_s, 0.0, 0.0)
     for name, value in (("ramp_factor", ramp_factor), ("step_factor", step_factor)):
-        if not (math.isfinite(value) and value >= 1):
-            raise ValueError(f"{name} must be a finite number >= 1, got {value!r}")
+        _at_least(name, value, 1)
     for name, value in (("ramps_per_day", ramps_per_day), ("steps_per_day", steps_per_day)):
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        _at_least(name, value, 0)
     for name, value in (
         ("ramp_s", ramp_s),
         ("ramp_hold_s", ramp_hold_s),
@@ -284,6 +284,75 @@ def ramp_series(
             up = np.clip(x / step_rise_s, 0.0, 1.0) * (x < span)
             factor = np.maximum(factor, 1.0 + (step_factor - 1.0) * up)
         rates[name] = rate * factor * np.exp(noise * rng.standard_normal(steps))
+    return ArrivalSeries(step_s=step_s, rates=rates)
+
+
+def bursty_series(
+    models: Mapping[str, float],
+    horizon_s: float,
+    step_s: float = 5.0,
+    *,
+    burst_s: float = 300.0,
+    gap_s: float = 420.0,
+    quiet: float = 0.05,
+    spike_sigma: float = 0.35,
+    mix_amplitude: float = 0.7,
+    mix_period_s: float = 3600.0,
+    surges_per_day: float = 2.0,
+    surge_growth: float = 0.5,
+    surge_s: float = 900.0,
+    seed: int = 0,
+) -> ArrivalSeries:
+    """Per model (name -> mean req/s), production-like serving traffic: the hard case for
+    returns, placement and the lend cap.
+
+    - **Bursts between minutes of near-silence**: each model alternates bursts
+      (exponential lengths, mean `burst_s`) and gaps (mean `gap_s`) at `quiet` x the
+      burst level: a return after a calm dwell shorter than the gap is lent again at the
+      next burst.
+    - **Spikes within a burst**: lognormal per-step noise (sigma `spike_sigma`), so
+      5-second steps stand above the peak minute a separate pool is sized for.
+    - **A model mix that shifts within the hour**: each model's level times 1 +
+      `mix_amplitude` x a sine of period `mix_period_s`, the models' phases spread evenly,
+      so the heaviest model changes within the hour.
+    - **Surges beyond the days before**: `surges_per_day` (Poisson) surges of `surge_s`,
+      their factor growing with the day (1 + `surge_growth` x day): each day's highest
+      minutes above every earlier day's.
+
+    Each model's series is scaled so that its mean is the model's rate.
+    """
+    steps = _check_series(models, horizon_s, step_s, 0.0, 0.0)
+    for name, value in (("burst_s", burst_s), ("gap_s", gap_s), ("surge_s", surge_s)):
+        _positive(name, value)
+    _positive("mix_period_s", mix_period_s)
+    _share("quiet", quiet)
+    _share("mix_amplitude", mix_amplitude)
+    for name, value in (
+        ("spike_sigma", spike_sigma),
+        ("surges_per_day", surges_per_day),
+        ("surge_growth", surge_growth),
+    ):
+        _at_least(name, value, 0)
+    t = (np.arange(steps) + 0.5) * step_s
+    rng = np.random.default_rng(seed)
+    rates: dict[str, FloatArray] = {}
+    for i, (name, rate) in enumerate(models.items()):
+        on = np.zeros(steps, dtype=bool)
+        at = -rng.exponential(burst_s + gap_s)  # under way (or not) at t = 0
+        while at < horizon_s:
+            end = at + rng.exponential(burst_s)
+            on[max(0, math.floor(at / step_s)) : max(0, math.ceil(end / step_s))] = True
+            at = end + rng.exponential(gap_s)
+        level = np.where(on, 1.0, quiet)
+        phase = 2 * np.pi * i / max(1, len(models))
+        mix = 1.0 + mix_amplitude * np.sin(2 * np.pi * t / mix_period_s + phase)
+        surge = np.ones(steps)
+        count = rng.poisson(surges_per_day * horizon_s / DAY_S)
+        for start in rng.uniform(0.0, horizon_s, count):
+            inside = (t >= start) & (t < start + surge_s)
+            surge[inside] = np.maximum(surge[inside], 1.0 + surge_growth * (1 + start // DAY_S))
+        spikes = np.exp(spike_sigma * rng.standard_normal(steps) - spike_sigma**2 / 2)
+        rates[name] = _scale_to_mean(level * mix * surge * spikes, rate)
     return ArrivalSeries(step_s=step_s, rates=rates)
 
 

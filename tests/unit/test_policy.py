@@ -25,6 +25,7 @@ from bridge.policy import (
     evaluate_model,
 )
 from bridge.policy import decide as policy_decide
+from bridge.policy.decide import assess as policy_assess
 
 T0 = 1_800_000_000.0
 TICK = 5.0
@@ -318,8 +319,10 @@ SIZED = BridgeConfig(
 ELASTIC = tuple(NodeView(f"e{i}", "elastic", True, 4) for i in range(5))
 
 
-def steady(rate: float, n: int = 13, p99: float = 30.0, compute_ms: float = 20.0) -> tuple:
-    """`n` samples at a constant rate of a model whose requests take `compute_ms`."""
+def steady(rate: float, n: int = 13, p99: float = 60.0, compute_ms: float = 20.0) -> tuple:
+    """`n` samples at a constant rate of a model whose requests take `compute_ms`; the p99
+    under the SLO (100 ms) but over the low watermark (50 ms): requests queue, so a
+    capacity lend is confirmed (`test_a_capacity_lend_needs_the_requests_to_queue`)."""
     return tuple(
         ModelSample(T0 - (n - 1 - i) * TICK, p99, rate, 0.0, p99 / 2, compute_ms) for i in range(n)
     )
@@ -415,3 +418,20 @@ def test_a_reported_checkpoint_makes_a_long_job_the_cheaper_victim() -> None:
     )
     (a,) = decide(snapshot, SIZED, T0)
     assert isinstance(a, Lend) and a.node == "e0"
+
+
+def test_a_capacity_lend_needs_the_requests_to_queue() -> None:
+    """The lab's closed-loop client: the rate (60 req/s, 1.2 replicas' worth by the
+    capacity model) is what the client's own concurrency makes, and its requests do not
+    wait (p99 8 ms, mean 4 ms against a 100 ms SLO): no capacity lend. The same rate
+    rising (the forecast above it) is met ahead, and so are requests that queue."""
+    closed_loop = steady(60.0, p99=8.0)
+    assert decide(sized(closed_loop), SIZED, T0) == []
+    plan = policy_assess(replace(sized(closed_loop), models=toml_models(SIZED)), SIZED, T0)
+    assert plan.unconfirmed == ["busy"]
+    rising = tuple(
+        ModelSample(s.at, 8.0, 60.0 - (T0 - s.at) / 10, 0.0, 4.0, 20.0) for s in closed_loop
+    )
+    assert [a for a in decide(sized(rising), SIZED, T0) if isinstance(a, Lend)]
+    queued = steady(60.0, p99=60.0)
+    assert [a for a in decide(sized(queued), SIZED, T0) if isinstance(a, Lend)]

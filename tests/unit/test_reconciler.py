@@ -27,6 +27,7 @@ from bridge.leases import requests as requests_mod
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import make_engine
 from bridge.lifecycle import LeaseState, allowed
+from bridge.policy import ModelSample
 from bridge.routing.errors import NginxConfigRejected, NginxUnavailable, RoutingFilesUnwritable
 from bridge.slurm.errors import CommandRejected, ControllerUnreachable, UnparseableOutput
 from bridge.slurm.model import Job
@@ -651,3 +652,30 @@ def test_a_transient_requeue_error_leaves_the_lend_to_slurmctld(h: Harness) -> N
     h.tick(100)
     assert h.lease(1).state == S.SUBMITTED  # ...and the next tick finds its Triton job
     assert len(h.slurm.ops("submit")) == 1
+
+
+def test_a_return_and_the_next_lend_of_its_models_reach_the_policy(h: Harness) -> None:
+    """The reconciler remembers each return and closes it at the next lend of its models
+    (the gap `bridge.policy.returns` learns the dwell from), and each pass's rates go into
+    the models' peaks."""
+    h.triton.server(ADDR3, models={"busy": "READY"})
+    lend(h, "n3", 0)
+    for t in range(3):
+        h.tick(t)
+    assert h.lease(1).state == S.SERVING
+    h.requests.request_return(1, at(3))
+    h.tick(3)
+    memory = h.reconciler.memory
+    assert memory.returns.view()["busy"].open_since == at(3).timestamp()
+    for t in range(4, 6):
+        h.tick(t)
+    assert h.lease(1).state == S.RETURNED
+    lend(h, "n3", 40)
+    h.tick(40)
+    assert memory.returns.view()["busy"].gaps == (37.0,)
+    assert memory.returns.view()["busy"].open_since is None
+    # the newest sample of each model into its peaks; a model gone from the history goes
+    memory.track({"busy": (ModelSample(at(41).timestamp(), 20.0, 12.0, 0.0, 10.0),)})
+    assert memory.peaks.view()["busy"].top == 12.0
+    memory.track({})
+    assert memory.peaks.view() == {}

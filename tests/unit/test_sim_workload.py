@@ -5,6 +5,7 @@ the same checks on the public traces themselves where they are present."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from datetime import datetime, timedelta
@@ -510,3 +511,35 @@ def test_ramp_series_has_steep_ramps_and_sudden_steps() -> None:
         workload.ramp_series({"m": 1.0}, day, ramp_factor=0.5)
     with pytest.raises(ValueError, match="step_hold_s"):
         workload.ramp_series({"m": 1.0}, day, step_hold_s=0)
+
+
+def test_bursty_series_has_bursts_silences_a_shifting_mix_and_growing_surges() -> None:
+    day = 86_400.0
+    step = 5.0
+    models = {"a": 100.0, "b": 100.0}
+    series = workload.bursty_series(models, 3 * day, step, spike_sigma=0.0, seed=4)
+    a, b = (np.asarray(series.rates[m]) for m in models)
+    for rates, mean in ((a, 100.0), (b, 100.0)):
+        assert rates.mean() == pytest.approx(mean)  # scaled to the model's rate
+    # bursts and near-silences: the level is either "on" or at most quiet x it, with
+    # silences of minutes between the bursts
+    level = np.asarray(workload.bursty_series({"a": 100.0}, day, step, spike_sigma=0.0,
+                                              mix_amplitude=0.0, surges_per_day=0.0,
+                                              seed=4).rates["a"])  # fmt: skip
+    on = level > level.max() / 2
+    assert set(np.round(level / level.max(), 6)) == {1.0, 0.05}
+    edges = np.flatnonzero(np.diff(on.astype(int)))
+    runs = np.diff(edges) * step
+    assert 120.0 < float(np.median(runs)) < 600.0  # bursts and gaps of minutes
+    assert len(edges) > 100  # many a day
+    # the mix shifts within the hour: the heavier model changes
+    hourly = [(a[i : i + 120].mean() > b[i : i + 120].mean()) for i in range(0, 17280, 120)]
+    assert 0 < sum(hourly) < len(hourly) and any(x != y for x, y in itertools.pairwise(hourly))
+    # surges grow with the day: each day's highest minute above the days before
+    per_min = a[: len(a) // 12 * 12].reshape(-1, 12).mean(axis=1)
+    days = per_min.reshape(3, -1).max(axis=1)
+    assert days[1] > days[0] and days[2] > days[1]
+    with pytest.raises(ValueError, match="quiet"):
+        workload.bursty_series({"m": 1.0}, day, quiet=1.5)
+    with pytest.raises(ValueError, match="gap_s"):
+        workload.bursty_series({"m": 1.0}, day, gap_s=0)
