@@ -162,6 +162,8 @@ def azure_series(
     *,
     diurnal_amplitude: float = 0.5,
     weekly_amplitude: float = 0.2,
+    smooth_s: float = 0.0,
+    draw: bool = False,
     seed: int = 0,
 ) -> ArrivalSeries:
     """Per model (name -> mean req/s), a series with the Azure trace's burst shape.
@@ -171,8 +173,19 @@ def azure_series(
     own seeded offset (so models do not burst in lockstep), times the diurnal x weekly
     envelope (peak 15:00; t = 0 is Monday 00:00), scaled so its mean is exactly the
     model's rate. ceil(horizon_s / step_s) steps.
+
+    As an intensity (`smooth_s` > 0, `draw`): the trace carries about 3 requests a second,
+    so its per-step counts hold its own sampling noise (a 5 s bin of 15 requests varies
+    by about a quarter), which scaling to thousands of requests a second would turn into
+    load swings no fleet of that size has. The counts are first averaged over `smooth_s`
+    (cyclically: the shape is replayed in a loop), and with `draw` each step's rate is
+    drawn as Poisson arrivals at the model's scaled intensity: the noise of the target
+    rate, not of the trace's. The intensity's mean is the model's rate; the drawn
+    series' mean is within that noise of it.
     """
     steps = _check_series(models, horizon_s, step_s, diurnal_amplitude, weekly_amplitude)
+    if not (math.isfinite(smooth_s) and smooth_s >= 0):
+        raise ValueError(f"smooth_s must be a finite number >= 0, got {smooth_s!r}")
     arrivals = read_azure_arrivals(path)
     bins = int(arrivals[-1] // step_s)
     if bins < 1:
@@ -180,14 +193,22 @@ def azure_series(
             f"{path}: the trace spans {arrivals[-1]:g} s, less than one step_s={step_s:g}"
         )
     counts = np.bincount((arrivals // step_s).astype(np.int64), minlength=bins)[:bins]
+    width = min(bins, max(1, round(smooth_s / step_s)))
+    if width > 1:  # a centred moving average over `width` bins, wrapping round
+        wrapped = np.concatenate([counts[-(width // 2) :], counts, counts[: width - width // 2]])
+        sums = np.cumsum(np.concatenate([[0.0], wrapped]))
+        counts = (sums[width : width + bins] - sums[:bins]) / width
     shape = counts / counts.mean()  # bin 0 holds the first arrival: the mean is > 0
     envelope = _envelope(steps, step_s, diurnal_amplitude, weekly_amplitude)
     rng = np.random.default_rng(seed)
+    arrivals_rng = np.random.default_rng([seed, 1])  # the draws leave the offsets as they were
     rates: dict[str, FloatArray] = {}
     for name, rate in models.items():
         offset = int(rng.integers(bins))
         tiled = np.resize(np.roll(shape, -offset), steps)
         rates[name] = _scale_to_mean(tiled * envelope, rate)
+        if draw:
+            rates[name] = arrivals_rng.poisson(rates[name] * step_s) / step_s
     return ArrivalSeries(step_s=step_s, rates=rates)
 
 

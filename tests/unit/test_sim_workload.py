@@ -161,6 +161,30 @@ def test_azure_series_too_short_a_trace_for_one_step(tmp_path: Path) -> None:
         azure_series(path, {"m": 1.0}, 60.0)
 
 
+def test_azure_series_as_an_intensity_does_not_scale_up_the_traces_own_noise(
+    azure_sample: Path,
+) -> None:
+    """BIN_COUNTS is Poisson noise at 1 req/s around a flat rate: scaled to 5,000 req/s
+    as it stands it swings by about 45% a step, a load no fleet of that size sees. As an
+    intensity (averaged over a minute, then drawn as arrivals at 5,000 req/s) it swings
+    by a few percent, keeps its mean and the model's offset in the trace."""
+    flat = {"diurnal_amplitude": 0.0, "weekly_amplitude": 0.0}
+    raw = azure_series(azure_sample, {"m": 5000.0}, 3600.0, seed=2, **flat).rates["m"]
+    smooth = azure_series(azure_sample, {"m": 5000.0}, 3600.0, seed=2, smooth_s=60.0, **flat)
+    drawn = azure_series(
+        azure_sample, {"m": 5000.0}, 3600.0, seed=2, smooth_s=60.0, draw=True, **flat
+    ).rates["m"]
+    cv = {name: float(x.std() / x.mean()) for name, x in (("raw", raw), ("drawn", drawn))}
+    assert cv["raw"] > 0.35 and cv["drawn"] < 0.15, cv
+    assert _close(float(smooth.rates["m"].mean()), 5000.0)
+    assert abs(float(drawn.mean()) - 5000.0) < 50.0
+    # the draw is on top of the smoothed intensity, from the same offset
+    assert np.corrcoef(drawn, smooth.rates["m"])[0, 1] > 0.5
+    assert np.all(drawn >= 0) and np.allclose(drawn * 5.0, np.round(drawn * 5.0))
+    with pytest.raises(ValueError, match="smooth_s"):
+        azure_series(azure_sample, {"m": 1.0}, 60.0, smooth_s=-1.0)
+
+
 def test_azure_series_keeps_the_real_trace_burstiness(monkeypatch: pytest.MonkeyPatch) -> None:
     path = _shared_trace("azure_llm_conv_2023.csv")
     times = read_azure_arrivals(path)
