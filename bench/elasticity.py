@@ -24,6 +24,7 @@ import time
 from bridge.paths import traces_dir
 from bridge.sim.build import build_scenario, model_rates
 from bridge.sim.engine import Timing
+from bridge.sim.measures import lost_share, wait_mean_s
 from bridge.sim.policies import compare
 from bridge.sim.result import PolicyResult
 
@@ -32,14 +33,8 @@ DAY_S = 86400.0
 RELEND_S = 900.0
 
 
-def _wait(r: PolicyResult) -> float:
-    jobs = sum(q.submitted for q in r.queues.values())
-    return sum(q.wait_mean_s * q.submitted for q in r.queues.values()) / max(1, jobs)
-
-
 def _lost_pct(r: PolicyResult) -> float:
-    elastic = sum(uses.get("elastic", 0.0) for uses in r.gpu_hours.values())
-    return 100 * r.gpu_hours_lost / max(1.0, elastic)
+    return 100 * lost_share(r)
 
 
 def flapping(r: PolicyResult) -> tuple[float, float | None]:
@@ -98,14 +93,14 @@ def main() -> None:
                 timing=Timing(model_load_s=dict.fromkeys(rates, load_s)) if load_s else None,
             )  # fmt: skip
             peak, bridge = compare(scenario, ["separate-peak", "bridge"]).results
-            peak_wait = _wait(peak)
+            peak_wait = wait_mean_s(peak)
             for r in (peak, bridge):
                 share, gap = flapping(r)
                 per_day = r.lends / args.days
                 print(
                     f"{workload:<9}{load_s:>7g} {r.policy:<14}{100 * r.within_share:>10.2f}%"
-                    f"{100 * r.minutes_share:>10.1f}%{_wait(r):>9.0f}s"
-                    f"{_wait(r) / max(peak_wait, 1e-9):>6.2f}{_lost_pct(r):>6.2f}%"
+                    f"{100 * r.minutes_share:>10.1f}%{wait_mean_s(r):>9.0f}s"
+                    f"{wait_mean_s(r) / max(peak_wait, 1e-9):>6.2f}{_lost_pct(r):>6.2f}%"
                     f"{per_day:>8.0f}{100 * share:>7.0f}%"
                     f"{'-' if gap is None else f'{gap:.0f}s':>7}",
                     flush=True,
@@ -114,7 +109,7 @@ def main() -> None:
             figures.append(
                 f"{key}_peak_within={100 * peak.within_share:.2f} "
                 f"{key}_within={100 * bridge.within_share:.2f} "
-                f"{key}_wait_ratio={_wait(bridge) / max(peak_wait, 1e-9):.2f} "
+                f"{key}_wait_ratio={wait_mean_s(bridge) / max(peak_wait, 1e-9):.2f} "
                 f"{key}_lost_pct={_lost_pct(bridge):.2f} "
                 f"{key}_lends_per_day={bridge.lends / args.days:.0f}"
             )

@@ -17,17 +17,9 @@ import sys
 import time
 
 from bridge.sim.build import build_scenario, model_rates
+from bridge.sim.measures import lost_share, wait_mean_s
 from bridge.sim.policies import compare, size
 from bridge.sim.result import PolicyResult
-
-
-def _wait(r: PolicyResult) -> float:
-    jobs = sum(q.submitted for q in r.queues.values())
-    return sum(q.wait_mean_s * q.submitted for q in r.queues.values()) / max(1, jobs)
-
-
-def _elastic_hours(r: PolicyResult) -> float:
-    return sum(uses.get("elastic", 0.0) for uses in r.gpu_hours.values())
 
 
 def main() -> None:
@@ -73,13 +65,13 @@ def main() -> None:
     )
     head = f"{'set-up':<22}{'reserved':>9}{'req in SLO':>12}{'min in SLO':>12}"
     print(head + f"{'job wait':>10}{'wait/peak':>10}{'lost/elastic':>13}{'lends':>7}")
-    peak_wait = _wait(peak)
+    peak_wait = wait_mean_s(peak)
 
     def line(name: str, nodes: int, r: PolicyResult) -> str:
-        lost = 100 * r.gpu_hours_lost / max(1.0, _elastic_hours(r))
+        lost = 100 * lost_share(r)
         return (
             f"{name:<22}{nodes:>9}{100 * r.within_share:>11.2f}%{100 * r.minutes_share:>11.1f}%"
-            f"{_wait(r):>9.0f}s{_wait(r) / max(peak_wait, 1e-9):>10.2f}{lost:>12.2f}%"
+            f"{wait_mean_s(r):>9.0f}s{wait_mean_s(r) / max(peak_wait, 1e-9):>10.2f}{lost:>12.2f}%"
             f"{r.lends:>7}"
         )
 
@@ -88,8 +80,8 @@ def main() -> None:
         print(line(f"bridge reserve={level}", nodes, r))
     figures = " ".join(
         f"{level}_nodes={nodes} {level}_within={100 * r.within_share:.2f} "
-        f"{level}_wait_ratio={_wait(r) / max(peak_wait, 1e-9):.2f} "
-        f"{level}_lost_pct={100 * r.gpu_hours_lost / max(1.0, _elastic_hours(r)):.2f}"
+        f"{level}_wait_ratio={wait_mean_s(r) / max(peak_wait, 1e-9):.2f} "
+        f"{level}_lost_pct={100 * lost_share(r):.2f}"
         for level, nodes, r in rows
     )
     print(

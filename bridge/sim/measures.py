@@ -121,6 +121,12 @@ def wait_mean_s(result: PolicyResult) -> float:
     return sum(q.wait_mean_s * q.submitted for q in qs) / jobs if jobs else 0.0
 
 
+def lost_share(result: PolicyResult) -> float:
+    """GPU-hours lost to preemption / all GPU-hours elastic jobs held (0 without any)."""
+    elastic = gpu_hours_by_use(result)["elastic"]
+    return result.gpu_hours_lost / elastic if elastic > 0 else 0.0
+
+
 def completion_mean_s(result: PolicyResult) -> float:
     """Mean job completion time (submit to end) of all finished jobs."""
     qs = result.queues.values()
@@ -203,7 +209,6 @@ def dimensions(result: PolicyResult, days: float, gpus_per_node: int) -> Dimensi
     replicas = [round(v) for v in result.series.get("replicas", [])]
     peak = max(replicas, default=reserved_pool)
     exposed = max(0, peak - reserved_pool)
-    elastic_hours = gpu_hours_by_use(result)["elastic"]
     empty = QueueOutcome()
     training = result.queues.get("training", empty)
     elastic = result.queues.get("elastic", empty)
@@ -230,7 +235,7 @@ def dimensions(result: PolicyResult, days: float, gpus_per_node: int) -> Dimensi
         preemptions=result.preemptions,
         gpu_hours_lost=result.gpu_hours_lost,
         lost_per_day=result.gpu_hours_lost / days,
-        lost_share=result.gpu_hours_lost / elastic_hours if elastic_hours > 0 else 0.0,
+        lost_share=lost_share(result),
         utilisation=utilisation(result),
         allocation=allocation(result),
         lends=result.lends,
