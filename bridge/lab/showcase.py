@@ -34,7 +34,8 @@ class ScenarioError(RuntimeError):
 
 
 class Load(threading.Thread):
-    """The load generator's runner in a thread: Poisson at `rate` for `duration` s."""
+    """The load generator's runner in a thread: Poisson at `rate` for `duration` s, or
+    until `stop_sending` is set."""
 
     def __init__(self, endpoint: str, rate: float, duration: float, seed: int) -> None:
         super().__init__(daemon=True)
@@ -53,10 +54,14 @@ class Load(threading.Thread):
         #: every request's record, and the wall time (epoch s) its times count from
         self.records: list[RequestRecord] = []
         self.started_at: float | None = None
+        #: set to stop sending (what is in flight is still answered and recorded)
+        self.stop_sending = threading.Event()
 
     def run(self) -> None:
         self.started_at = time.time()
-        result = asyncio.run(run(self.schedule, self.config, target_rate=self.rate))
+        result = asyncio.run(
+            run(self.schedule, self.config, target_rate=self.rate, stop=self.stop_sending)
+        )
         self.records = list(result.records)
         self.report = summarize(result)
 
@@ -179,7 +184,7 @@ class Scenario:
                 "baseline Triton ready; load step: busy at 70 req/s through nginx "
                 "(one replica, 20 ms a request, answers under 50/s)"
             )
-            heavy = Load(self.endpoint, rate=70, duration=70, seed=11)
+            heavy = Load(self.endpoint, rate=70, duration=50, seed=11)
             heavy.start()
             self.tick_until(
                 "a lease serving",
@@ -198,9 +203,11 @@ class Scenario:
                 heavy.started_at,
             )
             self.note("load falls to 4 req/s")
-            light = Load(self.endpoint, rate=4, duration=60, seed=12)
+            # the trickle runs until every lease is back, so the return is under load
+            light = Load(self.endpoint, rate=4, duration=300, seed=12)
             light.start()
             self.tick_until("every lease returned", lambda: not store.open_leases(), 200)
+            light.stop_sending.set()
             self.tick_until("the trickle to end", lambda: not light.is_alive(), 120)
             res.light = light.report
             res.lease_states = [e.to_state.value for e in store.history(lease.id or 0)]

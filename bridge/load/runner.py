@@ -24,6 +24,7 @@ import asyncio
 import ipaddress
 import json
 import math
+import threading
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit
 
@@ -219,7 +220,8 @@ class RunResult:
     window_s: the span of the schedule actually played (shorter than the schedule's when
         a bound stopped it), the denominator of offered and sent rates.
     elapsed_s: from the start to the last answer (or give-up).
-    stopped_by: "schedule" (all sent), "max_requests" or "max_duration".
+    stopped_by: "schedule" (all sent), "max_requests", "max_duration" or "stopped" (the
+        caller's `stop` event).
     """
 
     config: RunConfig
@@ -296,8 +298,10 @@ async def run(
     *,
     counters: Counters | None = None,
     target_rate: float | None = None,
+    stop: threading.Event | None = None,
 ) -> RunResult:
-    """Send `schedule` as `config` says; return a record per request that came due."""
+    """Send `schedule` as `config` says; return a record per request that came due.
+    `stop` (set from another thread): send nothing more, wait for what is in flight."""
     counters = counters if counters is not None else Counters()
     offsets = schedule.offsets[: config.max_requests]
     counters.planned = len(offsets)
@@ -317,6 +321,9 @@ async def run(
                 delay = offset - state.now()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                if stop is not None and stop.is_set():
+                    stopped_by = "stopped"
+                    break
                 if state.now() >= config.max_duration_s + LATE_GRACE_S:
                     stopped_by = "max_duration"  # the sender fell far behind: stop anyway
                     break

@@ -13,6 +13,7 @@ import pytest
 
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.showcase import Load
+from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.lifecycle import LeaseState
 from bridge.policy import Lend
@@ -92,8 +93,11 @@ def _lend_and_return(
     assert lease.id is not None
     queue.request_return(lease.id, datetime.now(UTC))
     tick_until(rec, lambda: not store.open_leases(), 120, log)
-    # Slurm holds a requeued job for its requeue delay (the lab's cred_expire + 1: 31 s), then
-    # it runs again: a second run, on the node it was taken from or another elastic one.
+    # Slurm holds a requeued job for its requeue delay (the lab's cred_expire + 1: 31 s from
+    # the requeue), then it runs again: a second run, on the node it was taken from or another
+    # elastic one. The node is back now, so the test lifts the rest of the hold (the job's
+    # begin time, what the delay sets) rather than wait it out: the run after it is Slurm's.
+    slurm(lab, "scontrol", "update", f"JobId={job}", "StartTime=now")
     wait_state(lab, job, {"RUNNING"}, 240)
     deadline = time.monotonic() + 30
     while "run 1" not in marker.read_text() and time.monotonic() < deadline:
@@ -131,10 +135,18 @@ def test_a_load_step_that_needs_two_replicas_more_gets_two_nodes_in_one_tick(
         log,
     )
     heavy.join()
-    light = Load(endpoint, 4.0, 60.0, seed=2)
+    # The return waits for the step's queueing to leave Triton's 60 s p99 window (calm is
+    # p99 under the low watermark), so it comes a minute or more after the step began, how
+    # long the step lasts aside. The trickle runs until every lease is back (a trickle of
+    # fixed length would have to outlast the return, and then the test waited it out).
+    light = Load(endpoint, 4.0, 600.0, seed=2)
     light.start()
-    tick_until(rec, lambda: not store.open_leases(), 90, log)
-    light.join()
+    try:
+        tick_until(rec, lambda: not store.open_leases(), 90, log)
+    finally:
+        light.stop_sending.set()  # what is in flight is still answered and counted
+        light.join(90)
     assert heavy.report is not None and light.report is not None
+    assert light.report.total.ok > 0
     assert heavy.report.total.errors == {} and heavy.report.total.dropped == 0
     assert light.report.total.errors == {} and light.report.total.dropped == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -41,13 +42,16 @@ def test_init_writes_what_the_cluster_and_the_demo_accept(lab: LabSpec, tmp_path
     assert cfg.pools == lab_cfg.pools, made.stdout
     assert "busy" in out.read_text() and "echo" in out.read_text()  # the repository's models
 
-    checked = stb(lab, "config", "check", str(out), "--live")
-    assert checked.returncode == 0 and "the cluster agrees" in checked.stdout, checked.stdout
-
-    # a pool on a partition Slurm does not have: refused, by name
+    # the accepted file and a pool on a partition Slurm does not have, checked side by side
+    # (each `stb` spends seconds importing before it asks Slurm anything)
     wrong = tmp_path / "wrong.toml"
     wrong.write_text(out.read_text().replace('partition = "elastic"', 'partition = "nosuch"'))
-    refused = stb(lab, "config", "check", str(wrong), "--live")
+    with ThreadPoolExecutor(2) as pool:
+        checking = pool.submit(stb, lab, "config", "check", str(out), "--live")
+        refusing = pool.submit(stb, lab, "config", "check", str(wrong), "--live")
+    checked, refused = checking.result(), refusing.result()
+    assert checked.returncode == 0 and "the cluster agrees" in checked.stdout, checked.stdout
+    # the wrong one: refused, by name
     assert refused.returncode == 1
     assert "pools.elastic: partition 'nosuch' does not exist" in refused.stdout
 

@@ -207,6 +207,21 @@ def test_max_duration_stops_sending(server: SlowServer) -> None:
     assert summarize(result).total.offered_rate == pytest.approx(3 / 0.5)
 
 
+def test_a_stop_event_stops_sending_and_keeps_what_came_due(server: SlowServer) -> None:
+    """Set from another thread (the lab demo's trickle, stopped once every lease is back):
+    nothing more is sent, the requests already sent are answered and recorded."""
+    schedule = Schedule((0.0, 0.1, 0.2, 3.0, 6.0), 6.0, "five")
+    config = RunConfig(endpoints=(server.endpoint,), model="sleep-0", max_duration_s=10.0)
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    result = asyncio.run(run(schedule, config, stop=stop))
+    assert result.stopped_by == "stopped"
+    # seen at the next arrival's due time (3 s): that one and the rest are not sent
+    assert [r.index for r in result.records] == [0, 1, 2]
+    assert len(server.received) == 3
+    assert result.elapsed_s < 5.0  # never waited for the 6 s arrival
+
+
 def test_max_requests_stops_sending(server: SlowServer) -> None:
     result = send(regular(10, 0.01), endpoints=(server.endpoint,), model="sleep-0", max_requests=4)
     assert result.stopped_by == "max_requests"
