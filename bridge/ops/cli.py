@@ -29,13 +29,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bridge.advise.service import run_advisory
 from bridge.cli_text import fail, say
 from bridge.config import BridgeConfig, pool_of
 from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.daemon.actuator import record_of
 from bridge.daemon.planner import Settings, is_stuck
-from bridge.daemon.service import DaemonError, run_daemon
 from bridge.http.auth import TokensError, add_token
 from bridge.leases import leader
 from bridge.leases.errors import LeaseError
@@ -62,6 +60,11 @@ AdviseOpt = Annotated[
 def daemon(config: ConfigOpt = None, advise: AdviseOpt = False) -> None:
     """Run the bridge: observe, decide, act every tick, until SIGTERM (with --advise:
     observe, decide and record, never act)."""
+    # imported here: the daemon's modules (the web server, the scheduler, the ledger's
+    # feed) are most of what `stb` would import, and the other commands need none of them
+    from bridge.advise.service import run_advisory
+    from bridge.daemon.service import DaemonError, run_daemon
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for noisy in ("apscheduler", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

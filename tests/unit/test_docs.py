@@ -189,8 +189,12 @@ def _problem(root: Any, args: list[str]) -> str | None:
     """Why `stb ARGS` would not parse, or None. Duck-typed on click's command objects
     (typer ships its own copy of click): a group has `commands`, an option `opts`."""
     command, path = root, ["stb"]
-    while args and args[0] in getattr(command, "commands", {}):
-        command = command.commands[args[0]]
+    # a group's subcommands through get_command: stb's own group loads them when named
+    while args and hasattr(command, "get_command"):
+        sub = command.get_command(None, args[0])
+        if sub is None:
+            break
+        command = sub
         path.append(args.pop(0))
     if hasattr(command, "commands") and not getattr(command, "invoke_without_command", False):
         return f"`{' '.join(path)}` needs a subcommand, got {args[:1]}"

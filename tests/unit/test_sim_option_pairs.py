@@ -85,7 +85,8 @@ def test_every_pair_has_a_refused_case_and_names_real_options() -> None:
     assert sorted(REFUSED) == sorted((p.option, p.deciders) for p in PAIRS)
     command = typer.main.get_command(app)
     assert isinstance(command, typer.core.TyperGroup)
-    options = {o for p in command.commands["simulate"].params for o in p.opts}
+    simulate = command.get_command(None, "simulate")  # type: ignore[arg-type]
+    options = {o for p in simulate.params for o in p.opts}
     assert flags() <= options, flags() - options
 
 
