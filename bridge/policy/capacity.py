@@ -127,22 +127,34 @@ def predict(
     or a saturated one."""
     replicas = replicas_of(groups)
     worst: dict[str, float] = {}
+    # per model, its rate and load on one replica (the same in every group that holds it),
+    # worked out at its first group: a model is in a dozen groups at a site's scale
+    per: dict[str, tuple[float, float, Demand] | None] = {}
     for g in groups:
         if g.nodes <= 0:
             continue
         shared_rate = shared_load = 0.0
         shared: list[str] = []
         for m in g.models:
-            d = demand.get(m)
-            if d is None:
+            if m in per:
+                p = per[m]
+            else:
+                d = demand.get(m)
+                if d is None:
+                    p = None
+                else:
+                    share = d.rate / replicas[m]
+                    p = (share, share * d.service_s, d)
+                per[m] = p
+            if p is None:
                 continue
-            share = d.rate / replicas[m]
+            share, load, d = p
             if d.instances is None:
                 shared.append(m)
                 shared_rate += share
-                shared_load += share * d.service_s
+                shared_load += load
             else:
-                w = wait_p99_s(d.instances, share * d.service_s, share, cv2)
+                w = wait_p99_s(d.instances, load, share, cv2)
                 worst[m] = max(worst.get(m, 0.0), w)
         if shared:
             w = wait_p99_s(max(1, g.gpus), shared_load, shared_rate, cv2)

@@ -182,41 +182,71 @@ def dwells(snapshot: Snapshot, config: BridgeConfig, now: float) -> dict[str, fl
     return out
 
 
+@dataclass(frozen=True)
+class _Reads:
+    """What the capacity rules read of each model's samples, in one pass per tick: the
+    forecast at the lend's lead time (None without data) and, when a lease may go back,
+    the highest rate of the return dwell's samples. One pass because at a site's
+    thousands of models the samples are most of a decision's time, and reading a model's
+    newest samples twice in a row finds them in the CPU's cache the second time."""
+
+    ahead: dict[str, float | None]
+    #: per model, the highest rate of its last `return_dwell_s` of samples (0 without)
+    highest: dict[str, float]
+
+
+def _read(
+    snapshot: Snapshot, config: BridgeConfig, now: float, horizon: float, returning: bool
+) -> _Reads:
+    policy = config.policy
+    window = policy.forecast_window_s
+    span = _ticks(policy.return_dwell_s, config)
+    ahead: dict[str, float | None] = {}
+    highest: dict[str, float] = {}
+    for name in snapshot.models:
+        history = snapshot.history.get(name)
+        if not history:
+            continue
+        ahead[name] = forecast_rate(history, now, window, horizon)
+        if returning:
+            rates = [r for s in history[-span:] if (r := s.request_rate) is not None]
+            highest[name] = max(rates) if rates else 0.0
+    return _Reads(ahead, highest)
+
+
 def _demand(
     snapshot: Snapshot,
     config: BridgeConfig,
-    now: float,
-    horizon: float,
     returning: bool,
-    ahead: dict[str, float | None],
+    reads: _Reads,
+    now: float = 0.0,
     long_dwell: Mapping[str, float] | None = None,
 ) -> dict[str, capacity.Demand]:
     """Per model with a known service time: the rate to carry. Lending: headroom x max(now,
     forecast). Returning: return_headroom x max(the dwell's highest, forecast); a model
-    with a longer dwell (`long_dwell`) takes its highest over that dwell from the peaks."""
+    with a longer dwell (`long_dwell`) takes its highest over that dwell from the peaks.
+    `reads`: the tick's `_read` (with `returning` when returning)."""
     policy = config.policy
+    factor = policy.return_headroom if returning else policy.capacity_headroom
+    ahead = reads.ahead
     out: dict[str, capacity.Demand] = {}
     for name, model in snapshot.models.items():
         history = snapshot.history.get(name, ())
         if not history:
             continue
-        svc = service_s(history)
+        last = history[-1]
+        compute = last.compute_ms  # `service_s`'s answer at its first step, most ticks
+        svc = compute / 1000.0 if compute is not None and compute > 0 else service_s(history)
         if returning:
-            recent = [s.request_rate for s in history[-_ticks(policy.return_dwell_s, config) :]]
-            rates = [r for r in recent if r is not None]
-            base = max(rates) if rates else 0.0
+            base = reads.highest[name]
             if long_dwell and name in long_dwell and name in snapshot.peaks:
                 base = max(base, snapshot.peaks[name].highest_since(now - long_dwell[name]))
-            factor = policy.return_headroom
         else:
-            base = history[-1].request_rate or 0.0
-            factor = policy.capacity_headroom
+            base = last.request_rate or 0.0
         if svc is None:
             if base > 0:  # load but no compute time measured yet: cannot size it
                 continue
             svc = 0.0
-        if name not in ahead:  # one fit per model and tick, for lending and returning
-            ahead[name] = forecast_rate(history, now, policy.forecast_window_s, horizon)
         rate = max(base, ahead[name] or 0.0) * factor
         out[name] = capacity.Demand(rate, svc, model.slo_p99_ms / 1000.0, model.instances)
     return out
@@ -273,7 +303,6 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             returns.append(Return(lease.lease_id, f"drain wait over {policy.drain_wait_s:g}s"))
     abandoned = frozenset(r.lease_id for r in returns)
     horizon = lead_s(snapshot, config)
-    ahead: dict[str, float | None] = {}
 
     calm: dict[str, bool] = {}
 
@@ -306,11 +335,13 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     ]
     leaving = set(abandoned)
     count = _replica_groups(snapshot, leaving)
+    reads = _read(snapshot, config, now, horizon, bool(serving))
+    ahead = reads.ahead
     if serving:
         rank = {name: pool.cost_rank for name, pool in config.pools.items()}
         serving.sort(key=lambda s: (rank.get(s.pool, 0), s.serving_since or 0.0, s.lease_id))
         long_dwell = dwells(snapshot, config, now)
-        keep = _demand(snapshot, config, now, horizon, True, ahead, long_dwell)
+        keep = _demand(snapshot, config, True, reads, now, long_dwell)
         replica_of = {
             r.lease_id: (_model_set(r.models), r.gpus)
             for r in snapshot.replicas
@@ -336,7 +367,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             reason = _return_reason(keep, lease.models, max(dwell, policy.return_dwell_s))
             returns.append(Return(lease.lease_id, reason))
 
-    demand = _demand(snapshot, config, now, horizon, False, ahead)
+    demand = _demand(snapshot, config, False, reads)
     groups = _groups(count)
     open_leases = sum(1 for lease in snapshot.leases if lease.lease_id not in leaving)
     slots = max(0, policy.max_lent_nodes - open_leases)
@@ -359,11 +390,18 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     backstop: list[str] = []
     if slots > len(wanted):
         covered = {m for models in wanted for m in models}
+        history = snapshot.history
+        high = policy.high_watermark
+        # a breach needs the newest sample over the high watermark (`evaluate_model`'s
+        # first test): the models without are passed over at the cost of one read
         breach = [
             name
             for name, model in snapshot.models.items()
-            if name not in covered
-            and evaluate_model(snapshot.history.get(name, ()), model, config) == ModelStatus.BREACH
+            if (h := history.get(name))
+            and (p99 := h[-1].p99_ms) is not None
+            and p99 > high * model.slo_p99_ms
+            and name not in covered
+            and evaluate_model(h, model, config) == ModelStatus.BREACH
         ]
         if breach:
             ready, in_flight = _replica_counts(snapshot)
@@ -429,11 +467,10 @@ def capacity_inputs(
     """What `assess`'s capacity rules read on a tick with no lease abandoned: the replicas
     by (models, GPUs), the demand the replicas left must carry (returning) and the demand
     to lend for. The simulator proves quiet ticks with it (`bridge.sim.quiet`)."""
-    horizon = lead_s(snapshot, config)
-    ahead: dict[str, float | None] = {}
+    reads = _read(snapshot, config, now, lead_s(snapshot, config), True)
     count = _replica_groups(snapshot, set())
-    keep = _demand(snapshot, config, now, horizon, True, ahead, dwells(snapshot, config, now))
-    lend = _demand(snapshot, config, now, horizon, False, ahead)
+    keep = _demand(snapshot, config, True, reads, now, dwells(snapshot, config, now))
+    lend = _demand(snapshot, config, False, reads)
     return count, keep, lend
 
 
@@ -511,36 +548,46 @@ def choose_nodes(
     policy = config.policy
     leased = {lease.node for lease in snapshot.leases} | taken
     budget = policy.max_preemptions_per_hour - snapshot.preemptions_last_hour
+    lendable = {
+        name: pool.cost_rank for name, pool in config.pools.items() if pool.lend_mode in LENDABLE
+    }
     idle: list[tuple[int, str, NodeView]] = []
-    busy: list[tuple[int, float, str, NodeView]] = []
+    busy_nodes: list[NodeView] = []
     for node in snapshot.nodes:
-        pool = config.pools.get(node.pool)
-        if pool is None or pool.lend_mode not in LENDABLE:
+        rank = lendable.get(node.pool)
+        if rank is None:
             continue
         if not node.usable or node.reserved or node.has_triton or node.name in leased:
             continue
         if not node.jobs:
-            idle.append((pool.cost_rank, node.name, node))
-        elif pool.lend_mode == "preempt":
+            idle.append((rank, node.name, node))
+        else:
+            busy_nodes.append(node)
+    idle.sort(key=lambda t: (t[0], t[1]))
+    chosen = [t[2] for t in idle[:count]]
+    if len(chosen) == count:
+        # enough idle nodes: the busy ones' checks and work lost would go unread
+        return chosen
+    busy: list[tuple[int, float, str, NodeView]] = []
+    for node in busy_nodes:
+        rank = lendable[node.pool]
+        if config.pools[node.pool].lend_mode == "preempt":
             if len(node.jobs) > budget or _requeued_recently(node, now, policy.preempt_guard_s):
                 continue
             if any(j.restarts >= policy.max_requeues_per_job for j in node.jobs):
                 continue
-            busy.append((pool.cost_rank, _work_lost(node, now), node.name, node))
+            busy.append((rank, _work_lost(node, now), node.name, node))
         elif waiting:
-            busy.append((pool.cost_rank, 0.0, node.name, node))
-    idle.sort(key=lambda t: (t[0], t[1]))
-    chosen = [t[2] for t in idle[:count]]
-    if len(chosen) < count:
-        busy.sort(key=lambda t: (t[0], t[1], t[2]))
-        for _, _, _, node in busy:
-            if len(chosen) == count:
-                break
-            victims = len(node.jobs) if config.pools[node.pool].lend_mode == "preempt" else 0
-            if victims > budget:
-                continue
-            budget -= victims
-            chosen.append(node)
+            busy.append((rank, 0.0, node.name, node))
+    busy.sort(key=lambda t: (t[0], t[1], t[2]))
+    for _, _, _, node in busy:
+        if len(chosen) == count:
+            break
+        victims = len(node.jobs) if config.pools[node.pool].lend_mode == "preempt" else 0
+        if victims > budget:
+            continue
+        budget -= victims
+        chosen.append(node)
     return chosen
 
 

@@ -25,13 +25,16 @@ def trend(
     slope."""
     n = 0
     sx = sy = sxx = sxy = 0.0
+    # `s.at - now < -window_s` is `now - s.at > window_s` exactly (a float difference
+    # only changes sign when its operands swap): one subtraction per sample, not two
+    oldest = -window_s
     for s in reversed(samples):
-        if now - s.at > window_s:
+        x = s.at - now
+        if x < oldest:
             break
         rate = s.request_rate
         if rate is None:
             continue
-        x = s.at - now
         n += 1
         sx += x
         sy += rate
