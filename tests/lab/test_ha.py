@@ -42,6 +42,19 @@ def _lease_jobs(lab: LabSpec, store: LeaseStore, lease_id: int) -> list[str]:
     return [j.job_id for j in SlurmCLI(env=lab.env()).jobs() if lease_of(j.tags) == ref]
 
 
+def _ticks(x: Instance) -> float:
+    """The ticks daemon `x` has run (stb_ticks_total, every outcome); 0 while its exporter
+    does not answer."""
+    try:
+        page = httpx.get(f"http://{x.exporter}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return 0.0
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+        if line.startswith("stb_ticks_total{")
+    )  # fmt: skip
+
+
 def _restart_postgres() -> bool:
     """Restart the local PostgreSQL cluster; False where this host cannot."""
     if shutil.which("pg_lsclusters") is None or shutil.which("pg_ctlcluster") is None:
@@ -100,6 +113,9 @@ def test_two_bridges_one_acts_and_the_other_takes_over(
         took_at = until("b leads", lambda: b.role() == "active", 5 * TICK_S)
         held = leader.current(engine)
         assert held is not None and (held.holder, held.epoch) == ("bridge-b", 2)
+        # a comes back on its host while b finishes the lend (its start-up, some 5-10 s
+        # of imports, beside b's lend); it stands by (below)
+        a.start()
         served_at = until(
             "b finishes the lend", lambda: store.get(lease_id).state == S.SERVING, 120
         )
@@ -117,14 +133,23 @@ def test_two_bridges_one_acts_and_the_other_takes_over(
         req = queue.pending()
         assert req == []
 
-        # a comes back on its host: it stands by
-        a.start().wait_role("standby")
+        # a, back on its host, stands by
+        a.wait_role("standby")
 
         # the database restarted under both: one leads afterwards, nothing acted twice
         jobs_before = sorted(j.job_id for j in SlurmCLI(env=lab.env()).jobs(**LIVE))
         events_before = len(store.history(lease_id))
         if _restart_postgres():
-            time.sleep(4 * TICK_S)
+            # both have ticked twice on the restarted database (a tick whose beat would
+            # hand the lead over has committed it by the next), instead of 4 ticks blind
+            ticked = {x.name: _ticks(x) for x in (a, b)}
+            assert all(ticked.values()), ticked  # both exporters answered
+            until(
+                "two ticks of each after the restart",
+                lambda: all(_ticks(x) >= ticked[x.name] + 2 for x in (a, b)),
+                10 * TICK_S,
+                0.2,
+            )
             until(
                 "one leader after the restart",
                 lambda: {a.role(), b.role()} == {"active", "standby"},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -28,6 +29,45 @@ from .helpers import (
 )
 
 pytestmark = pytest.mark.lab
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """An elastic job running on an elastic node, and a Triton job submitted there."""
+
+    node: str
+    victim: str
+    triton_job: str
+    submitted_at: float  # time.monotonic()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def preemption(lab: LabSpec) -> Iterator[Preemption]:
+    """Started before the module's first test, so that the slow part of the last test runs
+    beside the others (they use the reserved node, this the elastic one): slurmctld
+    carries out a preemption's GraceTime in its background pass, every 30 s, so the
+    Triton job waits 18-33 s for its node."""
+    elastic = lab.pool_nodes("elastic")[0].name
+    victim = sbatch(
+        lab,
+        "--partition=elastic",
+        "--account=team-nlp",
+        "--exclusive",
+        f"--gres=gpu:{lab.gpus_per_node}",
+        "--requeue",
+        "--wrap",
+        "sleep 600",
+    )
+    job_id = ""
+    try:
+        wait_state(lab, victim, {"RUNNING"}, timeout_s=60)
+        t0 = time.monotonic()
+        job_id = triton.submit(lab, node=elastic, exclusive=True, name="stb-triton-lent")
+        yield Preemption(elastic, victim, job_id, t0)
+    finally:
+        for job in (job_id, victim):
+            if job:
+                slurm(lab, "scancel", job, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -128,25 +168,13 @@ def test_scancel_stops_triton_gracefully_and_sacct_books_its_gpu(
 
 
 def test_triton_on_an_elastic_node_requeues_the_elastic_job_which_runs_again(
-    lab: LabSpec,
+    lab: LabSpec, preemption: Preemption
 ) -> None:
-    elastic = lab.pool_nodes("elastic")[0].name
-    victim = sbatch(
-        lab,
-        "--partition=elastic",
-        "--account=team-nlp",
-        "--exclusive",
-        f"--gres=gpu:{lab.gpus_per_node}",
-        "--requeue",
-        "--wrap",
-        "sleep 600",
-    )
-    wait_state(lab, victim, {"RUNNING"}, timeout_s=60)
-    t0 = time.monotonic()
-    job_id = triton.submit(lab, node=elastic, exclusive=True, name="stb-triton-lent")
+    elastic, victim, job_id = preemption.node, preemption.victim, preemption.triton_job
     try:
         job = triton.wait_ready(lab, job_id, timeout_s=120)
-        print(f"Triton ready on {elastic} after preemption in {time.monotonic() - t0:.1f}s")
+        took = time.monotonic() - preemption.submitted_at
+        print(f"Triton ready on {elastic} after preemption in {took:.1f}s")
         assert job.node == elastic
         state, _ = squeue_state(lab, victim)
         assert state == "PENDING"
