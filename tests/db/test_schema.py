@@ -261,7 +261,10 @@ def test_processes_starting_together_on_a_new_database_create_it_once(database_u
     """The issue's race (PostgreSQL: `UniqueViolation` on `pg_type` from `CREATE TABLE
     lease` in all of 5 rounds of 2 processes with the old `create_all`)."""
     n = 6
-    ctx = multiprocessing.get_context("spawn")
+    # fresh interpreters, not forks of this one (its threads, its engines), started from a
+    # server that imported this module once: each start takes milliseconds, not seconds
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     barrier, out = ctx.Barrier(n), ctx.Queue()
     procs = [
         ctx.Process(target=_start_daemon_schema, args=(database_url, barrier, out), daemon=True)
