@@ -461,7 +461,8 @@ def serve(scheduler: BaseScheduler, exporter: HttpServer, closing: Callable[[], 
     """Run the scheduler until SIGTERM or SIGINT, then stop the exporter and close."""
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        scheduler.shutdown(wait=False)
+        if scheduler.running:  # a second signal while shutting down changes nothing
+            scheduler.shutdown(wait=False)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

@@ -9,7 +9,9 @@ Fast aids for the loop's logic only; the real proof is on the lab (tests/lab).
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import threading
 import time
 from datetime import UTC, datetime
@@ -18,11 +20,12 @@ from typing import Any
 
 import pytest
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
 from bridge.daemon.report import Outcome, StepError
-from bridge.daemon.service import Bridge, scheduler_for, tick_once
+from bridge.daemon.service import Bridge, scheduler_for, serve, tick_once
 from bridge.leases import requests as requests_mod
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import make_engine
@@ -679,3 +682,26 @@ def test_a_return_and_the_next_lend_of_its_models_reach_the_policy(h: Harness) -
     assert memory.peaks.view()["busy"].top == 12.0
     memory.track({})
     assert memory.peaks.view() == {}
+
+
+def test_a_second_sigterm_while_the_daemon_stops_is_harmless() -> None:
+    """serve() stops the scheduler at SIGTERM; a second one while it closes (an operator's
+    second kill, systemd's, a test's teardown) must not raise out of the shutdown."""
+    done: list[str] = []
+
+    class Exporter:
+        def stop(self) -> None:
+            done.append("exporter stopped")
+
+    def closing() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # the second signal, mid-shutdown
+        done.append("closed")
+
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    try:
+        serve(BlockingScheduler(), Exporter(), closing)  # type: ignore[arg-type]
+    finally:
+        signal.signal(signal.SIGTERM, handlers[0])
+        signal.signal(signal.SIGINT, handlers[1])
+    assert done == ["exporter stopped", "closed"]
