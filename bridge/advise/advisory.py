@@ -75,7 +75,7 @@ from bridge.leases.advice import Advice, AdviceSample, AdviceStore, ShadowLeaseR
 from bridge.leases.requests import PoolHold
 from bridge.lifecycle import LeaseState, StepTimes
 from bridge.policy import LeaseView, Lend, Return, Snapshot, StartBaseline, decide
-from bridge.policy.decide import LENDABLE, choose_nodes
+from bridge.policy.nodes import LENDABLE, choose_nodes
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,8 @@ Rules, in order, each tick:
    what the capacity model missed) that no lend of this tick covers, with no lend of it in
    flight and past its `scale_out_cooldown_s`, gets one more node.
 
-Nodes are taken cheapest first: idle before busy, lower `cost_rank` first (elastic before
-training), then the least work lost (GPU-seconds since each job's start or last reported
-checkpoint). Never a node in a site reservation, never one with a job requeued within
-`preempt_guard_s` or requeued `max_requeues_per_job` times, and never more victims than
-the hour's `max_preemptions_per_hour` budget leaves.
+Nodes are taken cheapest first (`bridge.policy.nodes`): idle before busy, elastic before
+training, the least work lost, within the hour's preemption budget.
 
 Each model's SLO, replica bounds and instances are `snapshot.models`: the model
 repository's facts with the TOML's overrides (`bridge.modelfacts`); a model not there
@@ -57,10 +54,10 @@ from bridge.lifecycle import IN_FLIGHT, LeaseState
 from bridge.policy import capacity
 from bridge.policy.actions import Action, Lend, Return, StartBaseline
 from bridge.policy.forecast import forecast_rate
+from bridge.policy.nodes import LENDABLE, choose_nodes
 from bridge.policy.returns import break_even_s, dwell_s
-from bridge.policy.snapshot import ModelSample, NodeView, Snapshot
+from bridge.policy.snapshot import ModelSample, Snapshot
 
-LENDABLE = ("preempt", "drain")
 #: a drain lend still waiting for its node: decided, or its Triton job pending
 WAITING = frozenset({LeaseState.REQUESTED, LeaseState.SUBMITTED})
 
@@ -510,85 +507,6 @@ def _replica_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:
         if lease.state in IN_FLIGHT:
             in_flight.update(set(lease.models))
     return ready, in_flight
-
-
-def _requeued_recently(node: NodeView, now: float, guard_s: float) -> bool:
-    return any(
-        j.restarts > 0 and j.submitted_at is not None and now - j.submitted_at < guard_s
-        for j in node.jobs
-    )
-
-
-def _work_lost(node: NodeView, now: float) -> float:
-    """GPU-seconds a preemption of the node's jobs would throw away: since each job's start
-    or its last reported checkpoint, whichever is later."""
-    lost = 0.0
-    for j in node.jobs:
-        if j.started_at is None:
-            continue
-        since = max(j.started_at, j.checkpoint_at or j.started_at)
-        lost += j.gpus * max(0.0, now - since)
-    return lost
-
-
-def choose_nodes(
-    snapshot: Snapshot,
-    config: BridgeConfig,
-    now: float,
-    count: int,
-    *,
-    waiting: bool = False,
-    taken: frozenset[str] = frozenset(),
-) -> list[NodeView]:
-    """Up to `count` nodes to lend, cheapest first (see the module docstring). A busy
-    drain-mode node serves only once its jobs end (hours, maybe): it is a candidate only
-    with `waiting` (the backstop), never for a capacity deficit that must be met now."""
-    if count <= 0:
-        return []
-    policy = config.policy
-    leased = {lease.node for lease in snapshot.leases} | taken
-    budget = policy.max_preemptions_per_hour - snapshot.preemptions_last_hour
-    lendable = {
-        name: pool.cost_rank for name, pool in config.pools.items() if pool.lend_mode in LENDABLE
-    }
-    idle: list[tuple[int, str, NodeView]] = []
-    busy_nodes: list[NodeView] = []
-    for node in snapshot.nodes:
-        rank = lendable.get(node.pool)
-        if rank is None:
-            continue
-        if not node.usable or node.reserved or node.has_triton or node.name in leased:
-            continue
-        if not node.jobs:
-            idle.append((rank, node.name, node))
-        else:
-            busy_nodes.append(node)
-    idle.sort(key=lambda t: (t[0], t[1]))
-    chosen = [t[2] for t in idle[:count]]
-    if len(chosen) == count:
-        # enough idle nodes: the busy ones' checks and work lost would go unread
-        return chosen
-    busy: list[tuple[int, float, str, NodeView]] = []
-    for node in busy_nodes:
-        rank = lendable[node.pool]
-        if config.pools[node.pool].lend_mode == "preempt":
-            if len(node.jobs) > budget or _requeued_recently(node, now, policy.preempt_guard_s):
-                continue
-            if any(j.restarts >= policy.max_requeues_per_job for j in node.jobs):
-                continue
-            busy.append((rank, _work_lost(node, now), node.name, node))
-        elif waiting:
-            busy.append((rank, 0.0, node.name, node))
-    busy.sort(key=lambda t: (t[0], t[1], t[2]))
-    for _, _, _, node in busy:
-        if len(chosen) == count:
-            break
-        victims = len(node.jobs) if config.pools[node.pool].lend_mode == "preempt" else 0
-        if victims > budget:
-            continue
-        budget -= victims
-        chosen.append(node)
-    return chosen
 
 
 def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]:

@@ -43,7 +43,8 @@ from bridge.config import BridgeConfig, ModelConfig
 from bridge.lifecycle import LeaseState
 from bridge.modelfacts import toml_models
 from bridge.policy import ModelSample, Snapshot, capacity
-from bridge.policy.decide import LENDABLE, capacity_groups, capacity_inputs, model_set
+from bridge.policy.decide import capacity_groups, capacity_inputs, model_set
+from bridge.policy.nodes import LENDABLE
 
 #: relative margin on a certificate (far above the capacity model's rounding)
 MARGIN = 1e-9

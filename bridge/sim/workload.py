@@ -20,6 +20,13 @@ import numpy as np
 import numpy.typing as npt
 
 from bridge.load.arrivals import read_trace
+from bridge.sim.arguments import (
+    at_least,
+    check_load,
+    check_series,
+    positive,
+    share,
+)
 
 JobKind = Literal["training", "elastic"]
 
@@ -74,54 +81,6 @@ IntArray = npt.NDArray[np.int64]
 DAY_S = 86400.0
 #: the diurnal profile peaks at 15:00 (t = 0 is a Monday 00:00)
 PEAK_HOUR = 15.0
-
-
-# --- argument checks ------------------------------------------------------------------
-
-
-def _positive(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-
-
-def _at_least(name: str, value: float, low: float) -> None:
-    if not (math.isfinite(value) and value >= low):
-        raise ValueError(f"{name} must be a finite number >= {low:g}, got {value!r}")
-
-
-def _share(name: str, value: float) -> None:
-    if not (0.0 <= value <= 1.0):
-        raise ValueError(f"{name} must be between 0 and 1, got {value!r}")
-
-
-def _check_models(models: Mapping[str, float]) -> None:
-    for name, rate in models.items():
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"models: a model name must be a non-empty string, got {name!r}")
-        if not (math.isfinite(rate) and rate >= 0):
-            raise ValueError(f"models[{name!r}]: rate must be a finite number >= 0, got {rate!r}")
-
-
-def _check_series(
-    models: Mapping[str, float], horizon_s: float, step_s: float, diurnal: float, weekly: float
-) -> int:
-    """Checks the arguments every series shares; returns its number of steps."""
-    _check_models(models)
-    _positive("horizon_s", horizon_s)
-    _positive("step_s", step_s)
-    _share("diurnal_amplitude", diurnal)
-    _share("weekly_amplitude", weekly)
-    # ceil, forgiving float noise such as 1.1 / 0.1 = 11.000000000000002
-    return max(1, math.ceil(horizon_s / step_s - 1e-9))
-
-
-def _check_load(horizon_s: float, capacity_gpus: int, target_load: float, gpn: int) -> float:
-    """Checks the arguments every job list shares; returns the target GPU-seconds."""
-    _positive("horizon_s", horizon_s)
-    _positive("capacity_gpus", capacity_gpus)
-    _positive("target_load", target_load)
-    _positive("gpus_per_node", gpn)
-    return target_load * capacity_gpus * horizon_s
 
 
 # --- inference arrival series ---------------------------------------------------------
@@ -183,7 +142,7 @@ def azure_series(
     rate, not of the trace's. The intensity's mean is the model's rate; the drawn
     series' mean is within that noise of it.
     """
-    steps = _check_series(models, horizon_s, step_s, diurnal_amplitude, weekly_amplitude)
+    steps = check_series(models, horizon_s, step_s, diurnal_amplitude, weekly_amplitude)
     if not (math.isfinite(smooth_s) and smooth_s >= 0):
         raise ValueError(f"smooth_s must be a finite number >= 0, got {smooth_s!r}")
     arrivals = read_azure_arrivals(path)
@@ -234,11 +193,11 @@ def synthetic_series(
     bursts do not compound). So the series' mean is the rate only without bursts; with
     them it is higher, by (burst_factor - 1) x the share of steps in a burst.
     """
-    steps = _check_series(models, horizon_s, step_s, diurnal_amplitude, weekly_amplitude)
-    _at_least("bursts_per_day", bursts_per_day, 0)
-    _at_least("burst_factor", burst_factor, 1)
-    _positive("burst_s", burst_s)
-    _at_least("noise", noise, 0)
+    steps = check_series(models, horizon_s, step_s, diurnal_amplitude, weekly_amplitude)
+    at_least("bursts_per_day", bursts_per_day, 0)
+    at_least("burst_factor", burst_factor, 1)
+    positive("burst_s", burst_s)
+    at_least("noise", noise, 0)
     envelope = _envelope(steps, step_s, diurnal_amplitude, weekly_amplitude)
     rng = np.random.default_rng(seed)
     rates: dict[str, FloatArray] = {}
@@ -276,18 +235,18 @@ def ramp_series(
     `step_rise_s`, held `step_hold_s`, then back at once), each at Poisson times
     (`ramps_per_day`, `steps_per_day`), independent per model. Events that overlap take
     the larger factor. The mean is above the base by the events' share."""
-    steps = _check_series(models, horizon_s, step_s, 0.0, 0.0)
+    steps = check_series(models, horizon_s, step_s, 0.0, 0.0)
     for name, value in (("ramp_factor", ramp_factor), ("step_factor", step_factor)):
-        _at_least(name, value, 1)
+        at_least(name, value, 1)
     for name, value in (("ramps_per_day", ramps_per_day), ("steps_per_day", steps_per_day)):
-        _at_least(name, value, 0)
+        at_least(name, value, 0)
     for name, value in (
         ("ramp_s", ramp_s),
         ("ramp_hold_s", ramp_hold_s),
         ("step_rise_s", step_rise_s),
         ("step_hold_s", step_hold_s),
     ):
-        _positive(name, value)
+        positive(name, value)
     t = np.arange(steps) * step_s
     rng = np.random.default_rng(seed)
     rates: dict[str, FloatArray] = {}
@@ -342,18 +301,18 @@ def bursty_series(
 
     Each model's series is scaled so that its mean is the model's rate.
     """
-    steps = _check_series(models, horizon_s, step_s, 0.0, 0.0)
+    steps = check_series(models, horizon_s, step_s, 0.0, 0.0)
     for name, value in (("burst_s", burst_s), ("gap_s", gap_s), ("surge_s", surge_s)):
-        _positive(name, value)
-    _positive("mix_period_s", mix_period_s)
-    _share("quiet", quiet)
-    _share("mix_amplitude", mix_amplitude)
+        positive(name, value)
+    positive("mix_period_s", mix_period_s)
+    share("quiet", quiet)
+    share("mix_amplitude", mix_amplitude)
     for name, value in (
         ("spike_sigma", spike_sigma),
         ("surges_per_day", surges_per_day),
         ("surge_growth", surge_growth),
     ):
-        _at_least(name, value, 0)
+        at_least(name, value, 0)
     t = (np.arange(steps) + 0.5) * step_s
     rng = np.random.default_rng(seed)
     rates: dict[str, FloatArray] = {}
@@ -510,8 +469,8 @@ def alibaba_jobs(
     A task of more than `gpus_per_node` GPUs gets whole nodes. Ids a-000000, ... in
     submit order.
     """
-    target = _check_load(horizon_s, capacity_gpus, target_load, gpus_per_node)
-    _positive("max_duration_s", max_duration_s)
+    target = check_load(horizon_s, capacity_gpus, target_load, gpus_per_node)
+    positive("max_duration_s", max_duration_s)
     tasks = read_alibaba_tasks(path)
     tasks = tasks[int((len(tasks) - 1) * ALIBABA_HEAD_SHARE) :]
     n = len(tasks)
@@ -586,9 +545,9 @@ def synthetic_jobs(
     job); given that count, submit times are uniform on [0, horizon_s), i.e. Poisson
     arrivals conditioned on their number. Ids t-000000 / e-000000 in submit order.
     """
-    target = _check_load(horizon_s, capacity_gpus, target_load, gpus_per_node)
-    _share("elastic_share", elastic_share)
-    _share("multi_node_share", multi_node_share)
+    target = check_load(horizon_s, capacity_gpus, target_load, gpus_per_node)
+    share("elastic_share", elastic_share)
+    share("multi_node_share", multi_node_share)
     rng = np.random.default_rng(seed)
     lo, hi = DURATION_RANGE_S
 

@@ -296,10 +296,10 @@ def test_breach_is_strictly_above_the_high_watermark(p99: float) -> None:
 def test_a_job_started_at_time_zero_counts_as_work_lost() -> None:
     # found by the simulator, whose clock starts at 0: `if started_at` read 0.0 as "not
     # started", so the node of the job running longest looked free of work to lose
-    from bridge.policy.decide import _work_lost
+    from bridge.policy.nodes import work_lost
 
     node = NodeView("n1", "elastic", True, 1, (JobView("j", 1, 0.0),))
-    assert _work_lost(node, 100.0) == 100.0
+    assert work_lost(node, 100.0) == 100.0
 
 
 # ---- the capacity model in decide ------------------------------------------------------

@@ -1,0 +1,93 @@
+"""Which nodes a lend takes (`choose_nodes`), cheapest first: idle before busy, lower
+`cost_rank` first (elastic before training), then the least work lost (GPU-seconds since
+each job's start or last reported checkpoint). Never a node in a site reservation or
+held, never one with a job requeued within `preempt_guard_s` or requeued
+`max_requeues_per_job` times, and never more victims than the hour's
+`max_preemptions_per_hour` budget leaves. Pure; `decide` and the advisory pass call it."""
+
+from __future__ import annotations
+
+from bridge.config import BridgeConfig
+from bridge.policy.snapshot import NodeView, Snapshot
+
+#: the lend modes of the pools a lend may take nodes from
+LENDABLE = ("preempt", "drain")
+
+
+def requeued_recently(node: NodeView, now: float, guard_s: float) -> bool:
+    return any(
+        j.restarts > 0 and j.submitted_at is not None and now - j.submitted_at < guard_s
+        for j in node.jobs
+    )
+
+
+def work_lost(node: NodeView, now: float) -> float:
+    """GPU-seconds a preemption of the node's jobs would throw away: since each job's start
+    or its last reported checkpoint, whichever is later."""
+    lost = 0.0
+    for j in node.jobs:
+        if j.started_at is None:
+            continue
+        since = max(j.started_at, j.checkpoint_at or j.started_at)
+        lost += j.gpus * max(0.0, now - since)
+    return lost
+
+
+def choose_nodes(
+    snapshot: Snapshot,
+    config: BridgeConfig,
+    now: float,
+    count: int,
+    *,
+    waiting: bool = False,
+    taken: frozenset[str] = frozenset(),
+) -> list[NodeView]:
+    """Up to `count` nodes to lend, cheapest first (see the module docstring). A busy
+    drain-mode node serves only once its jobs end (hours, maybe): it is a candidate only
+    with `waiting` (the backstop), never for a capacity deficit that must be met now."""
+    if count <= 0:
+        return []
+    policy = config.policy
+    leased = {lease.node for lease in snapshot.leases} | taken
+    budget = policy.max_preemptions_per_hour - snapshot.preemptions_last_hour
+    lendable = {
+        name: pool.cost_rank for name, pool in config.pools.items() if pool.lend_mode in LENDABLE
+    }
+    idle: list[tuple[int, str, NodeView]] = []
+    busy_nodes: list[NodeView] = []
+    for node in snapshot.nodes:
+        rank = lendable.get(node.pool)
+        if rank is None:
+            continue
+        if not node.usable or node.reserved or node.has_triton or node.name in leased:
+            continue
+        if not node.jobs:
+            idle.append((rank, node.name, node))
+        else:
+            busy_nodes.append(node)
+    idle.sort(key=lambda t: (t[0], t[1]))
+    chosen = [t[2] for t in idle[:count]]
+    if len(chosen) == count:
+        # enough idle nodes: the busy ones' checks and work lost would go unread
+        return chosen
+    busy: list[tuple[int, float, str, NodeView]] = []
+    for node in busy_nodes:
+        rank = lendable[node.pool]
+        if config.pools[node.pool].lend_mode == "preempt":
+            if len(node.jobs) > budget or requeued_recently(node, now, policy.preempt_guard_s):
+                continue
+            if any(j.restarts >= policy.max_requeues_per_job for j in node.jobs):
+                continue
+            busy.append((rank, work_lost(node, now), node.name, node))
+        elif waiting:
+            busy.append((rank, 0.0, node.name, node))
+    busy.sort(key=lambda t: (t[0], t[1], t[2]))
+    for _, _, _, node in busy:
+        if len(chosen) == count:
+            break
+        victims = len(node.jobs) if config.pools[node.pool].lend_mode == "preempt" else 0
+        if victims > budget:
+            continue
+        budget -= victims
+        chosen.append(node)
+    return chosen
