@@ -12,6 +12,8 @@ daemon, so its connections stay warm between passes.
 it (an open keep-alive connection makes tritonserver wait out its whole exit timeout, 20 s
 in the lab, before it exits); other threads' clients for that address are dropped and
 closed by their own thread the next time it asks for that address, or calls `purge()`.
+The observer forgets a server too once its job is no longer running (`Observer._let_go`):
+a standby, which never cancels, would otherwise hold the lent servers' exits.
 """
 
 from __future__ import annotations

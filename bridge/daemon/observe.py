@@ -91,6 +91,8 @@ class Observer:
         self._previous: dict[str, Scrape] = {}
         #: per Triton job, when its server last answered as ready (or first did not)
         self._answered: dict[str, float] = {}
+        #: the servers' addresses asked in the last pass (`_let_go`)
+        self._asked: set[str] = set()
         #: more than one: servers are asked on a pool of threads (each keeps its own
         #: clients, `bridge.daemon.clients`); one: on the caller's thread, as before
         self._workers = config.observe.concurrency
@@ -190,6 +192,7 @@ class Observer:
         def ask(jn: tuple[Job, Node]) -> tuple[TritonServer, MetricsPage | None, float]:
             return self._server(jn[0], jn[1], direct or lease_of(jn[0].tags) is not None)
 
+        self._let_go({f"{node.addr}:{HTTP_PORT}" for _, node in asked})
         if self._pool is None:
             answers = [ask(jn) for jn in asked]
         else:
@@ -243,6 +246,18 @@ class Observer:
             site,
             facts,
         )
+
+    def _let_go(self, addresses: set[str]) -> None:
+        """Forget the clients of servers asked last pass and not this one (their job
+        cancelled, ended or gone): an open keep-alive connection makes tritonserver wait
+        out its whole exit timeout (20 s in the lab) before it exits. The bridge that
+        cancels a lease's job forgets its client itself; this covers every other bridge
+        that was asking the server too (a standby) and jobs that ended on their own."""
+        forget = getattr(self._triton_for, "forget", None)
+        if forget is not None:
+            for address in sorted(self._asked - addresses):
+                forget(address)
+        self._asked = addresses
 
     def _purge_pool(self) -> None:
         """Have each pool thread close its clients of servers the bridge stopped."""

@@ -705,3 +705,17 @@ def test_a_second_sigterm_while_the_daemon_stops_is_harmless() -> None:
         signal.signal(signal.SIGTERM, handlers[0])
         signal.signal(signal.SIGINT, handlers[1])
     assert done == ["exporter stopped", "closed"]
+
+
+def test_the_clients_of_a_server_whose_job_ended_are_let_go(h: Harness) -> None:
+    """A Triton job asked last pass and gone this one (cancelled by another bridge, ended
+    on its own): its clients are forgotten, so no keep-alive connection of this bridge
+    holds tritonserver's exit (a standby asks the lent servers too, never cancels)."""
+    h.tick(0)
+    assert h.triton.forgotten == []
+    baseline = address_of(h.slurm.nodes_["n1"])
+    del h.slurm.jobs_["10"]  # the baseline job ends outside the bridge
+    h.tick(1)
+    assert h.triton.forgotten == [baseline]
+    h.tick(2)
+    assert h.triton.forgotten == [baseline]  # once
