@@ -431,7 +431,7 @@ def _unconfirmed(
     chased. A lend for headroom or for a rising rate is made as before; a real breach
     still lends through the backstop."""
     low = config.policy.low_watermark
-    quiet: dict[str, float] = {}
+    quiet: set[str] = set()
     for m in late:
         history = snapshot.history.get(m, ())
         model = snapshot.models.get(m)
@@ -442,12 +442,12 @@ def _unconfirmed(
         if rate is None or p99 is None or mean is None or (ahead.get(m) or 0.0) > rate:
             continue
         if max(p99, mean) < low * model.slo_p99_ms:
-            quiet[m] = rate
+            quiet.add(m)
     if not quiet:
         return []
+    # every model at its rate now (a model in `demand` has samples)
     now_demand = {
-        m: replace(d, rate=quiet.get(m, (snapshot.history[m][-1].request_rate or 0.0)))
-        for m, d in demand.items()
+        m: replace(d, rate=snapshot.history[m][-1].request_rate or 0.0) for m, d in demand.items()
     }
     p99_now = capacity.predict(groups, now_demand, config.policy.service_cv2)
     contradicted = [m for m in late if m in quiet and p99_now[m] > demand[m].slo_s]

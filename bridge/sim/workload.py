@@ -143,8 +143,7 @@ def azure_series(
     series' mean is within that noise of it.
     """
     steps = check_series(models, horizon_s, step_s, diurnal_amplitude, weekly_amplitude)
-    if not (math.isfinite(smooth_s) and smooth_s >= 0):
-        raise ValueError(f"smooth_s must be a finite number >= 0, got {smooth_s!r}")
+    at_least("smooth_s", smooth_s, 0)
     arrivals = read_azure_arrivals(path)
     bins = int(arrivals[-1] // step_s)
     if bins < 1:
