@@ -1,4 +1,4 @@
-"""Small helpers the lab tests share: run Slurm commands, wait for job states, cancel the
+"""Small helpers the lab tests share: run `stb` and Slurm commands, wait for job states, cancel the
 Triton jobs a test's daemons left, a Prometheus server scraping the lab's Triton servers, a
 load sender stoppable half-way."""
 
@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +26,7 @@ from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.load.arrivals import Schedule
 from bridge.load.runner import Counters, RunConfig, parse_endpoint, run
+from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import TRITON_TAG
 
@@ -37,6 +40,18 @@ def until(what: str, check: Callable[[], object], timeout_s: float, every: float
             return time.time()
         time.sleep(every)
     raise AssertionError(f"not within {timeout_s:g}s: {what}")
+
+
+def stb(spec: LabSpec, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The `stb` of this environment, run on the lab from the repository's root."""
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("stb")), *args],
+        cwd=project_root(),
+        env=os.environ | spec.env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def sbatch(spec: LabSpec, *args: str) -> str:
