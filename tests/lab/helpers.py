@@ -228,7 +228,8 @@ def prometheus_scraping(targets: Sequence[str], interval_s: float, folder: Path)
 
 class Sender(threading.Thread):
     """The load generator's runner (open loop, `schedule` on `model` at `endpoint`) on its
-    own event loop in a thread, stoppable half-way."""
+    own event loop in a thread, stoppable half-way: `finish` sends nothing more and waits
+    for the answers in flight (counted), `stop` cancels them."""
 
     def __init__(self, endpoint: str, schedule: Schedule, model: str) -> None:
         super().__init__(daemon=True)
@@ -246,11 +247,12 @@ class Sender(threading.Thread):
         self.loop = asyncio.new_event_loop()
         self.task: asyncio.Task[object] | None = None
         self.started_task = threading.Event()
+        self.stop_sending = threading.Event()
 
     def run(self) -> None:
         try:
             self.task = self.loop.create_task(
-                run(self.schedule, self.config, counters=self.counters)
+                run(self.schedule, self.config, counters=self.counters, stop=self.stop_sending)
             )
             self.started_task.set()
             self.loop.run_until_complete(self.task)
@@ -259,6 +261,10 @@ class Sender(threading.Thread):
         finally:
             self.started_task.set()
             self.loop.close()
+
+    def finish(self, timeout_s: float = 60) -> None:
+        self.stop_sending.set()
+        self.join(timeout_s)
 
     def stop(self) -> None:
         self.started_task.wait(5)
