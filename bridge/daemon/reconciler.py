@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -76,9 +76,10 @@ S = LeaseState
 class LendMemory:
     """What the policy remembers of past lends from one pass to the next, kept by the pass
     that decides (the reconciler over its leases, the advisory pass over its shadow
-    leases: `bridge.advise.advisory`). Kept in memory: after a restart the cooldown
-    anchors come back from the open leases and the lead times start again from
-    `lend_lead_s`."""
+    leases: `bridge.advise.advisory`). Kept in memory: after a restart the returns come
+    back from the lease store (`recall`, the reconciler's first active pass), the
+    cooldown anchors from the open leases, and the lead times start again from
+    `lend_lead_s`; the rate peaks start empty."""
 
     def __init__(self, peaks_s: float = 3600.0) -> None:
         """`peaks_s`: how long the models' rate peaks are kept (the policy's
@@ -111,6 +112,23 @@ class LendMemory:
                 last = samples[-1]
                 self.peaks.add(model, last.at, last.request_rate)
         self.peaks.forget(history)
+
+    def recall(self, lends: Iterable[tuple[float, Sequence[str], float | None]]) -> None:
+        """After a restart (or a failover): recent leases' lends and returns (created at,
+        models, began its return at or None: `LeaseStore.lends_since`), replayed in time
+        order into the returns' memory, so that the dwell learned before the restart
+        holds. Cooldown anchors come from the open leases (`anchor`); lead times are
+        measured again."""
+        events: list[tuple[float, bool, Sequence[str]]] = []
+        for created, models, returned in lends:
+            events.append((created, True, models))
+            if returned is not None:
+                events.append((returned, False, models))
+        for at, lent, models in sorted(events, key=lambda e: e[0]):
+            if lent:
+                self.returns.lent(models, at)
+            else:
+                self.returns.returned(models, at)
 
     def anchor(self, leases: Sequence[LeaseRecord]) -> None:
         """The scale-out cooldown runs from when a lend's replica began serving (or from
@@ -197,6 +215,7 @@ class Reconciler:
         self.actuator = Actuator(config, slurm, store, triton_for, router, forget_triton)
         #: what the policy remembers of past lends (cooldown anchors, lend lead times)
         self.memory = LendMemory(config.policy.return_dwell_max_s)
+        self._recalled = False
         #: the last pass's observation (for tools and tests that want the same view)
         self.last_observation: Observation | None = None
 
@@ -231,6 +250,13 @@ class Reconciler:
         return carry_out(report, body, self.metrics, slo)
 
     def _pass(self, now: datetime, report: TickReport) -> None:
+        if not self._recalled:  # the first active pass: what was learned before it
+            since = now - timedelta(seconds=self.config.policy.return_dwell_max_s)
+            self.memory.recall(
+                (lease.created_at.timestamp(), lease.models, back.timestamp() if back else None)
+                for lease, back in self.store.lends_since(since)
+            )
+            self._recalled = True
         leases = [record_of(lease) for lease in self.store.open_leases()]
         obs = self.observer.observe(now.timestamp())
         self.last_observation = obs

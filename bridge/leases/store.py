@@ -61,6 +61,10 @@ def _model_names(models: Sequence[str]) -> list[str]:
     return [str(m) for m in models]
 
 
+#: the states a lease's return begins with
+_LEAVING = (LeaseState.DRAINING, LeaseState.RELEASING)
+
+
 class LeaseStore(Transactions):
     # ---- writes -------------------------------------------------------------------
 
@@ -239,6 +243,25 @@ class LeaseStore(Transactions):
         with self._read() as session:
             query = select(Lease).where(col(Lease.updated_at) >= since)
             return list(session.exec(query.order_by(col(Lease.id))).all())
+
+    def lends_since(self, since: datetime) -> list[tuple[Lease, datetime | None]]:
+        """The leases touched at or after `since` (`touched_since`), each with when its
+        return began (its first move to draining, or to releasing where it never served;
+        a failed lease's release counts too; None: still serving or on its way): what a
+        restarted daemon's lend memory replays."""
+        leases = self.touched_since(since)
+        ids = [lease.id for lease in leases]
+        drained: dict[int, datetime] = {}
+        with self._read() as session:
+            for i in range(0, len(ids), 500):
+                query = (
+                    select(LeaseEvent)
+                    .where(col(LeaseEvent.lease_id).in_(ids[i : i + 500]))
+                    .where(col(LeaseEvent.to_state).in_(_LEAVING))
+                )
+                for event in session.exec(query.order_by(col(LeaseEvent.id))):
+                    drained.setdefault(event.lease_id, event.at)
+        return [(lease, drained.get(lease.id or 0)) for lease in leases]
 
     def by_node(self, node: str, *, open_only: bool = False) -> list[Lease]:
         """The node's leases, oldest first (its open one, if any, is last)."""

@@ -24,6 +24,8 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
+from bridge.daemon.observe import Observer
+from bridge.daemon.reconciler import Reconciler
 from bridge.daemon.report import Outcome, StepError
 from bridge.daemon.service import Bridge, scheduler_for, serve, tick_once
 from bridge.leases import requests as requests_mod
@@ -719,3 +721,40 @@ def test_the_clients_of_a_server_whose_job_ended_are_let_go(h: Harness) -> None:
     assert h.triton.forgotten == [baseline]
     h.tick(2)
     assert h.triton.forgotten == [baseline]  # once
+
+
+def test_a_restarted_reconciler_recalls_the_returns_from_the_lease_store(h: Harness) -> None:
+    """The dwell learned from past returns survives a restart: the first active pass of a
+    new reconciler on the same store replays the recent leases' lends and returns (a
+    return is when the lease began draining, or releasing: the second one never served)."""
+    h.triton.server(ADDR3, models={"busy": "READY"})
+    lend(h, "n3", 0)
+    for t in range(3):
+        h.tick(t)
+    h.requests.request_return(1, at(3))
+    for t in range(3, 6):
+        h.tick(t)
+    lend(h, "n3", 40)
+    for t in range(40, 43):
+        h.tick(t)
+    h.requests.request_return(2, at(50))
+    for t in range(50, 53):
+        h.tick(t)
+    assert [h.lease(i).state for i in (1, 2)] == [S.RETURNED, S.RETURNED]
+    before = h.reconciler.memory.returns.view()["busy"]
+    assert before.gaps == (37.0,) and before.open_since == at(50).timestamp()
+
+    again = Reconciler(
+        h.config,
+        h.slurm,
+        h.store,
+        Observer(h.slurm, h.config, h.triton),
+        h.triton,
+        h.router,
+        h.metrics,
+        h.requests,
+        h.triton.forget,
+    )
+    assert again.memory.returns.view() == {}
+    again.run_once(at(60))
+    assert again.memory.returns.view()["busy"] == before
