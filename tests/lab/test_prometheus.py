@@ -7,7 +7,6 @@ version (`stb models status`) reads the load."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -16,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -94,7 +92,6 @@ def test_prometheus_scrapes_the_bridge_and_every_ready_triton(
             stdout=plog,
             stderr=subprocess.STDOUT,
         )
-        stack = contextlib.ExitStack()
         try:
             queue.request_lend(lab.pool_nodes("elastic")[0].name, ["busy"], datetime.now(UTC))
             deadline = time.monotonic() + 120
@@ -123,8 +120,6 @@ def test_prometheus_scrapes_the_bridge_and_every_ready_triton(
                 if t["labels"].get("node") == lab.pool_nodes("elastic")[0].name
             ]
             assert lent and lent[0]["labels"]["lease"] != "baseline"
-            # steady load from here on: its rate window fills while the ledger is awaited
-            load_began = stack.enter_context(_steady_load(daemon_config))
             # The bridge's own metrics arrive, and the alert rules are loaded.
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -175,9 +170,8 @@ def test_prometheus_scrapes_the_bridge_and_every_ready_triton(
                 "stb:triton_success:rate20s",
                 "stb:triton_p99_us:max",
             }
-            _signals_agree(lab, url, load_began)
+            _signals_agree(lab, daemon_config, url)
         finally:
-            stack.close()
             prom.send_signal(signal.SIGTERM)
             daemon.send_signal(signal.SIGTERM)
             for proc in (prom, daemon):
@@ -204,10 +198,10 @@ def _direct_busy(lab: LabSpec, seconds: float) -> Any:
     return model_signals(instance_signal(a, b) for a, b in zip(first, later, strict=True))["busy"]
 
 
-@contextlib.contextmanager
-def _steady_load(daemon_config: Path) -> Iterator[float]:
-    """About 20 requests a second on `busy` through the bridge's nginx (both replicas),
-    loopback only, while the block runs; yields when it began (time.monotonic())."""
+def _signals_agree(lab: LabSpec, daemon_config: Path, url: str) -> None:
+    """Under steady load on `busy` (both replicas, through the bridge's nginx), the
+    Prometheus path's signal agrees with the direct path's; with a staleness bound no
+    scrape meets, every replica is no data."""
     listen = next(
         line.split('"')[1]
         for line in daemon_config.read_text().splitlines()
@@ -216,46 +210,37 @@ def _steady_load(daemon_config: Path) -> Iterator[float]:
     body = {"inputs": [{"name": "INPUT0", "shape": [8], "datatype": "FP32", "data": [1.0] * 8}]}
     stop = threading.Event()
 
-    def load() -> None:
+    def load() -> None:  # about 20 requests a second, loopback only, for this test's life
         with httpx.Client(timeout=5) as client:
             while not stop.is_set():
                 client.post(f"http://{listen}/v2/models/busy/infer", json=body)
                 stop.wait(0.05)
 
     sender = threading.Thread(target=load, daemon=True)
-    began = time.monotonic()
     sender.start()
     try:
-        yield began
+        time.sleep(25)  # the 20 s rate window full of steady load
+        direct = _direct_busy(lab, 10)
+        source = PrometheusSignal(url)
+        reading = source.read()
+        via = reading.models["busy"]
+        print(f"\nbusy direct: {direct}\nbusy via Prometheus: {via}")
+        assert via.instances == direct.instances == 2 and reading.stale["busy"] == 0
+        assert via.request_rate == pytest.approx(direct.request_rate, rel=0.25)
+        assert via.mean_latency_ms == pytest.approx(direct.mean_latency_ms, rel=0.5, abs=2)
+        assert via.mean_compute_ms == pytest.approx(direct.mean_compute_ms, rel=0.5, abs=2)
+        assert via.p99_ms == pytest.approx(direct.p99_ms, rel=0.5, abs=5)
+        stale = PrometheusSignal(url, max_staleness_s=1e-6).read()
+        assert "busy" not in stale.models and stale.stale["busy"] == 2
+        source.close()
+        # The model team's last hour (`stb models status`) from the same server: busy's
+        # one version, its requests of these 25 s, a p99 that is at least the live one's.
+        hour, note = last_hour("busy", url, datetime.now(UTC), 100.0)
+        print(f"busy last hour: {hour} ({note})")
+        assert note.startswith("prometheus ") and set(hour) == {1}, (hour, note)
+        one = hour[1]
+        assert one.requests is not None and one.requests > 100 and not one.failures, one
+        assert one.p99_ms is not None and one.p99_ms >= 0.5 * (direct.p99_ms or 0), one
     finally:
         stop.set()
         sender.join(10)
-
-
-def _signals_agree(lab: LabSpec, url: str, load_began: float) -> None:
-    """Under steady load on `busy` (`_steady_load`, begun at `load_began`), the Prometheus
-    path's signal agrees with the direct path's; with a staleness bound no scrape meets,
-    every replica is no data."""
-    # the 20 s rate window full of steady load
-    time.sleep(max(0.0, load_began + 25 - time.monotonic()))
-    direct = _direct_busy(lab, 10)
-    source = PrometheusSignal(url)
-    reading = source.read()
-    via = reading.models["busy"]
-    print(f"\nbusy direct: {direct}\nbusy via Prometheus: {via}")
-    assert via.instances == direct.instances == 2 and reading.stale["busy"] == 0
-    assert via.request_rate == pytest.approx(direct.request_rate, rel=0.25)
-    assert via.mean_latency_ms == pytest.approx(direct.mean_latency_ms, rel=0.5, abs=2)
-    assert via.mean_compute_ms == pytest.approx(direct.mean_compute_ms, rel=0.5, abs=2)
-    assert via.p99_ms == pytest.approx(direct.p99_ms, rel=0.5, abs=5)
-    stale = PrometheusSignal(url, max_staleness_s=1e-6).read()
-    assert "busy" not in stale.models and stale.stale["busy"] == 2
-    source.close()
-    # The model team's last hour (`stb models status`) from the same server: busy's one
-    # version, its requests of the steady load, a p99 that is at least the live one's.
-    hour, note = last_hour("busy", url, datetime.now(UTC), 100.0)
-    print(f"busy last hour: {hour} ({note})")
-    assert note.startswith("prometheus ") and set(hour) == {1}, (hour, note)
-    one = hour[1]
-    assert one.requests is not None and one.requests > 100 and not one.failures, one
-    assert one.p99_ms is not None and one.p99_ms >= 0.5 * (direct.p99_ms or 0), one
