@@ -1,13 +1,20 @@
 """Issue 29's matrix: the bridge beside separate-peak on several workloads, each with and
 without model load times. Per run: requests and minutes within SLO, mean job wait (and its
 ratio to separate-peak's), GPU-hours lost to preemption as a share of elastic GPU-hours,
-lends a simulated day, and how much of the lending is flapping: the share of lends that
-come within 15 minutes of a return, and the median return-to-lend gap.
+lends a simulated day, how much of the lending is flapping (the share of lends that come
+within 15 minutes of a return, and the median return-to-lend gap), and model placements
+(`Place`: a lent replica given other models) a simulated day.
 
-Baseline (same run, same workload): separate-peak, inference owning its peak minute.
+Baseline (same run, same workload): separate-peak, inference owning its peak minute; with
+`--placement on,off` the bridge with model placement switched off too (`policy.placement`,
+the bridge before issue 29's placement). `--mix`: the four models with different
+objectives and service times (`MIX`) instead of all 100 ms / 20 ms: with identical models
+sharing a replica's GPUs every lend carries every model (all are late together), so
+placement has nothing to move; with a mix, lends carry the models late at the time.
 Usage:
     STB_TRACES_DIR=... .venv/bin/python bench/elasticity.py [--days 3] [--nodes 128]
         [--load 1.1] [--workloads azure,ramps,bursty] [--load-s 0,300] [--mean-rps 3000]
+        [--placement on|off|on,off] [--mix]
 The azure workload (the shared traces: Azure arrivals, Alibaba jobs) needs
 STB_TRACES_DIR; without it, it is left out (said on stderr). The other workloads take
 their jobs from the Alibaba trace too where STB_TRACES_DIR is set, else generate them.
@@ -21,9 +28,10 @@ import statistics
 import sys
 import time
 
+from bridge.config import PolicyConfig
 from bridge.paths import traces_dir
 from bridge.sim.build import build_scenario, model_rates
-from bridge.sim.engine import Timing
+from bridge.sim.engine import Setup, Timing
 from bridge.sim.measures import lost_share, wait_mean_s
 from bridge.sim.policies import compare
 from bridge.sim.result import PolicyResult
@@ -31,6 +39,8 @@ from bridge.sim.result import PolicyResult
 DAY_S = 86400.0
 #: a lend this soon after a return counts as a re-lend (issue 29: 81% on a bursty trace)
 RELEND_S = 900.0
+#: `--mix`: model i's (SLO ms, service ms), cycled
+MIX = ((100.0, 20.0), (250.0, 40.0), (150.0, 30.0), (400.0, 60.0))
 
 
 def _lost_pct(r: PolicyResult) -> float:
@@ -56,6 +66,12 @@ def flapping(r: PolicyResult) -> tuple[float, float | None]:
     return soon / lends, (statistics.median(gaps) if gaps else None)
 
 
+def places(r: PolicyResult) -> int:
+    """Model placements in the run's decisions (all of them: the bench's runs keep fewer
+    decisions than `Setup.max_decisions`, checked by the caller)."""
+    return sum(1 for d in r.decisions if d.kind == "place")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=float, default=3.0)
@@ -64,7 +80,10 @@ def main() -> None:
     parser.add_argument("--workloads", default="azure,ramps,bursty")
     parser.add_argument("--load-s", default="0,300")
     parser.add_argument("--mean-rps", type=float, default=3000.0)
+    parser.add_argument("--placement", default="on", help="on, off, or on,off (both rows)")
+    parser.add_argument("--mix", action="store_true", help="models of different objectives")
     args = parser.parse_args()
+    placements = [p == "on" for p in args.placement.split(",") if p in ("on", "off")]
     started = time.perf_counter()
     traces = traces_dir() is not None
     workloads = [w for w in args.workloads.split(",") if w]
@@ -74,46 +93,64 @@ def main() -> None:
     jobs = "alibaba" if traces else "synthetic"
     loads = [float(x) for x in args.load_s.split(",") if x]
     rates = model_rates(4, args.mean_rps)
+    models = {m: MIX[i % len(MIX)] for i, m in enumerate(rates)} if args.mix else None
     print(
         f"{args.days:g} days, {args.nodes} nodes x 8 GPUs, job load {args.load}, jobs {jobs}, "
-        f"4 models (m0 {args.mean_rps:g} req/s mean)"
+        f"4 models (m0 {args.mean_rps:g} req/s mean{', a mix of objectives' if args.mix else ''})"
     )
     print(
-        f"{'workload':<9}{'load_s':>7} {'set-up':<14}{'req in SLO':>11}{'min in SLO':>11}"
+        f"{'workload':<9}{'load_s':>7} {'set-up':<17}{'req in SLO':>11}{'min in SLO':>11}"
         f"{'job wait':>10}{'/peak':>6}{'lost':>7}{'lends/d':>8}{'re-lend':>8}{'gap':>7}"
+        f"{'places/d':>9}"
     )
     figures: list[str] = []
     for workload in workloads:
         for load_s in loads:
-            scenario = build_scenario(
-                days=args.days, nodes=args.nodes, gpus_per_node=8, rates=rates,
-                slo_ms=100.0, service_ms=20.0, arrivals=workload, arrivals_trace=None,
-                jobs=jobs, jobs_trace=None, load=args.load,
-                policies=["separate-peak", "bridge"],
-                timing=Timing(model_load_s=dict.fromkeys(rates, load_s)) if load_s else None,
-            )  # fmt: skip
-            peak, bridge = compare(scenario, ["separate-peak", "bridge"]).results
-            peak_wait = wait_mean_s(peak)
-            for r in (peak, bridge):
-                share, gap = flapping(r)
-                per_day = r.lends / args.days
-                print(
-                    f"{workload:<9}{load_s:>7g} {r.policy:<14}{100 * r.within_share:>10.2f}%"
-                    f"{100 * r.minutes_share:>10.1f}%{wait_mean_s(r):>9.0f}s"
-                    f"{wait_mean_s(r) / max(peak_wait, 1e-9):>6.2f}{_lost_pct(r):>6.2f}%"
-                    f"{per_day:>8.0f}{100 * share:>7.0f}%"
-                    f"{'-' if gap is None else f'{gap:.0f}s':>7}",
-                    flush=True,
+            peak_wait = 0.0
+            for i, placing in enumerate(placements):
+                policies = ["separate-peak", "bridge"] if i == 0 else ["bridge"]
+                scenario = build_scenario(
+                    days=args.days, nodes=args.nodes, gpus_per_node=8, rates=rates,
+                    slo_ms=100.0, service_ms=20.0, arrivals=workload, arrivals_trace=None,
+                    jobs=jobs, jobs_trace=None, load=args.load, policies=policies,
+                    timing=Timing(model_load_s=dict.fromkeys(rates, load_s)) if load_s else None,
+                    policy=PolicyConfig(placement=placing), models=models,
+                )  # fmt: skip
+                results = compare(scenario, policies).results
+                if i == 0:
+                    peak = results[0]
+                    peak_wait = wait_mean_s(peak)
+                bridge = results[-1]
+                if len(bridge.decisions) >= scenario_cap():
+                    print("(decisions capped: places/d undercounted)", file=sys.stderr)
+                name = "bridge" if placing else "bridge, no place"
+                for r in results:
+                    share, gap = flapping(r)
+                    label = name if r is bridge else r.policy
+                    print(
+                        f"{workload:<9}{load_s:>7g} {label:<17}{100 * r.within_share:>10.2f}%"
+                        f"{100 * r.minutes_share:>10.1f}%{wait_mean_s(r):>9.0f}s"
+                        f"{wait_mean_s(r) / max(peak_wait, 1e-9):>6.2f}{_lost_pct(r):>6.2f}%"
+                        f"{r.lends / args.days:>8.0f}{100 * share:>7.0f}%"
+                        f"{'-' if gap is None else f'{gap:.0f}s':>7}"
+                        f"{places(r) / args.days:>9.0f}",
+                        flush=True,
+                    )
+                key = f"{workload}_{load_s:g}" + ("" if placing else "_noplace")
+                figures.append(
+                    f"{key}_peak_within={100 * peak.within_share:.2f} "
+                    f"{key}_within={100 * bridge.within_share:.2f} "
+                    f"{key}_wait_ratio={wait_mean_s(bridge) / max(peak_wait, 1e-9):.2f} "
+                    f"{key}_lost_pct={_lost_pct(bridge):.2f} "
+                    f"{key}_lends_per_day={bridge.lends / args.days:.0f} "
+                    f"{key}_places_per_day={places(bridge) / args.days:.0f}"
                 )
-            key = f"{workload}_{load_s:g}"
-            figures.append(
-                f"{key}_peak_within={100 * peak.within_share:.2f} "
-                f"{key}_within={100 * bridge.within_share:.2f} "
-                f"{key}_wait_ratio={wait_mean_s(bridge) / max(peak_wait, 1e-9):.2f} "
-                f"{key}_lost_pct={_lost_pct(bridge):.2f} "
-                f"{key}_lends_per_day={bridge.lends / args.days:.0f}"
-            )
     print(f"RESULT {' '.join(figures)} wall_s={time.perf_counter() - started:.0f}")
+
+
+def scenario_cap() -> int:
+    """The most decisions a run keeps (`Setup.max_decisions`' default)."""
+    return Setup.__dataclass_fields__["max_decisions"].default  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":

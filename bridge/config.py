@@ -257,6 +257,15 @@ class PolicyConfig(_Strict):
         description="A node in a site reservation that is active or starts within this "
         "many seconds is never lent (maintenance windows, a team's booked nodes).",
     )
+    placement: bool = Field(
+        default=True,
+        description="Model placement (on/off, no unit): before lending a node for models the "
+        "capacity model finds late, give a serving lease's replica those models in place "
+        "of its own when the other replicas still carry them at the return's demand "
+        "(`bridge.policy.placement`). On by default: a place costs only the models' load, "
+        "a lend a preemption and Slurm's and Triton's start besides; off keeps each "
+        "replica's models as lent (the comparison's before).",
+    )
 
     @model_validator(mode="after")
     def _hysteresis(self) -> PolicyConfig:

@@ -34,6 +34,25 @@ class Return:
 
 
 @dataclass(frozen=True)
+class Place:
+    """Give a serving lease's replica the models `models` in place of those it holds (model
+    placement: a shift in the model mix met on a node already lent, not by another lend).
+    The replica keeps serving throughout: each model it gains is loaded (Triton's explicit
+    model control) and enters routing once ready; each model it drops leaves routing
+    first, and is unloaded once its requests in flight have finished. The lease's models
+    become `models` (recorded in its history), so its next return and the ledger's model
+    split read the new set."""
+
+    lease_id: int
+    models: tuple[str, ...]
+    reason: str
+
+    @property
+    def key(self) -> str:
+        return f"place:{self.lease_id}:{','.join(self.models)}"
+
+
+@dataclass(frozen=True)
 class StartBaseline:
     """Submit the baseline Triton job of a reserved node (none runs there)."""
 
@@ -45,4 +64,4 @@ class StartBaseline:
         return f"baseline:{self.node}"
 
 
-Action = Lend | Return | StartBaseline
+Action = Lend | Return | Place | StartBaseline

@@ -22,8 +22,13 @@ Rules, in order, each tick:
    replicas (a drain lend still waiting for its node's jobs does not: it serves no time
    soon). While a feasible model is predicted over its SLO, a node is added holding the
    models still over it (`capacity.plan_nodes`): the whole deficit in one tick, up to
-   `max_lent_nodes` leases and each model's `max_replicas`.
-5. Backstop: a model in sustained breach of its measured p99 (`breach_evaluations` ticks,
+   `max_lent_nodes` leases and each model's `max_replicas` (after rule 5's places).
+5. Placement (`bridge.policy.placement`), before the capacity lend's nodes are planned:
+   while models are late, a serving lease past `scale_in_cooldown_s` whose models the
+   other replicas carry at the return's demand is given the late models (`Place`) in
+   place of its own, and one fewer node is lent (a return of this tick becomes a place).
+   A lease mid-placement is neither placed again nor returned.
+6. Backstop: a model in sustained breach of its measured p99 (`breach_evaluations` ticks,
    what the capacity model missed) that no lend of this tick covers, with no lend of it in
    flight and past its `scale_out_cooldown_s`, gets one more node.
 
@@ -51,8 +56,8 @@ from enum import StrEnum
 
 from bridge.config import BridgeConfig, ModelConfig
 from bridge.lifecycle import IN_FLIGHT, LeaseState
-from bridge.policy import capacity
-from bridge.policy.actions import Action, Lend, Return, StartBaseline
+from bridge.policy import capacity, placement
+from bridge.policy.actions import Action, Lend, Place, Return, StartBaseline
 from bridge.policy.forecast import forecast_rate
 from bridge.policy.nodes import LENDABLE, choose_nodes
 from bridge.policy.returns import break_even_s, dwell_s
@@ -146,10 +151,13 @@ class Assessment:
     #: models the capacity model found late that the requests' latency contradicts (no
     #: lend for them: `_unconfirmed`)
     unconfirmed: list[str] = field(default_factory=list)
+    #: serving leases' replicas given the late models in place of theirs
+    #: (`bridge.policy.placement`), each one node fewer to lend
+    placements: list[Place] = field(default_factory=list)
 
     @property
     def acts(self) -> bool:
-        return bool(self.returns or self.wanted or self.backstop)
+        return bool(self.returns or self.wanted or self.backstop or self.placements)
 
 
 def lead_s(snapshot: Snapshot, config: BridgeConfig) -> float:
@@ -249,13 +257,19 @@ def _demand(
     return out
 
 
-def _replica_groups(snapshot: Snapshot, leaving: set[int]) -> Counter[tuple[tuple[str, ...], int]]:
+def _replica_groups(
+    snapshot: Snapshot, leaving: set[int], placing: Mapping[int, tuple[str, ...]] | None = None
+) -> Counter[tuple[tuple[str, ...], int]]:
     """The replicas by (models, GPUs): ready ones (less the leases leaving) and the lends in
-    flight that will serve soon (not a drain lend still waiting for its node's jobs)."""
+    flight that will serve soon (not a drain lend still waiting for its node's jobs). A
+    replica mid-placement (`placing`: lease id -> the lease's models; None: looked up)
+    counts under its lease's models, as a lend in flight does."""
+    if placing is None:
+        placing = placement.in_placement(snapshot)
     # counted as given first (C speed), then merged under the sorted model set: the keys
     # come out in the order of their first replica, as one pass over them would give
     raw: Counter[tuple[tuple[str, ...], int]] = Counter(
-        (tuple(r.models), r.gpus)
+        (tuple(r.models) if (i := r.lease_id) is None or i not in placing else placing[i], r.gpus)
         for r in snapshot.replicas
         if r.lease_id is None or r.lease_id not in leaving
     )
@@ -320,7 +334,10 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             calm_sets[key] = all(is_calm(m) for m in key)
         return calm_sets[key]
 
-    serving = [
+    placing = placement.in_placement(snapshot)
+    # serving leases past their cooldown, not mid-placement: the return's and the
+    # placement's candidates
+    settled = [
         lease
         for lease in snapshot.leases
         if lease.state == LeaseState.SERVING
@@ -328,15 +345,17 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
         and lease.serving_since is not None
         and now - lease.serving_since >= policy.scale_in_cooldown_s
         and lease.models
-        and all_calm(lease.models)
+        and lease.lease_id not in placing
     ]
+    serving = [lease for lease in settled if all_calm(lease.models)]
+    placeable = policy.placement and bool(settled)
     leaving = set(abandoned)
-    count = _replica_groups(snapshot, leaving)
-    reads = _read(snapshot, config, now, horizon, bool(serving))
+    count = _replica_groups(snapshot, leaving, placing)
+    reads = _read(snapshot, config, now, horizon, bool(serving) or placeable)
     ahead = reads.ahead
-    if serving:
-        rank = {name: pool.cost_rank for name, pool in config.pools.items()}
-        serving.sort(key=lambda s: (rank.get(s.pool, 0), s.serving_since or 0.0, s.lease_id))
+    keep: dict[str, capacity.Demand] = {}
+    replica_of: dict[int, tuple[tuple[str, ...], int]] = {}
+    if serving or placeable:
         long_dwell = dwells(snapshot, config, now)
         keep = _demand(snapshot, config, True, reads, now, long_dwell)
         replica_of = {
@@ -344,6 +363,9 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             for r in snapshot.replicas
             if r.lease_id is not None
         }
+    if serving:
+        rank = {name: pool.cost_rank for name, pool in config.pools.items()}
+        serving.sort(key=lambda s: (rank.get(s.pool, 0), s.serving_since or 0.0, s.lease_id))
         # a key whose removal did not carry, with `count` as it is now: another lease of the
         # same key asks the very same question (forgotten when a return changes `count`)
         kept: set[tuple[tuple[str, ...], int] | None] = set()
@@ -369,24 +391,35 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     open_leases = sum(1 for lease in snapshot.leases if lease.lease_id not in leaving)
     slots = max(0, policy.max_lent_nodes - open_leases)
     wanted: list[tuple[str, ...]] = []
-    late = capacity.over(groups, demand, policy.service_cv2) if slots else []
+    late = capacity.over(groups, demand, policy.service_cv2) if slots or placeable else []
     unconfirmed = _unconfirmed(snapshot, config, groups, demand, late, ahead)
     if unconfirmed:
         demand = {m: d for m, d in demand.items() if m not in unconfirmed}
         late = [m for m in late if m not in unconfirmed]
-    if late:
-        gpus = max((r.gpus for r in snapshot.replicas), default=1)
-        wanted = capacity.plan_nodes(
-            groups,
-            demand,
-            [gpus] * slots,
-            lambda m, n: n < snapshot.models[m].max_replicas,
-            policy.service_cv2,
+    places: list[Place] = []
+
+    def room(m: str, n: int) -> bool:
+        return n < snapshot.models[m].max_replicas
+
+    if late and placeable:
+        returning = [r.lease_id for r in returns if r.lease_id not in abandoned]
+        candidates = placement.candidates(settled, returning, replica_of, all_calm)
+        places = placement.place(
+            count, candidates, demand, keep, room, policy.service_cv2, _model_set
         )
+        converted = {p.lease_id for p in places}.intersection(returning)
+        if converted:  # placed instead of returned: still open, a slot fewer
+            returns = [r for r in returns if r.lease_id not in converted]
+            slots = max(0, slots - len(converted))
+        if places:
+            groups = _groups(count)
+    if late and slots:
+        gpus = max((r.gpus for r in snapshot.replicas), default=1)
+        wanted = capacity.plan_nodes(groups, demand, [gpus] * slots, room, policy.service_cv2)
 
     backstop: list[str] = []
     if slots > len(wanted):
-        covered = {m for models in wanted for m in models}
+        covered = {m for models in (*wanted, *(p.models for p in places)) for m in models}
         history = snapshot.history
         high = policy.high_watermark
         # a breach needs the newest sample over the high watermark (`evaluate_model`'s
@@ -410,7 +443,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
                 and not in_flight[name]
             ]
             backstop.sort(key=lambda m: -_severity(snapshot.history.get(m, ()), snapshot.models[m]))
-    return Assessment(returns, wanted, backstop, demand, unconfirmed)
+    return Assessment(returns, wanted, backstop, demand, unconfirmed, places)
 
 
 def _unconfirmed(
@@ -498,14 +531,19 @@ def _severity(history: Sequence[ModelSample], model: ModelConfig) -> float:
 
 def _replica_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:
     """Per model: the ready replicas that hold it, and the lends in flight that carry it
-    (each replica or lease counted once, however often it names the model)."""
+    (each replica or lease counted once, however often it names the model); a placement
+    under way is in flight for the models it gains."""
     ready: Counter[str] = Counter()
+    placing = placement.in_placement(snapshot)
     for replica in snapshot.replicas:
         ready.update(set(replica.models))
     in_flight: Counter[str] = Counter()
     for lease in snapshot.leases:
         if lease.state in IN_FLIGHT:
             in_flight.update(set(lease.models))
+    for replica in snapshot.replicas:
+        if replica.lease_id in placing:
+            in_flight.update(set(placing[replica.lease_id]) - set(replica.models))
     return ready, in_flight
 
 
@@ -525,6 +563,7 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
 
     plan = assess(snapshot, config, now)
     actions.extend(plan.returns)
+    actions.extend(plan.placements)
     targets = choose_nodes(snapshot, config, now, len(plan.wanted))
     for node, models in zip(targets, plan.wanted, strict=False):
         reason = "capacity: " + _rates(plan.demand, models)

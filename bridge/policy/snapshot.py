@@ -53,6 +53,9 @@ class ReplicaView:
     """A Triton server that is ready and in routing."""
 
     node: str
+    #: the models ready and in routing on it: while a `Place` is carried out, those it
+    #: kept and has loaded so far, its lease's `models` the set it is to hold (the policy
+    #: reads a difference as a placement under way: `bridge.policy.placement`)
     models: tuple[str, ...]
     #: None for a baseline server on a reserved node
     lease_id: int | None = None

@@ -13,7 +13,10 @@ jobs starting and ending); at each tick, in the reconciler's order:
    and out, cancels); the simulated world is never late, so it runs without deadlines;
 3. `bridge.policy.decide` runs on a `Snapshot` of the simulated world;
 4. its actions are carried out on the simulated Slurm with timings measured on the lab
-   (`Timing`); a return is the sync's own `return_step`.
+   (`Timing`); a return is the sync's own `return_step`; a place (model placement) takes
+   the models its lease's replica drops out of its replica group at once, and routes the
+   models it gains on the first tick their load (`Timing.load_s`) is over (`_loaded`;
+   meanwhile the replica's view holds the models it kept: the lease is mid-placement).
 
 Ticks at which decide can only answer "nothing" skip the call (`_quiet`: no lease to
 abandon or return, no lend possible); the tests check that this changes no decision. Most
@@ -50,6 +53,7 @@ from bridge.policy import (
     LeaseView,
     Lend,
     NodeView,
+    Place,
     ReplicaView,
     Return,
     Snapshot,
@@ -151,6 +155,9 @@ class Engine(Cluster):
         self.lend_s: dict[str, float] = {}
         #: (old, new) -> how many times a lease made that move in this run
         self.moves: Counter[tuple[LeaseState, LeaseState]] = Counter()
+        #: leases mid-placement: id -> (when its gained models are loaded, the models its
+        #: replica holds meanwhile)
+        self.loading: dict[int, tuple[float, tuple[str, ...]]] = {}
 
     # ---- the replicas ------------------------------------------------------------------
 
@@ -167,13 +174,50 @@ class Engine(Cluster):
     def _route(self, lease: SimLease, n: int) -> None:
         """The lease's replica into routing (n = 1) or out of it (n = -1)."""
         view = lease.view
-        self.serving.join(view.models, n, self.now)
+        loading = self.loading.pop(view.id, None)  # (out mid-placement: what it holds)
+        self.serving.join(view.models if loading is None else loading[1], n, self.now)
         if n > 0:
             replica = ReplicaView(view.node, view.models, view.id, self.replica_gpus)
             self.replica_views.append(replica)
         else:
             self.replica_views = [r for r in self.replica_views if r.lease_id != view.id]
         self.replica_version += 1
+
+    def _relayout(self, lease: SimLease, old: tuple[str, ...], new: tuple[str, ...]) -> None:
+        """The lease's replica, in routing, moves from the group of `old` to that of `new`
+        (its view holds `new`)."""
+        if old:
+            self.serving.join(old, -1, self.now)
+        if new:
+            self.serving.join(new, 1, self.now)
+        view = lease.view
+        replica = ReplicaView(view.node, new, view.id, self.replica_gpus)
+        self.replica_views = [replica if r.lease_id == view.id else r for r in self.replica_views]
+        self.replica_version += 1
+
+    def _place(self, lease: SimLease, models: tuple[str, ...]) -> None:
+        """A `Place`: the models dropped leave the replica's group now, the lease's models
+        become `models`, and the models gained serve once loaded (at once without a load
+        time)."""
+        old = lease.view.models
+        kept = tuple(m for m in old if m in models)
+        gained = [m for m in models if m not in old]
+        lease.view = replace(lease.view, models=models)
+        load = self.s.timing.load_s(gained)
+        if load > 0:
+            self._relayout(lease, old, kept)
+            self.loading[lease.view.id] = (self.now + load, kept)
+        else:
+            self._relayout(lease, old, models)
+
+    def _loaded(self) -> None:
+        """The leases mid-placement whose gained models are loaded serve them now."""
+        now = self.now
+        for lease_id, (at, kept) in list(self.loading.items()):
+            if at <= now:
+                del self.loading[lease_id]
+                lease = self.leases[lease_id]
+                self._relayout(lease, kept, lease.view.models)
 
     # ---- leases (the reconciler's passive sync and act) -------------------------------
 
@@ -276,12 +320,18 @@ class Engine(Cluster):
             step = return_step(lease.view, action.reason, _NO_FENCE)
             if step is not None:
                 self._carry_out(lease, step)
+        elif isinstance(action, Place):
+            lease = self.leases[action.lease_id]
+            assert action.lease_id not in self.loading, f"placed again: {action}"
+            self._place(lease, action.models)
         elif isinstance(action, StartBaseline):  # the sim starts with every baseline up
             raise AssertionError(f"baseline requested for {action.node}")
         if len(tally.decisions) < self.s.max_decisions:
-            kind = {Lend: "lend", Return: "return"}.get(type(action), "baseline")
+            kind = {Lend: "lend", Return: "return", Place: "place"}.get(type(action), "baseline")
             node_name = action.node if isinstance(action, (Lend, StartBaseline)) else ""
-            models: tuple[str, ...] = action.models if isinstance(action, Lend) else ()
+            models: tuple[str, ...] = action.models if isinstance(action, (Lend, Place)) else ()
+            if isinstance(action, Place):
+                node_name = self.leases[action.lease_id].view.node
             if isinstance(action, Return):
                 view = self.leases[action.lease_id].view
                 node_name, models = view.node, view.models
@@ -415,6 +465,8 @@ class Engine(Cluster):
             self._serve(k)
             if self.unsettled:  # (`_sync` moves only these)
                 self._sync()
+            if self.loading:
+                self._loaded()
             if always or not self._quiet(k):
                 self.tally.decide_calls += 1
                 for action in decide(self.snapshot(), self.s.config, self.now):

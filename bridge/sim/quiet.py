@@ -12,8 +12,10 @@ fails costs nothing but the attempt. A tick is proven quiet when:
   is held by a certificate: a demand `L` that `capacity.carries` refused without that
   lease's replica. The capacity model is monotone in the rates, so any demand at least
   `L` is refused too; the demand to keep is bounded from below, model by model;
-- with room to lend, a certificate `U` that `capacity.over` found carried: any demand at
-  most `U` is carried too; the demand to lend for is bounded from above.
+- with room to lend, or a serving lease past its cooldown that model placement could
+  give other models (`bridge.policy.placement`, which acts only on models `capacity.over`
+  finds late), a certificate `U` that `capacity.over` found carried: any demand at most
+  `U` is carried too; the demand to lend for is bounded from above.
 
 The bounds need the policy's rate forecast (a least-squares line over its window) of
 every model on every tick: computed once for the whole run with numpy from the arrival
@@ -245,13 +247,16 @@ class QuietProof:
             return False  # a drain lend may be abandoned
         keys: list[Key] = []
         runs_of, kc = self.runs, self.kc
+        # a serving lease past its cooldown may be placed (when models are late)
+        placeable = False
         for models, (since, key) in cert.serving.items():
-            if now - since >= policy.scale_in_cooldown_s and all(
-                m in runs_of and runs_of[m].calm >= kc for m in models
-            ):
-                keys.append(key)
+            if now - since >= policy.scale_in_cooldown_s:
+                placeable = True
+                if all(m in runs_of and runs_of[m].calm >= kc for m in models):
+                    keys.append(key)
+        placeable = placeable and policy.placement
         slots = cert.slots
-        if not keys and slots <= 0:
+        if not keys and slots <= 0 and not placeable:
             return True
         if lend_s != self._lead_of:  # (the lend lead times change only at a lend)
             self._lead_of, self._lead = dict(lend_s), self.lead_s(lend_s)
@@ -259,7 +264,8 @@ class QuietProof:
         # each certificate is checked ahead (`_held`): until the tick it first fails, at
         # this lead time, it holds without a look
         lend_held = cert.lend_until[0] == horizon and k < cert.lend_until[1]
-        if slots > 0 and not lend_held and not self._cover_lend(snapshot, now, k, horizon):
+        lending = slots > 0 or placeable
+        if lending and not lend_held and not self._cover_lend(snapshot, now, k, horizon):
             return False
         for key in dict.fromkeys(keys):
             until = cert.return_until.get(key)

@@ -58,7 +58,7 @@ class Decision:
     """One action the policy took, as the lab's tick report would show it."""
 
     at_s: float
-    kind: str  # lend | return | baseline
+    kind: str  # lend | return | place | baseline
     node: str
     models: tuple[str, ...]
     reason: str

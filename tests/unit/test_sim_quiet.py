@@ -69,3 +69,36 @@ def test_a_tick_that_is_not_whole_seconds_turns_the_proof_off() -> None:
         tick_s=2.5, models={"a": ModelConfig(slo_p99_ms=100.0)}, policy=PolicyConfig()
     )
     assert not QuietProof(config, ["a"], {"a": [1.0] * 500}, 2.5, 200, 8).enabled
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_ticks_on_which_a_place_is_possible_are_not_proven_quiet(seed: int) -> None:
+    """Two models of different objectives on bursty arrivals: some lends carry `a` alone,
+    and model placement later gives those replicas `b` as well. Every tick the proof
+    calls quiet is checked by `assess` (`check_quiet`), and the run is the same as with
+    `assess` on every tick."""
+    from bridge.sim.policies import Scenario
+    from bridge.sim.workload import synthetic_jobs, synthetic_series
+
+    horizon = 4 * 3600.0
+    arrivals = synthetic_series(
+        {"a": 600.0, "b": 250.0}, horizon, bursts_per_day=24, burst_s=300, seed=seed
+    )
+    scenario = Scenario(
+        nodes=32,
+        gpus_per_node=8,
+        arrivals=arrivals,
+        jobs=synthetic_jobs(horizon, 20 * 8, 0.9, seed=seed),
+        models={"a": (100.0, 20.0), "b": (150.0, 30.0)},
+        horizon_s=horizon,
+        policy=PolicyConfig(return_dwell_s=30.0, scale_in_cooldown_s=120, drain_wait_s=300),
+    )
+    setup = setup_for("bridge", scenario, size(scenario))
+    engine = Engine(replace(setup, check_quiet=True))
+    fast = engine.run()
+    assert any(d.kind == "place" for d in fast.decisions)
+    assert engine.proven > 0
+    slow = Engine(replace(setup, prove_quiet=False)).run()
+    a, b = fast.as_dict(), slow.as_dict()
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b
