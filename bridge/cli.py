@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("bridge.ops.cli", "status"),
     "lend": ("bridge.ops.cli", "lend"),
     "return": ("bridge.ops.cli", "return_"),
+    "place": ("bridge.ops.place", "place"),
     "drain": ("bridge.ops.cli", "drain"),
     "resume": ("bridge.ops.cli", "resume"),
     "token": ("bridge.ops.cli", "token"),

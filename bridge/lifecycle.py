@@ -21,6 +21,9 @@ A lease is one node lent to Triton. It moves only forward:
 Any state that is not final may go to `failed`, which cleans up (routing, job, fence) and
 ends in `returned`. `returned` is the only final state. Staying in the same state is not a
 transition: the store treats it as an idempotent no-op before this table is consulted.
+A serving lease's models may change (model placement, `LeaseStore.place`): that is not a
+transition either; the lease stays `serving` and its history records a `serving -> serving`
+event.
 """
 
 from __future__ import annotations

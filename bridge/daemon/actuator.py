@@ -16,6 +16,9 @@ reconciler reports the tick as failed).
 
 It keeps, for the pass, the current copy of every open lease (read once per pass by the
 reconciler), so routing and the policy see the moves made earlier in the same pass.
+Routing leaves out each model a serving lease's server holds that its lease no longer
+lists (a placement's dropped models, `bridge.daemon.placement.withheld`), and remembers
+since when (`withheld_since`: a dropped model is unloaded only after that).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Protocol
 from bridge.config import BridgeConfig
 from bridge.daemon import launcher
 from bridge.daemon.observation import Observation
+from bridge.daemon.placement import withheld
 from bridge.daemon.planner import (
     Adopt,
     Cancel,
@@ -130,6 +134,9 @@ class Actuator:
         #: when each job the bridge requeued was requeued (the hour's preemption budget;
         #: kept in memory: a restart forgets it, and Slurm's own MaxBatchRequeue stays)
         self.requeued: deque[float] = deque()
+        #: (Triton job id, model) -> the observation time of the pass whose publish first
+        #: left that model out of that server's routes (a placement's dropped model)
+        self.withheld_since: dict[tuple[str, str], float] = {}
 
     # ---- the pass -----------------------------------------------------------------
 
@@ -202,7 +209,12 @@ class Actuator:
             return
         # transient, or nothing left to fail (a failed lease's cleanup refused): the lease's
         # step waits, longer after each error, and its deadline runs
-        b = self.backoff.setdefault(lease.id, Backoff())
+        self.retry_later(lease.id, now)
+
+    def retry_later(self, lease_id: int, now: datetime) -> None:
+        """The lease's commands wait, longer after each error (`[leases] retry_base_s`,
+        doubling up to `retry_max_s`)."""
+        b = self.backoff.setdefault(lease_id, Backoff())
         b.errors += 1
         lc = self.config.leases
         wait = min(lc.retry_max_s, lc.retry_base_s * 2 ** (b.errors - 1))
@@ -344,7 +356,12 @@ class Actuator:
         the rollouts' `splits` (None: those of the last publish)."""
         if splits is not None:
             self.splits = tuple(splits)
-        if self.router is None or self._obs is None:
+        if self._obs is None:
+            return
+        servers = {s.job.job_id: s.models for s in self._obs.servers if s.ready}
+        held_back = withheld(self.leases.values(), servers)
+        if self.router is None:
+            self._withheld(held_back)
             return
         serving = {
             lease.slurm_job_id
@@ -361,6 +378,8 @@ class Actuator:
             if not s.ready or (ref is not None and s.job.job_id not in serving):
                 continue
             for m in s.models:
+                if (s.job.job_id, m) in held_back:
+                    continue
                 split = split_of.get(m)
                 if split is None or _serves_split(s.versions.get(m, ()), split):
                     routes.setdefault(m, []).append(s.address)
@@ -375,6 +394,13 @@ class Actuator:
                 )
             )
         self.router.publish(RoutingTable.build(routes, targets, self.splits))
+        self._withheld(held_back)
+
+    def _withheld(self, pairs: frozenset[tuple[str, str]]) -> None:
+        """Routing as published leaves `pairs` out: since this pass, for the new ones."""
+        assert self._obs is not None
+        at = self._obs.at
+        self.withheld_since = {p: self.withheld_since.get(p, at) for p in pairs}
 
 
 def _serves_split(versions: Iterable[str], split: Split) -> bool:

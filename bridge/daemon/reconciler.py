@@ -10,16 +10,19 @@ by tests with an injected clock. Each pass:
    this one). Without it the pass stops: nothing acts on a stale view.
 3. Sync: the pure planner (`bridge.daemon.planner.plan`) says what each lease needs from
    what Slurm and Triton report (job running, server ready, job gone, drain finished,
-   deadline passed); the actuator carries it out. Then what no lease holds: tagged Triton
-   jobs to adopt or cancel, bridge fences to lift. After a crash this is what makes the
-   bridge whole again: nothing stays fenced and forgotten.
-4. Operator requests (`stb lend`, `stb return`) through the same steps, each answered
+   deadline passed); the actuator carries it out. Then the placements under way: each
+   serving replica made to hold its lease's models (`bridge.daemon.placer`). Then what no
+   lease holds: tagged Triton jobs to adopt or cancel, bridge fences to lift. After a
+   crash this is what makes the bridge whole again: nothing stays fenced and forgotten.
+4. Operator requests (`stb lend`, `stb return`, `stb place`) through the same steps, each answered
    once: one taken again after a failover (its first daemon died before recording the
    outcome) is answered from the lease its lend made or the move its return made. The
    leases of pools an operator holds (`stb drain POOL`) are returned, and those pools
    lend nothing.
 5. Decide: the pure policy on the observation and the leases as they are now.
-6. Act: lend (a lease, then its Triton job), return (out of routing first), baselines.
+6. Act: lend (a lease, then its Triton job), return (out of routing first), place (the
+   lease's models recorded, the dropped ones out of routing, the gained ones loaded),
+   baselines.
 7. Rollouts: each open model rollout one move further (`bridge.daemon.rollouts`).
 8. Route: publish the ready replicas (baselines and serving leases), with the rollouts'
    traffic splits as stored.
@@ -51,6 +54,7 @@ from bridge.daemon.actuator import Actuator, Router, record_of
 from bridge.daemon.metrics import BridgeMetrics
 from bridge.daemon.observation import Observation, snapshot
 from bridge.daemon.observe import Observer
+from bridge.daemon.placer import Placer
 from bridge.daemon.planner import LeaseRecord, Settings, Step, SubmitBaseline
 from bridge.daemon.report import StepError, TickReport, first_line
 from bridge.daemon.rollouts import RolloutDriver
@@ -59,7 +63,7 @@ from bridge.leases.leader import Fenced
 from bridge.leases.requests import OperatorRequest, PoolHold, RequestQueue, lease_key
 from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
-from bridge.policy import Lend, Return, StartBaseline, decide
+from bridge.policy import Lend, Place, Return, StartBaseline, decide
 from bridge.policy.forecast import next_lead
 from bridge.policy.returns import PeakLog, ReturnLog
 from bridge.policy.snapshot import ModelSample, Snapshot
@@ -215,6 +219,8 @@ class Reconciler:
         self.actuator = Actuator(config, slurm, store, triton_for, router, forget_triton)
         #: what the policy remembers of past lends (cooldown anchors, lend lead times)
         self.memory = LendMemory(config.policy.return_dwell_max_s)
+        #: carries out model placements (`Place`, `stb place`) and finishes those under way
+        self.placer = Placer(self.actuator, store, self.settings, self._gained)
         self._recalled = False
         #: the last pass's observation (for tools and tests that want the same view)
         self.last_observation: Observation | None = None
@@ -223,6 +229,12 @@ class Reconciler:
     def last_lend_at(self) -> dict[str, float]:
         """Per model, when a lend carrying it was last made (scale-out cooldown anchor)."""
         return self.memory.last_lend_at
+
+    def _gained(self, models: Sequence[str], at: float) -> None:
+        """A placement gave a replica `models` at `at`: their scale-out cooldown runs from
+        it, as from a lend's."""
+        for m in models:
+            self.memory.last_lend_at[m] = at
 
     @property
     def lend_s(self) -> dict[str, float]:
@@ -265,6 +277,7 @@ class Reconciler:
         t = now.timestamp()
         for step in planner.plan(obs, leases, t, self.settings, act.not_before()):
             act.run(step, now, report)
+        self.placer.sync(obs, now, report)
         self._orphans(obs, now, report)
         holds = self.requests.holds() if self.requests is not None else {}
         self._operator_requests(obs, now, report, holds)
@@ -338,8 +351,8 @@ class Reconciler:
         report: TickReport,
         holds: Mapping[str, PoolHold],
     ) -> None:
-        """Carry out `stb lend` / `stb return` requests through the same steps; a lend
-        from a held pool is refused."""
+        """Carry out `stb lend` / `stb return` / `stb place` requests through the same
+        steps; a lend from a held pool is refused."""
         if self.requests is None:
             return
         for req in self.requests.pending():
@@ -349,6 +362,9 @@ class Reconciler:
                 outcome = self._operator_lend(req, req.node, obs, now, report, holds)
             elif req.kind == "return" and req.lease_id is not None:
                 outcome = self._return(Return(req.lease_id, req.reason), obs, now, report)
+            elif req.kind == "place" and req.lease_id is not None:
+                place = Place(req.lease_id, tuple(req.models), req.reason)
+                outcome = self.placer.place(place, obs, now, report)
             else:
                 outcome = f"refused: malformed {req.kind!r} request"
             new_errors = report.errors[errors_before:]
@@ -416,6 +432,10 @@ class Reconciler:
             self._lend(action, obs, now, report)
         elif isinstance(action, Return):
             self._return(action, obs, now, report)
+        elif isinstance(action, Place):
+            outcome = self.placer.place(action, obs, now, report)
+            if outcome.startswith("refused"):
+                report.events.append(f"place lease {action.lease_id}: {outcome}")
         elif isinstance(action, StartBaseline):
             self.actuator.run(Step(None, (SubmitBaseline(action.node),)), now, report)
 

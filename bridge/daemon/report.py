@@ -26,8 +26,9 @@ class Outcome(StrEnum):
 @dataclass(frozen=True)
 class StepError:
     """One failed adapter call. `step` names what was tried (observe, submit, fence, cancel,
-    unload, unfence, route, adopt, baseline, store, lend, return, operator); `kind` is
-    "transient" (retried on a later tick) or "permanent" (the lease, if any, is failed)."""
+    unload, unfence, route, adopt, baseline, store, lend, return, operator, place, load);
+    `kind` is "transient" (retried on a later tick) or "permanent" (the lease, if any, is
+    failed)."""
 
     step: str
     kind: str

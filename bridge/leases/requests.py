@@ -1,4 +1,5 @@
-"""Operator requests (`stb lend NODE`, `stb return LEASE`) on their way to the daemon, and
+"""Operator requests (`stb lend NODE`, `stb return LEASE`, `stb place LEASE MODELS`) on
+their way to the daemon, and
 pool holds (`stb drain POOL` ... `stb resume POOL`).
 
 The CLI or the HTTP API writes a row naming who asked; the running daemon reads the
@@ -11,7 +12,8 @@ A request is idempotent across a failover (`kill -9` of the active daemon after 
 request and before it recorded the outcome; the standby takes it again): a lend's lease is
 keyed by the request (`lease_key`), and a return's moves name it (`OperatorRequest.reason`),
 so the request taken again is answered from what its first attempt did, never done twice
-and never refused for being its own work.
+and never refused for being its own work. A placement taken again finds its lease holding
+the models it asked for, and is answered so.
 
 A hold is a row too: while a pool is held, the daemon lends none of its nodes and returns
 the leases it has there. The rows stay after the hold is lifted, with who lifted it when:
@@ -27,7 +29,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 from bridge.db import Transactions, UTCDateTime
 
-KINDS = ("lend", "return")
+KINDS = ("lend", "return", "place")
 
 
 def lease_key(request_id: int) -> str:
@@ -40,7 +42,7 @@ class OperatorRequest(SQLModel, table=True):
     __tablename__ = "operator_request"
 
     id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
-    #: "lend" (node, models) or "return" (lease_id)
+    #: "lend" (node, models), "return" (lease_id) or "place" (lease_id, models)
     kind: str = Field(sa_column=Column(String(16), nullable=False))
     node: str | None = Field(default=None, sa_column=Column(String(255), nullable=True))
     models: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
@@ -101,6 +103,23 @@ class RequestQueue(Transactions):
         return self._add(
             OperatorRequest(
                 kind="return", lease_id=lease_id, requested_by=requested_by, created_at=now
+            )
+        )
+
+    def request_place(
+        self, lease_id: int, models: list[str], now: datetime, requested_by: str = ""
+    ) -> OperatorRequest:
+        """Ask the daemon to give serving lease `lease_id` the models `models` in place of
+        those it holds (`bridge.daemon.placer`)."""
+        if not models:
+            raise ValueError("a placement needs at least one model")
+        return self._add(
+            OperatorRequest(
+                kind="place",
+                lease_id=lease_id,
+                models=models,
+                requested_by=requested_by,
+                created_at=now,
             )
         )
 

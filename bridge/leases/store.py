@@ -9,6 +9,9 @@ CLI (`stb lend`, `stb return`, `stb status`). Every write is one transaction:
   `BEGIN IMMEDIATE` on SQLite), checks the move against `bridge.lifecycle.TRANSITIONS`,
   updates the row and appends a `LeaseEvent`. Asking for the state the lease is already in
   is a no-op; an illegal move raises `IllegalTransition` and writes nothing.
+- `place` changes a serving lease's models (model placement, `bridge.daemon.placer`): the
+  lease stays `serving` (no transition: the table is not consulted) and its history gets
+  a `serving -> serving` event naming the placement; `placed_at` finds the latest.
 
 Leases returned are detached copies: changing one changes nothing in the database.
 
@@ -37,7 +40,10 @@ from bridge.leases.models import Lease, LeaseEvent, LendMode
 from bridge.leases.schema import create_schema
 from bridge.lifecycle import LeaseState, allowed
 
-__all__ = ["Fence", "LeaseFields", "LeaseStore", "create_schema", "make_engine"]
+__all__ = ["PLACE_PREFIX", "Fence", "LeaseFields", "LeaseStore", "create_schema", "make_engine"]
+
+#: the reason of a placement's history event begins so (`LeaseStore.place`)
+PLACE_PREFIX = "place: "
 
 
 class LeaseFields(TypedDict, total=False):
@@ -221,6 +227,47 @@ class LeaseStore(Transactions):
             )
         return lease
 
+    def place(
+        self, lease_id: int, models: Sequence[str], now: datetime, reason: str
+    ) -> tuple[Lease, list[str]]:
+        """Give serving lease `lease_id` the models `models` in place of those it holds, in
+        one transaction: lock and re-read the row, check that it is `serving`, set its
+        models and append a `serving -> serving` LeaseEvent (reason `place: <reason>`, the
+        old and new models in its detail). Its state, reason and `updated_at` (when it
+        entered its state: deadlines, the lend lead time) are left as they are. Returns the
+        stored lease and the models it held before. The same models again: a no-op.
+        `UnexpectedState` for a lease that is not serving, `LeaseNotFound`, `ValueError`
+        for an empty list."""
+        _require_aware(now)
+        names = _model_names(models)
+        if not names:
+            raise ValueError("a placement needs at least one model")
+        with self._write() as session:
+            lease = session.exec(
+                select(Lease).where(Lease.id == lease_id).with_for_update()
+            ).first()
+            if lease is None:
+                raise LeaseNotFound(lease_id)
+            if lease.state != LeaseState.SERVING:
+                raise UnexpectedState(
+                    lease_id, LeaseState.SERVING.value, lease.state.value, "placed"
+                )
+            old = list(lease.models)
+            if sorted(old) == sorted(names):
+                return lease, old
+            lease.models = names
+            session.add(
+                LeaseEvent(
+                    lease_id=lease_id,
+                    from_state=LeaseState.SERVING,
+                    to_state=LeaseState.SERVING,
+                    at=now,
+                    reason=f"{PLACE_PREFIX}{reason}",
+                    detail=f"models={old!r} -> {names!r}",
+                )
+            )
+        return lease, old
+
     # ---- reads --------------------------------------------------------------------
 
     def get(self, lease_id: int) -> Lease:
@@ -297,6 +344,19 @@ class LeaseStore(Transactions):
             return [
                 (lease, event) for lease, event in session.exec(query.order_by(col(LeaseEvent.id)))
             ]
+
+    def placed_at(self, lease_id: int) -> datetime | None:
+        """When the lease's latest placement was recorded (its latest `serving -> serving`
+        event), or None: it was never placed."""
+        with self._read() as session:
+            query = (
+                select(LeaseEvent)
+                .where(LeaseEvent.lease_id == lease_id)
+                .where(LeaseEvent.from_state == LeaseState.SERVING)
+                .where(LeaseEvent.to_state == LeaseState.SERVING)
+            )
+            event = session.exec(query.order_by(col(LeaseEvent.id).desc())).first()
+        return event.at if event is not None else None
 
     def history(self, lease_id: int) -> list[LeaseEvent]:
         """The lease's status changes in the order they happened, creation first."""

@@ -413,6 +413,21 @@ class Channel:
         assert req.id is not None
         return req.id
 
+    def place(self, lease: int, models: list[str]) -> int:
+        """Queue a placement of serving lease `lease` (`stb place`)."""
+        if self.api:
+            _fail("stb place writes the bridge's database: it has no --api path yet")
+        queue, store = self._db
+        try:
+            state = store.get(lease).state.value
+        except LeaseError as exc:
+            _fail(str(exc))
+        if state != "serving":
+            _fail(f"lease {lease} is {state}, not serving: only a serving lease is placed")
+        req = queue.request_place(lease, models, datetime.now(UTC), requested_by=getpass.getuser())
+        assert req.id is not None
+        return req.id
+
     def outcome(self, request_id: int) -> str | None:
         if self.api:
             doc = self.call("GET", "/api/request", params={"id": request_id})

@@ -93,6 +93,10 @@ CASES: dict[str, Case] = {
         ["lend", "n1", "--models", "[gpu]", "-c", "{tmp}/[site].toml", "--wait", "0"],
         lambda tmp: "unknown models [gpu]; known: ",
     ),
+    "place, unknown model": Case(
+        ["place", "1", "[gpu]", "-c", "{tmp}/[site].toml", "--wait", "0"],
+        lambda tmp: "unknown models [gpu]; known: ",
+    ),
     "drain, unknown pool": Case(
         ["drain", "[gpu]", "-c", "{tmp}/[site].toml"],
         lambda tmp: "no pool '[gpu]'; configured: ",

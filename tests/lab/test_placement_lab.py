@@ -1,0 +1,156 @@
+"""Model placement on the lab (`stb place`: an operator request the reconciler's pass
+carries out, `bridge.daemon.placer`): a node lent for `busy` is given `echo` in its
+place under a steady load of both through the lab's nginx; `echo` is loaded on the lent
+server and routed there, `busy` leaves that server's routes before it is unloaded, and
+no request of either fails across the move."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from bridge.daemon.reconciler import Reconciler
+from bridge.lab.spec import LabSpec
+from bridge.lifecycle import LeaseState
+from bridge.load.arrivals import poisson
+from bridge.routing.table import RoutingTable
+
+from .helpers import Sender, tick_until, tick_until_baseline
+
+pytestmark = pytest.mark.lab
+
+RATE = 12.0  # requests/s of each model: a steady load the baseline alone carries too
+
+
+class RecordingRouter:
+    """The bridge's publisher, each table it made effective kept with when."""
+
+    def __init__(self, router: Any) -> None:
+        self.router = router
+        self.tables: list[tuple[float, RoutingTable]] = []
+
+    def publish(self, table: RoutingTable) -> object:
+        done = self.router.publish(table)
+        self.tables.append((time.monotonic(), table))
+        return done
+
+
+class RecordingTriton:
+    """A Triton client whose unloads are kept with when they were asked."""
+
+    def __init__(self, client: Any, unloads: list[tuple[float, str, str]]) -> None:
+        self._client = client
+        self._unloads = unloads
+
+    def unload_model(self, name: str) -> None:
+        self._unloads.append((time.monotonic(), self._client.address, name))
+        self._client.unload_model(name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_a_lent_replica_is_placed_from_busy_to_echo_with_no_failed_request(
+    lab: LabSpec, bridge: tuple[Reconciler, str]
+) -> None:
+    rec, endpoint = bridge
+    assert rec.requests is not None
+    # the operator's placement alone: the policy neither places nor returns the lease
+    policy = rec.config.policy.model_copy(update={"placement": False, "scale_in_cooldown_s": 3600})
+    rec.config = rec.config.model_copy(update={"policy": policy})
+    queue, store, act = rec.requests, rec.store, rec.actuator
+    router = RecordingRouter(act.router)
+    act.router = router
+    unloads: list[tuple[float, str, str]] = []
+    triton_for = act.triton_for
+    act.triton_for = lambda address: RecordingTriton(triton_for(address), unloads)
+    elastic = lab.pool_nodes("elastic")[0].name
+    log: list[str] = []
+    tick_until_baseline(rec, lab, log)
+    queue.request_lend(elastic, ["busy"], datetime.now(UTC))
+    tick_until(
+        rec, lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()), 90, log
+    )
+    (lease,) = store.open_leases()
+    assert lease.id is not None and lease.models == ["busy"]
+    obs = rec.last_observation
+    assert obs is not None
+    lent = obs.server_of(lease.slurm_job_id)
+    assert lent is not None and lent.models == ("busy",)
+    address = lent.address
+
+    def routes(model: str) -> tuple[str, ...]:
+        return dict(router.tables[-1][1].routes).get(model, ())
+
+    assert address in routes("busy") and address not in routes("echo")
+    busy = Sender(endpoint, poisson(RATE, 25.0, seed=31), "busy")
+    echo = Sender(endpoint, poisson(RATE, 25.0, seed=32), "echo")
+    echo.config = replace(echo.config, shape=(1, 16))
+    busy.start()
+    echo.start()
+    try:
+        time.sleep(3)  # both models under load on their replicas before the move
+        request = queue.request_place(lease.id, ["echo"], datetime.now(UTC))
+        placed_at = time.monotonic()
+
+        def placed() -> bool:
+            seen = rec.last_observation
+            server = seen.server_of(lease.slurm_job_id) if seen is not None else None
+            return (
+                server is not None
+                and server.models == ("echo",)
+                and address in routes("echo")
+                and address not in routes("busy")
+            )
+
+        tick_until(rec, placed, 40, log)
+        settled = time.monotonic() + 3  # the load goes on over the placed replica a while
+        tick_until(rec, lambda: time.monotonic() > settled and placed(), 10, log)
+        busy.finish()
+        echo.finish()
+    finally:
+        busy.stop()
+        echo.stop()
+    done = queue.get(request.id or 0)
+    assert done is not None and done.outcome == f"lease {lease.id} placing echo on {elastic}"
+    assert store.get(lease.id).models == ["echo"]
+    assert store.get(lease.id).state == LeaseState.SERVING
+    last = store.history(lease.id)[-1]
+    assert (last.from_state, last.to_state) == (LeaseState.SERVING, LeaseState.SERVING)
+    assert last.reason.startswith("place: operator request") and "['busy'] -> ['echo']" in (
+        last.detail or ""
+    )
+    # busy left the lent server's routes before it was unloaded there, and never came back
+    (unloaded_at,) = [t for t, at, m in unloads if at == address and m == "busy"]
+    after = [(t, table) for t, table in router.tables if t >= placed_at]
+    out = [t for t, table in after if address not in dict(table.routes).get("busy", ())]
+    assert out and out[0] < unloaded_at, "\n".join(log)
+    assert all(
+        address not in dict(table.routes).get("busy", ()) for t, table in after if t >= out[0]
+    )
+    # echo is served by the lent replica too
+    seen = set()
+    for _ in range(20):
+        r = httpx.post(
+            f"http://{endpoint}/v2/models/echo/infer",
+            json={
+                "inputs": [
+                    {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
+                ]
+            },
+        )
+        assert r.status_code == 200
+        seen.add(r.headers.get("X-Stb-Upstream"))
+    assert address in seen, seen
+    for sender in (busy, echo):
+        c = sender.counters
+        assert c.sent > 60 and c.ok == c.sent and c.errors == 0 and c.dropped == 0, (
+            sender.config.model,
+            c,
+            "\n".join(log),
+        )
