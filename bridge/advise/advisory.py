@@ -74,7 +74,7 @@ from bridge.daemon.report import StepError, TickReport, first_line
 from bridge.leases.advice import Advice, AdviceSample, AdviceStore, ShadowLeaseRow
 from bridge.leases.requests import PoolHold
 from bridge.lifecycle import LeaseState, StepTimes
-from bridge.policy import LeaseView, Lend, Return, Snapshot, StartBaseline, decide
+from bridge.policy import LeaseView, Lend, Place, Return, Snapshot, StartBaseline, decide
 from bridge.policy.nodes import LENDABLE, choose_nodes
 
 log = logging.getLogger(__name__)
@@ -300,6 +300,24 @@ class Advisor:
         if isinstance(action, Return):
             shadow = self._return(action, t, report)
             return self._advice_of(action, shadow, now, {}, 0) if shadow is not None else None
+        if isinstance(action, Place):
+            placed = self.book.place(action.lease_id, action.models)
+            if placed is None:
+                return None
+            report.events.append(
+                f"shadow {placed.id} on {placed.node}: place {','.join(action.models)}"
+            )
+            self.memory.lent(action.models, t)
+            return Advice(
+                at=now,
+                kind="place",
+                node=placed.node,
+                pool=placed.view.pool,
+                lend_mode=placed.view.lend_mode,
+                models=list(action.models),
+                reason=action.reason,
+                shadow_lease=placed.id,
+            )
         if isinstance(action, StartBaseline):
             if not self.book.baseline(action.node, t):
                 return None

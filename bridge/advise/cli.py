@@ -220,10 +220,10 @@ def _print(summary: Summary, replayed: Replay | None, problem: str | None) -> No
         ),
     )
     days = Table(title="advice per day (UTC)")
-    for col in ("day", "lend", "return", "baseline"):
+    for col in ("day", "lend", "return", "place", "baseline"):
         days.add_column(col, justify="right" if col != "day" else "left")
     for day, kinds in sorted(summary.per_day.items()):
-        days.add_row(day, *(str(kinds.get(k, 0)) for k in ("lend", "return", "baseline")))
+        days.add_row(day, *(str(kinds.get(k, 0)) for k in ("lend", "return", "place", "baseline")))
     console.print(days)
     lends = Table(title="lends")
     lends.add_column("by")

@@ -41,7 +41,7 @@ triton_ready_s` later, until a real Triton job appears there (kept in memory onl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -311,6 +311,17 @@ class ShadowBook:
             return False
         self.baselines[node] = now
         return True
+
+    def place(self, lease_id: int, models: Sequence[str]) -> ShadowLease | None:
+        """A serving shadow's replica given `models` in place of its own (a `Place`); its
+        stand-in server holds them from the next observation on (the shadow models no
+        load time). None: no such serving shadow."""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.view.state != S.SERVING:
+            return None
+        lease.view = replace(lease.view, models=tuple(models))
+        self.changed[lease_id] = lease
+        return lease
 
     def take_changed(self) -> list[ShadowLease]:
         """The shadows changed since the last call (returned ones included), once each."""

@@ -28,7 +28,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 from bridge.db import Transactions, UTCDateTime
 
 #: the kinds of advice (the policy's actions)
-KINDS = ("lend", "return", "baseline")
+KINDS = ("lend", "return", "place", "baseline")
 
 
 class Advice(SQLModel, table=True):
@@ -38,7 +38,7 @@ class Advice(SQLModel, table=True):
 
     id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
     at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False, index=True))
-    #: lend | return | baseline
+    #: lend | return | place | baseline
     kind: str = Field(sa_column=Column(String(16), nullable=False))
     node: str = Field(sa_column=Column(String(255), nullable=False))
     #: the node's pool (a return: the pool its lease was lent from)

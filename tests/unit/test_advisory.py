@@ -29,7 +29,7 @@ from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
 from bridge.modelfacts import ModelFacts, merge_models
-from bridge.policy import Lend, ModelSample, history_depth
+from bridge.policy import Lend, ModelSample, Place, history_depth
 from bridge.slurm.model import Job
 
 from .fakes import (
@@ -345,3 +345,29 @@ def _metrics_text(metrics: Any) -> str:
     from prometheus_client import generate_latest
 
     return generate_latest(metrics.registry).decode()
+
+
+def test_an_advised_place_gives_the_shadow_its_new_models_and_is_recorded(
+    tmp_path: Path,
+) -> None:
+    cfg = config_for(tmp_path, max_lent_nodes=1)
+    adv, store = advisor(cfg)
+    ticks(adv, range(0, 50, 5))
+    (shadow,) = adv.book.leases.values()
+    assert shadow.node == "n3" and shadow.state == LeaseState.SERVING
+    view = adv.last_observation
+    snap = adv.last_snapshot
+    assert view is not None and snap is not None
+    report = adv.run_once(at(50))
+    row = adv._advise(Place(shadow.id, ("calm",), "placement: calm"), view, snap, at(55), report)
+    assert row is not None and (row.kind, row.node, row.models) == ("place", "n3", ["calm"])
+    assert adv.book.leases[shadow.id].view.models == ("calm",)
+    # a shadow that is not serving (or not there) is not placed
+    assert adv._advise(Place(99, ("calm",), "x"), view, snap, at(55), report) is None
+    adv._record([row], [], report)
+    assert [a.kind for a in store.advice_between(at(0), at(300))] == ["lend", "place"]
+    # its stand-in server now holds the new models, and a restart keeps them
+    served = adv.book.observation(view).servers
+    assert ("calm",) in [s.models for s in served if s.node == "n3"]
+    again = Advisor(cfg, Scripted(cfg), store, now=at(60))
+    assert again.book.leases[shadow.id].view.models == ("calm",)
