@@ -72,8 +72,8 @@ def test_the_summary_counts_decisions_lends_and_breach_minutes(tmp_path: Path) -
     ]
     s = summarise(rows, samples, cfg, at(0), at(2 * 86_400), "two days")
     assert s.per_day == {
-        "2027-01-04": {"lend": 2, "return": 1, "baseline": 0},
-        "2027-01-05": {"lend": 0, "return": 0, "baseline": 1},
+        "2027-01-04": {"lend": 2, "return": 1, "place": 0, "baseline": 0},
+        "2027-01-05": {"lend": 0, "return": 0, "place": 0, "baseline": 1},
     }
     assert s.lends_by_pool == {"elastic": 1, "training": 1}
     assert s.lends_by_model == {"busy": 2, "calm": 1}
