@@ -56,6 +56,16 @@ class PoolConfig(_Strict):
         description="Lower is taken first among pools that can lend (elastic 1, "
         "training 2): work that can be requeued is cheaper than work that must wait.",
     )
+    max_lent_share: float | None = Field(
+        default=None,
+        ge=0,
+        le=1.0,
+        description="Share of this pool's nodes the bridge may hold lent at once (0 to 1; "
+        "floor(share x the pool's nodes)); unset: [policy] max_lent_share. 0 never lends "
+        "from the pool. Say, elastic 0.5 and training 0: bursts may take half the elastic "
+        "pool, and idle training nodes, which a lend takes before busy elastic ones, "
+        "stay training's.",
+    )
 
 
 class ModelConfig(_Strict):
@@ -166,7 +176,22 @@ class PolicyConfig(_Strict):
     max_lent_nodes: int = Field(
         default=2,
         ge=0,
-        description="Most nodes lent at once, all pools together: the training guarantee.",
+        description="Most nodes lent at once, all pools together (a node count): the "
+        "training guarantee, an absolute cap beside max_lent_share (the effective cap is "
+        "the smaller).",
+    )
+    max_lent_share: float = Field(
+        default=1.0,
+        ge=0,
+        le=1.0,
+        description="Share of each lendable pool's nodes (preempt and drain pools, each "
+        "apart; 0 to 1) the bridge may hold lent at once: floor(share x the pool's "
+        "nodes); a pool's own [pools.NAME] max_lent_share wins. A site policy (how much "
+        "of the elastic pool inference may take in a burst), not a sizing; training "
+        "keeps its own protection (drain only, drain_wait_s). 1.0, the default: no cap "
+        "beyond max_lent_nodes (today's behaviour). A larger effective cap buys SLO in "
+        "bursts with elastic work requeued and jobs waiting longer (docs/simulator.md, "
+        "--lend-cap).",
     )
     preempt_guard_s: float = Field(
         default=900,
@@ -232,6 +257,16 @@ class PolicyConfig(_Strict):
         ge=0,
         description="Seconds from a lend to its replica serving, for a pool without a "
         "measured estimate yet (the bridge keeps one per pool from its leases).",
+    )
+    lend_lead_load_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="Seconds of model load a lend's start holds without asking: "
+        "lend_lead_s and a pool's measured lend time hold at least this much of the "
+        "slowest model's load (Triton's start with small models: the lab's load in about "
+        "a second). A scaled model measured to load longer lengthens the lead time, the "
+        "forecast's horizon and a return's break-even, by the difference "
+        "(bridge.policy.timing).",
     )
     service_cv2: float = Field(
         default=0.0,

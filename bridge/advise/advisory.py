@@ -53,7 +53,9 @@ Where the advice can differ from what the active daemon would do:
 - Operator requests (`stb lend`, `stb return`) are not taken: the active daemon would
   have carried them out and its later decisions would see those leases.
 - After a restart the shadows come back from the database, the lead-time estimates start
-  again from `lend_lead_s` (as the daemon's do), and a baseline is advised again.
+  again from `lend_lead_s` (as the daemon's do), and a baseline is advised again. The
+  models' load times are those stored in the database when it starts (a daemon's measures,
+  `bridge.leases.loads`): the advisory measures none itself.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from bridge.daemon.observation import Observation
 from bridge.daemon.reconciler import LendMemory, carry_out, policy_snapshot
 from bridge.daemon.report import StepError, TickReport, first_line
 from bridge.leases.advice import Advice, AdviceSample, AdviceStore, ShadowLeaseRow
+from bridge.leases.loads import LoadStore
 from bridge.leases.requests import PoolHold
 from bridge.lifecycle import LeaseState, StepTimes
 from bridge.policy import LeaseView, Lend, Place, Return, Snapshot, StartBaseline, decide
@@ -192,7 +195,7 @@ class Advisor:
         self.store = store
         self.metrics = metrics or BridgeMetrics(advisory=True)
         self.holds = holds
-        self.memory = LendMemory(config.policy.return_dwell_max_s)
+        self.memory = LendMemory(config.policy.return_dwell_max_s, _load_times(store))
         remember = max(3600.0, config.policy.preempt_guard_s)
         rows: list[ShadowLeaseRow] = []
         next_id = 1
@@ -418,6 +421,18 @@ def _line(row: Advice) -> str:
         what += f" ({row.pool}, {row.lend_mode}) for {','.join(row.models)}"
     shadow = f" [shadow lease {row.shadow_lease}]" if row.shadow_lease is not None else ""
     return f"advice: {what}: {row.reason}{shadow}"
+
+
+def _load_times(store: AdviceStore | None) -> dict[str, float]:
+    """The models' load times stored in the advisory's database (none without one, or
+    when it cannot be read: the lead time then counts no load)."""
+    if store is None:
+        return {}
+    try:
+        return LoadStore.beside(store).latest()
+    except SQLAlchemyError as exc:
+        log.warning("model load times not read: %s", first_line(exc))
+        return {}
 
 
 __all__ = ["Advisor", "key_figures", "shadow_of", "shadow_row"]

@@ -125,10 +125,14 @@ def snapshot(
     *,
     returns: Mapping[str, ReturnHistory] | None = None,
     peaks: Mapping[str, RatePeaks] | None = None,
+    load_s: Mapping[str, float] | None = None,
+    lend_load_s: Mapping[str, float] | None = None,
 ) -> Snapshot:
     """The policy's view of an observation and the open leases. Pure. The nodes of
     `held_pools` (an operator's `stb drain`) are reserved: never lent. `returns` and
-    `peaks`: the deciding pass's memory of the models' returns and rate peaks."""
+    `peaks`: the deciding pass's memory of the models' returns and rate peaks; `load_s`
+    and `lend_load_s`: its models' load times and the load its pools' lend times hold
+    (`bridge.policy.timing`)."""
     lease_of = {lease.node: lease.lease_id for lease in leases}
     reserved = reserved_nodes(obs.site_reservations, obs.at, config.policy.reservation_lookahead_s)
     triton_bound: set[str] = set()
@@ -191,4 +195,6 @@ def snapshot(
         obs.models.scaled,
         returns=dict(returns or {}),
         peaks=dict(peaks or {}),
+        load_s=dict(load_s or {}),
+        lend_load_s=dict(lend_load_s or {}),
     )

@@ -12,7 +12,8 @@ A placement, step by step:
 2. Routing is published at once: the dropped models leave the replica's routes
    (`placement.withheld`, on every publish from now on, since the store says so).
 3. Each gained model is loaded (`load_model`, Triton's explicit model control); the next
-   pass's observation shows it READY and routing publishes it there by itself.
+   pass's observation shows it READY and routing publishes it there by itself. The call's
+   seconds are the model's load time (`loaded`: `bridge.daemon.loadtimes`).
 4. On a later pass (`sync`), each dropped model whose requests in flight on that server
    are 0 in an observation taken after it left routing, or that left routing
    `[leases] drain_timeout_s` ago (a return's drain rule), is unloaded (`unload_model`).
@@ -28,6 +29,7 @@ those it still holds; a lease left with none fails and is cleaned up).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
@@ -60,12 +62,16 @@ class Placer:
         store: LeaseStore,
         settings: Settings,
         gained_at: Callable[[Sequence[str], float], None] | None = None,
+        loaded: Callable[[str, float, datetime], None] | None = None,
     ) -> None:
         self.actuator = actuator
         self.store = store
         self.settings = settings
         #: told the models a placement gives a replica, and when (the cooldown's anchor)
         self.gained_at = gained_at
+        #: told each model a placement loaded and the seconds its `load_model` took (the
+        #: model's load time: `bridge.daemon.loadtimes`)
+        self.loaded = loaded
 
     def place(self, action: Place, obs: Observation, now: datetime, report: TickReport) -> str:
         """Record and begin one placement; the outcome's text ("refused: ..." when it may
@@ -135,6 +141,7 @@ class Placer:
         client = act.triton_for(plan.address)
         refused: dict[str, str] = {}
         for m in plan.load:
+            began = time.monotonic()
             try:
                 client.load_model(m)
             except TritonError as exc:
@@ -143,7 +150,12 @@ class Placer:
                     return
                 refused[m] = str(exc)
                 continue
-            report.events.append(f"lease {lease.id} {lease.node}: loaded {m} (placement)")
+            took = time.monotonic() - began
+            if self.loaded is not None:
+                self.loaded(m, took, now)
+            report.events.append(
+                f"lease {lease.id} {lease.node}: loaded {m} in {took:.1f}s (placement)"
+            )
         if refused:
             self._undo(lease, refused, (*plan.unload, *plan.waiting), now, report)
             return

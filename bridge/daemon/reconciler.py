@@ -51,6 +51,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from bridge.config import BridgeConfig
 from bridge.daemon import planner
 from bridge.daemon.actuator import Actuator, Router, record_of
+from bridge.daemon.loadtimes import LoadTimes
 from bridge.daemon.metrics import BridgeMetrics
 from bridge.daemon.observation import Observation, snapshot
 from bridge.daemon.observe import Observer
@@ -60,6 +61,7 @@ from bridge.daemon.report import StepError, TickReport, first_line
 from bridge.daemon.rollouts import RolloutDriver
 from bridge.leases.errors import LeaseError
 from bridge.leases.leader import Fenced
+from bridge.leases.loads import LoadStore
 from bridge.leases.requests import OperatorRequest, PoolHold, RequestQueue, lease_key
 from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
@@ -67,6 +69,7 @@ from bridge.policy import Lend, Place, Return, StartBaseline, decide
 from bridge.policy.forecast import next_lead
 from bridge.policy.returns import PeakLog, ReturnLog
 from bridge.policy.snapshot import ModelSample, Snapshot
+from bridge.policy.timing import slowest_load
 from bridge.routing.errors import RoutingError
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.protocol import SlurmProtocol
@@ -83,15 +86,21 @@ class LendMemory:
     leases: `bridge.advise.advisory`). Kept in memory: after a restart the returns come
     back from the lease store (`recall`, the reconciler's first active pass), the
     cooldown anchors from the open leases, and the lead times start again from
-    `lend_lead_s`; the rate peaks start empty."""
+    `lend_lead_s`; the rate peaks start empty. The models' load times are the deciding
+    pass's (`bridge.daemon.loadtimes`, persisted: the reconciler's come back at start)."""
 
-    def __init__(self, peaks_s: float = 3600.0) -> None:
+    def __init__(self, peaks_s: float = 3600.0, load_s: dict[str, float] | None = None) -> None:
         """`peaks_s`: how long the models' rate peaks are kept (the policy's
-        `return_dwell_max_s`)."""
+        `return_dwell_max_s`); `load_s`: per model, its load time (read, kept up to date
+        by its owner; None: none known)."""
         #: per model, when a lend carrying it was last made (scale-out cooldown anchor)
         self.last_lend_at: dict[str, float] = {}
         #: per pool, the running estimate of seconds from a lend to its replica serving
         self.lend_s: dict[str, float] = {}
+        #: per pool, the same estimate of the slowest known load of those lends' models
+        #: (the load `lend_s` holds: `bridge.policy.timing`)
+        self.lend_load_s: dict[str, float] = {}
+        self.load_s: dict[str, float] = {} if load_s is None else load_s
         #: per model, its returns and the lends after them; its rate's per-minute peaks
         #: (`bridge.policy.returns`: the return dwell learned from what returns cost)
         self.returns = ReturnLog()
@@ -157,6 +166,8 @@ class LendMemory:
                 continue
             took = max(0.0, lease.updated_at - lease.created_at)
             self.lend_s[lease.pool] = next_lead(self.lend_s.get(lease.pool), took)
+            held = slowest_load(self.load_s, lease.models)
+            self.lend_load_s[lease.pool] = next_lead(self.lend_load_s.get(lease.pool), held)
         live = {lease.id for lease in leases}
         self._timed &= live
         self._waited &= live
@@ -185,6 +196,8 @@ def policy_snapshot(
         held,
         returns=memory.returns.view(),
         peaks=memory.peaks.view(),
+        load_s=memory.load_s,
+        lend_load_s=memory.lend_load_s,
     )
     memory.measure(leases, snap)
     return snap
@@ -204,7 +217,10 @@ class Reconciler:
         forget_triton: Callable[[str], None] | None = None,
         is_active: Callable[[], bool] | None = None,
         rollouts: RolloutDriver | None = None,
+        loads: LoadStore | None = None,
     ) -> None:
+        """`loads`: where the models' load times are kept (None: beside `store`'s leases,
+        on its engine)."""
         self.config = config
         #: carries the models' gradual rollouts one move a pass (None: no rollouts)
         self.rollouts = rollouts
@@ -218,12 +234,18 @@ class Reconciler:
         self.settings = Settings.of(config)
         self.actuator = Actuator(config, slurm, store, triton_for, router, forget_triton)
         #: what the policy remembers of past lends (cooldown anchors, lend lead times)
-        self.memory = LendMemory(config.policy.return_dwell_max_s)
+        #: the models' load times, measured on every start (`bridge.daemon.loadtimes`)
+        self.loads = LoadTimes(loads if loads is not None else LoadStore.beside(store))
+        self.memory = LendMemory(config.policy.return_dwell_max_s, self.loads.load_s)
         #: carries out model placements (`Place`, `stb place`) and finishes those under way
-        self.placer = Placer(self.actuator, store, self.settings, self._gained)
+        self.placer = Placer(
+            self.actuator, store, self.settings, self._gained, loaded=self.loads.placed
+        )
         self._recalled = False
         #: the last pass's observation (for tools and tests that want the same view)
         self.last_observation: Observation | None = None
+        #: the last active pass's policy view (what `decide` read)
+        self.last_snapshot: Snapshot | None = None
 
     @property
     def last_lend_at(self) -> dict[str, float]:
@@ -268,6 +290,7 @@ class Reconciler:
                 (lease.created_at.timestamp(), lease.models, back.timestamp() if back else None)
                 for lease, back in self.store.lends_since(since)
             )
+            self.loads.recall()
             self._recalled = True
         leases = [record_of(lease) for lease in self.store.open_leases()]
         obs = self.observer.observe(now.timestamp())
@@ -277,6 +300,7 @@ class Reconciler:
         t = now.timestamp()
         for step in planner.plan(obs, leases, t, self.settings, act.not_before()):
             act.run(step, now, report)
+        self.loads.started(act.open_leases(), self.store, now)
         self.placer.sync(obs, now, report)
         self._orphans(obs, now, report)
         holds = self.requests.holds() if self.requests is not None else {}
@@ -290,6 +314,7 @@ class Reconciler:
             act.preemptions_since(t - 3600.0),
             held,
         )
+        self.last_snapshot = snap
         report.actions = decide(snap, self.config, t)
         for action in report.actions:
             self._act(action, obs, now, report)

@@ -1,7 +1,7 @@
 """The bridge's own tables in its database (leases and their events, operator requests,
-pool holds, the advisory record, rollouts, the leader row): their Alembic migrations
-(`bridge/leases/migrations/`, version table `bridge_alembic_version`, beside the ledger's
-`ledger_alembic_version`), always run under the database's schema lock
+pool holds, the advisory record, rollouts, the models' load times, the leader row): their
+Alembic migrations (`bridge/leases/migrations/`, version table `bridge_alembic_version`,
+beside the ledger's `ledger_alembic_version`), always run under the database's schema lock
 (`bridge.db.schema_lock`), so however many bridges start at once on a new database the
 tables are made exactly once.
 
@@ -26,7 +26,7 @@ import logging
 from sqlalchemy import Connection, Engine, inspect
 
 from bridge.db import Migrations, SchemaChange, SchemaError, redacted
-from bridge.leases import advice, rollouts
+from bridge.leases import advice, loads, rollouts
 from bridge.leases.migrations import baseline
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ TABLES = frozenset(
     {"lease", "lease_event", "operator_request", "pool_hold", "stb_leader"}
     | set(advice.TABLES)
     | set(rollouts.TABLES)
+    | set(loads.TABLES)
 )
 
 

@@ -17,12 +17,15 @@ Rules, in order, each tick:
    requeued elastic work waits to run again, a drained training node was idle when lent),
    then the longest serving.
 4. Capacity-aware lend: each model's demand is `capacity_headroom` x the larger of its
-   current rate and its forecast at the lend's lead time (`bridge.policy.forecast`), its
+   current rate and its forecast at the lend's lead time (`bridge.policy.forecast`; the
+   lead: Slurm, Triton's start, the slowest model's load, `bridge.policy.timing`), its
    service time Triton's measured compute time per request. Lends in flight count as
    replicas (a drain lend still waiting for its node's jobs does not: it serves no time
    soon). While a feasible model is predicted over its SLO, a node is added holding the
    models still over it (`capacity.plan_nodes`): the whole deficit in one tick, up to
-   `max_lent_nodes` leases and each model's `max_replicas` (after rule 5's places).
+   `max_lent_nodes` leases and each model's `max_replicas` (after rule 5's places); the
+   nodes are then taken within each lendable pool's `max_lent_share` (`choose_nodes`: a
+   planned node past it is not lent; `assess` reads no nodes, the simulator relies on it).
 5. Placement (`bridge.policy.placement`), before the capacity lend's nodes are planned:
    while models are late, a serving lease past `scale_in_cooldown_s` whose models the
    other replicas carry at the return's demand is given the late models (`Place`) in
@@ -59,9 +62,10 @@ from bridge.lifecycle import IN_FLIGHT, LeaseState
 from bridge.policy import capacity, placement
 from bridge.policy.actions import Action, Lend, Place, Return, StartBaseline
 from bridge.policy.forecast import forecast_rate
-from bridge.policy.nodes import LENDABLE, choose_nodes
+from bridge.policy.nodes import choose_nodes
 from bridge.policy.returns import break_even_s, dwell_s
 from bridge.policy.snapshot import ModelSample, Snapshot
+from bridge.policy.timing import lead_s
 
 #: a drain lend still waiting for its node: decided, or its Triton job pending
 WAITING = frozenset({LeaseState.REQUESTED, LeaseState.SUBMITTED})
@@ -158,17 +162,6 @@ class Assessment:
     @property
     def acts(self) -> bool:
         return bool(self.returns or self.wanted or self.backstop or self.placements)
-
-
-def lead_s(snapshot: Snapshot, config: BridgeConfig) -> float:
-    """Seconds a lend takes to serve: the fastest lendable pool's measured estimate (the
-    cheapest-first choice takes idle nodes first), else `lend_lead_s`."""
-    leads = [
-        snapshot.lend_s.get(name, config.policy.lend_lead_s)
-        for name, pool in config.pools.items()
-        if pool.lend_mode in LENDABLE
-    ]
-    return min(leads) if leads else config.policy.lend_lead_s
 
 
 def dwells(snapshot: Snapshot, config: BridgeConfig, now: float) -> dict[str, float]:
@@ -564,7 +557,8 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
     plan = assess(snapshot, config, now)
     actions.extend(plan.returns)
     actions.extend(plan.placements)
-    targets = choose_nodes(snapshot, config, now, len(plan.wanted))
+    freed = frozenset(r.lease_id for r in plan.returns)
+    targets = choose_nodes(snapshot, config, now, len(plan.wanted), freed=freed)
     for node, models in zip(targets, plan.wanted, strict=False):
         reason = "capacity: " + _rates(plan.demand, models)
         actions.append(
@@ -572,7 +566,7 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
         )
     if plan.backstop and len(targets) == len(plan.wanted):
         taken = frozenset(n.name for n in targets)
-        spare = choose_nodes(snapshot, config, now, 1, waiting=True, taken=taken)
+        spare = choose_nodes(snapshot, config, now, 1, waiting=True, taken=taken, freed=freed)
         if spare:
             node, models = spare[0], tuple(plan.backstop)
             worst = snapshot.history[models[0]][-1].p99_ms or 0.0

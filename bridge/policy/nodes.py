@@ -3,15 +3,51 @@
 each job's start or last reported checkpoint). Never a node in a site reservation or
 held, never one with a job requeued within `preempt_guard_s` or requeued
 `max_requeues_per_job` times, and never more victims than the hour's
-`max_preemptions_per_hour` budget leaves. Pure; `decide` and the advisory pass call it."""
+`max_preemptions_per_hour` budget leaves, and never more of a pool than its lend share
+(`max_lent_share`) lets the bridge hold lent (`share_room`). Pure; `decide` and the
+advisory pass call it."""
 
 from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Collection
 
 from bridge.config import BridgeConfig
 from bridge.policy.snapshot import NodeView, Snapshot
 
 #: the lend modes of the pools a lend may take nodes from
 LENDABLE = ("preempt", "drain")
+
+
+def share_room(
+    snapshot: Snapshot,
+    config: BridgeConfig,
+    *,
+    freed: Collection[int] = (),
+    taken: Collection[str] = (),
+) -> dict[str, int] | None:
+    """Per lendable pool whose lend share is below 1 (`[pools.NAME] max_lent_share`, else
+    `[policy] max_lent_share`), how many more of its nodes the bridge may lend:
+    floor(share x the pool's nodes in the snapshot) less its open leases (those in `freed`,
+    being returned, left out) and the nodes in `taken`. A pool at share 1 is not listed (no
+    cap beyond `max_lent_nodes`); None when no pool is capped (the defaults: today's
+    behaviour, to the action)."""
+    default = config.policy.max_lent_share
+    shares = {
+        name: default if pool.max_lent_share is None else pool.max_lent_share
+        for name, pool in config.pools.items()
+        if pool.lend_mode in LENDABLE
+    }
+    capped = {name: share for name, share in shares.items() if share < 1.0}
+    if not capped:
+        return None
+    size = Counter(node.pool for node in snapshot.nodes)
+    pool_of = {node.name: node.pool for node in snapshot.nodes}
+    lent = Counter(lease.pool for lease in snapshot.leases if lease.id not in freed)
+    lent.update(pool_of[name] for name in taken if name in pool_of)
+    # (1e-9: 0.29 x 100 is 28.999999999999996 in binary; the cap is 29)
+    return {p: max(0, math.floor(f * size[p] + 1e-9) - lent[p]) for p, f in capped.items()}
 
 
 def requeued_recently(node: NodeView, now: float, guard_s: float) -> bool:
@@ -41,10 +77,13 @@ def choose_nodes(
     *,
     waiting: bool = False,
     taken: frozenset[str] = frozenset(),
+    freed: frozenset[int] = frozenset(),
 ) -> list[NodeView]:
     """Up to `count` nodes to lend, cheapest first (see the module docstring). A busy
     drain-mode node serves only once its jobs end (hours, maybe): it is a candidate only
-    with `waiting` (the backstop), never for a capacity deficit that must be met now."""
+    with `waiting` (the backstop), never for a capacity deficit that must be met now.
+    `taken`: nodes this tick lends already; `freed`: leases this tick returns (their
+    pool's `max_lent_share` room is free again)."""
     if count <= 0:
         return []
     policy = config.policy
@@ -53,6 +92,9 @@ def choose_nodes(
     lendable = {
         name: pool.cost_rank for name, pool in config.pools.items() if pool.lend_mode in LENDABLE
     }
+    room = share_room(snapshot, config, freed=freed, taken=taken)
+    if room is not None:  # a pool whose share is lent already lends no more
+        lendable = {name: rank for name, rank in lendable.items() if room.get(name, 1) > 0}
     idle: list[tuple[int, str, NodeView]] = []
     busy_nodes: list[NodeView] = []
     for node in snapshot.nodes:
@@ -66,7 +108,18 @@ def choose_nodes(
         else:
             busy_nodes.append(node)
     idle.sort(key=lambda t: (t[0], t[1]))
-    chosen = [t[2] for t in idle[:count]]
+    if room is None:
+        chosen = [t[2] for t in idle[:count]]
+    else:
+        chosen = []
+        for _, _, node in idle:
+            if len(chosen) == count:
+                break
+            if node.pool not in room:
+                chosen.append(node)
+            elif room[node.pool] > 0:
+                room[node.pool] -= 1
+                chosen.append(node)
     if len(chosen) == count:
         # enough idle nodes: the busy ones' checks and work lost would go unread
         return chosen
@@ -86,8 +139,10 @@ def choose_nodes(
         if len(chosen) == count:
             break
         victims = len(node.jobs) if config.pools[node.pool].lend_mode == "preempt" else 0
-        if victims > budget:
+        if victims > budget or (room is not None and room.get(node.pool, 1) <= 0):
             continue
         budget -= victims
+        if room is not None and node.pool in room:
+            room[node.pool] -= 1
         chosen.append(node)
     return chosen

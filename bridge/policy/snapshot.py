@@ -152,3 +152,9 @@ class Snapshot:
     returns: Mapping[str, ReturnHistory] = field(default_factory=dict)
     #: per model, its request rate's per-minute peaks (the return's rate over a long dwell)
     peaks: Mapping[str, RatePeaks] = field(default_factory=dict)
+    #: per model, its measured load time in seconds (a placement's `load_model`, a lend's
+    #: start); a model not here has none measured (`bridge.policy.timing`)
+    load_s: Mapping[str, float] = field(default_factory=dict)
+    #: per pool, the slowest known load of the models of the lends measured into `lend_s`
+    #: (the load `lend_s` already holds)
+    lend_load_s: Mapping[str, float] = field(default_factory=dict)

@@ -23,7 +23,7 @@ from bridge.sim import workload
 from bridge.sim.engine import Timing
 from bridge.sim.inputs import JobReplay
 from bridge.sim.inputs.site import SITE_ARRIVALS, SITE_JOBS
-from bridge.sim.policies import Scenario, setup_for, size
+from bridge.sim.policies import LEND_CAPS, Scenario, parse_lend_cap, setup_for, size
 from bridge.sim.workload import ArrivalSeries, SimJob
 
 AZURE_TRACE = "azure_llm_conv_2023.csv"
@@ -155,6 +155,7 @@ def build_scenario(
     seed: int = 0,
     checkpoint_s: float | None = None,
     reserve: str = "mean",
+    lend_cap: str = "peak",
     policy: PolicyConfig | None = None,
     tick_s: float = STEP_S,
     about: Mapping[str, object] | None = None,
@@ -174,6 +175,10 @@ def build_scenario(
     times (default: the lab's). Raises ValueError (BadInput for the options) naming the
     problem."""
     horizon = days * DAY_S
+    try:
+        parse_lend_cap(lend_cap)
+    except ValueError:
+        raise BadInput(f"--lend-cap {lend_cap!r}: give {LEND_CAPS}") from None
     if arrivals in SITE_ARRIVALS and series is None:
         raise ValueError(f"{arrivals} arrivals are the site's: pass them as `series`")
     if jobs in SITE_JOBS and site_jobs is None:
@@ -193,6 +198,7 @@ def build_scenario(
         tick_s=tick_s,
         checkpoint_s=checkpoint_s,
         reserve=reserve,
+        lend_cap=lend_cap,
         timing=timing or Timing(),
     )
     sizing = size(probe)

@@ -342,6 +342,16 @@ def simulate(
             "per-minute load) or a number of nodes."
         ),
     ] = "mean",
+    lend_cap: Annotated[
+        str,
+        typer.Option(
+            help="The bridge's lend cap: peak (the peak's nodes above what it reserves: no "
+            "more than a separate fleet owns; the default), share:F (F of each lendable "
+            "pool's nodes, max_lent_share: bursts past the separate fleet's size, at the "
+            "cost of requeued elastic work and longer job waits) or a node count N "
+            "(max_lent_nodes)."
+        ),
+    ] = "peak",
     separate_nodes: Annotated[
         int,
         typer.Option(
@@ -419,7 +429,7 @@ def simulate(
             days=site.days, nodes=site.nodes, gpus_per_node=site.gpus_per_node,
             rates=rates, slo_ms=slo_ms, service_ms=service_default or 20.0,
             arrivals=arrivals, arrivals_trace=arrivals_trace, jobs=jobs, jobs_trace=jobs_trace,
-            load=load, policies=chosen, seed=seed, reserve=reserve,
+            load=load, policies=chosen, seed=seed, reserve=reserve, lend_cap=lend_cap,
             checkpoint_s=checkpoint_s or None,
             policy=cfg.policy if cfg else None, tick_s=cfg.tick_s if cfg else STEP_S,
             about={

@@ -71,6 +71,7 @@ from bridge.policy.leasesync import (
 )
 from bridge.policy.returns import PeakLog, ReturnLog
 from bridge.policy.steps import Cancel, RouteIn, RouteOut, Step
+from bridge.policy.timing import slowest_load
 from bridge.sim.cluster import Cluster, SimLease
 from bridge.sim.fleet import SimNode
 from bridge.sim.quiet import LeaseFacts, QuietProof
@@ -142,6 +143,7 @@ class Engine(Cluster):
                 depth,
                 self.replica_gpus,
                 self.specs,
+                setup.timing.model_load_s,
             )
             if setup.prove_quiet and not setup.always_decide
             else None
@@ -153,6 +155,10 @@ class Engine(Cluster):
         self.tally = Tally()
         #: per pool, the running estimate of lend-to-serving seconds (as the daemon keeps)
         self.lend_s: dict[str, float] = {}
+        #: per pool, the slowest load of the models of the lends timed into `lend_s`
+        self.lend_load_s: dict[str, float] = {}
+        #: per model, its load time as the daemon would have measured it (`--load-s`)
+        self.load_s = dict(setup.timing.model_load_s)
         #: (old, new) -> how many times a lease made that move in this run
         self.moves: Counter[tuple[LeaseState, LeaseState]] = Counter()
         #: leases mid-placement: id -> (when its gained models are loaded, the models its
@@ -252,6 +258,8 @@ class Engine(Cluster):
         if move.new == LeaseState.SERVING and not lease.waited:
             took = self.now - view.created_at
             self.lend_s[view.pool] = next_lead(self.lend_s.get(view.pool), took)
+            held = slowest_load(self.load_s, view.models)
+            self.lend_load_s[view.pool] = next_lead(self.lend_load_s.get(view.pool), held)
         elif move.new == LeaseState.RETURNED:
             node = lease.node
             if node.fenced:
@@ -363,7 +371,15 @@ class Engine(Cluster):
                 if self.unsettled
                 else (),
             )
-            if proof.holds(k, self.now, structure, leases, self.lend_s, lambda: self._snapshot(())):
+            if proof.holds(
+                k,
+                self.now,
+                structure,
+                leases,
+                self.lend_s,
+                lambda: self._snapshot(()),
+                self.lend_load_s,
+            ):
                 self.proven += 1
                 if self.s.check_quiet:
                     plan = assess(self._snapshot(()), self.s.config, self.now)
@@ -429,6 +445,8 @@ class Engine(Cluster):
             self.specs,
             returns=self.returns.view(),
             peaks=self.peaks.view(),
+            load_s=self.load_s,
+            lend_load_s=dict(self.lend_load_s),
         )
 
     def _lease_view(self, lease: SimLease) -> LeaseView:

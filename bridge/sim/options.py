@@ -228,6 +228,13 @@ PAIRS: tuple[Pair, ...] = (
         "when the bridge runs at its own size: --policies with bridge, or --tradeoff auto",
         lambda v: "bridge" in _policies(v) or str(v["--tradeoff"]).strip() == "auto",
     ),
+    # the bridge's lend cap: every run of the bridge reads it, the trade-off's too
+    Pair(
+        "--lend-cap",
+        ("--policies", "--tradeoff"),
+        "when the bridge runs: --policies with bridge, or a --tradeoff other than none",
+        lambda v: "bridge" in _policies(v) or str(v["--tradeoff"]).strip() != "none",
+    ),
 )
 
 

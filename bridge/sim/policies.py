@@ -11,7 +11,10 @@ Every set-up has the same number of nodes; what differs is who owns them and who
 - `bridge`: inference owns its mean (or what `Scenario.reserve` says: a percentile of
   the per-minute load, the peak, a node count); the bridge lends from the elastic pool
   (preempt) and the training pool (drain), at most as many nodes as the peak needs above
-  what it reserves.
+  what it reserves (`Scenario.lend_cap` "peak", the default), or as the site's lend cap
+  says: "share:F" (`max_lent_share` F of the elastic pool, past the separate fleet's size
+  in a burst; the training pool's share 0: not lent) or a node count N
+  (`max_lent_nodes` N).
 - `separate-N` (N a node count, e.g. `separate-24`, the site's inference partition as it
   is): separate pools, inference owns N nodes; nothing is lent.
 
@@ -33,6 +36,7 @@ run without jobs costs a fraction of one with them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -120,6 +124,33 @@ class Scenario:
     #: the bridge's reserved inference pool: "mean" (the mean load), "pNN" (the NN-th
     #: percentile of the per-minute load), "peak", or a number of nodes
     reserve: str = "mean"
+    #: the bridge's lend cap (`parse_lend_cap`): "peak" (the peak's nodes above what it
+    #: reserves: no more than a separate fleet would own), "share:F" (F of the elastic
+    #: pool's nodes, `max_lent_share`; training not lent) or a node count
+    #: (`max_lent_nodes`)
+    lend_cap: str = "peak"
+
+
+#: what `Scenario.lend_cap` (`stb simulate --lend-cap`) takes, as a message says it
+LEND_CAPS = "peak, share:F (0 < F <= 1: a share of the elastic pool) or a node count N"
+
+
+def parse_lend_cap(text: str) -> tuple[str, float]:
+    """A lend cap (`Scenario.lend_cap`) as ("peak", 0), ("share", F) or ("nodes", N);
+    ValueError naming the value otherwise."""
+    value = text.strip()
+    if value == "peak":
+        return "peak", 0.0
+    if value.startswith("share:"):
+        try:
+            share = float(value.removeprefix("share:"))
+        except ValueError:
+            share = math.nan
+        if 0 < share <= 1:
+            return "share", share
+    elif value.isdigit():
+        return "nodes", float(int(value))
+    raise ValueError(f"lend cap {text!r}: give {LEND_CAPS}")
 
 
 @dataclass(frozen=True)
@@ -251,13 +282,20 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
         pools["elastic"] = PoolConfig(partition="elastic", lend_mode="preempt", cost_rank=1)
         pools["training"] = PoolConfig(partition="train", lend_mode="drain", cost_rank=2)
     lending = policy in ("idle-loan", "bridge")
+    cap: dict[str, Any] = {"max_lent_nodes": lendable if lending else 0}
+    kind, value = parse_lend_cap(scenario.lend_cap)
+    if policy == "bridge" and kind == "share":  # the share caps the elastic pool; the
+        # training pool is not lent (its idle nodes would go before busy elastic ones)
+        cap = {"max_lent_nodes": elastic, "max_lent_share": value}
+        pools["training"] = pools["training"].model_copy(update={"max_lent_share": 0.0})
+    elif policy == "bridge" and kind == "nodes":
+        cap = {"max_lent_nodes": int(value)}
+    most = max(lendable, cap["max_lent_nodes"])
     models = {
-        m: ModelConfig(slo_p99_ms=slo, min_replicas=1, max_replicas=infer + lendable + 1)
+        m: ModelConfig(slo_p99_ms=slo, min_replicas=1, max_replicas=infer + most + 1)
         for m, (slo, _) in scenario.models.items()
     }
-    policy_config = scenario.policy.model_copy(
-        update={"max_lent_nodes": lendable if lending else 0}
-    )
+    policy_config = scenario.policy.model_copy(update=cap)
     config = BridgeConfig(tick_s=scenario.tick_s, pools=pools, policy=policy_config)
     return Setup(
         name=policy,
@@ -307,6 +345,7 @@ def compare(
         inference_nodes_mean=sizing.mean_nodes,
         inference_nodes_reserved=sizing.reserved_nodes,
         reserve=scenario.reserve,
+        **({"lend_cap": scenario.lend_cap} if scenario.lend_cap != "peak" else {}),
         timing=asdict(scenario.timing),
         checkpoint_s=scenario.checkpoint_s,
     )

@@ -46,7 +46,7 @@ from bridge.lifecycle import LeaseState
 from bridge.modelfacts import toml_models
 from bridge.policy import ModelSample, Snapshot, capacity
 from bridge.policy.decide import capacity_groups, capacity_inputs, model_set
-from bridge.policy.nodes import LENDABLE
+from bridge.policy.timing import lead_time, slowest_load
 
 #: relative margin on a certificate (far above the capacity model's rounding)
 MARGIN = 1e-9
@@ -115,11 +115,15 @@ class QuietProof:
         depth: int,
         replica_gpus: int,
         specs: Mapping[str, ModelConfig] | None = None,
+        load_s: Mapping[str, float] | None = None,
     ) -> None:
         """`specs`: the models' effective SLO and bounds, as the policy reads them (the
-        engine's); None: the TOML's `[models]` alone."""
+        engine's); None: the TOML's `[models]` alone. `load_s`: the models' load times
+        (the snapshots' `load_s`, fixed for a run)."""
         self.config = config
         specs = toml_models(config) if specs is None else specs
+        #: the slowest load of the models the policy scales (`bridge.policy.timing`)
+        self.slowest = slowest_load(load_s or {}, specs)
         #: GPUs of every replica (the engine's): a serving lease's replica key has them
         self.replica_gpus = replica_gpus
         self.models = list(models)
@@ -130,13 +134,12 @@ class QuietProof:
         self.kb = policy.breach_evaluations
         self.kc = max(1, math.ceil(policy.return_dwell_s / config.tick_s))
         self.depth = depth
-        self.lendable = [n for n, pool in config.pools.items() if pool.lend_mode in LENDABLE]
         self.cert = _Certificates()
         #: `_block`s by (lending, first tick), for the lead time `_blocks_at`
         self._blocks: dict[tuple[bool, int], FloatArray] = {}
         self._blocks_at = math.nan
-        #: `lead_s` of the last `lend_s` seen
-        self._lead_of: dict[str, float] | None = None
+        #: `lead_s` of the last (`lend_s`, `lend_load_s`) seen
+        self._lead_of: tuple[dict[str, float], dict[str, float]] | None = None
         self._lead = math.nan
         self.runs_in_order = [self.runs[m] for m in self.models]
         self.high_in_order = [self.high[m] for m in self.models]
@@ -214,11 +217,12 @@ class QuietProof:
 
     # ---- the proof ---------------------------------------------------------------------
 
-    def lead_s(self, lend_s: Mapping[str, float]) -> float:
-        """`bridge.policy.decide.lead_s` of a snapshot with these `lend_s`."""
-        default = self.config.policy.lend_lead_s
-        leads = [lend_s.get(name, default) for name in self.lendable]
-        return min(leads) if leads else default
+    def lead_s(
+        self, lend_s: Mapping[str, float], lend_load_s: Mapping[str, float] | None = None
+    ) -> float:
+        """`bridge.policy.timing.lead_s` of a snapshot with these `lend_s`, `lend_load_s`
+        and the run's load times."""
+        return lead_time(self.config, lend_s, lend_load_s or {}, self.slowest)
 
     def holds(
         self,
@@ -228,6 +232,7 @@ class QuietProof:
         leases: Callable[[], Sequence[LeaseFacts]],
         lend_s: Mapping[str, float],
         snapshot: Callable[[], Snapshot],
+        lend_load_s: Mapping[str, float] | None = None,
     ) -> bool:
         """Whether tick k (ending at `now`) is proven quiet. `structure`: a key that changes
         whenever the replicas, the leases or anything else `assess` reads besides the
@@ -258,8 +263,10 @@ class QuietProof:
         slots = cert.slots
         if not keys and slots <= 0 and not placeable:
             return True
-        if lend_s != self._lead_of:  # (the lend lead times change only at a lend)
-            self._lead_of, self._lead = dict(lend_s), self.lead_s(lend_s)
+        pools = (lend_s, lend_load_s or {})
+        if pools != self._lead_of:  # (the lend lead times change only at a lend)
+            self._lead_of = (dict(pools[0]), dict(pools[1]))
+            self._lead = self.lead_s(*pools)
         horizon = self._lead
         # each certificate is checked ahead (`_held`): until the tick it first fails, at
         # this lead time, it holds without a look

@@ -72,6 +72,9 @@ REFUSED: dict[tuple[str, tuple[str, ...]], list[str]] = {
     ("--reserve", ("--policies", "--tradeoff")): [
         "--policies", "separate-peak,idle-loan", "--tradeoff", "none", "--reserve", "peak",
     ],
+    ("--lend-cap", ("--policies", "--tradeoff")): [
+        "--policies", "separate-peak", "--tradeoff", "none", "--lend-cap", "share:0.5",
+    ],
 }  # fmt: skip
 
 

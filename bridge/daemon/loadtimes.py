@@ -1,0 +1,111 @@
+"""The models' load times, measured on every start and kept: the per-model part of the
+lend's lead time (`bridge.policy.timing`). The reconciler holds one `LoadTimes`:
+
+- a placement's `load_model` on a lent server is timed around the call (`placed`: Triton's
+  explicit model control answers once the model is loaded), source `placement`;
+- a lend's Triton start, its lease's `starting -> serving` seconds from the lease's
+  history, is each of its models' upper bound (`started`, source `lend`: Triton loads a
+  lend's models at its start; the figure holds Triton's own start too);
+- each measure is written to the lease database (`bridge.leases.loads.LoadStore`) and
+  read back when the daemon starts (`recall`), so the lead time survives a restart.
+
+`load_s` is what the snapshot carries: per model, `bridge.leases.loads.estimate` of its
+measures. A failed write is logged and the measure kept in memory (a pass never fails
+for it; a deposed instance's write is refused by the fence and dropped).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from bridge.daemon.planner import LeaseRecord
+from bridge.leases.errors import LeaseError
+from bridge.leases.leader import Fenced
+from bridge.leases.loads import KEEP, LoadStore, estimate
+from bridge.leases.store import LeaseStore
+from bridge.lifecycle import LeaseState
+
+log = logging.getLogger(__name__)
+
+
+class LoadTimes:
+    def __init__(self, store: LoadStore | None = None) -> None:
+        self.store = store
+        #: per model, its estimated load time in seconds (the snapshot's `load_s`)
+        self.load_s: dict[str, float] = {}
+        self._measures: dict[str, list[tuple[str, float]]] = {}
+        #: leases whose start was timed (or found untimeable); None until the first pass,
+        #: which takes the leases serving then as timed (by the process before a restart)
+        self._timed: set[int] | None = None
+
+    def recall(self) -> None:
+        """The measures stored before this process started."""
+        if self.store is None:
+            return
+        try:
+            stored = self.store.measures()
+        except SQLAlchemyError as exc:
+            log.warning("model load times not read back: %s", exc)
+            return
+        for model, measures in stored.items():
+            self._measures[model] = list(measures)
+            self._estimate(model)
+
+    def record(
+        self, model: str, seconds: float, at: datetime, source: str, version: str = ""
+    ) -> None:
+        """One measured load of `model` (kept, and stored)."""
+        kept = self._measures.setdefault(model, [])
+        kept.append((source, max(0.0, seconds)))
+        del kept[: -4 * KEEP]
+        self._estimate(model)
+        if self.store is None:
+            return
+        try:
+            self.store.record(model, seconds, at, source, version)
+        except (SQLAlchemyError, Fenced) as exc:
+            log.warning("model load time of %s not stored: %s", model, exc)
+
+    def placed(self, model: str, seconds: float, at: datetime, version: str = "") -> None:
+        """A placement's `load_model` of `model` took `seconds`."""
+        self.record(model, seconds, at, "placement", version)
+
+    def started(self, leases: Sequence[LeaseRecord], store: LeaseStore, at: datetime) -> None:
+        """Each lease newly serving: its `starting -> serving` seconds (its history's
+        events) recorded for each of its models. A lease that skipped `starting` (never
+        seen running) or whose history cannot be read is left out."""
+        if self._timed is None:
+            self._timed = {lease.id for lease in leases if lease.state == LeaseState.SERVING}
+            return
+        timed = self._timed
+        timed &= {lease.id for lease in leases}
+        for lease in leases:
+            if lease.state != LeaseState.SERVING or lease.id in timed:
+                continue
+            timed.add(lease.id)
+            try:
+                events = store.history(lease.id)
+            except (LeaseError, SQLAlchemyError) as exc:
+                log.warning("start of lease %s not timed: %s", lease.id, exc)
+                continue
+            began = next((e.at for e in events if e.to_state == LeaseState.STARTING), None)
+            ready = next((e.at for e in events if e.to_state == LeaseState.SERVING), None)
+            if began is None or ready is None or ready < began:
+                continue
+            seconds = (ready - began).total_seconds()
+            for model in dict.fromkeys(lease.models):
+                self.record(model, seconds, at, "lend")
+
+    def _estimate(self, model: str) -> None:
+        value = estimate(self._measures.get(model, ()))
+        if value is None:
+            self.load_s.pop(model, None)
+        else:
+            self.load_s[model] = value
+
+
+__all__ = ["LoadTimes"]
