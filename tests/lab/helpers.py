@@ -164,6 +164,34 @@ def tick_until(
         time.sleep(1)
 
 
+def tick_until_placed(
+    rec: Reconciler,
+    job_id: str | None,
+    address: str,
+    routes: Callable[[str], Sequence[str]],
+    holds: str,
+    left: str,
+    log: list[str],
+) -> None:
+    """Tick until the server of Triton job `job_id` holds just `holds` READY and is
+    routed for it (`routes`: the addresses last published for a model) and not for
+    `left`; then on for 3 s more, the load going on over the placed replica."""
+
+    def placed() -> bool:
+        seen = rec.last_observation
+        server = seen.server_of(job_id) if seen is not None else None
+        return (
+            server is not None
+            and server.models == (holds,)
+            and address in routes(holds)
+            and address not in routes(left)
+        )
+
+    tick_until(rec, placed, 40, log)
+    settled = time.monotonic() + 3
+    tick_until(rec, lambda: time.monotonic() > settled and placed(), 10, log)
+
+
 def tick_until_baseline(rec: Reconciler, lab: LabSpec, log: list[str] | None = None) -> None:
     """Tick until the reserved node's baseline Triton server is ready."""
     reserved = lab.pool_nodes("infer")[0].name

@@ -20,7 +20,7 @@ from bridge.lifecycle import LeaseState
 from bridge.load.arrivals import poisson
 from bridge.routing.table import RoutingTable
 
-from .helpers import Sender, tick_until, tick_until_baseline
+from .helpers import Sender, tick_until, tick_until_baseline, tick_until_placed
 
 pytestmark = pytest.mark.lab
 
@@ -98,19 +98,7 @@ def test_a_lent_replica_is_placed_from_busy_to_echo_with_no_failed_request(
         request = queue.request_place(lease.id, ["echo"], datetime.now(UTC))
         placed_at = time.monotonic()
 
-        def placed() -> bool:
-            seen = rec.last_observation
-            server = seen.server_of(lease.slurm_job_id) if seen is not None else None
-            return (
-                server is not None
-                and server.models == ("echo",)
-                and address in routes("echo")
-                and address not in routes("busy")
-            )
-
-        tick_until(rec, placed, 40, log)
-        settled = time.monotonic() + 3  # the load goes on over the placed replica a while
-        tick_until(rec, lambda: time.monotonic() > settled and placed(), 10, log)
+        tick_until_placed(rec, lease.slurm_job_id, address, routes, "echo", "busy", log)
         busy.finish()
         echo.finish()
     finally:

@@ -29,7 +29,7 @@ from bridge.load.arrivals import poisson
 from bridge.policy.actions import Lend, Place
 from bridge.routing.table import RoutingTable
 
-from .helpers import Sender, tick_until, tick_until_baseline
+from .helpers import Sender, tick_until, tick_until_baseline, tick_until_placed
 
 pytestmark = pytest.mark.lab
 
@@ -123,19 +123,7 @@ def test_a_shift_of_load_is_met_by_a_placement_not_a_lend(
         tick_until(rec, lambda: bool(places()), 40, log)
         placed_at = time.monotonic()
 
-        def placed() -> bool:
-            seen = rec.last_observation
-            server = seen.server_of(lease.slurm_job_id) if seen is not None else None
-            return (
-                server is not None
-                and server.models == ("busy",)
-                and address in routes("busy")
-                and address not in routes("echo")
-            )
-
-        tick_until(rec, placed, 40, log)
-        settled = time.monotonic() + 3  # the load goes on over the placed replica a while
-        tick_until(rec, lambda: time.monotonic() > settled and placed(), 10, log)
+        tick_until_placed(rec, lease.slurm_job_id, address, routes, "busy", "echo", log)
         echo.finish()
         busy.finish()
     finally:

@@ -436,6 +436,21 @@ class Harness:
     def lease(self, lease_id: int = 1) -> Any:
         return self.store.get(lease_id)
 
+    def restarted(self) -> Reconciler:
+        """A new reconciler on the same store, fakes and router: the daemon restarted (it
+        remembers nothing but what the store and the world say)."""
+        return Reconciler(
+            self.config,
+            self.slurm,
+            self.store,
+            Observer(self.slurm, self.config, self.triton),
+            self.triton,
+            self.router,
+            self.metrics,
+            self.requests,
+            self.triton.forget,
+        )
+
 
 def make_config(tmp_path: Path, *, tick_s: float = 5, **leases: float) -> BridgeConfig:
     key = tmp_path / "triton.key"

@@ -17,10 +17,8 @@ from typer.testing import CliRunner
 
 from bridge.cli import app
 from bridge.daemon.observation import TritonServer
-from bridge.daemon.observe import Observer
 from bridge.daemon.placement import check_place, plan_placement, withheld
 from bridge.daemon.planner import LeaseRecord
-from bridge.daemon.reconciler import Reconciler
 from bridge.leases.errors import UnexpectedState
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
@@ -183,17 +181,7 @@ def test_a_placement_whose_load_was_done_is_finished_by_a_restarted_daemon(
     fake = h.triton.servers[ADDR3]
     assert set(fake.models) == {"busy", "calm"} and fake.unloads == []
 
-    again = Reconciler(
-        h.config,
-        h.slurm,
-        h.store,
-        Observer(h.slurm, h.config, h.triton),
-        h.triton,
-        h.router,
-        h.metrics,
-        h.requests,
-        h.triton.forget,
-    )
+    again = h.restarted()
     published = len(h.router.tables)
     again.run_once(at(20))
     assert fake.unloads == []  # its first publish leaves busy out; the drain starts there

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
-from bridge.daemon.observe import Observer
 from bridge.daemon.planner import LeaseRecord
-from bridge.daemon.reconciler import LendMemory, Reconciler
+from bridge.daemon.reconciler import LendMemory
 from bridge.leases.loads import LoadStore, estimate
 from bridge.leases.store import create_schema, make_engine
 from bridge.lifecycle import LeaseState
@@ -217,16 +216,6 @@ def test_a_lend_and_a_placement_measure_load_times_that_reach_the_lead(h: Harnes
     assert lead_s(snap_now, h.config) >= 300.0
 
     # a restarted daemon reads them back
-    again = Reconciler(
-        h.config,
-        h.slurm,
-        h.store,
-        Observer(h.slurm, h.config, h.triton),
-        h.triton,
-        h.router,
-        h.metrics,
-        h.requests,
-        h.triton.forget,
-    )
+    again = h.restarted()
     again.run_once(at(6))
     assert again.loads.load_s == rec.loads.load_s

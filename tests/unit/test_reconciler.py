@@ -24,8 +24,6 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
-from bridge.daemon.observe import Observer
-from bridge.daemon.reconciler import Reconciler
 from bridge.daemon.report import Outcome, StepError
 from bridge.daemon.service import Bridge, scheduler_for, serve, tick_once
 from bridge.leases import requests as requests_mod
@@ -744,17 +742,7 @@ def test_a_restarted_reconciler_recalls_the_returns_from_the_lease_store(h: Harn
     before = h.reconciler.memory.returns.view()["busy"]
     assert before.gaps == (37.0,) and before.open_since == at(50).timestamp()
 
-    again = Reconciler(
-        h.config,
-        h.slurm,
-        h.store,
-        Observer(h.slurm, h.config, h.triton),
-        h.triton,
-        h.router,
-        h.metrics,
-        h.requests,
-        h.triton.forget,
-    )
+    again = h.restarted()
     assert again.memory.returns.view() == {}
     again.run_once(at(60))
     assert again.memory.returns.view()["busy"] == before
