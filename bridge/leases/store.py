@@ -56,6 +56,15 @@ class LeaseFields(TypedDict, total=False):
 _SETTABLE = frozenset(LeaseFields.__annotations__)
 
 
+def _locked(session: Session, lease_id: int) -> Lease:
+    """The lease's row, locked to the end of `session`'s transaction (a writer re-reads
+    it under the lock), or `LeaseNotFound`."""
+    lease = session.exec(select(Lease).where(Lease.id == lease_id).with_for_update()).first()
+    if lease is None:
+        raise LeaseNotFound(lease_id)
+    return lease
+
+
 def _require_aware(now: datetime) -> None:
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError(f"naive datetime {now!r}: pass a timezone-aware time (UTC)")
@@ -196,11 +205,7 @@ class LeaseStore(Transactions):
         if "models" in values:
             values["models"] = _model_names(values["models"])
         with self._write() as session:
-            lease = session.exec(
-                select(Lease).where(Lease.id == lease_id).with_for_update()
-            ).first()
-            if lease is None:
-                raise LeaseNotFound(lease_id)
+            lease = _locked(session, lease_id)
             old = lease.state
             if old == new_state:
                 return lease
@@ -243,11 +248,7 @@ class LeaseStore(Transactions):
         if not names:
             raise ValueError("a placement needs at least one model")
         with self._write() as session:
-            lease = session.exec(
-                select(Lease).where(Lease.id == lease_id).with_for_update()
-            ).first()
-            if lease is None:
-                raise LeaseNotFound(lease_id)
+            lease = _locked(session, lease_id)
             if lease.state != LeaseState.SERVING:
                 raise UnexpectedState(
                     lease_id, LeaseState.SERVING.value, lease.state.value, "placed"

@@ -24,9 +24,11 @@ import httpx
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.lifecycle import LeaseState
 from bridge.load.arrivals import Schedule
 from bridge.load.runner import Counters, RunConfig, parse_endpoint, run
 from bridge.paths import project_root
+from bridge.routing.table import RoutingTable
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import TRITON_TAG
 
@@ -162,6 +164,53 @@ def tick_until(
             return
         assert time.monotonic() < deadline, "\n".join(log)
         time.sleep(1)
+
+
+class RecordingRouter:
+    """The bridge's publisher, each table it made effective kept with when."""
+
+    def __init__(self, router: Any) -> None:
+        self.router = router
+        self.tables: list[tuple[float, RoutingTable]] = []
+
+    def publish(self, table: RoutingTable) -> object:
+        done = self.router.publish(table)
+        self.tables.append((time.monotonic(), table))
+        return done
+
+    def routes(self, model: str) -> tuple[str, ...]:
+        """The addresses the last table published for `model`."""
+        return tuple(dict(self.tables[-1][1].routes).get(model, ()))
+
+
+def lend_serving(
+    rec: Reconciler, lab: LabSpec, models: Sequence[str], log: list[str]
+) -> tuple[Any, str]:
+    """An operator's lend of the lab's elastic node for `models`, ticked until it serves:
+    the lease and its server's address (holding just `models`)."""
+    assert rec.requests is not None
+    tick_until_baseline(rec, lab, log)
+    rec.requests.request_lend(lab.pool_nodes("elastic")[0].name, list(models), datetime.now(UTC))
+    store = rec.store
+    tick_until(
+        rec, lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()), 90, log
+    )
+    (lease,) = store.open_leases()
+    assert lease.id is not None and lease.models == list(models)
+    obs = rec.last_observation
+    lent = obs.server_of(lease.slurm_job_id) if obs is not None else None
+    assert lent is not None and lent.models == tuple(models), (lent, "\n".join(log))
+    return lease, lent.address
+
+
+def upstreams(endpoint: str, model: str, inputs: dict[str, object], n: int = 20) -> set[str]:
+    """The upstreams nginx sent `n` requests of `model` to (each answered 200)."""
+    seen: set[str] = set()
+    for _ in range(n):
+        r = httpx.post(f"http://{endpoint}/v2/models/{model}/infer", json={"inputs": [inputs]})
+        assert r.status_code == 200, r.text
+        seen.add(r.headers.get("X-Stb-Upstream", ""))
+    return seen
 
 
 def tick_until_placed(

@@ -22,11 +22,10 @@ from bridge.daemon.reconciler import Reconciler
 from bridge.lab import triton
 from bridge.lab.spec import LabSpec
 from bridge.leases.loads import LoadStore
-from bridge.lifecycle import LeaseState
 from bridge.paths import project_root
 from bridge.policy.timing import lead_s
 
-from .helpers import tick_until, tick_until_baseline
+from .helpers import lend_serving, tick_until
 
 pytestmark = pytest.mark.lab
 
@@ -96,15 +95,8 @@ def test_a_placed_models_measured_load_time_reaches_the_lead_time(
     policy = rec.config.policy.model_copy(update={"placement": False, "scale_in_cooldown_s": 3600})
     rec.config = rec.config.model_copy(update={"policy": policy})
     queue, store = rec.requests, rec.store
-    elastic = lab.pool_nodes("elastic")[0].name
     log: list[str] = []
-    tick_until_baseline(rec, lab, log)
-    queue.request_lend(elastic, ["busy"], datetime.now(UTC))
-    tick_until(
-        rec, lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()), 60, log
-    )
-    (lease,) = store.open_leases()
-    assert lease.id is not None
+    lease, _address = lend_serving(rec, lab, ["busy"], log)
     # the lend's start is measured: busy's upper bound, from starting -> serving
     tick_until(rec, lambda: "busy" in rec.loads.load_s, 10, log)
     before = rec.last_snapshot

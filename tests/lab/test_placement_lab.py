@@ -11,33 +11,18 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 import pytest
 
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.spec import LabSpec
 from bridge.lifecycle import LeaseState
 from bridge.load.arrivals import poisson
-from bridge.routing.table import RoutingTable
 
-from .helpers import Sender, tick_until, tick_until_baseline, tick_until_placed
+from .helpers import RecordingRouter, Sender, lend_serving, tick_until_placed, upstreams
 
 pytestmark = pytest.mark.lab
 
 RATE = 12.0  # requests/s of each model: a steady load the baseline alone carries too
-
-
-class RecordingRouter:
-    """The bridge's publisher, each table it made effective kept with when."""
-
-    def __init__(self, router: Any) -> None:
-        self.router = router
-        self.tables: list[tuple[float, RoutingTable]] = []
-
-    def publish(self, table: RoutingTable) -> object:
-        done = self.router.publish(table)
-        self.tables.append((time.monotonic(), table))
-        return done
 
 
 class RecordingTriton:
@@ -71,22 +56,8 @@ def test_a_lent_replica_is_placed_from_busy_to_echo_with_no_failed_request(
     act.triton_for = lambda address: RecordingTriton(triton_for(address), unloads)
     elastic = lab.pool_nodes("elastic")[0].name
     log: list[str] = []
-    tick_until_baseline(rec, lab, log)
-    queue.request_lend(elastic, ["busy"], datetime.now(UTC))
-    tick_until(
-        rec, lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()), 90, log
-    )
-    (lease,) = store.open_leases()
-    assert lease.id is not None and lease.models == ["busy"]
-    obs = rec.last_observation
-    assert obs is not None
-    lent = obs.server_of(lease.slurm_job_id)
-    assert lent is not None and lent.models == ("busy",)
-    address = lent.address
-
-    def routes(model: str) -> tuple[str, ...]:
-        return dict(router.tables[-1][1].routes).get(model, ())
-
+    lease, address = lend_serving(rec, lab, ["busy"], log)
+    routes = router.routes
     assert address in routes("busy") and address not in routes("echo")
     busy = Sender(endpoint, poisson(RATE, 25.0, seed=31), "busy")
     echo = Sender(endpoint, poisson(RATE, 25.0, seed=32), "echo")
@@ -122,18 +93,11 @@ def test_a_lent_replica_is_placed_from_busy_to_echo_with_no_failed_request(
         address not in dict(table.routes).get("busy", ()) for t, table in after if t >= out[0]
     )
     # echo is served by the lent replica too
-    seen = set()
-    for _ in range(20):
-        r = httpx.post(
-            f"http://{endpoint}/v2/models/echo/infer",
-            json={
-                "inputs": [
-                    {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
-                ]
-            },
-        )
-        assert r.status_code == 200
-        seen.add(r.headers.get("X-Stb-Upstream"))
+    seen = upstreams(
+        endpoint,
+        "echo",
+        {"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
+    )
     assert address in seen, seen
     for sender in (busy, echo):
         c = sender.counters

@@ -16,9 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
-import httpx
 import pytest
 
 from bridge.daemon.reconciler import Reconciler
@@ -27,9 +25,15 @@ from bridge.lab.spec import LabSpec
 from bridge.lifecycle import LeaseState
 from bridge.load.arrivals import poisson
 from bridge.policy.actions import Lend, Place
-from bridge.routing.table import RoutingTable
 
-from .helpers import Sender, tick_until, tick_until_baseline, tick_until_placed
+from .helpers import (
+    RecordingRouter,
+    Sender,
+    lend_serving,
+    tick_until,
+    tick_until_placed,
+    upstreams,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -38,29 +42,6 @@ pytestmark = pytest.mark.lab
 BUSY_RATE = 30.0
 #: req/s of `echo`: light, the baseline alone carries it
 ECHO_RATE = 8.0
-
-
-class RecordingRouter:
-    """The bridge's publisher, each table it made effective kept with when."""
-
-    def __init__(self, router: Any) -> None:
-        self.router = router
-        self.tables: list[tuple[float, RoutingTable]] = []
-
-    def publish(self, table: RoutingTable) -> object:
-        done = self.router.publish(table)
-        self.tables.append((time.monotonic(), table))
-        return done
-
-
-def upstreams(endpoint: str, model: str, inputs: dict[str, object], n: int = 20) -> set[str]:
-    """The upstreams nginx sent `n` requests of `model` to (each answered 200)."""
-    seen: set[str] = set()
-    for _ in range(n):
-        r = httpx.post(f"http://{endpoint}/v2/models/{model}/infer", json={"inputs": [inputs]})
-        assert r.status_code == 200, r.text
-        seen.add(r.headers.get("X-Stb-Upstream", ""))
-    return seen
 
 
 def test_a_shift_of_load_is_met_by_a_placement_not_a_lend(
@@ -77,7 +58,7 @@ def test_a_shift_of_load_is_met_by_a_placement_not_a_lend(
         }
     )
     rec.config = rec.config.model_copy(update={"policy": policy})
-    queue, store, act = rec.requests, rec.store, rec.actuator
+    store, act = rec.store, rec.actuator
     router = RecordingRouter(act.router)
     act.router = router
     reports: list[TickReport] = []
@@ -91,23 +72,9 @@ def test_a_shift_of_load_is_met_by_a_placement_not_a_lend(
     rec.run_once = recorded  # type: ignore[method-assign]  # each pass's report kept
     elastic = lab.pool_nodes("elastic")[0].name
     log: list[str] = []
-    tick_until_baseline(rec, lab, log)
     started = datetime.now(UTC)
-    queue.request_lend(elastic, ["echo"], started)
-    tick_until(
-        rec, lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()), 90, log
-    )
-    (lease,) = store.open_leases()
-    assert lease.id is not None and lease.models == ["echo"]
-    obs = rec.last_observation
-    assert obs is not None
-    lent = obs.server_of(lease.slurm_job_id)
-    assert lent is not None and lent.models == ("echo",)
-    address = lent.address
-
-    def routes(model: str) -> tuple[str, ...]:
-        return dict(router.tables[-1][1].routes).get(model, ())
-
+    lease, address = lend_serving(rec, lab, ["echo"], log)
+    routes = router.routes
     assert address in routes("echo") and address not in routes("busy")
     serving_reports = len(reports)
     echo = Sender(endpoint, poisson(ECHO_RATE, 60.0, seed=41), "echo")
