@@ -68,14 +68,16 @@ def _lock(engine: Engine, req: OperatorRequest) -> Connection:
 def _kill_as_it_records(leader: Instance, engine: Engine, lock: Connection) -> float:
     """Once the leader waits to record the outcome: kill -9 it, then let the lock go."""
     db = make_url(str(engine.url)).database
-    with engine.connect() as conn:
-        try:
-            until(
-                "the leader waits to record the outcome",
-                lambda: conn.execute(_WAITING, {"db": db}).scalar() == 1,
-                30,
-            )
-        except AssertionError as exc:  # say what each session was doing, and the leader
+
+    def waiting() -> bool:
+        # a transaction sees pg_stat_activity as it was at its first read: one per poll
+        with engine.connect() as conn:
+            return conn.execute(_WAITING, {"db": db}).scalar() == 1
+
+    try:
+        until("the leader waits to record the outcome", waiting, 30)
+    except AssertionError as exc:  # say what each session was doing, and the leader
+        with engine.connect() as conn:
             rows = conn.execute(_SESSIONS, {"db": db}).all()
             sessions = "\n".join(" | ".join(str(v)[:90] for v in row) for row in rows)
             tail = "\n".join(leader.log.read_text(errors="replace").splitlines()[-25:])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from bridge.lab.procs import ProcTable, pid_alive
@@ -14,6 +15,11 @@ def test_start_get_stop(tmp_path: Path) -> None:
     table = ProcTable(tmp_path / "run", tmp_path / "log", marker=str(tmp_path))
     proc = table.start("sleeper", ["sleep", "60"], {})
     assert table.get("sleeper") == proc
+    # Popen returns once exec has closed its error pipe, which the kernel does before it
+    # writes the new image's environment: for a moment /proc/PID/environ reads empty.
+    deadline = time.monotonic() + 5
+    while proc.pid not in table.marked() and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert proc.pid in table.marked()
     assert table.stop("sleeper", timeout_s=5)
     assert not pid_alive(proc.pid)
@@ -40,8 +46,6 @@ def test_marker_finds_descendants_that_inherit_it(tmp_path: Path) -> None:
     table = ProcTable(tmp_path / "run", tmp_path / "log", marker=str(tmp_path))
     table.start("parent", ["sh", "-c", "sleep 60 & wait"], {})
     try:
-        import time
-
         deadline = time.monotonic() + 5
         while len(table.marked()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
