@@ -252,6 +252,15 @@ class PolicyConfig(_Strict):
         description="Seconds of recent request rates whose trend is extrapolated over a "
         "lend's lead time (a ramp is met before it arrives).",
     )
+    seasonal_days: int = Field(
+        default=7,
+        ge=0,
+        le=28,
+        description="Days of each model's request rate (5-minute means, kept in the "
+        "bridge's database) the forecast reads at this time of day: a surge every "
+        "remembered day had over the lend's lead (at least 2 days) is lent for before it "
+        "starts (`bridge.policy.seasonal`). 0: the trend alone.",
+    )
     lend_lead_s: float = Field(
         default=30,
         ge=0,
@@ -556,6 +565,14 @@ class LeaseConfig(_Strict):
         description="Seconds a replica out of routing waits for its in-flight requests "
         "before its models are unloaded: longer than any sane request, short enough to "
         "give the node back promptly.",
+    )
+    model_load_timeout_s: float = Field(
+        default=1800,
+        gt=0,
+        description="Seconds a placement's model load may stay under way (asked, Triton "
+        "loading it; the passes go on meanwhile) before it is given up: reported as an "
+        "error and undone as a load Triton refused is (the lease keeps the models its "
+        "replica holds). Generous: a large model's weights load for minutes.",
     )
     unanswered_grace_s: float = Field(
         default=15,

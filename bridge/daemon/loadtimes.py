@@ -1,8 +1,10 @@
 """The models' load times, measured on every start and kept: the per-model part of the
 lend's lead time (`bridge.policy.timing`). The reconciler holds one `LoadTimes`:
 
-- a placement's `load_model` on a lent server is timed around the call (`placed`: Triton's
-  explicit model control answers once the model is loaded), source `placement`;
+- a placement's load on a lent server is timed from its ask to its end (`placed`, source
+  `placement`): Triton's explicit model control answers once the model is loaded, on the
+  placer's own thread while the passes go on (`bridge.daemon.placer`); when that answer
+  does not come (the client's timeout), to the pass that sees the model READY;
 - a lend's Triton start, its lease's `starting -> serving` seconds from the lease's
   history, is each of its models' upper bound (`started`, source `lend`: Triton loads a
   lend's models at its start; the figure holds Triton's own start too);
@@ -71,7 +73,7 @@ class LoadTimes:
             log.warning("model load time of %s not stored: %s", model, exc)
 
     def placed(self, model: str, seconds: float, at: datetime, version: str = "") -> None:
-        """A placement's `load_model` of `model` took `seconds`."""
+        """A placement's load of `model` took `seconds`, from its ask to its end."""
         self.record(model, seconds, at, "placement", version)
 
     def started(self, leases: Sequence[LeaseRecord], store: LeaseStore, at: datetime) -> None:

@@ -56,10 +56,14 @@ ACTIVE_STATES = ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING")
 
 
 def unloading_only(index: Sequence[RepositoryModel]) -> bool:
-    """Whether a live server that says it is not ready is only unloading model versions
-    (it holds at least one READY, and nothing is loading or failed to load)."""
-    states = [m.state for m in index if m.state in ("READY", "UNLOADING", "LOADING")]
-    return "UNLOADING" in states and "READY" in states and "LOADING" not in states
+    """Whether a live server that says it is not ready is only loading or unloading model
+    versions while it holds at least one READY (a placement's load, a rollout's old
+    version going): it serves what it holds READY meanwhile. A server loading with nothing
+    READY (its start) or with a model failed to load is not ready."""
+    states = {m.state for m in index}
+    if "READY" not in states or not states & {"UNLOADING", "LOADING"}:
+        return False
+    return states <= {"READY", "UNLOADING", "LOADING"}
 
 
 class Observer:
@@ -135,8 +139,9 @@ class Observer:
             index = None
             if not ready and client.is_live():
                 # Triton's strict readiness says "not ready" while any model version is
-                # loading or unloading; one that only unloads a version (the old one, after
-                # a publish or a rollout's move) goes on serving what it holds READY.
+                # loading or unloading; one that only loads a model (a placement) or
+                # unloads a version (the old one, after a publish or a rollout's move)
+                # goes on serving what it holds READY.
                 index = client.repository_index()
                 ready = unloading_only(index)
             if ready:

@@ -13,13 +13,18 @@ between is finished by the next pass:
   the dropped ones to unload: out of routing since an earlier pass's publish, then, as a
   return's drain (`bridge.policy.leasesync`, `draining`), none of their requests in
   flight on that server, or `drain_timeout_s` passed since they left routing;
+- `asks`: which of the models to load are asked of Triton and which it loads already (a
+  load asked by a process that died: waited for, never asked twice);
+- `judge_load`: what became of one load under way (asked, then polled pass after pass:
+  `bridge.daemon.placer` runs the ask off the pass);
 - `check_place`: an operator's or the policy's placement, validated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from bridge.lifecycle import LeaseState
 from bridge.policy.leasesync import SeenServer
@@ -121,6 +126,100 @@ def plan_placement(
     )
 
 
+def asks(
+    load: Sequence[str], under_way: Collection[str], states: Mapping[str, str]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Of a plan's models to load (`PlacementPlan.load`), those none is under way for:
+    (to ask Triton to load, to wait for as Triton loads them already). `states`: Triton's
+    state of each model on the server (its repository index). A model LOADING there was
+    asked by a process that died (or before a restart): asking again would start a second
+    load of it beside the first, and hold Triton's other model calls until both end."""
+    todo = [m for m in load if m not in under_way]
+    return (
+        tuple(m for m in todo if states.get(m) != "LOADING"),
+        tuple(m for m in todo if states.get(m) == "LOADING"),
+    )
+
+
+class Verdict(StrEnum):
+    """What a pass makes of one load under way (`judge_load`)."""
+
+    LOADING = "loading"  # under way: wait (the pass goes on)
+    LOADED = "loaded"  # done: its time recorded; routing publishes it once seen READY
+    REFUSED = "refused"  # Triton said no: the placement is undone
+    RETRY = "retry"  # no answer and Triton not loading it: asked again after the backoff
+    TIMED_OUT = "timed out"  # still loading past the bound: undone as a refusal
+    WAIT = "wait"  # refused or timed out, its server not seen ready: undone on a later pass
+
+
+@dataclass(frozen=True)
+class Load:
+    """One load under way on a lease's server, as a pass sees it. Times are the placer's
+    clock, seconds."""
+
+    model: str
+    #: when it was asked (or, `asked` False, first found loading)
+    asked_at: float
+    #: this process asked it; False: Triton was found loading it (a dead process's ask):
+    #: its load time is not known
+    asked: bool = True
+    #: the ask's call has not answered yet
+    running: bool = True
+    #: once answered: "loaded", "refused" (Triton said no) or "unanswered" (no answer: the
+    #: client's timeout, the server gone)
+    answer: str = ""
+    #: when the call began and when it answered (the load time: one from the other)
+    began_at: float | None = None
+    answered_at: float | None = None
+    #: the refusal's or the missing answer's words
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class LoadOutcome:
+    verdict: Verdict
+    #: LOADED: seconds from the ask to its completion (None: not known); else seconds since
+    #: it was asked
+    seconds: float | None
+    #: REFUSED, RETRY, TIMED_OUT: why
+    why: str = ""
+
+
+def judge_load(
+    load: Load, state: str | None, now: float, timeout_s: float, *, server_ready: bool = True
+) -> LoadOutcome:
+    """What became of `load` at `now`. `state`: Triton's state of the model on its server
+    (READY, LOADING, UNAVAILABLE, ...; "" when its index does not list it as either; None:
+    not known, the index unread). An answer is taken as given; without one (the call
+    still running, no answer came, or found loading) Triton's state says: READY is done,
+    LOADING goes on, UNAVAILABLE is a refusal, anything else means the ask was lost and is
+    retried. A load still running `timeout_s` after its ask is given up and undone as a
+    refusal would be. An undo waits for an observation of the server ready
+    (`server_ready`: the models it still holds known)."""
+    since = now - load.asked_at
+    began = load.began_at if load.began_at is not None else load.asked_at
+    if load.answer == "loaded":
+        done = load.answered_at if load.answered_at is not None else now
+        return LoadOutcome(Verdict.LOADED, max(0.0, done - began) if load.asked else None)
+    if load.answer == "refused":
+        return _undo(Verdict.REFUSED, since, load.message, server_ready)
+    if not load.running:  # no answer came, or a dead process's ask: Triton's state says
+        if state == "READY":
+            return LoadOutcome(Verdict.LOADED, max(0.0, now - began) if load.asked else None)
+        if state == "UNAVAILABLE":
+            return _undo(Verdict.REFUSED, since, load.message or "UNAVAILABLE", server_ready)
+        if state not in ("LOADING", None):
+            return LoadOutcome(Verdict.RETRY, since, load.message or "not loading")
+    if since > timeout_s:
+        why = f"still loading {since:.0f}s after it was asked (model_load_timeout_s {timeout_s:g})"
+        return _undo(Verdict.TIMED_OUT, since, why, server_ready)
+    return LoadOutcome(Verdict.LOADING, since)
+
+
+def _undo(verdict: Verdict, since: float, why: str, server_ready: bool) -> LoadOutcome:
+    return LoadOutcome(verdict if server_ready else Verdict.WAIT, since, why)
+
+
 def check_place(
     lease: LeaseView | None, lease_id: int, models: Sequence[str], known: Iterable[str]
 ) -> str | None:
@@ -147,11 +246,16 @@ def change(old: Sequence[str], new: Sequence[str]) -> str:
 
 
 __all__ = [
+    "Load",
+    "LoadOutcome",
     "PlacementPlan",
+    "Verdict",
+    "asks",
     "change",
     "check_place",
     "dropped",
     "gained",
+    "judge_load",
     "plan_placement",
     "withheld",
 ]

@@ -71,9 +71,8 @@ class TritonHttpClient:
         self._key_headers = {api_key_header: api_key} if api_key is not None else {}
         host = address.rsplit(":", 1)[0]
         self.metrics_url = metrics_url or f"http://{host}:{METRICS_PORT}/metrics"
-        self._client = httpclient.InferenceServerClient(
-            address, connection_timeout=connect_timeout_s, network_timeout=timeout_s
-        )
+        self._timeouts = {"connection_timeout": connect_timeout_s, "network_timeout": timeout_s}
+        self._client = httpclient.InferenceServerClient(address, **self._timeouts)
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s))
 
     @property
@@ -133,9 +132,14 @@ class TritonHttpClient:
         )
 
     def load_model(self, name: str) -> None:
-        self._call(
-            f"load {name!r}", lambda: self._client.load_model(name, headers=self._key_headers)
-        )
+        """On a connection of its own, closed once answered: a load is asked from a thread
+        of its own (the daemon's placer), and a connection that thread kept alive would
+        hold the server's exit when its lease is returned (`bridge.daemon.clients`)."""
+        once = httpclient.InferenceServerClient(self._address, **self._timeouts)
+        try:
+            self._call(f"load {name!r}", lambda: once.load_model(name, headers=self._key_headers))
+        finally:
+            once.close()
 
     def unload_model(self, name: str) -> None:
         self._call(

@@ -268,6 +268,12 @@ class FakeServer:
     reject: dict[str, str] = field(default_factory=dict)
     unloads: list[str] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
+    #: set: each load waits for it to be set (the model LOADING meanwhile, as Triton shows
+    #: a load under way), then ends READY, or is refused if `reject["load"]` is set by then
+    #: (UNAVAILABLE with that reason); None: loads end at once
+    load_gate: threading.Event | None = None
+    #: the models asked loaded, in order (a load asked twice is listed twice)
+    loads: list[str] = field(default_factory=list)
 
 
 class FakeTritonInstance:
@@ -312,7 +318,19 @@ class FakeTritonInstance:
         )
 
     def load_model(self, name: str) -> None:
-        self._enter("load").models[name] = "READY"
+        s = self._enter("load")
+        with self._owner.lock:
+            s.loads.append(name)
+        gate = s.load_gate
+        if gate is not None:
+            s.models[name] = "LOADING"
+            if not gate.wait(timeout=30):  # a test that forgot to set it: no hang
+                raise TritonUnreachable(s.address, f"load {name!r}", "timed out")
+            if "load" in s.reject:
+                s.models[name] = "UNAVAILABLE"
+                s.reasons[name] = s.reject["load"]
+                raise TritonRejected(s.address, "load", s.reject["load"], 400)
+        s.models[name] = "READY"
 
     def unload_model(self, name: str) -> None:
         s = self._enter("unload")

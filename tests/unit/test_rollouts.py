@@ -150,14 +150,18 @@ def test_a_replica_takes_a_split_only_with_the_versions_it_sends() -> None:
     assert not _serves_split(("1",), Split("busy", 1, 2, 100))
 
 
-def test_a_server_only_unloading_a_version_still_serves() -> None:
+def test_a_server_only_loading_or_unloading_a_version_still_serves() -> None:
     def idx(*states: str) -> list[RepositoryModel]:
         return [RepositoryModel("busy", str(i), s, "") for i, s in enumerate(states, 1)]
 
     assert unloading_only(idx("UNLOADING", "READY"))
-    assert not unloading_only(idx("LOADING", "READY", "UNLOADING"))
+    assert unloading_only(idx("LOADING", "READY"))  # a placement's load: minutes, for an LLM
+    assert unloading_only(idx("LOADING", "READY", "UNLOADING"))
     assert not unloading_only(idx("UNLOADING"))
+    assert not unloading_only(idx("LOADING"))  # its start: nothing to serve yet
+    assert not unloading_only(idx("READY"))  # not ready, and not for a load
     assert not unloading_only(idx("READY", "UNAVAILABLE"))  # not ready for another reason
+    assert not unloading_only(idx("READY", "LOADING", "UNAVAILABLE"))
 
 
 # ---- the driver ---------------------------------------------------------------------
