@@ -3,9 +3,10 @@ leases (table `model_load`, made by the bridge's migrations: `bridge.leases.sche
 
 One row per measurement (model, version, seconds, when, source):
 
-- `placement`: a placement's `load_model` call on a lent server, timed around the call
-  (Triton's explicit model control answers once the model is loaded): the model's own
-  load, measured directly;
+- `placement`: a placement's `load_model` on a lent server, from the ask to its answer
+  (Triton's explicit model control answers once the model is loaded; the daemon asks off
+  its pass and takes the answer in later: `bridge.daemon.placer`): the model's own load,
+  measured directly;
 - `lend`: a lend's Triton start, its lease's `starting -> serving` seconds (the job
   running to Triton ready with its models loaded). Triton loads a lend's models at its
   start, so the figure bounds each of them from above (it holds Triton's own start too;
