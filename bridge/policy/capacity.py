@@ -28,11 +28,15 @@ current and forecast rate times a headroom).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 
 #: the quantile the SLO is stated on
 Q = 0.99
+
+_first = itemgetter(0)
 
 
 def erlang_c(c: int, a: float) -> float:
@@ -80,12 +84,25 @@ def queue(servers: int, load: float, rate: float, cv2: float = 0.0) -> Queue | N
 
 
 def wait_p99_s(servers: int, load: float, rate: float, cv2: float = 0.0) -> float:
-    """Stationary p99 of the waiting time (inf at or past saturation)."""
-    q = queue(servers, load, rate, cv2)
-    return math.inf if q is None else q.quantile()
+    """Stationary p99 of the waiting time (inf at or past saturation):
+    `queue(...).quantile()`, step for step, without building the `Queue` (`predict` asks
+    once per pool, a thousand pools a tick at a site's scale)."""
+    if servers <= 0:
+        raise ValueError(f"servers must be positive, got {servers}")
+    if rate <= 0 or load <= 0:
+        return 0.0
+    if load >= servers:
+        return math.inf
+    mean_service = load / rate
+    spare = servers / mean_service - rate
+    tail = spare * 2.0 / (1.0 + max(0.0, cv2))
+    wait_p = erlang_c(servers, load)
+    if wait_p > 1.0 - Q and tail > 0:
+        return math.log(wait_p / (1.0 - Q)) / tail
+    return 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Demand:
     """What one model asks of its replicas: a request rate to carry (req/s), its compute
     time per request (s), its objective (p99, s), and its own instances per replica
@@ -96,10 +113,27 @@ class Demand:
     slo_s: float
     instances: int | None = None
 
+    def __init__(
+        self, rate: float, service_s: float, slo_s: float, instances: int | None = None
+    ) -> None:
+        # The frozen dataclass's own __init__ sets each field through
+        # object.__setattr__; the slots' setters set the very same fields in half the
+        # time (`decide` makes two demands per model each tick: thousands at a site).
+        _set_rate(self, rate)
+        _set_service_s(self, service_s)
+        _set_slo_s(self, slo_s)
+        _set_instances(self, instances)
+
     @property
     def feasible(self) -> bool:
         """More replicas can meet the objective only if one request fits in it."""
         return self.service_s < self.slo_s
+
+
+_set_rate = Demand.__dict__["rate"].__set__
+_set_service_s = Demand.__dict__["service_s"].__set__
+_set_slo_s = Demand.__dict__["slo_s"].__set__
+_set_instances = Demand.__dict__["instances"].__set__
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,16 +154,18 @@ def replicas_of(groups: Iterable[Group]) -> dict[str, int]:
     return out
 
 
-def predict(
-    groups: Sequence[Group], demand: Mapping[str, Demand], cv2: float = 0.0
+def _worst_waits(
+    groups: Sequence[Group], demand: Mapping[str, Demand], cv2: float
 ) -> dict[str, float]:
-    """Predicted p99 (seconds) of each model in `demand`; inf for a model with no replica
-    or a saturated one."""
+    """Per model of `demand` that a group of `groups` holds: the largest waiting p99 over
+    the pools that serve it (never below 0). `predict`'s p99 is its service time plus
+    this; a model not here has no replica."""
     replicas = replicas_of(groups)
-    worst: dict[str, float] = {}
     # per model, its rate and load on one replica (the same in every group that holds it),
     # worked out at its first group: a model is in a dozen groups at a site's scale
-    per: dict[str, tuple[float, float, Demand] | None] = {}
+    per: dict[str, tuple[float, float, int | None] | None] = {}
+    # each pool's waiting p99 and the models it serves
+    pools: list[tuple[float, Sequence[str]]] = []
     for g in groups:
         if g.nodes <= 0:
             continue
@@ -144,33 +180,60 @@ def predict(
                     p = None
                 else:
                     share = d.rate / replicas[m]
-                    p = (share, share * d.service_s, d)
+                    p = (share, share * d.service_s, d.instances)
                 per[m] = p
             if p is None:
                 continue
-            share, load, d = p
-            if d.instances is None:
+            share, load, instances = p
+            if instances is None:
                 shared.append(m)
                 shared_rate += share
                 shared_load += load
             else:
-                w = wait_p99_s(d.instances, load, share, cv2)
-                worst[m] = max(worst.get(m, 0.0), w)
+                pools.append((wait_p99_s(instances, load, share, cv2), (m,)))
         if shared:
-            w = wait_p99_s(max(1, g.gpus), shared_load, shared_rate, cv2)
-            for m in shared:
-                worst[m] = max(worst.get(m, 0.0), w)
+            pools.append((wait_p99_s(max(1, g.gpus), shared_load, shared_rate, cv2), shared))
+    # Each model's largest wait, 0 at least (`max(0.0, w, ...)`: a NaN counts as none):
+    # the pools written in ascending order of wait, each model keeps the last, its
+    # largest (dict.update in C, where a max per model and pool cost as much as the rest).
+    ordered = sorted(((w if w > 0.0 else 0.0, models) for w, models in pools), key=_first)
+    worst: dict[str, float] = {}
+    for w, models in ordered:
+        worst.update(zip(models, repeat(w)))
+    return worst
+
+
+def predict(
+    groups: Sequence[Group], demand: Mapping[str, Demand], cv2: float = 0.0
+) -> dict[str, float]:
+    """Predicted p99 (seconds) of each model in `demand`; inf for a model with no replica
+    or a saturated one."""
+    worst = _worst_waits(groups, demand, cv2)
     return {
         m: (d.service_s + worst[m]) if m in worst else (math.inf if d.rate > 0 else d.service_s)
         for m, d in demand.items()
     }
 
 
+def _late(demand: Mapping[str, Demand], worst: Mapping[str, float]) -> Iterator[tuple[str, float]]:
+    """(model, predicted p99) of each feasible model with requests predicted over its
+    objective, in `demand`'s order: `predict`'s p99 read for those models alone (one pass
+    over a site's thousands of models, no dict of them all)."""
+    inf = math.inf
+    for m, d in demand.items():
+        svc, slo = d.service_s, d.slo_s
+        # `d.rate > 0 and d.feasible and p99 > slo`, `feasible` written out
+        if d.rate > 0 and svc < slo:
+            w = worst.get(m)
+            p99 = inf if w is None else svc + w
+            if p99 > slo:
+                yield m, p99
+
+
 def over(groups: Sequence[Group], demand: Mapping[str, Demand], cv2: float = 0.0) -> list[str]:
     """The feasible models with requests predicted over their objective, worst first."""
-    p99 = predict(groups, demand, cv2)
-    late = [m for m, d in demand.items() if d.rate > 0 and d.feasible and p99[m] > d.slo_s]
-    return sorted(late, key=lambda m: (-p99[m] / demand[m].slo_s, m))
+    p99 = dict(_late(demand, _worst_waits(groups, demand, cv2)))
+    return sorted(p99, key=lambda m: (-p99[m] / demand[m].slo_s, m))
 
 
 def plan_nodes(
@@ -200,8 +263,7 @@ def plan_nodes(
 
 def carries(groups: Sequence[Group], demand: Mapping[str, Demand], cv2: float = 0.0) -> bool:
     """Whether every feasible model is predicted within its objective (`over` is empty)."""
-    p99 = predict(groups, demand, cv2)
-    return not any(d.rate > 0 and d.feasible and p99[m] > d.slo_s for m, d in demand.items())
+    return next(_late(demand, _worst_waits(groups, demand, cv2)), None) is None
 
 
 def smallest(lo: int, hi: int, ok: Callable[[int], bool]) -> int:

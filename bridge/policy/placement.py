@@ -105,7 +105,7 @@ def place(
     count: Count,
     candidates: Sequence[Candidate],
     demand: Mapping[str, capacity.Demand],
-    keep: Mapping[str, capacity.Demand],
+    keep: Callable[[], Mapping[str, capacity.Demand]],
     room: Callable[[str, int], bool],
     cv2: float,
     model_set: Callable[[tuple[str, ...]], tuple[str, ...]],
@@ -113,7 +113,8 @@ def place(
     """The places to make, in order (see the module docstring). `count` is the replicas by
     key (ready, less this tick's returns, and the lends in flight) and is updated with each
     place made (the old key off, the planned models on; a returning lease's key is off
-    already); `demand` the lend's, `keep` the return's."""
+    already); `demand` the lend's, `keep()` the return's (called only when a place is
+    tested against it: the caller may read it then, as it reads every model's samples)."""
     places: list[Place] = []
     # a key whose place failed on `count` as it is now: another lease of it fails too
     # (forgotten when a place changes `count`)
@@ -130,7 +131,7 @@ def place(
         planned = capacity.plan_nodes(without, demand, [c.key[1]], room, cv2)
         models = model_set(planned[0]) if planned else ()
         gains = set(models) - set(c.key[0])
-        if not gains or not (c.returning or _keeps(without, models, c.key, keep, late, cv2)):
+        if not gains or not (c.returning or _keeps(without, models, c.key, keep(), late, cv2)):
             if not c.returning:
                 count[c.key] += 1
                 failed.add(c.key)
