@@ -11,13 +11,17 @@ the bridge before issue 29's placement). `--mix`: the four models with different
 objectives and service times (`MIX`) instead of all 100 ms / 20 ms: with identical models
 sharing a replica's GPUs every lend carries every model (all are late together), so
 placement has nothing to move; with a mix, lends carry the models late at the time.
-`--lend-cap`: the bridge's lend caps (`stb simulate --lend-cap`), one bridge row each:
+`--seasonal on,off`: the bridge without its seasonal forecast too (`seasonal_days = 0`;
+`--workloads daily --days 4` is its case: a surge at the same hour each day, met before
+it starts from the two days before). `--lend-cap`: the bridge's lend caps (`stb simulate
+--lend-cap`), one bridge row each:
 peak (the default: the peak's nodes above what it reserves, no more than separate-peak
 owns), share:F (F of each lendable pool's nodes, `max_lent_share`) or a node count.
 Usage:
     STB_TRACES_DIR=... .venv/bin/python bench/elasticity.py [--days 3] [--nodes 128]
         [--load 1.1] [--workloads azure,ramps,bursty] [--load-s 0,300] [--mean-rps 3000]
-        [--placement on|off|on,off] [--mix] [--lend-cap peak,share:0.5,share:1]
+        [--placement on|off|on,off] [--seasonal on|off|on,off] [--mix]
+        [--lend-cap peak,share:0.5,share:1] [--reserve mean|peak|pNN|N]
 The azure workload (the shared traces: Azure arrivals, Alibaba jobs) needs
 STB_TRACES_DIR; without it, it is left out (said on stderr). The other workloads take
 their jobs from the Alibaba trace too where STB_TRACES_DIR is set, else generate them.
@@ -84,14 +88,28 @@ def main() -> None:
     parser.add_argument("--load-s", default="0,300")
     parser.add_argument("--mean-rps", type=float, default=3000.0)
     parser.add_argument("--placement", default="on", help="on, off, or on,off (both rows)")
+    parser.add_argument(
+        "--seasonal",
+        default="on",
+        help="on, off, or on,off: the bridge with its seasonal forecast (policy.seasonal_days "
+        "at its default) and without (0)",
+    )
     parser.add_argument("--mix", action="store_true", help="models of different objectives")
+    parser.add_argument(
+        "--reserve",
+        default="mean",
+        help="the bridge's reserved inference nodes: mean, peak, pNN or a count (stb simulate)",
+    )
     parser.add_argument(
         "--lend-cap", default="peak", help="the bridge's lend caps, comma-separated: one row each"
     )
     args = parser.parse_args()
     placements = [p == "on" for p in args.placement.split(",") if p in ("on", "off")]
     caps = [c.strip() for c in args.lend_cap.split(",") if c.strip()]
-    runs = [(placing, cap) for cap in caps for placing in placements]
+    seasons = [p == "on" for p in args.seasonal.split(",") if p in ("on", "off")]
+    runs = [
+        (placing, cap, seasonal) for cap in caps for placing in placements for seasonal in seasons
+    ]
     started = time.perf_counter()
     traces = traces_dir() is not None
     workloads = [w for w in args.workloads.split(",") if w]
@@ -115,14 +133,15 @@ def main() -> None:
     for workload in workloads:
         for load_s in loads:
             peak_wait = 0.0
-            for i, (placing, cap) in enumerate(runs):
+            for i, (placing, cap, seasonal) in enumerate(runs):
                 policies = ["separate-peak", "bridge"] if i == 0 else ["bridge"]
                 scenario = build_scenario(
                     days=args.days, nodes=args.nodes, gpus_per_node=8, rates=rates,
                     slo_ms=100.0, service_ms=20.0, arrivals=workload, arrivals_trace=None,
                     jobs=jobs, jobs_trace=None, load=args.load, policies=policies,
                     timing=Timing(model_load_s=dict.fromkeys(rates, load_s)) if load_s else None,
-                    policy=PolicyConfig(placement=placing), models=models, lend_cap=cap,
+                    policy=policy(placing, seasonal), models=models, lend_cap=cap,
+                    reserve=args.reserve,
                 )  # fmt: skip
                 results = compare(scenario, policies).results
                 if i == 0:
@@ -131,8 +150,10 @@ def main() -> None:
                 bridge = results[-1]
                 if len(bridge.decisions) >= scenario_cap():
                     print("(decisions capped: places/d undercounted)", file=sys.stderr)
-                name = ("bridge" if placing else "bridge, no place") + (
-                    "" if cap == "peak" else f" {cap}"
+                name = (
+                    ("bridge" if placing else "bridge, no place")
+                    + ("" if seasonal else ", no season")
+                    + ("" if cap == "peak" else f" {cap}")
                 )
                 for r in results:
                     share, gap = flapping(r)
@@ -149,6 +170,7 @@ def main() -> None:
                 key = (
                     f"{workload}_{load_s:g}"
                     + ("" if placing else "_noplace")
+                    + ("" if seasonal else "_noseason")
                     + ("" if cap == "peak" else "_cap" + cap.replace(":", "").replace(".", "p"))
                 )
                 figures.append(
@@ -160,6 +182,14 @@ def main() -> None:
                     f"{key}_places_per_day={places(bridge) / args.days:.0f}"
                 )
     print(f"RESULT {' '.join(figures)} wall_s={time.perf_counter() - started:.0f}")
+
+
+def policy(placing: bool, seasonal: bool) -> PolicyConfig:
+    """The bridge's policy: its defaults, with placement and the seasonal forecast as
+    asked."""
+    if seasonal:
+        return PolicyConfig(placement=placing)
+    return PolicyConfig(placement=placing, seasonal_days=0)
 
 
 def scenario_cap() -> int:

@@ -195,7 +195,9 @@ class Advisor:
         self.store = store
         self.metrics = metrics or BridgeMetrics(advisory=True)
         self.holds = holds
-        self.memory = LendMemory(config.policy.return_dwell_max_s, _load_times(store))
+        self.memory = LendMemory(
+            config.policy.return_dwell_max_s, _load_times(store), config.policy.seasonal_days
+        )
         remember = max(3600.0, config.policy.preempt_guard_s)
         rows: list[ShadowLeaseRow] = []
         next_id = 1

@@ -23,6 +23,7 @@ from bridge.policy.snapshot import (
     ModelSample,
     NodeView,
     ReplicaView,
+    Seasons,
     Snapshot,
 )
 from bridge.slurm.model import TRITON_TAG, Job, Node, Reservation, checkpoint_of
@@ -127,12 +128,14 @@ def snapshot(
     peaks: Mapping[str, RatePeaks] | None = None,
     load_s: Mapping[str, float] | None = None,
     lend_load_s: Mapping[str, float] | None = None,
+    seasons: Seasons | None = None,
 ) -> Snapshot:
     """The policy's view of an observation and the open leases. Pure. The nodes of
     `held_pools` (an operator's `stb drain`) are reserved: never lent. `returns` and
     `peaks`: the deciding pass's memory of the models' returns and rate peaks; `load_s`
     and `lend_load_s`: its models' load times and the load its pools' lend times hold
-    (`bridge.policy.timing`)."""
+    (`bridge.policy.timing`); `seasons`: its models' rate by time of day
+    (`bridge.policy.seasonal`)."""
     lease_of = {lease.node: lease.lease_id for lease in leases}
     reserved = reserved_nodes(obs.site_reservations, obs.at, config.policy.reservation_lookahead_s)
     triton_bound: set[str] = set()
@@ -197,4 +200,5 @@ def snapshot(
         peaks=dict(peaks or {}),
         load_s=dict(load_s or {}),
         lend_load_s=dict(lend_load_s or {}),
+        seasons=seasons,
     )

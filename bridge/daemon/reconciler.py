@@ -59,15 +59,18 @@ from bridge.daemon.placer import Placer
 from bridge.daemon.planner import LeaseRecord, Settings, Step, SubmitBaseline
 from bridge.daemon.report import StepError, TickReport, first_line
 from bridge.daemon.rollouts import RolloutDriver
+from bridge.daemon.seasons import SeasonKeeper
 from bridge.leases.errors import LeaseError
 from bridge.leases.leader import Fenced
 from bridge.leases.loads import LoadStore
+from bridge.leases.rates import RateStore
 from bridge.leases.requests import OperatorRequest, PoolHold, RequestQueue, lease_key
 from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 from bridge.policy import Lend, Place, Return, StartBaseline, decide
 from bridge.policy.forecast import next_lead
 from bridge.policy.returns import PeakLog, ReturnLog
+from bridge.policy.seasonal import SeasonLog
 from bridge.policy.snapshot import ModelSample, Snapshot
 from bridge.policy.timing import slowest_load
 from bridge.routing.errors import RoutingError
@@ -89,10 +92,16 @@ class LendMemory:
     `lend_lead_s`; the rate peaks start empty. The models' load times are the deciding
     pass's (`bridge.daemon.loadtimes`, persisted: the reconciler's come back at start)."""
 
-    def __init__(self, peaks_s: float = 3600.0, load_s: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        peaks_s: float = 3600.0,
+        load_s: dict[str, float] | None = None,
+        season_days: int = 0,
+    ) -> None:
         """`peaks_s`: how long the models' rate peaks are kept (the policy's
         `return_dwell_max_s`); `load_s`: per model, its load time (read, kept up to date
-        by its owner; None: none known)."""
+        by its owner; None: none known); `season_days`: days of rate history the seasonal
+        forecast reads (the policy's `seasonal_days`; 0: none kept)."""
         #: per model, when a lend carrying it was last made (scale-out cooldown anchor)
         self.last_lend_at: dict[str, float] = {}
         #: per pool, the running estimate of seconds from a lend to its replica serving
@@ -105,6 +114,8 @@ class LendMemory:
         #: (`bridge.policy.returns`: the return dwell learned from what returns cost)
         self.returns = ReturnLog()
         self.peaks = PeakLog(peaks_s)
+        #: per model, its rate's 5-minute means by time of day (`bridge.policy.seasonal`)
+        self.seasons = SeasonLog(season_days) if season_days > 0 else None
         self._timed: set[int] = set()
         self._waited: set[int] = set()
 
@@ -119,12 +130,20 @@ class LendMemory:
         self.returns.returned(models, at)
 
     def track(self, history: Mapping[str, Sequence[ModelSample]]) -> None:
-        """Each model's newest sample into its rate peaks (a pass's observation)."""
+        """Each model's newest sample into its rate peaks and seasons (a pass's
+        observation)."""
+        seasons = self.seasons
+        newest = None
         for model, samples in history.items():
             if samples:
                 last = samples[-1]
                 self.peaks.add(model, last.at, last.request_rate)
+                if seasons is not None:
+                    seasons.add(model, last.at, last.request_rate)
+                    newest = last.at if newest is None else max(newest, last.at)
         self.peaks.forget(history)
+        if seasons is not None and newest is not None:
+            seasons.expire(newest)
 
     def recall(self, lends: Iterable[tuple[float, Sequence[str], float | None]]) -> None:
         """After a restart (or a failover): recent leases' lends and returns (created at,
@@ -198,6 +217,7 @@ def policy_snapshot(
         peaks=memory.peaks.view(),
         load_s=memory.load_s,
         lend_load_s=memory.lend_load_s,
+        seasons=memory.seasons,
     )
     memory.measure(leases, snap)
     return snap
@@ -236,7 +256,11 @@ class Reconciler:
         #: what the policy remembers of past lends (cooldown anchors, lend lead times)
         #: the models' load times, measured on every start (`bridge.daemon.loadtimes`)
         self.loads = LoadTimes(loads if loads is not None else LoadStore.beside(store))
-        self.memory = LendMemory(config.policy.return_dwell_max_s, self.loads.load_s)
+        self.memory = LendMemory(
+            config.policy.return_dwell_max_s, self.loads.load_s, config.policy.seasonal_days
+        )
+        #: the models' rate history, written as it closes and read back at start
+        self.seasons = SeasonKeeper(self.memory.seasons, RateStore.beside(store))
         #: carries out model placements (`Place`, `stb place`) and finishes those under way
         self.placer = Placer(
             self.actuator, store, self.settings, self._gained, loaded=self.loads.placed
@@ -291,6 +315,7 @@ class Reconciler:
                 for lease, back in self.store.lends_since(since)
             )
             self.loads.recall()
+            self.seasons.recall(now)
             self._recalled = True
         leases = [record_of(lease) for lease in self.store.open_leases()]
         obs = self.observer.observe(now.timestamp())
@@ -315,6 +340,7 @@ class Reconciler:
             held,
         )
         self.last_snapshot = snap
+        self.seasons.write(now)
         report.actions = decide(snap, self.config, t)
         for action in report.actions:
             self._act(action, obs, now, report)

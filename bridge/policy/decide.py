@@ -56,6 +56,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from itertools import chain
 
 from bridge.config import BridgeConfig, ModelConfig
 from bridge.lifecycle import IN_FLIGHT, LeaseState
@@ -199,55 +200,100 @@ def _read(
     policy = config.policy
     window = policy.forecast_window_s
     span = _ticks(policy.return_dwell_s, config)
+    seasons = snapshot.seasons
     ahead: dict[str, float | None] = {}
     highest: dict[str, float] = {}
     for name in snapshot.models:
         history = snapshot.history.get(name)
         if not history:
             continue
-        ahead[name] = forecast_rate(history, now, window, horizon)
+        ahead[name] = forecast_rate(history, now, window, horizon, seasons, name)
         if returning:
             rates = [r for s in history[-span:] if (r := s.request_rate) is not None]
             highest[name] = max(rates) if rates else 0.0
     return _Reads(ahead, highest)
 
 
-def _demand(
+def _highest(snapshot: Snapshot, config: BridgeConfig) -> dict[str, float]:
+    """`_read`'s `highest` alone (per model, the highest rate of its last `return_dwell_s`
+    of samples, 0 without), for a tick whose `_read` did not read it: `assess` reads it
+    only when a rule uses the return's demand. The same expression as `_read`'s
+    (tests/unit/test_policy_fast_paths.py checks that the two agree)."""
+    span = _ticks(config.policy.return_dwell_s, config)
+    highest: dict[str, float] = {}
+    for name in snapshot.models:
+        history = snapshot.history.get(name)
+        if not history:
+            continue
+        rates = [r for s in history[-span:] if (r := s.request_rate) is not None]
+        highest[name] = max(rates) if rates else 0.0
+    return highest
+
+
+@dataclass(frozen=True)
+class _Demands:
+    """`_demands`' answer, per model: the rate to carry to lend for (`lend`) and to keep
+    when returning (`keep`), and the models whose newest p99 is over high_watermark x SLO
+    (`hot`, in the models' order: `evaluate_model`'s first test of a breach, so the
+    backstop's candidates)."""
+
+    lend: dict[str, capacity.Demand]
+    keep: dict[str, capacity.Demand]
+    hot: list[str]
+
+
+def _demands(
     snapshot: Snapshot,
     config: BridgeConfig,
-    returning: bool,
     reads: _Reads,
+    *,
+    lend: bool = True,
+    keep: bool = False,
     now: float = 0.0,
     long_dwell: Mapping[str, float] | None = None,
-) -> dict[str, capacity.Demand]:
-    """Per model with a known service time: the rate to carry. Lending: headroom x max(now,
-    forecast). Returning: return_headroom x max(the dwell's highest, forecast); a model
-    with a longer dwell (`long_dwell`) takes its highest over that dwell from the peaks.
-    `reads`: the tick's `_read` (with `returning` when returning)."""
+) -> _Demands:
+    """Per model with a known service time, the rate to carry: to lend for (`lend`, with
+    `hot`) and to keep when returning (`keep`); each left empty when not asked. Lending:
+    headroom x max(now, forecast). Returning: return_headroom x max(the dwell's highest,
+    forecast); a model with a longer dwell (`long_dwell`) takes its highest over that
+    dwell from the peaks. `reads`: the tick's `_read` (with `returning` for `keep`).
+    One pass for all three: at a site's thousands of models a pass costs, mostly in
+    reading each model's newest sample."""
     policy = config.policy
-    factor = policy.return_headroom if returning else policy.capacity_headroom
-    ahead = reads.ahead
-    out: dict[str, capacity.Demand] = {}
+    lend_factor, keep_factor = policy.capacity_headroom, policy.return_headroom
+    high = policy.high_watermark
+    ahead, highest = reads.ahead, reads.highest
+    histories, peaks = snapshot.history, snapshot.peaks
+    Demand = capacity.Demand
+    to_lend: dict[str, capacity.Demand] = {}
+    to_keep: dict[str, capacity.Demand] = {}
+    hot: list[str] = []
     for name, model in snapshot.models.items():
-        history = snapshot.history.get(name, ())
+        history = histories.get(name)
         if not history:
             continue
         last = history[-1]
         compute = last.compute_ms  # `service_s`'s answer at its first step, most ticks
         svc = compute / 1000.0 if compute is not None and compute > 0 else service_s(history)
-        if returning:
-            base = reads.highest[name]
-            if long_dwell and name in long_dwell and name in snapshot.peaks:
-                base = max(base, snapshot.peaks[name].highest_since(now - long_dwell[name]))
-        else:
+        forecast = ahead[name] or 0.0
+        slo_ms, instances = model.slo_p99_ms, model.instances
+        slo = slo_ms / 1000.0
+        # a model with load but no compute time measured yet cannot be sized: left out
+        if lend:
             base = last.request_rate or 0.0
-        if svc is None:
-            if base > 0:  # load but no compute time measured yet: cannot size it
-                continue
-            svc = 0.0
-        rate = max(base, ahead[name] or 0.0) * factor
-        out[name] = capacity.Demand(rate, svc, model.slo_p99_ms / 1000.0, model.instances)
-    return out
+            if svc is not None or not base > 0:
+                rate = max(base, forecast) * lend_factor
+                to_lend[name] = Demand(rate, 0.0 if svc is None else svc, slo, instances)
+            if (p99 := last.p99_ms) is not None and p99 > high * slo_ms:
+                hot.append(name)
+        if keep:
+            base = highest[name]
+            if long_dwell and name in long_dwell and name in peaks:
+                base = max(base, peaks[name].highest_since(now - long_dwell[name]))
+            if svc is not None or not base > 0:
+                rate = max(base, forecast) * keep_factor
+                to_keep[name] = Demand(rate, 0.0 if svc is None else svc, slo, instances)
+    return _Demands(to_lend, to_keep, hot)
 
 
 def _replica_groups(
@@ -344,13 +390,16 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     placeable = policy.placement and bool(settled)
     leaving = set(abandoned)
     count = _replica_groups(snapshot, leaving, placing)
-    reads = _read(snapshot, config, now, horizon, bool(serving) or placeable)
+    # The return's demand (`keep`, with the highest rates of the dwell it reads) is read
+    # only for a rule that uses it: a return candidate here, or a place tested below
+    # (`keep_demand`). Most ticks have neither, and it reads every model's samples.
+    reads = _read(snapshot, config, now, horizon, bool(serving))
     ahead = reads.ahead
-    keep: dict[str, capacity.Demand] = {}
+    long_dwell = dwells(snapshot, config, now) if serving else {}
+    demands = _demands(snapshot, config, reads, keep=bool(serving), now=now, long_dwell=long_dwell)
+    demand, keep = demands.lend, demands.keep
     replica_of: dict[int, tuple[tuple[str, ...], int]] = {}
     if serving or placeable:
-        long_dwell = dwells(snapshot, config, now)
-        keep = _demand(snapshot, config, True, reads, now, long_dwell)
         replica_of = {
             r.lease_id: (_model_set(r.models), r.gpus)
             for r in snapshot.replicas
@@ -379,7 +428,6 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             reason = _return_reason(keep, lease.models, max(dwell, policy.return_dwell_s))
             returns.append(Return(lease.lease_id, reason))
 
-    demand = _demand(snapshot, config, False, reads)
     groups = _groups(count)
     open_leases = sum(1 for lease in snapshot.leases if lease.lease_id not in leaving)
     slots = max(0, policy.max_lent_nodes - open_leases)
@@ -394,11 +442,26 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     def room(m: str, n: int) -> bool:
         return n < snapshot.models[m].max_replicas
 
+    read_keep = bool(serving)
+
+    def keep_demand() -> Mapping[str, capacity.Demand]:
+        """`keep`; on a tick without a return candidate, read when placement first tests a
+        place with it (few placement ticks get that far)."""
+        nonlocal keep, read_keep
+        if not read_keep:
+            reads_all = _Reads(ahead, _highest(snapshot, config))
+            dwell = dwells(snapshot, config, now)
+            keep = _demands(
+                snapshot, config, reads_all, lend=False, keep=True, now=now, long_dwell=dwell
+            ).keep
+            read_keep = True
+        return keep
+
     if late and placeable:
         returning = [r.lease_id for r in returns if r.lease_id not in abandoned]
         candidates = placement.candidates(settled, returning, replica_of, all_calm)
         places = placement.place(
-            count, candidates, demand, keep, room, policy.service_cv2, _model_set
+            count, candidates, demand, keep_demand, room, policy.service_cv2, _model_set
         )
         converted = {p.lease_id for p in places}.intersection(returning)
         if converted:  # placed instead of returned: still open, a slot fewer
@@ -413,18 +476,14 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     backstop: list[str] = []
     if slots > len(wanted):
         covered = {m for models in (*wanted, *(p.models for p in places)) for m in models}
-        history = snapshot.history
-        high = policy.high_watermark
+        history, models = snapshot.history, snapshot.models
         # a breach needs the newest sample over the high watermark (`evaluate_model`'s
-        # first test): the models without are passed over at the cost of one read
+        # first test): the models without (`hot` leaves them out) are passed over
         breach = [
             name
-            for name, model in snapshot.models.items()
-            if (h := history.get(name))
-            and (p99 := h[-1].p99_ms) is not None
-            and p99 > high * model.slo_p99_ms
-            and name not in covered
-            and evaluate_model(h, model, config) == ModelStatus.BREACH
+            for name in demands.hot
+            if name not in covered
+            and evaluate_model(history[name], models[name], config) == ModelStatus.BREACH
         ]
         if breach:
             ready, in_flight = _replica_counts(snapshot)
@@ -492,9 +551,9 @@ def capacity_inputs(
     to lend for. The simulator proves quiet ticks with it (`bridge.sim.quiet`)."""
     reads = _read(snapshot, config, now, lead_s(snapshot, config), True)
     count = _replica_groups(snapshot, set())
-    keep = _demand(snapshot, config, True, reads, now, dwells(snapshot, config, now))
-    lend = _demand(snapshot, config, False, reads)
-    return count, keep, lend
+    long_dwell = dwells(snapshot, config, now)
+    demands = _demands(snapshot, config, reads, keep=True, now=now, long_dwell=long_dwell)
+    return count, demands.keep, demands.lend
 
 
 def capacity_groups(count: Counter[tuple[tuple[str, ...], int]]) -> list[capacity.Group]:
@@ -526,10 +585,9 @@ def _replica_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:
     """Per model: the ready replicas that hold it, and the lends in flight that carry it
     (each replica or lease counted once, however often it names the model); a placement
     under way is in flight for the models it gains."""
-    ready: Counter[str] = Counter()
     placing = placement.in_placement(snapshot)
-    for replica in snapshot.replicas:
-        ready.update(set(replica.models))
+    # each replica's models once (`_model_set`), counted in one call
+    ready = Counter(chain.from_iterable(_model_set(r.models) for r in snapshot.replicas))
     in_flight: Counter[str] = Counter()
     for lease in snapshot.leases:
         if lease.state in IN_FLIGHT:
@@ -543,15 +601,10 @@ def _replica_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:
 def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]:
     policy = config.policy
     actions: list[Action] = []
+    # the reserved pools by name: one set lookup per node (a site has thousands)
+    reserved = {name for name, pool in config.pools.items() if pool.lend_mode == "reserved"}
     for node in snapshot.nodes:
-        pool = config.pools.get(node.pool)
-        if (
-            pool is not None
-            and pool.lend_mode == "reserved"
-            and node.usable
-            and not node.reserved
-            and not node.has_triton
-        ):
+        if node.pool in reserved and node.usable and not node.reserved and not node.has_triton:
             actions.append(StartBaseline(node.name, "no Triton job on reserved node"))
 
     plan = assess(snapshot, config, now)

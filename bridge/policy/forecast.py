@@ -7,14 +7,16 @@ Triton start, model load). On a ramp, sizing for the rate seen now leaves the re
 late by exactly that lead; sizing for where the trend will be when it serves does not.
 The trend is fitted over `window_s` so one noisy tick does not swing it; it is never
 negative, and on a falling rate it is below the current rate (the caller takes the larger
-of the two for lending, so a fall never delays a lend).
+of the two for lending, so a fall never delays a lend). A surge that comes every day at
+the same hour is seen before it starts by the seasonal part (`bridge.policy.seasonal`):
+the trend's level times the growth every remembered day had over the same lead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bridge.policy.snapshot import ModelSample
+from bridge.policy.snapshot import ModelSample, Seasons
 
 
 def trend(
@@ -51,15 +53,26 @@ def trend(
 
 
 def forecast_rate(
-    samples: Sequence[ModelSample], now: float, window_s: float, horizon_s: float
+    samples: Sequence[ModelSample],
+    now: float,
+    window_s: float,
+    horizon_s: float,
+    seasons: Seasons | None = None,
+    model: str = "",
 ) -> float | None:
-    """The rate the trend reaches `horizon_s` after `now` (never negative); None without
-    data."""
+    """The rate the trend reaches `horizon_s` after `now` (never negative), or, with
+    `seasons`, the trend's level now times `model`'s seasonal growth over that horizon
+    (`bridge.policy.seasonal`) where that is higher; None without data."""
     fit = trend(samples, now, window_s)
     if fit is None:
         return None
     level, slope = fit
-    return max(0.0, level + slope * horizon_s)
+    rate = max(0.0, level + slope * horizon_s)
+    if seasons is not None:
+        grow = seasons.growth(model, now, horizon_s)
+        if grow is not None:
+            rate = max(rate, level * grow)
+    return rate
 
 
 #: weight of the newest lend in a pool's running estimate of its lend time

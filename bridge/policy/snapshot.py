@@ -9,10 +9,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from bridge.config import ModelConfig
 from bridge.lifecycle import LeaseState
 from bridge.policy.returns import RatePeaks, ReturnHistory
+
+
+class Seasons(Protocol):
+    """The models' seasonal growth (`bridge.policy.seasonal.SeasonLog`): read by the
+    forecast, changed only between passes by the pass that keeps it."""
+
+    def growth(self, model: str, now: float, horizon_s: float) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -158,3 +166,6 @@ class Snapshot:
     #: per pool, the slowest known load of the models of the lends measured into `lend_s`
     #: (the load `lend_s` already holds)
     lend_load_s: Mapping[str, float] = field(default_factory=dict)
+    #: the models' rate at this time of day on earlier days (`bridge.policy.seasonal`);
+    #: None: no season known (`[policy] seasonal_days = 0`, or a pass that keeps none)
+    seasons: Seasons | None = None

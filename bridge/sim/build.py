@@ -54,6 +54,17 @@ RAMP_PARAMS: Mapping[str, float] = {
     "step_rise_s": 60.0,
     "noise": 0.05,
 }
+#: a surge (4x within 2 minutes, held 30 minutes) at the same hour each day, model i 3 hours
+#: after model i-1 (`workload.daily_series`: the seasonal forecast's case)
+DAILY_PARAMS: Mapping[str, float] = {
+    "surge_at_s": 9 * 3600.0,
+    "surge_every_s": 3 * 3600.0,
+    "surge_factor": 4.0,
+    "rise_s": 120.0,
+    "hold_s": 1800.0,
+    "jitter_s": 60.0,
+    "noise": 0.05,
+}
 #: bursts between minutes of near-silence, 5-second spikes, a model mix that shifts within
 #: the hour, surges each day above the days before (`workload.bursty_series`)
 BURSTY_PARAMS: Mapping[str, float] = {
@@ -112,6 +123,9 @@ def _arrivals(
     if kind == "ramps":
         about.update(RAMP_PARAMS)
         return workload.ramp_series(rates, horizon_s, STEP_S, seed=seed, **RAMP_PARAMS), about
+    if kind == "daily":
+        about.update(DAILY_PARAMS)
+        return workload.daily_series(rates, horizon_s, STEP_S, seed=seed, **DAILY_PARAMS), about
     if kind == "bursty":
         about.update(BURSTY_PARAMS)
         return workload.bursty_series(rates, horizon_s, STEP_S, seed=seed, **BURSTY_PARAMS), about

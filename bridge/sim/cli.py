@@ -201,8 +201,8 @@ def simulate(
     arrivals: Annotated[
         str,
         typer.Option(
-            help=f"{'|'.join(ARRIVALS)}: generated (synthetic, ramps, bursty), the public Azure "
-            "trace, or the site's own (a Prometheus range query, a CSV)."
+            help=f"{'|'.join(ARRIVALS)}: generated (synthetic, ramps, bursty, daily), the "
+            "public Azure trace, or the site's own (a Prometheus range query, a CSV)."
         ),
     ] = "synthetic",
     arrivals_trace: Annotated[

@@ -70,6 +70,7 @@ from bridge.policy.leasesync import (
     sync_lease,
 )
 from bridge.policy.returns import PeakLog, ReturnLog
+from bridge.policy.seasonal import SeasonLog
 from bridge.policy.steps import Cancel, RouteIn, RouteOut, Step
 from bridge.policy.timing import slowest_load
 from bridge.sim.cluster import Cluster, SimLease
@@ -117,6 +118,9 @@ class Engine(Cluster):
         #: the models' returns and rate peaks, as the daemon's LendMemory keeps them
         self.returns = ReturnLog()
         self.peaks = PeakLog(cfg.policy.return_dwell_max_s)
+        #: the models' bucket means by time of day (the seasonal forecast); None: off
+        days = cfg.policy.seasonal_days
+        self.seasons = SeasonLog(days) if days > 0 else None
         depth = history_depth(cfg)
         self.baseline = tuple(sorted(self.models))
         #: parallel model instances on one replica (one per GPU)
@@ -174,6 +178,10 @@ class Engine(Cluster):
         add = self.peaks.add
         for m, sample in zip(self.models, samples, strict=True):
             add(m, sample.at, sample.request_rate)
+        if self.seasons is not None:
+            season = self.seasons.add
+            for m, sample in zip(self.models, samples, strict=True):
+                season(m, sample.at, sample.request_rate)
         if self.proof is not None:
             self.proof.observe_all(samples)
 
@@ -354,7 +362,7 @@ class Engine(Cluster):
         assess is not run). Reserved nodes always have their baseline here.
         `Setup.always_decide` runs without it and the tests compare the two."""
         proof = self.proof
-        if proof is not None:
+        if proof is not None and not self._season_ahead(proof):
 
             def leases() -> list[LeaseFacts]:
                 return [
@@ -386,6 +394,15 @@ class Engine(Cluster):
                     assert not plan.acts, f"tick {k} proven quiet, but assess acts: {plan}"
                 return True
         return not assess(self._snapshot(()), self.s.config, self.now).acts
+
+    def _season_ahead(self, proof: QuietProof) -> bool:
+        """Whether a model has a seasonal growth over the lead now: the quiet proof reads
+        the trend alone, so such a tick is left to assess (`bridge.policy.seasonal`)."""
+        seasons = self.seasons
+        if seasons is None:
+            return False
+        horizon = proof.lead_s(self.lend_s, self.lend_load_s)
+        return any(seasons.growth(m, self.now, horizon) is not None for m in self.models)
 
     def _node_view(self, node: SimNode, leased: set[str] | None = None) -> NodeView:
         """`leased`: the names of the nodes with an open lease (None: looked up)."""
@@ -447,6 +464,7 @@ class Engine(Cluster):
             peaks=self.peaks.view(),
             load_s=self.load_s,
             lend_load_s=dict(self.lend_load_s),
+            seasons=self.seasons,
         )
 
     def _lease_view(self, lease: SimLease) -> LeaseView:

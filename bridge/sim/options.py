@@ -22,7 +22,7 @@ from bridge.sim.inputs.site import SERVICE_FROM, SITE_ARRIVALS, SITE_JOBS
 
 #: arrivals the simulator makes (the public trace it rescales, the generators): the
 #: models are m0, m1, ... at --mean-rps / (i + 1); a site's bring their own
-GENERATED_ARRIVALS = ("azure", "synthetic", "ramps", "bursty")
+GENERATED_ARRIVALS = ("azure", "synthetic", "ramps", "bursty", "daily")
 #: jobs the simulator makes at --load (the public trace it rescales, the generator)
 GENERATED_JOBS = ("alibaba", "synthetic")
 #: the inputs that have a clock (a window of real time): the site's
@@ -140,15 +140,15 @@ PAIRS: tuple[Pair, ...] = (
         "--models",
         "--arrivals",
         GENERATED_ARRIVALS,
-        "with generated arrivals (--arrivals synthetic|ramps|bursty|azure; the site's bring their "
-        "own models)",
+        "with generated arrivals (--arrivals synthetic|ramps|bursty|daily|azure; the site's "
+        "bring their own models)",
     ),
     _among(
         "--mean-rps",
         "--arrivals",
         GENERATED_ARRIVALS,
-        "with generated arrivals (--arrivals synthetic|ramps|bursty|azure; the site's bring their "
-        "own rates: --scale them)",
+        "with generated arrivals (--arrivals synthetic|ramps|bursty|daily|azure; the site's "
+        "bring their own rates: --scale them)",
     ),
     # the jobs
     _chooses("--jobs-trace", "--jobs", "alibaba"),
@@ -174,7 +174,7 @@ PAIRS: tuple[Pair, ...] = (
     Pair(
         "--seed",
         ("--arrivals", "--jobs"),
-        "with generated arrivals or jobs (--arrivals synthetic|ramps|bursty|azure, --jobs "
+        "with generated arrivals or jobs (--arrivals synthetic|ramps|bursty|daily|azure, --jobs "
         "synthetic|alibaba; the site's are replayed as they came)",
         lambda v: v["--arrivals"] in GENERATED_ARRIVALS or v["--jobs"] in GENERATED_JOBS,
     ),

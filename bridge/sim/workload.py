@@ -266,6 +266,49 @@ def ramp_series(
     return ArrivalSeries(step_s=step_s, rates=rates)
 
 
+def daily_series(
+    models: Mapping[str, float],
+    horizon_s: float,
+    step_s: float = 5.0,
+    *,
+    surge_at_s: float = 9 * 3600.0,
+    surge_every_s: float = 3 * 3600.0,
+    surge_factor: float = 4.0,
+    rise_s: float = 120.0,
+    hold_s: float = 1800.0,
+    jitter_s: float = 60.0,
+    noise: float = 0.05,
+    seed: int = 0,
+) -> ArrivalSeries:
+    """Per model (name -> base req/s), the surge that comes every day at the same hour (the
+    morning's logins, a nightly evaluation batch): a flat base (lognormal noise `noise`)
+    and, each day, x `surge_factor` within `rise_s`, held `hold_s`, then back within
+    `rise_s`. Model i surges at `surge_at_s` + i x `surge_every_s` into its day, each day
+    within `jitter_s` of that. The case the seasonal forecast is for
+    (`bridge.policy.seasonal`): a trend sees such a rise only once it has begun."""
+    steps = check_series(models, horizon_s, step_s, 0.0, 0.0)
+    at_least("surge_factor", surge_factor, 1)
+    for name, value in (("rise_s", rise_s), ("hold_s", hold_s)):
+        positive(name, value)
+    for name, value in (("jitter_s", jitter_s), ("surge_at_s", surge_at_s)):
+        at_least(name, value, 0)
+    t = np.arange(steps) * step_s
+    rng = np.random.default_rng(seed)
+    span = 2 * rise_s + hold_s
+    rates: dict[str, FloatArray] = {}
+    for i, (name, rate) in enumerate(models.items()):
+        factor = np.ones(steps)
+        offset = (surge_at_s + i * surge_every_s) % DAY_S
+        for day in range(math.ceil(horizon_s / DAY_S) + 1):
+            start = day * DAY_S + offset + rng.uniform(-jitter_s, jitter_s)
+            x = t - start
+            up = np.clip(x / rise_s, 0.0, 1.0)
+            down = np.clip((span - x) / rise_s, 0.0, 1.0)
+            factor = np.maximum(factor, 1.0 + (surge_factor - 1.0) * np.minimum(up, down))
+        rates[name] = rate * factor * np.exp(noise * rng.standard_normal(steps))
+    return ArrivalSeries(step_s=step_s, rates=rates)
+
+
 def bursty_series(
     models: Mapping[str, float],
     horizon_s: float,
