@@ -59,11 +59,10 @@ def unloading_only(index: Sequence[RepositoryModel]) -> bool:
     """Whether a live server that says it is not ready is only loading or unloading model
     versions while it holds at least one READY (a placement's load, a rollout's old
     version going): it serves what it holds READY meanwhile. A server loading with nothing
-    READY (its start) or with a model failed to load is not ready."""
+    READY (its start) is not ready. Versions in other states (UNAVAILABLE: unloaded, or
+    failed to load) do not count either way: Triton lists an unloaded version so."""
     states = {m.state for m in index}
-    if "READY" not in states or not states & {"UNLOADING", "LOADING"}:
-        return False
-    return states <= {"READY", "UNLOADING", "LOADING"}
+    return "READY" in states and bool(states & {"UNLOADING", "LOADING"})
 
 
 class Observer:

@@ -161,7 +161,9 @@ def test_a_server_only_loading_or_unloading_a_version_still_serves() -> None:
     assert not unloading_only(idx("LOADING"))  # its start: nothing to serve yet
     assert not unloading_only(idx("READY"))  # not ready, and not for a load
     assert not unloading_only(idx("READY", "UNAVAILABLE"))  # not ready for another reason
-    assert not unloading_only(idx("READY", "LOADING", "UNAVAILABLE"))
+    # an unloaded version is listed UNAVAILABLE: the old version after a rollout's move
+    assert unloading_only(idx("UNAVAILABLE", "READY", "UNLOADING"))
+    assert unloading_only(idx("READY", "LOADING", "UNAVAILABLE"))
 
 
 # ---- the driver ---------------------------------------------------------------------
