@@ -206,7 +206,7 @@ class Placer:
         """The loads under way taken in (ended, refused, timed out, or said to be under
         way); then each serving lease's replica made to hold its lease's models: the
         placements begun on an earlier pass (or by a process that died) carried on."""
-        self._take_in(obs, now, report)
+        loaded = self._take_in(obs, now, report)
         act = self.actuator
         waits = act.not_before()
         for lease in act.open_leases():
@@ -215,6 +215,9 @@ class Placer:
             server = obs.server_of(lease.slurm_job_id)
             if server is None or not server.ready:
                 continue
+            just = loaded.get(lease.slurm_job_id or "")
+            if just:  # loaded since this pass's observation: held, not to be asked again
+                server = replace(server, models=tuple(sorted({*server.models, *just})))
             if not gained(lease, server.models) and not dropped(lease, server.models):
                 continue
             placed = self.store.placed_at(lease.id) is not None  # rare: a read then
@@ -227,9 +230,11 @@ class Placer:
 
     # ---- the loads under way --------------------------------------------------------
 
-    def _take_in(self, obs: Observation, now: datetime, report: TickReport) -> None:
+    def _take_in(self, obs: Observation, now: datetime, report: TickReport) -> dict[str, set[str]]:
         """Each load under way judged (`placement.judge_load`) and acted on; the refused
-        and timed-out ones undone, per lease, once its server is seen ready."""
+        and timed-out ones undone, per lease, once its server is seen ready. Returns, per
+        Triton job, the models found loaded (this pass's observation predates them)."""
+        loaded: dict[str, set[str]] = {}
         act = self.actuator
         timeout_s = act.config.leases.model_load_timeout_s
         clock = self.clock()
@@ -281,6 +286,7 @@ class Placer:
                 continue
             del self.under_way[key]
             if out.verdict == Verdict.LOADED:
+                loaded.setdefault(u.job, set()).add(load.model)
                 act.backoff.pop(u.lease_id, None)
                 if out.seconds is None:
                     report.events.append(f"{where}: {load.model} loaded (placement)")
@@ -312,6 +318,7 @@ class Placer:
             server = obs.server_of(lease.slurm_job_id)
             still_held = dropped(lease, server.models) if server is not None else ()
             self._undo(lease, refused, still_held, now, report)
+        return loaded
 
     def _index(
         self, address: str, seen: dict[str, dict[str, tuple[str, str]] | None]

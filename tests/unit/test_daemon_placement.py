@@ -36,6 +36,7 @@ from bridge.daemon.placement import (
 )
 from bridge.daemon.planner import LeaseRecord
 from bridge.leases.errors import UnexpectedState
+from bridge.leases.loads import LoadStore
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
@@ -456,6 +457,35 @@ def test_a_load_in_flight_is_never_asked_again(h: Harness) -> None:
     h.tick(31)
     h.tick(32)
     assert fake.loads == ["calm"] and fake.unloads == ["busy"]
+
+
+def test_a_load_answered_after_the_passs_observation_is_not_asked_again(h: Harness) -> None:
+    """The answer comes between the pass's observation (calm not READY in it) and its
+    placement sync: the sync takes calm as held, not as a gained model to ask for (a
+    second ask answers at once, "already loaded", and recorded a second load time of
+    about 0 s; seen on the lab)."""
+    serving_busy(h)
+    fake = h.triton.servers[ADDR3]
+    gate = held(h)
+    place(h, 3)
+    until(lambda: fake.models.get("calm") == "LOADING")
+    rec = h.reconciler
+    take_in = rec.placer._take_in
+
+    def answer_first(obs: Any, now: datetime, report: Any) -> dict[str, set[str]]:
+        gate.set()  # the load ends after this pass observed the server
+        settled(h)
+        return take_in(obs, now, report)
+
+    rec.placer._take_in = answer_first  # type: ignore[method-assign]
+    r = h.tick(4)
+    rec.placer._take_in = take_in  # type: ignore[method-assign]
+    assert any("loaded calm in" in e for e in r.events), r.lines()
+    settled(h)
+    h.tick(5)
+    h.tick(6)
+    assert fake.loads == ["calm"], r.lines()
+    assert len(LoadStore.beside(h.store).measures()["calm"]) == 1  # one load, one measure
 
 
 def test_a_refusal_taken_in_later_undoes_the_placement(h: Harness) -> None:
