@@ -212,6 +212,14 @@ def synthetic_series(
     return ArrivalSeries(step_s=step_s, rates=rates)
 
 
+def _trapezoid(x: FloatArray, rise_s: float, hold_s: float) -> FloatArray:
+    """0 -> 1 over `rise_s` from x = 0, 1 for `hold_s`, then back to 0 over `rise_s`: the
+    shape of a ramp or a daily surge at times `x` after its start."""
+    up = np.clip(x / rise_s, 0.0, 1.0)
+    down = np.clip((2 * rise_s + hold_s - x) / rise_s, 0.0, 1.0)
+    return np.minimum(up, down)
+
+
 def ramp_series(
     models: Mapping[str, float],
     horizon_s: float,
@@ -253,10 +261,8 @@ def ramp_series(
         factor = np.ones(steps)
         span = 2 * ramp_s + ramp_hold_s
         for start in rng.uniform(-span, horizon_s, rng.poisson(ramps_per_day * horizon_s / DAY_S)):
-            x = t - start
-            up = np.clip(x / ramp_s, 0.0, 1.0)
-            down = np.clip((span - x) / ramp_s, 0.0, 1.0)
-            factor = np.maximum(factor, 1.0 + (ramp_factor - 1.0) * np.minimum(up, down))
+            rise = _trapezoid(t - start, ramp_s, ramp_hold_s)
+            factor = np.maximum(factor, 1.0 + (ramp_factor - 1.0) * rise)
         span = step_rise_s + step_hold_s
         for start in rng.uniform(-span, horizon_s, rng.poisson(steps_per_day * horizon_s / DAY_S)):
             x = t - start
@@ -294,17 +300,14 @@ def daily_series(
         at_least(name, value, 0)
     t = np.arange(steps) * step_s
     rng = np.random.default_rng(seed)
-    span = 2 * rise_s + hold_s
     rates: dict[str, FloatArray] = {}
     for i, (name, rate) in enumerate(models.items()):
         factor = np.ones(steps)
         offset = (surge_at_s + i * surge_every_s) % DAY_S
         for day in range(math.ceil(horizon_s / DAY_S) + 1):
             start = day * DAY_S + offset + rng.uniform(-jitter_s, jitter_s)
-            x = t - start
-            up = np.clip(x / rise_s, 0.0, 1.0)
-            down = np.clip((span - x) / rise_s, 0.0, 1.0)
-            factor = np.maximum(factor, 1.0 + (surge_factor - 1.0) * np.minimum(up, down))
+            rise = _trapezoid(t - start, rise_s, hold_s)
+            factor = np.maximum(factor, 1.0 + (surge_factor - 1.0) * rise)
         rates[name] = rate * factor * np.exp(noise * rng.standard_normal(steps))
     return ArrivalSeries(step_s=step_s, rates=rates)
 
