@@ -9,14 +9,8 @@ the one lease view, and `leasesync.py` the one per-state sync of a lease (its co
 all call."""
 
 from bridge.policy.actions import Action, Lend, Place, Return, StartBaseline
-from bridge.policy.decide import (
-    Assessment,
-    ModelStatus,
-    assess,
-    decide,
-    evaluate_model,
-    history_depth,
-)
+from bridge.policy.decide import Assessment, assess, decide
+from bridge.policy.hysteresis import ModelStatus, evaluate_model, history_depth
 from bridge.policy.snapshot import (
     JobView,
     LeaseView,

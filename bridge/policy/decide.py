@@ -42,11 +42,8 @@ Each model's SLO, replica bounds and instances are `snapshot.models`: the model
 repository's facts with the TOML's overrides (`bridge.modelfacts`); a model not there
 (served but without an SLO) is never lent for.
 
-Measured-latency hysteresis (`evaluate_model`, for the backstop and the return): breach
-above high_watermark x SLO for `breach_evaluations` ticks with the tick's mean latency
-above the low watermark (Triton's p99 window lags a minute behind), calm below
-low_watermark x SLO for `return_dwell_s`. A tick without data is neither, so missing
-metrics never cause a lend or a return.
+Measured-latency hysteresis (`bridge.policy.hysteresis`, for the backstop and the return):
+a sustained breach, a calm, or neither; a tick without data is neither.
 """
 
 from __future__ import annotations
@@ -55,89 +52,27 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from itertools import chain
 
-from bridge.config import BridgeConfig, ModelConfig
+from bridge.config import BridgeConfig
 from bridge.lifecycle import IN_FLIGHT, LeaseState
 from bridge.policy import capacity, placement
 from bridge.policy.actions import Action, Lend, Place, Return, StartBaseline
 from bridge.policy.forecast import forecast_rate
+from bridge.policy.hysteresis import (
+    ModelStatus,
+    evaluate_model,
+    service_s,
+    severity,
+    ticks,
+)
 from bridge.policy.nodes import choose_nodes
 from bridge.policy.returns import break_even_s, dwell_s
-from bridge.policy.snapshot import ModelSample, Snapshot
+from bridge.policy.snapshot import Snapshot
 from bridge.policy.timing import lead_s
 
 #: a drain lend still waiting for its node: decided, or its Triton job pending
 WAITING = frozenset({LeaseState.REQUESTED, LeaseState.SUBMITTED})
-
-
-class ModelStatus(StrEnum):
-    BREACH = "breach"
-    CALM = "calm"
-    STEADY = "steady"
-
-
-def history_depth(config: BridgeConfig) -> int:
-    """Samples per model the policy reads: its consecutive counts and the forecast's
-    window. The observer and the simulator keep this many."""
-    policy = config.policy
-    span = max(policy.forecast_window_s, policy.return_dwell_s)
-    return max(policy.breach_evaluations, _ticks(span, config) + 1)
-
-
-def _ticks(seconds: float, config: BridgeConfig) -> int:
-    return max(1, math.ceil(seconds / config.tick_s))
-
-
-def evaluate_model(
-    history: Sequence[ModelSample], model: ModelConfig, config: BridgeConfig
-) -> ModelStatus:
-    """Sustained breach (`breach_evaluations` ticks), calm (quiet for `return_dwell_s`), or
-    neither, from the recent samples."""
-    policy = config.policy
-    high = policy.high_watermark * model.slo_p99_ms
-    low = policy.low_watermark * model.slo_p99_ms
-    last = history[-1] if history else None
-    if last is None or not (
-        (last.p99_ms is not None and last.p99_ms > high)
-        or (last.request_rate is not None and (last.p99_ms is None or last.p99_ms < low))
-    ):
-        return ModelStatus.STEADY
-    n = len(history)
-    # Triton's p99 covers its last 60 s, so it lags: after a burst it stays high for a
-    # minute. A breach counts only while the tick's own mean latency confirms that
-    # requests are slow now (above the low watermark). Each run is checked newest first
-    # (the first sample that breaks it ends the check).
-    k = policy.breach_evaluations
-    if n >= k:
-        for i in range(n - 1, n - k - 1, -1):
-            s = history[i]
-            p99, mean = s.p99_ms, s.mean_ms
-            if p99 is None or not p99 > high or mean is None or not mean > low:
-                break
-        else:
-            return ModelStatus.BREACH
-    k = _ticks(policy.return_dwell_s, config)
-    if n >= k:
-        for i in range(n - 1, n - k - 1, -1):
-            s = history[i]
-            if s.request_rate is None:
-                break
-            p99 = s.p99_ms
-            if p99 is not None and not p99 < low:
-                break
-        else:
-            return ModelStatus.CALM
-    return ModelStatus.STEADY
-
-
-def service_s(history: Sequence[ModelSample]) -> float | None:
-    """The model's latest measured compute time per request, in seconds."""
-    for s in reversed(history):
-        if s.compute_ms is not None and s.compute_ms > 0:
-            return s.compute_ms / 1000.0
-    return None
 
 
 @dataclass(frozen=True)
@@ -199,7 +134,7 @@ def _read(
 ) -> _Reads:
     policy = config.policy
     window = policy.forecast_window_s
-    span = _ticks(policy.return_dwell_s, config)
+    span = ticks(policy.return_dwell_s, config)
     seasons = snapshot.seasons
     ahead: dict[str, float | None] = {}
     highest: dict[str, float] = {}
@@ -219,7 +154,7 @@ def _highest(snapshot: Snapshot, config: BridgeConfig) -> dict[str, float]:
     of samples, 0 without), for a tick whose `_read` did not read it: `assess` reads it
     only when a rule uses the return's demand. The same expression as `_read`'s
     (tests/unit/test_policy_fast_paths.py checks that the two agree)."""
-    span = _ticks(config.policy.return_dwell_s, config)
+    span = ticks(config.policy.return_dwell_s, config)
     highest: dict[str, float] = {}
     for name in snapshot.models:
         history = snapshot.history.get(name)
@@ -494,7 +429,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
                 and now - snapshot.last_lend_at.get(name, -math.inf) >= policy.scale_out_cooldown_s
                 and not in_flight[name]
             ]
-            backstop.sort(key=lambda m: -_severity(snapshot.history.get(m, ()), snapshot.models[m]))
+            backstop.sort(key=lambda m: -severity(snapshot.history.get(m, ()), snapshot.models[m]))
     return Assessment(returns, wanted, backstop, demand, unconfirmed, places)
 
 
@@ -574,11 +509,6 @@ def _return_reason(keep: Mapping[str, capacity.Demand], models: Sequence[str], d
 
 def _rates(demand: Mapping[str, capacity.Demand], models: Sequence[str]) -> str:
     return ", ".join(f"{m} {demand[m].rate:.0f} req/s" for m in models if m in demand)
-
-
-def _severity(history: Sequence[ModelSample], model: ModelConfig) -> float:
-    p99 = history[-1].p99_ms if history else None
-    return (p99 or 0.0) / model.slo_p99_ms
 
 
 def _replica_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:

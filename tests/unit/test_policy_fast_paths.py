@@ -25,7 +25,8 @@ import pytest
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
 from bridge.policy import ModelSample, Snapshot, capacity
 from bridge.policy.capacity import Demand, Group
-from bridge.policy.decide import _demands, _highest, _read, service_s
+from bridge.policy.decide import _demands, _highest, _read
+from bridge.policy.hysteresis import service_s
 from bridge.policy.returns import RatePeaks
 
 NOW = 1_800_000_000.0

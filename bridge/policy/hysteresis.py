@@ -1,0 +1,93 @@
+"""The measured-latency hysteresis of the policy: each model's recent samples say a
+sustained breach, a calm, or neither (`evaluate_model`), for the backstop and the return of
+`bridge.policy.decide`; the samples' depth the observer and the simulator keep
+(`history_depth`). Pure.
+
+Breach: above high_watermark x SLO for `breach_evaluations` ticks with the tick's mean
+latency above the low watermark (Triton's p99 window lags a minute behind). Calm: below
+low_watermark x SLO for `return_dwell_s`. A tick without data is neither, so missing
+metrics never cause a lend or a return.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from enum import StrEnum
+
+from bridge.config import BridgeConfig, ModelConfig
+from bridge.policy.snapshot import ModelSample
+
+
+class ModelStatus(StrEnum):
+    BREACH = "breach"
+    CALM = "calm"
+    STEADY = "steady"
+
+
+def history_depth(config: BridgeConfig) -> int:
+    """Samples per model the policy reads: its consecutive counts and the forecast's
+    window. The observer and the simulator keep this many."""
+    policy = config.policy
+    span = max(policy.forecast_window_s, policy.return_dwell_s)
+    return max(policy.breach_evaluations, ticks(span, config) + 1)
+
+
+def ticks(seconds: float, config: BridgeConfig) -> int:
+    return max(1, math.ceil(seconds / config.tick_s))
+
+
+def evaluate_model(
+    history: Sequence[ModelSample], model: ModelConfig, config: BridgeConfig
+) -> ModelStatus:
+    """Sustained breach (`breach_evaluations` ticks), calm (quiet for `return_dwell_s`), or
+    neither, from the recent samples."""
+    policy = config.policy
+    high = policy.high_watermark * model.slo_p99_ms
+    low = policy.low_watermark * model.slo_p99_ms
+    last = history[-1] if history else None
+    if last is None or not (
+        (last.p99_ms is not None and last.p99_ms > high)
+        or (last.request_rate is not None and (last.p99_ms is None or last.p99_ms < low))
+    ):
+        return ModelStatus.STEADY
+    n = len(history)
+    # Triton's p99 covers its last 60 s, so it lags: after a burst it stays high for a
+    # minute. A breach counts only while the tick's own mean latency confirms that
+    # requests are slow now (above the low watermark). Each run is checked newest first
+    # (the first sample that breaks it ends the check).
+    k = policy.breach_evaluations
+    if n >= k:
+        for i in range(n - 1, n - k - 1, -1):
+            s = history[i]
+            p99, mean = s.p99_ms, s.mean_ms
+            if p99 is None or not p99 > high or mean is None or not mean > low:
+                break
+        else:
+            return ModelStatus.BREACH
+    k = ticks(policy.return_dwell_s, config)
+    if n >= k:
+        for i in range(n - 1, n - k - 1, -1):
+            s = history[i]
+            if s.request_rate is None:
+                break
+            p99 = s.p99_ms
+            if p99 is not None and not p99 < low:
+                break
+        else:
+            return ModelStatus.CALM
+    return ModelStatus.STEADY
+
+
+def service_s(history: Sequence[ModelSample]) -> float | None:
+    """The model's latest measured compute time per request, in seconds."""
+    for s in reversed(history):
+        if s.compute_ms is not None and s.compute_ms > 0:
+            return s.compute_ms / 1000.0
+    return None
+
+
+def severity(history: Sequence[ModelSample], model: ModelConfig) -> float:
+    """How far over its SLO the newest p99 is (1.0: at the SLO; 0 without data)."""
+    p99 = history[-1].p99_ms if history else None
+    return (p99 or 0.0) / model.slo_p99_ms
