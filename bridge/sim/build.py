@@ -24,6 +24,7 @@ from bridge.sim.engine import Timing
 from bridge.sim.inputs import JobReplay
 from bridge.sim.inputs.site import SITE_ARRIVALS, SITE_JOBS
 from bridge.sim.policies import LEND_CAPS, Scenario, parse_lend_cap, setup_for, size
+from bridge.sim.tokens import TokenModel
 from bridge.sim.workload import ArrivalSeries, SimJob
 
 AZURE_TRACE = "azure_llm_conv_2023.csv"
@@ -177,6 +178,8 @@ def build_scenario(
     site_jobs: JobReplay | None = None,
     models: Mapping[str, tuple[float, float]] | None = None,
     timing: Timing | None = None,
+    tokens: Mapping[str, TokenModel] | None = None,
+    replica_servers: int | None = None,
 ) -> Scenario:
     """The scenario the options describe. The fleet is sized first without jobs (the peak
     inference pool), so the job load can be a share of the GPUs outside it; every policy's
@@ -186,8 +189,9 @@ def build_scenario(
     `series` the arrivals (its `about` goes to the report), `site_jobs` the jobs (as they
     came: `load` does not scale them); `models` gives each model's (SLO ms, service ms)
     (default: `slo_ms`, `service_ms` for every model of `rates`), `timing` the actuation
-    times (default: the lab's). Raises ValueError (BadInput for the options) naming the
-    problem."""
+    times (default: the lab's), `tokens` the LLM models' token workloads and
+    `replica_servers` their sequences per replica (`Scenario`'s). Raises ValueError
+    (BadInput for the options) naming the problem."""
     horizon = days * DAY_S
     try:
         parse_lend_cap(lend_cap)
@@ -214,6 +218,8 @@ def build_scenario(
         reserve=reserve,
         lend_cap=lend_cap,
         timing=timing or Timing(),
+        tokens=dict(tokens or {}),
+        replica_servers=replica_servers,
     )
     sizing = size(probe)
     rest = nodes - sizing.peak_nodes

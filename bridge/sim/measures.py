@@ -59,6 +59,8 @@ DEFINITIONS: Mapping[str, str] = {
     "reserved pool (its trade-off runs), idle-loan's own pool; '-': no run met it",
     "requests_within": "share of requests answered within their model's SLO",
     "minutes_within": "share of minutes with requests whose p99 met the SLO",
+    "ttft_within": "LLM models: share of requests whose time to first token met its SLO",
+    "tpot_within": "LLM models: share of requests whose time per output token met its SLO",
     "training_wait_mean_s": "training jobs' mean wait, submit to first start (never "
     "started: to the end of the run)",
     "training_wait_p95_s": "training jobs' 95th percentile wait",
@@ -198,6 +200,9 @@ class Dimensions:
     lends_per_day: float
     exposure_replicas: int
     exposure_share: float
+    #: the LLM models' TTFT and TPOT attainment (None: no LLM model)
+    ttft_within: float | None = None
+    tpot_within: float | None = None
 
 
 def dimensions(result: PolicyResult, days: float, gpus_per_node: int) -> Dimensions:
@@ -242,4 +247,6 @@ def dimensions(result: PolicyResult, days: float, gpus_per_node: int) -> Dimensi
         lends_per_day=result.lends / days,
         exposure_replicas=exposed,
         exposure_share=exposed / peak if peak else 0.0,
+        ttft_within=result.ttft_share,
+        tpot_within=result.tpot_share,
     )

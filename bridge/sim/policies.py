@@ -48,6 +48,7 @@ from bridge.policy import capacity
 from bridge.sim.engine import Engine, Setup, Timing
 from bridge.sim.fleet import SimNode
 from bridge.sim.result import TRADEOFF_SERIES, PolicyResult, SimReport, Tradeoff
+from bridge.sim.tokens import TokenModel, nodes_for_tokens
 from bridge.sim.workload import ArrivalSeries, SimJob
 
 POLICIES = ("separate-peak", "separate-mean", "idle-loan", "bridge")
@@ -129,6 +130,11 @@ class Scenario:
     #: pool's nodes, `max_lent_share`; training not lent) or a node count
     #: (`max_lent_nodes`)
     lend_cap: str = "peak"
+    #: the LLM models' token workloads (`bridge.sim.tokens`): sized by the token
+    #: capacity model, their TTFT and TPOT attainment reported. Empty: none
+    tokens: Mapping[str, TokenModel] = field(default_factory=dict)
+    #: parallel requests on one replica (an LLM's sequences); None: one per GPU
+    replica_servers: int | None = None
 
 
 #: what `Scenario.lend_cap` (`stb simulate --lend-cap`) takes, as a message says it
@@ -180,14 +186,21 @@ def _rates_by_minute(scenario: Scenario) -> dict[str, np.ndarray[Any, np.dtype[n
 
 def nodes_for(scenario: Scenario, rates: Mapping[str, float]) -> int:
     """Fewest nodes holding every model whose p99 meets every SLO at these request rates,
-    by the policy's own capacity model (`bridge.policy.capacity`)."""
+    by the policy's own capacity model (`bridge.policy.capacity`); the LLM models
+    (`Scenario.tokens`) by the token capacity model (`bridge.policy.tokens`: both p99s,
+    TTFT and TPOT, within their SLOs), the larger count of the two."""
     demand = {
         m: capacity.Demand(rates[m], service_ms / 1000.0, slo / 1000.0)
         for m, (slo, service_ms) in scenario.models.items()
+        if m not in scenario.tokens
     }
+    least = max(1, min(scenario.nodes, nodes_for_tokens(scenario.tokens, rates)))
+    if not demand:
+        return least
     models = tuple(sorted(scenario.models))
-    for n in range(1, scenario.nodes + 1):
-        group = capacity.Group(models, n, scenario.gpus_per_node)
+    servers = scenario.replica_servers or scenario.gpus_per_node
+    for n in range(least, scenario.nodes + 1):
+        group = capacity.Group(models, n, servers)
         if capacity.carries([group], demand, scenario.service_cv2):
             return n
     return scenario.nodes
@@ -311,6 +324,8 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
         service_cv2=scenario.service_cv2,
         series_step_s=scenario.series_step_s,
         checkpoint_s=scenario.checkpoint_s,
+        tokens=scenario.tokens,
+        replica_servers=scenario.replica_servers,
     )
 
 

@@ -114,11 +114,16 @@ def _queue_cells(q: QueueOutcome | None) -> tuple[str, str, str]:
     return human(q.wait_mean_s), human(q.wait_p95_s), done
 
 
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
 def grids(report: SimReport) -> list[Grid]:
     """The comparison: service and GPU use, queues and lending, and (when BASELINE ran and
     another policy too) the ratios against the baseline."""
     use: list[tuple[str, ...]] = []
     queues: list[tuple[str, ...]] = []
+    llm = any(r.ttft_share is not None for r in report.results)
     for r in report.results:
         hours = gpu_hours_by_use(r)
         use.append(
@@ -127,6 +132,7 @@ def grids(report: SimReport) -> list[Grid]:
                 nodes_text(r.pools),
                 f"{100 * r.within_share:.2f}%",
                 f"{100 * r.minutes_share:.2f}%",
+                *((_share(r.ttft_share), _share(r.tpot_share)) if llm else ()),
                 *(f"{hours[u]:,.0f}" for u in GPU_USES),
                 f"{r.inference_used_gpu_hours:,.0f}",
                 f"{100 * utilisation(r):.1f}%",
@@ -150,6 +156,7 @@ def grids(report: SimReport) -> list[Grid]:
                 "nodes per pool",
                 "requests\nwithin SLO",
                 "minutes p99\nwithin SLO",
+                *(("requests within\nTTFT SLO", "requests within\nTPOT SLO") if llm else ()),
                 *(f"{u}\nGPU-h" for u in GPU_USES),
                 "inference\nserving GPU-h",
                 "utilisation",

@@ -26,6 +26,11 @@ class ModelOutcome:
     minutes: int = 0
     #: of those, minutes whose p99 was within the SLO (>= 99% of the minute's requests)
     minutes_within: int = 0
+    #: an LLM model (`Setup.tokens`): requests whose TTFT, and whose TPOT, was within
+    #: its token SLO (expected values under the token capacity model)
+    tokens: bool = False
+    ttft_within: float = 0.0
+    tpot_within: float = 0.0
 
     @property
     def within_share(self) -> float:
@@ -34,6 +39,14 @@ class ModelOutcome:
     @property
     def minutes_share(self) -> float:
         return self.minutes_within / self.minutes if self.minutes else 1.0
+
+    @property
+    def ttft_share(self) -> float:
+        return self.ttft_within / self.requests if self.requests else 1.0
+
+    @property
+    def tpot_share(self) -> float:
+        return self.tpot_within / self.requests if self.requests else 1.0
 
 
 @dataclass
@@ -105,14 +118,40 @@ class PolicyResult:
         within = sum(m.minutes_within for m in self.models.values())
         return within / minutes if minutes else 1.0
 
+    def _token_share(self, within: str) -> float | None:
+        llm = [m for m in self.models.values() if m.tokens]
+        total = sum(m.requests for m in llm)
+        if not llm:
+            return None
+        return sum(getattr(m, within) for m in llm) / total if total else 1.0
+
+    @property
+    def ttft_share(self) -> float | None:
+        """Share of the LLM models' requests within their TTFT SLO (None: no LLM)."""
+        return self._token_share("ttft_within")
+
+    @property
+    def tpot_share(self) -> float | None:
+        """Share of the LLM models' requests within their TPOT SLO (None: no LLM)."""
+        return self._token_share("tpot_within")
+
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["requests"] = self.requests
         out["within_share"] = self.within_share
         out["minutes_share"] = self.minutes_share
+        if self.ttft_share is not None:
+            out["ttft_share"] = self.ttft_share
+            out["tpot_share"] = self.tpot_share
         for name, m in self.models.items():
             out["models"][name]["within_share"] = m.within_share
             out["models"][name]["minutes_share"] = m.minutes_share
+            if m.tokens:
+                out["models"][name]["ttft_share"] = m.ttft_share
+                out["models"][name]["tpot_share"] = m.tpot_share
+            else:  # a request model's record as it was before LLM models
+                for key in ("tokens", "ttft_within", "tpot_within"):
+                    del out["models"][name][key]
         return out
 
 

@@ -78,6 +78,8 @@ ROWS: tuple[Row, ...] = (
     ("peak_serving_nodes", "peak serving nodes", lambda d: f"{d.peak_serving_nodes:,}"),
     ("requests_within", "requests within SLO", lambda d: _pct(d.requests_within, 3)),
     ("minutes_within", "minutes within SLO", lambda d: _pct(d.minutes_within, 2)),
+    ("ttft_within", "requests within TTFT SLO", lambda d: _pct_or_none(d.ttft_within)),
+    ("tpot_within", "requests within TPOT SLO", lambda d: _pct_or_none(d.tpot_within)),
     *_jobs_rows("training"),
     *_jobs_rows("elastic"),
     ("job_wait_mean_s", "job wait mean", lambda d: human(d.job_wait_mean_s)),
@@ -92,6 +94,14 @@ ROWS: tuple[Row, ...] = (
     ("exposure_replicas", "replicas on lendable nodes", lambda d: f"{d.exposure_replicas:,}"),
     ("exposure_share", "fault-domain exposure", lambda d: _pct(d.exposure_share, 0)),
 )
+#: the rows only a run with LLM models fills
+TOKEN_ROWS = ("ttft_within", "tpot_within")
+
+
+def _pct_or_none(x: float | None) -> str:
+    return "-" if x is None else _pct(x, 2)
+
+
 #: the criteria as the reports name them
 CRITERIA_LABELS = {
     "target": "SLO attainment target (requests within SLO)",
@@ -129,7 +139,10 @@ def dimensions_grid(selection: Selection) -> Grid:
             *(_needed(selection, d) for d in selection.setups),
         )
     ]
+    llm = any(d.ttft_within is not None for d in selection.setups)
     for key, label, cell in ROWS:
+        if key in TOKEN_ROWS and not llm:  # no LLM model: the rows would say nothing
+            continue
         rows.append((label, DEFINITIONS[key], *(cell(d) for d in selection.setups)))
     return Grid(
         "Shared or separate: the set-ups side by side",

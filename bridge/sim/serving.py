@@ -24,6 +24,7 @@ from bridge.policy import ModelSample
 from bridge.sim import latency
 from bridge.sim.result import ModelOutcome
 from bridge.sim.setup import Setup
+from bridge.sim.tokens import TokenModel
 from bridge.sim.views import model_sample as _model_sample
 from bridge.sim.workload import ArrivalSeries
 
@@ -58,6 +59,8 @@ class Group:
     born: float = 0.0
     #: requests queued on one of its nodes at the last tick's end
     pending: float = 0.0
+    #: busy servers (slots) offered to one of its nodes over the last tick
+    load: float = 0.0
 
 
 #: `Serving._lay_out()`: per group its models' (index, replicas, service time), per model
@@ -99,6 +102,11 @@ class Serving:
         self.inference_used_s = 0.0
         out = {m: ModelOutcome(specs[m].slo_p99_ms) for m in self.models}
         self.outcome = out
+        #: per model (model order), its token workload (`Setup.tokens`) or None
+        self._tokens = [setup.tokens.get(m) for m in self.models]
+        for m in self.models:
+            if setup.tokens.get(m) is not None:
+                out[m].tokens = True
         self.minute = {m: [0.0, 0.0] for m in self.models}
         #: what `serve` reads of each model, in model order: SLO (ms), service time (s and
         #: ms), SLO budget beyond the service time (s), outcome, minute tally, history, rates
@@ -192,6 +200,7 @@ class Serving:
             group.mean_extra = (lo + hi) / 2.0 + (p / tail if tail > 0 else 0.0)  # `mean_extra`
             group.within.clear()
             group.pending = queued
+            group.load = node_load
             start = _window_start(group.born, now)
             while window_at[0] <= start:  # (the newest tick is always in)
                 window_at.popleft()
@@ -201,9 +210,12 @@ class Serving:
         requests_total = 0.0
         worst = 0.0
         samples: list[ModelSample] = []
-        for (slo_ms, s_m, compute_ms, budget, out, minute, history, rate_window), lam, parts in zip(
-            self._per_model, rates, per_model_at, strict=True
-        ):
+        for (
+            (slo_ms, s_m, compute_ms, budget, out, minute, history, rate_window),
+            lam,
+            parts,
+            tokens,
+        ) in zip(self._per_model, rates, per_model_at, self._tokens, strict=True):
             rate_window.append(lam)
             n = lam * dt
             requests_total += lam
@@ -249,6 +261,8 @@ class Serving:
                         q = (s_m + group.extra_p99_s) * 1000.0
                         if p99 is None or q > p99:  # (`max`, without the call)
                             p99 = q
+            if tokens is not None and n > 0:
+                _token_tally(tokens, out, parts, n)
             if lam > 0:
                 mean = mean_s * 1000.0
             if p99 is not None and sum(rate_window) <= 0:
@@ -276,6 +290,22 @@ class Serving:
                         out.minutes_within += 1
                 minute[0] = minute[1] = 0.0
         return samples
+
+
+def _token_tally(
+    tokens: TokenModel, out: ModelOutcome, parts: Sequence[tuple[float, Group]], n: float
+) -> None:
+    """Add one tick's `n` requests of an LLM model, spread over its groups by `parts`
+    (share, group), to its TTFT and TPOT tallies (`TokenModel.shares`)."""
+    ttft = tpot = 0.0
+    for share, group in parts:
+        assert group.state is not None
+        lo, hi, p, tail = group.state
+        a, b = tokens.shares(group.load, lo, hi, p, tail)
+        ttft += share * a
+        tpot += share * b
+    out.ttft_within += n * ttft
+    out.tpot_within += n * tpot
 
 
 def _window_quantile(

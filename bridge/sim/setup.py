@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from bridge.config import BridgeConfig, ModelConfig
 from bridge.lifecycle import StepTimes
 from bridge.sim.fleet import SimNode
+from bridge.sim.tokens import TokenModel
 from bridge.sim.workload import ArrivalSeries, SimJob
 
 
@@ -74,3 +75,6 @@ class Setup:
     #: `bridge.modelfacts.merge_models` of a repository and the TOML); None: the TOML's
     #: `[models]` alone (`toml_models`)
     models: Mapping[str, ModelConfig] | None = None
+    #: the LLM models' token workloads (`bridge.sim.tokens`): their TTFT and TPOT
+    #: attainment is tallied beside the request SLO's. Empty: no LLM model
+    tokens: Mapping[str, TokenModel] = field(default_factory=dict)
