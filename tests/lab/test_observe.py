@@ -79,7 +79,11 @@ def test_snapshot_of_the_lab(lab: LabSpec, baseline: triton.TritonJob) -> None:
         assert job.job_id == work and job.gpus == 2 and job.started_at is not None
         assert all(n.usable for n in snap.nodes)
         (replica,) = [r for r in snap.replicas if r.node == baseline.node]
+        # every model of the repository but the LLM (smol: stb.load_at_start false),
+        # which the server's index lists without loading it
         assert set(replica.models) == {"busy", "echo"} and replica.lease_id is None
+        index = {m.name: m for m in triton_for(baseline.http_url).repository_index()}
+        assert "smol" in index and index["smol"].state != "READY", index.get("smol")
         assert [s.address for s in servers if s.ready] == [baseline.http_url]
         assert len(snap.history["busy"]) == 1  # first sight: no window yet
         assert snap.history["busy"][0].request_rate is None

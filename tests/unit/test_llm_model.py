@@ -1,4 +1,4 @@
-"""The lab's LLM (triton_llm/smol), its pure parts outside Triton: the metric families are
+"""The lab's LLM (triton_repo/smol), its pure parts outside Triton: the metric families are
 the vLLM backend's, the prompt is SmolLM2's chat template, requests shaped as the vLLM
 backend's clients send them parse the same, and a request's tokens and times add up.
 Neither Triton nor llama-cpp-python is needed (tests/lab/test_llm_lab.py runs the model)."""
@@ -15,7 +15,7 @@ import pytest
 from bridge.paths import project_root
 from bridge.triton.repository import parse_config
 
-MODEL_DIR = project_root() / "triton_llm" / "smol"
+MODEL_DIR = project_root() / "triton_repo" / "smol"
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ nginx is in tests/lab/test_routing_nginx.py)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from bridge.routing import http_sd, nginx
 from bridge.routing.errors import InvalidRoute, NginxConfigRejected
 from bridge.routing.nginxctl import NginxControl
 from bridge.routing.publisher import RoutingPublisher
-from bridge.routing.table import BASELINE, MetricsTarget, RoutingTable
+from bridge.routing.table import BASELINE, MetricsTarget, RoutingTable, Split
 
 A, B, C = "127.0.1.4:8000", "127.0.1.3:8000", "127.0.1.2:8000"
 
@@ -82,6 +83,58 @@ def test_two_models_and_health_from_any() -> None:
     assert locs["/v2/models/busy/"] == "proxy_pass http://stb_busy;"
     assert locs["/v2/models/echo/"] == "proxy_pass http://stb_echo;"
     assert "listen 127.0.0.1:18080;" in text and "keepalive 8;" in text
+
+
+def _stream_location(text: str, model: str) -> tuple[re.Pattern[str], str]:
+    """The regex location of a model's token streams: (its pattern, its body)."""
+    (spec,) = [k for k in _locations(text) if k.startswith(f"~ ^/v2/models/{re.escape(model)}/")]
+    return re.compile(spec.removeprefix("~ ")), _locations(text)[spec]
+
+
+@pytest.mark.parametrize("model", ["smol", "llama-3.1-8b"])
+def test_token_streams_are_passed_on_unbuffered(model: str) -> None:
+    """generate_stream and generate (any version) go to the model's upstream with nginx's
+    buffering off, whatever the replica's X-Accel-Buffering says; infer stays buffered."""
+    text = nginx.render(RoutingTable.build({model: [A, B]}))
+    pattern, body = _stream_location(text, model)
+    streams = ("generate_stream", "generate", "versions/2/generate_stream", "versions/1/generate")
+    for path in streams:
+        assert pattern.fullmatch(f"/v2/models/{model}/{path}"), path
+    for path in ("infer", "generate_streamx", "versions/x/generate", "versions/1/infer", ""):
+        assert not pattern.fullmatch(f"/v2/models/{model}/{path}"), path
+    if "." in model:  # the model's name is a literal: a '.' in it matches only a '.'
+        assert not pattern.fullmatch(f"/v2/models/{model.replace('.', 'x')}/generate")
+    assert not pattern.fullmatch(f"/v2/models/{model}x/generate")
+    assert body == (
+        "proxy_buffering off; proxy_cache off; proxy_ignore_headers X-Accel-Buffering; "
+        "add_header X-Accel-Buffering no always; add_header X-Stb-Upstream $upstream_addr "
+        f"always; proxy_pass http://stb_{model};"
+    )
+    # infer and the rest are buffered as before (nginx's default), on the same upstream
+    assert _locations(text)[f"/v2/models/{model}/"] == f"proxy_pass http://stb_{model};"
+    assert "proxy_buffering" not in text.replace(nginx.STREAM_DIRECTIVES, "")
+
+
+def test_a_model_without_replica_has_no_stream_location() -> None:
+    text = nginx.render(RoutingTable.build({"smol": [], "echo": [A]}))
+    assert not any(k.startswith("~ ^/v2/models/smol/") for k in _locations(text))
+    assert _locations(text)["/v2/models/smol/"].startswith("add_header Retry-After 1 always;")
+
+
+def test_a_rollouts_split_applies_to_token_streams_as_to_infer() -> None:
+    text = nginx.render(RoutingTable.build({"smol": [A]}, splits=[Split("smol", 1, 2, 25)]))
+    locs = _locations(text)
+    assert locs["= /v2/models/smol/infer"] == (
+        "rewrite ^ /v2/models/smol/versions/$stb_split_0/infer break; proxy_pass http://stb_smol;"
+    )
+    for path in ("generate", "generate_stream"):
+        assert locs[f"= /v2/models/smol/{path}"] == (
+            f"rewrite ^ /v2/models/smol/versions/$stb_split_0/{path} break; "
+            f"{nginx.STREAM_DIRECTIVES} proxy_pass http://stb_smol;"
+        )
+    # a request that names a version is not split, and still streams unbuffered
+    pattern, _ = _stream_location(text, "smol")
+    assert pattern.fullmatch("/v2/models/smol/versions/1/generate_stream")
 
 
 def test_model_without_replica_answers_503_json() -> None:
