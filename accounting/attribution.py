@@ -58,7 +58,8 @@ class Entry:
 @dataclass(frozen=True, slots=True)
 class ServingPoint:
     """One scrape of one model version's cumulative counters on one Triton instance:
-    compute time (the serving split) and successful requests (the unit economics)."""
+    compute time (the serving split), successful requests and an LLM's prompt and
+    generated tokens (the unit economics; None where the page had no such counter)."""
 
     job_id: str
     instance: str
@@ -67,6 +68,8 @@ class ServingPoint:
     compute_us: float
     version: str = ""
     requests: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
 
 
 @dataclass(frozen=True)
@@ -452,7 +455,7 @@ def digest(rec: AccountingRecord, ctx: Context, serving: Sequence[ServingPoint] 
     h.update(repr(fields).encode())
     for p in sorted(serving, key=lambda p: (p.instance, p.model, p.version, p.at)):
         # the version only where there is one: samples stored before versions keep their
-        # digests (requests do not change the rows: not hashed)
+        # digests (requests and tokens do not change the rows: not hashed)
         tail = (p.version,) if p.version else ()
         h.update(repr((p.instance, p.model, p.at, p.compute_us, *tail)).encode())
     return h.hexdigest()[:32]

@@ -28,6 +28,22 @@ Per model (a row with version "*", then one row per version):
   among the job's models in proportion to their time. What finance charges back per
   request is the loaded figure; the plain one is what the requests themselves took.
 
+An LLM's token counters (`vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, or
+the TensorRT-LLM backend's, stored with each scrape) add, for a model or version that
+counted tokens in the window:
+
+- `input_tokens`, `output_tokens`: prompt and generated tokens counted in the window
+  (None when no interval of it had the counter);
+- `cost_per_million_input_tokens` = cost / input_tokens x 1e6 and
+  `cost_per_million_output_tokens` = cost / output_tokens x 1e6, and the same of the
+  loaded cost (`loaded_cost_per_million_*_tokens`). Each divides the whole cost by one
+  count (what a million tokens of that kind cost with the rest of the work they came
+  with): the two are not parts of the cost and do not add up. Over a window whose
+  scrapes cover the serving job, `cost_per_million_output_tokens` is the ledger's
+  GPU-hours x rate / the generated-token counter's increase.
+
+The token columns are in the section only when some model counted tokens in the window.
+
 The serving jobs' `(unattributed)` time (GPU time no model computed on) is in no model's
 plain cost: a note gives it (with a team filter, that team's serving jobs' only). Filters model,
 version and team select rows after the figures are computed, so a model's numbers are
@@ -53,7 +69,7 @@ from accounting.rates import RateBook, money
 from accounting.report import Line, Report, Window, build_report
 from accounting.schema import UNATTRIBUTED
 from accounting.section import Section
-from accounting.serving import window_increases
+from accounting.serving import Increase, window_increases
 
 KEY = "unit_economics"
 TITLE = "Unit economics per model and version"
@@ -62,11 +78,23 @@ COLUMNS = (
     "gpu_seconds_per_request", "cost", "cost_per_million_requests", "loaded_gpu_hours",
     "loaded_cost_per_million_requests",
 )  # fmt: skip
+#: the columns an LLM's token counters add (after `COLUMNS`, when some model counted tokens)
+TOKEN_COLUMNS = (
+    "input_tokens", "output_tokens", "cost_per_million_input_tokens",
+    "cost_per_million_output_tokens", "loaded_cost_per_million_input_tokens",
+    "loaded_cost_per_million_output_tokens",
+)  # fmt: skip
 #: the version column of a model's whole row
 ALL_VERSIONS = "*"
 #: the filters `unit_economics` takes
 FILTER_KEYS = ("model", "version", "team", "cluster")
 _MILLION = Decimal(1_000_000)
+TOKENS_NOTE = (
+    "input_tokens, output_tokens: an LLM's prompt and generated tokens "
+    "(vllm:prompt_tokens_total, vllm:generation_tokens_total or the TensorRT-LLM backend's) "
+    "over the same scrape intervals; cost per million input (output) tokens: the whole cost "
+    "over that one count (the two do not add up)"
+)
 
 
 @dataclass
@@ -78,12 +106,37 @@ class _Counted:
     #: intervals with / without the request counter
     with_requests: int = 0
     without_requests: int = 0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+    #: intervals with / without the token counters (both: a backend reports the two
+    #: together; one without the other counts as without)
+    with_tokens: int = 0
+    without_tokens: int = 0
 
     def add(self, other: _Counted) -> None:
         self.compute_us += other.compute_us
         self.requests += other.requests
         self.with_requests += other.with_requests
         self.without_requests += other.without_requests
+        self.prompt_tokens += other.prompt_tokens
+        self.generation_tokens += other.generation_tokens
+        self.with_tokens += other.with_tokens
+        self.without_tokens += other.without_tokens
+
+    def count(self, inc: Increase) -> None:
+        """Add one scrape interval's increase."""
+        self.compute_us += inc.compute_us
+        if inc.requests is None:
+            self.without_requests += 1
+        else:
+            self.requests += inc.requests
+            self.with_requests += 1
+        if inc.prompt_tokens is None or inc.generation_tokens is None:
+            self.without_tokens += 1
+        else:
+            self.prompt_tokens += inc.prompt_tokens
+            self.generation_tokens += inc.generation_tokens
+            self.with_tokens += 1
 
     @property
     def intervals(self) -> int:
@@ -92,6 +145,13 @@ class _Counted:
     @property
     def request_count(self) -> int | None:
         return round(self.requests) if self.with_requests else None
+
+    @property
+    def token_counts(self) -> tuple[int, int] | None:
+        """(input, output) tokens, or None where no interval had the token counters."""
+        if not self.with_tokens:
+            return None
+        return round(self.prompt_tokens), round(self.generation_tokens)
 
 
 @dataclass
@@ -152,18 +212,13 @@ def unit_economics(
     # The counters: compute time and requests per model version.
     counted: dict[str, dict[str, _Counted]] = defaultdict(lambda: defaultdict(_Counted))
     for inc in window_increases(engine, window.start, window.end, cluster):
-        c = counted[inc.model][inc.version]
-        c.compute_us += inc.compute_us
-        if inc.requests is None:
-            c.without_requests += 1
-        else:
-            c.requests += inc.requests
-            c.with_requests += 1
+        counted[inc.model][inc.version].count(inc)
 
     rows: list[dict[str, Any]] = []
     uncounted: list[str] = []
     unbooked: list[str] = []
     partial: list[str] = []
+    partial_tokens: list[str] = []
     for model in sorted(set(booked) | set(counted)):
         b = booked.get(model) or _Booked(cost=Decimal(0) if priced else None)
         versions = {v: c for v, c in sorted(counted.get(model, {}).items())}
@@ -180,6 +235,11 @@ def unit_economics(
             for v, c in versions.items()
             if c.with_requests and c.without_requests
         ]
+        partial_tokens += [
+            f"{model} {v or '(no version)'}"
+            for v, c in versions.items()
+            if c.with_tokens and c.without_tokens
+        ]
         rows.append(
             _row(model, ALL_VERSIONS, team, whole, b.gpu_ms, b.cost, b.loaded_ms, b.loaded_cost)
         )
@@ -191,8 +251,17 @@ def unit_economics(
             rows.append(_row(model, version, team, c, ms, part, b.loaded_ms * f, loaded_cost))
 
     rows = [r for r in rows if _selected(r, filters)]
+    tokens = any(r["output_tokens"] is not None for r in rows)
+    columns = COLUMNS + TOKEN_COLUMNS if tokens else COLUMNS
     notes = _notes(report, rest, filters.get("team"), uncounted, unbooked, partial)
-    return Section(KEY, TITLE, COLUMNS, rows, notes)
+    if tokens:
+        notes.insert(1, TOKENS_NOTE)
+    if partial_tokens:
+        notes.append(
+            "tokens undercounted, some scrapes lacked the token counters: "
+            + ", ".join(partial_tokens)
+        )
+    return Section(KEY, TITLE, columns, rows, notes)
 
 
 def _load(booked: Mapping[str, _Booked], jobs: Mapping[str, list[Line]], priced: bool) -> None:
@@ -227,6 +296,14 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
+def _per_million(cost: Decimal | None, count: int | None) -> Decimal | None:
+    """cost / count x 1e6 from the unrounded cost, then rounded; None without a cost or
+    a count (zero included)."""
+    if cost is None or not count:
+        return None
+    return money(cost / Decimal(count) * _MILLION)
+
+
 def _row(
     model: str,
     version: str,
@@ -240,11 +317,7 @@ def _row(
     requests = c.request_count
     gpu_s = gpu_ms / 1000
     compute_s = c.compute_us / 1e6 if c.intervals else None
-    per_million = loaded_per_million = None
-    if cost is not None and requests:
-        per_million = money(cost / Decimal(requests) * _MILLION)
-    if loaded_cost is not None and requests:
-        loaded_per_million = money(loaded_cost / Decimal(requests) * _MILLION)
+    tokens_in, tokens_out = c.token_counts or (None, None)
     return {
         "model": model,
         "version": version,
@@ -254,9 +327,15 @@ def _row(
         "gpu_hours": round(gpu_ms / MS_PER_HOUR, 6),
         "gpu_seconds_per_request": _ratio(gpu_s, requests),
         "cost": None if cost is None else money(cost),
-        "cost_per_million_requests": per_million,
+        "cost_per_million_requests": _per_million(cost, requests),
         "loaded_gpu_hours": round(loaded_ms / MS_PER_HOUR, 6),
-        "loaded_cost_per_million_requests": loaded_per_million,
+        "loaded_cost_per_million_requests": _per_million(loaded_cost, requests),
+        "input_tokens": tokens_in,
+        "output_tokens": tokens_out,
+        "cost_per_million_input_tokens": _per_million(cost, tokens_in),
+        "cost_per_million_output_tokens": _per_million(cost, tokens_out),
+        "loaded_cost_per_million_input_tokens": _per_million(loaded_cost, tokens_in),
+        "loaded_cost_per_million_output_tokens": _per_million(loaded_cost, tokens_out),
     }
 
 

@@ -1,8 +1,8 @@
-"""Triton's per-model compute counters in the ledger's database: the daemon's scrapes
-stored as serving samples (`record_serving`, a point already stored ignored) and old ones
-dropped (`prune_serving`). The ingest reads them back to split a serving job's GPU time
-over its models (`accounting.book`); the serving figures read them too
-(`accounting.serving`)."""
+"""Triton's per-model counters (compute time, requests, an LLM's tokens) in the ledger's
+database: the daemon's scrapes stored as serving samples (`record_serving`, a point
+already stored ignored) and old ones dropped (`prune_serving`). The ingest reads them back
+to split a serving job's GPU time over its models (`accounting.book`); the serving figures
+read them too (`accounting.serving`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from bridge.db import write_transaction
 
 
 def record_serving(engine: Engine, cluster: str, points: Iterable[ServingPoint]) -> int:
-    """Store scraped compute counters; a point already stored is ignored. Returns the
+    """Store scraped counters; a point already stored is ignored. Returns the
     number of points offered."""
     rows = [
         {
@@ -32,7 +32,9 @@ def record_serving(engine: Engine, cluster: str, points: Iterable[ServingPoint])
             "version": p.version,
             "at": utc(p.at),
             "compute_us": float(p.compute_us),
-            "requests": None if p.requests is None else float(p.requests),
+            "requests": _float(p.requests),
+            "prompt_tokens": _float(p.prompt_tokens),
+            "generation_tokens": _float(p.generation_tokens),
         }
         for p in points
     ]
@@ -49,6 +51,10 @@ def record_serving(engine: Engine, cluster: str, points: Iterable[ServingPoint])
     with write_transaction(engine) as conn:
         conn.execute(stmt, rows)
     return len(rows)
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
 
 
 def prune_serving(engine: Engine, before: datetime) -> int:

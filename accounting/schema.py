@@ -11,9 +11,10 @@ build exactly these tables.
   an unchanged record is a no-op, a changed one replaces its rows.
 - `NodeSpan`: the node inventory over time (capacity), one row per stretch a node kept its
   pool, GPU type and GPU count.
-- `ServingSample`: Triton's cumulative per-model-version compute time and successful
-  requests per instance, as the daemon scraped them; splits a serving job among its models
-  and gives the unit economics (`accounting.economics`).
+- `ServingSample`: Triton's cumulative per-model-version compute time, successful
+  requests and (an LLM's) prompt and generated tokens per instance, as the daemon scraped
+  them; splits a serving job among its models and gives the unit economics
+  (`accounting.economics`).
 - `Rate`: price per GPU-hour by GPU type (optionally pool, QOS) over a date range.
 - `Period`: a closed month; `Restatement`: each change made to a closed month, and why.
 - `IngestRun`: one line per ingest (what it read and changed).
@@ -187,6 +188,11 @@ class ServingSample(SQLModel, table=True):
     #: cumulative successful requests (`nv_inference_request_success`) since the model
     #: loaded; None where Triton did not report it (and in samples stored before 0005)
     requests: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
+    #: cumulative prompt (input) and generated (output) tokens of an LLM since the model
+    #: loaded (`vllm:prompt_tokens_total`, `vllm:generation_tokens_total` or the TensorRT-LLM
+    #: backend's equivalents); None for a model that counts no tokens (and before 0007)
+    prompt_tokens: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
+    generation_tokens: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
 
 
 class Rate(SQLModel, table=True):

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import pairwise
+from typing import Any
 
 from sqlalchemy import Engine, select
 
@@ -32,8 +33,9 @@ LOOKBEHIND = timedelta(hours=1)
 
 @dataclass(frozen=True, slots=True)
 class Increase:
-    """What one series counted over (start, end]: compute microseconds and successful
-    requests (None where either end of the interval lacked the request counter)."""
+    """What one series counted over (start, end]: compute microseconds, successful
+    requests, prompt and generated tokens (each None where either end of the interval
+    lacked that counter)."""
 
     job_id: str
     instance: str
@@ -43,6 +45,8 @@ class Increase:
     end: datetime
     compute_us: float
     requests: float | None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +58,16 @@ class Sample:
     at: datetime
     compute_us: float
     requests: float | None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
 
 
 def _delta(now: float, before: float) -> float:
     return now - before if now >= before else now
+
+
+def _optional_delta(now: float | None, before: float | None) -> float | None:
+    return None if now is None or before is None else _delta(now, before)
 
 
 def increases(samples: Iterable[Sample]) -> Iterator[Increase]:
@@ -70,14 +80,12 @@ def increases(samples: Iterable[Sample]) -> Iterator[Increase]:
         for prev, cur in pairwise(points):
             if cur.at <= prev.at:
                 continue
-            req = (
-                _delta(cur.requests, prev.requests)
-                if cur.requests is not None and prev.requests is not None
-                else None
-            )
             yield Increase(
                 job, inst, model, version, prev.at, cur.at,
-                _delta(cur.compute_us, prev.compute_us), req,
+                _delta(cur.compute_us, prev.compute_us),
+                _optional_delta(cur.requests, prev.requests),
+                _optional_delta(cur.prompt_tokens, prev.prompt_tokens),
+                _optional_delta(cur.generation_tokens, prev.generation_tokens),
             )  # fmt: skip
 
 
@@ -90,10 +98,14 @@ def read_samples(
     if cluster is not None:
         q = q.where(SAMPLES.c.cluster == cluster)
     with engine.connect() as conn:
-        return [
-            Sample(r.job_id, r.instance, r.model, r.version, utc(r.at), r.compute_us, r.requests)
-            for r in conn.execute(q)
-        ]
+        return [_sample(r) for r in conn.execute(q)]
+
+
+def _sample(r: Any) -> Sample:
+    return Sample(
+        r.job_id, r.instance, r.model, r.version, utc(r.at), r.compute_us, r.requests,
+        r.prompt_tokens, r.generation_tokens,
+    )  # fmt: skip
 
 
 def window_increases(

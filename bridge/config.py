@@ -8,6 +8,7 @@ is what it is. Precedence: environment, then the file, then the defaults.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from collections.abc import Sequence
@@ -74,7 +75,12 @@ class ModelConfig(_Strict):
     makes it from the model repository's metadata (config.pbtxt's `stb.*` parameters and
     its instance_group) and the TOML's `[models.NAME]` overrides (`ModelOverride`)."""
 
-    slo_p99_ms: float = Field(gt=0, description="Latency objective: p99 in milliseconds.")
+    slo_p99_ms: float = Field(
+        gt=0,
+        description="Latency objective: p99 in milliseconds. A model with a token "
+        "objective (slo_ttft_p99_ms, slo_tpot_p99_ms) and none of its own has infinity here "
+        "(`has_request_slo` is false): no request-latency objective, scaled by its tokens.",
+    )
     min_replicas: int = Field(
         default=1,
         ge=0,
@@ -93,6 +99,35 @@ class ModelConfig(_Strict):
         "instance_group count. Unset: the model shares its node's GPUs with the other "
         "models there, one execution per GPU. The capacity model sizes replicas by it.",
     )
+    slo_ttft_p99_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="Token objective of an LLM: p99 time to first token in milliseconds "
+        "(config.pbtxt stb.slo_ttft_p99_ms). Unset: none.",
+    )
+    slo_tpot_p99_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="Token objective of an LLM: p99 time per output token (the gap between "
+        "tokens) in milliseconds (stb.slo_tpot_p99_ms). Unset: none.",
+    )
+    slo_e2e_p99_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="An LLM's optional p99 end-to-end request latency in milliseconds "
+        "(stb.slo_e2e_p99_ms): mostly the answer's length, so only a bound. Unset: none.",
+    )
+
+    @property
+    def has_request_slo(self) -> bool:
+        """Whether it has a request-latency objective (a finite `slo_p99_ms`)."""
+        return math.isfinite(self.slo_p99_ms)
+
+    @property
+    def has_token_slo(self) -> bool:
+        """Whether it has a token objective (TTFT or TPOT p99): an LLM the policy scales
+        by its tokens (`bridge.policy.tokens`)."""
+        return self.slo_ttft_p99_ms is not None or self.slo_tpot_p99_ms is not None
 
     @model_validator(mode="after")
     def _bounds(self) -> ModelConfig:
@@ -129,6 +164,24 @@ class ModelOverride(_Strict):
         ge=1,
         description="Parallel executions of the model on one replica (the repository's: "
         "its instance_group count, when every group is on CPU or names its GPUs).",
+    )
+    slo_ttft_p99_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="Token objective of an LLM: p99 time to first token in milliseconds "
+        "(overrides config.pbtxt stb.slo_ttft_p99_ms).",
+    )
+    slo_tpot_p99_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="Token objective of an LLM: p99 time per output token (the gap between "
+        "tokens) in milliseconds (overrides stb.slo_tpot_p99_ms).",
+    )
+    slo_e2e_p99_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="An LLM's optional p99 end-to-end request latency in milliseconds "
+        "(overrides stb.slo_e2e_p99_ms).",
     )
 
     @model_validator(mode="after")

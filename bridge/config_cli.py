@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -24,6 +24,9 @@ from bridge.init import InitError, live_problems, propose, render
 from bridge.paths import write_whole
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import Node, Partition
+
+if TYPE_CHECKING:
+    from bridge.modelfacts import ModelFact
 
 config_app = typer.Typer(help="The bridge's configuration file.", no_args_is_help=True)
 console = Console()
@@ -99,9 +102,14 @@ def show_models(cfg: BridgeConfig) -> bool:
             continue
         src = fact.source_of
         instances = f", instances {m.instances} ({src('instances')})" if m.instances else ""
+        request = (
+            f"SLO p99 {m.slo_p99_ms:g} ms ({src('slo_p99_ms')})"
+            if m.has_request_slo
+            else "no request SLO (scaled by its tokens)"
+        )
         say(
             console,
-            f"  {name}: SLO p99 {m.slo_p99_ms:g} ms ({src('slo_p99_ms')}), replicas "
+            f"  {name}: {request}{token_slos(fact)}, replicas "
             f"{m.min_replicas} ({src('min_replicas')}) to {m.max_replicas} "
             f"({src('max_replicas')}){instances}",
         )
@@ -115,6 +123,24 @@ def show_models(cfg: BridgeConfig) -> bool:
         for line in fact.overrides:
             say(console, f"  override: {line}")
     return bool(facts.problems)
+
+
+def token_slos(fact: ModelFact) -> str:
+    """An LLM's token objectives as `stb config check` shows them, each with its source
+    (", TTFT p99 2000 ms (repository), TPOT p99 150 ms (toml)"); "" when it has none."""
+    m = fact.model
+    if m is None:
+        return ""
+    parts = [
+        f"{label} p99 {value:g} ms ({fact.source_of(field)})"
+        for label, field, value in (
+            ("TTFT", "slo_ttft_p99_ms", m.slo_ttft_p99_ms),
+            ("TPOT", "slo_tpot_p99_ms", m.slo_tpot_p99_ms),
+            ("e2e", "slo_e2e_p99_ms", m.slo_e2e_p99_ms),
+        )
+        if value is not None
+    ]
+    return "".join(f", {p}" for p in parts)
 
 
 def _cluster(
@@ -151,6 +177,8 @@ def _repository_models(repository: Path) -> dict[str, str]:
             out[name] = f"refused: {pub.errors['slo_p99_ms']}"
         elif pub.slo_p99_ms is not None:
             out[name] = f"{SLO_PARAMETER} = {pub.slo_p99_ms:g} ms"
+        elif pub.slo_ttft_p99_ms is not None or pub.slo_tpot_p99_ms is not None:
+            out[name] = "token SLOs (stb.slo_ttft_p99_ms / stb.slo_tpot_p99_ms)"
         else:
             out[name] = f"no {SLO_PARAMETER}: served, not scaled"
     return out

@@ -4,10 +4,14 @@ where each field came from.
 
 The repository is the source: each model's config.pbtxt carries `stb.slo_p99_ms`,
 `stb.min_replicas`, `stb.max_replicas` (checked by `stb models publish`) and its
-instance_group (the executions one replica runs). The TOML's `[models.NAME]` may override
-any of these per site, field by field; every override is said (`ModelFacts.notes`: the
-daemon logs each once, `stb config check` and `stb status` show it). A model the
-repository has without `stb.slo_p99_ms` and with no TOML SLO is served but not scaled;
+instance_group (the executions one replica runs); an LLM its token objectives,
+`stb.slo_ttft_p99_ms`, `stb.slo_tpot_p99_ms` and optionally `stb.slo_e2e_p99_ms` (ms,
+positive). A model with a TTFT or TPOT objective and no `stb.slo_p99_ms` is scaled by its
+tokens (its `slo_p99_ms` is infinite: no request-latency objective). The TOML's
+`[models.NAME]` may override any of these per site, field by field; every override is
+said (`ModelFacts.notes`: the daemon logs each once, `stb config check` and `stb status`
+show it). A model the repository has without `stb.slo_p99_ms` (nor a token objective)
+and with no TOML SLO is served but not scaled;
 a model whose metadata is refused is not scaled, and the error names the model and the
 field.
 
@@ -19,6 +23,7 @@ Pure: literals in, values out. The repository is read by `bridge.triton.reposito
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -30,13 +35,20 @@ from bridge.config import BridgeConfig, ModelConfig, ModelOverride
 
 Source = Literal["repository", "toml", "default"]
 #: the fields of a model's facts, in the order they are shown
-FIELDS = ("slo_p99_ms", "min_replicas", "max_replicas", "instances")
+FIELDS = ("slo_p99_ms", "min_replicas", "max_replicas", "instances",
+          "slo_ttft_p99_ms", "slo_tpot_p99_ms", "slo_e2e_p99_ms")  # fmt: skip
+#: an LLM's token objectives: any of the first two makes a model scaled without a
+#: request SLO (`ModelConfig.has_token_slo`)
+TOKEN_SLOS = ("slo_ttft_p99_ms", "slo_tpot_p99_ms")
 #: where each field lives in a config.pbtxt
 PARAMETERS: Mapping[str, str] = {
     "slo_p99_ms": "stb.slo_p99_ms",
     "min_replicas": "stb.min_replicas",
     "max_replicas": "stb.max_replicas",
     "instances": "instance_group",
+    "slo_ttft_p99_ms": "stb.slo_ttft_p99_ms",
+    "slo_tpot_p99_ms": "stb.slo_tpot_p99_ms",
+    "slo_e2e_p99_ms": "stb.slo_e2e_p99_ms",
 }
 #: an error of the whole config.pbtxt (unreadable, not a Triton ModelConfig)
 FILE = "config.pbtxt"
@@ -45,6 +57,9 @@ DEFAULTS: Mapping[str, int | None] = {
     "min_replicas": int(ModelConfig.model_fields["min_replicas"].default),
     "max_replicas": int(ModelConfig.model_fields["max_replicas"].default),
     "instances": None,
+    "slo_ttft_p99_ms": None,
+    "slo_tpot_p99_ms": None,
+    "slo_e2e_p99_ms": None,
 }
 
 
@@ -65,6 +80,10 @@ class Published:
     min_replicas: int | None = None
     max_replicas: int | None = None
     instances: int | None = None
+    #: an LLM's token objectives (ms): p99 time to first token, per output token, e2e
+    slo_ttft_p99_ms: float | None = None
+    slo_tpot_p99_ms: float | None = None
+    slo_e2e_p99_ms: float | None = None
     #: field (or `FILE`) -> why its value is refused, naming the parameter and value
     errors: Mapping[str, str] = field(default_factory=dict)
 
@@ -149,6 +168,12 @@ def _shown(value: float | int) -> str:
     return f"{value:g}"
 
 
+def shown_slo(value: float | None) -> str:
+    """An objective in ms as shown to people: "-" when there is none (None, or the
+    infinite request SLO of a model scaled by its tokens alone)."""
+    return "-" if value is None or not math.isfinite(value) else f"{value:g}"
+
+
 def merge_models(
     published: Mapping[str, Published] | None,
     toml: Mapping[str, ModelOverride],
@@ -227,16 +252,20 @@ def _merge_one(
     why = ""
     if problems:
         why = "not scaled: its facts are refused"
-    elif values.get("slo_p99_ms") is None:
+    elif values.get("slo_p99_ms") is None and not any(values.get(t) for t in TOKEN_SLOS):
         why = (
-            f"served, not scaled: no {PARAMETERS['slo_p99_ms']} in its config.pbtxt and no "
-            f"slo_p99_ms in the TOML [models.{name}]"
+            f"served, not scaled: no {PARAMETERS['slo_p99_ms']} (nor a token SLO: "
+            f"{PARAMETERS['slo_ttft_p99_ms']}, {PARAMETERS['slo_tpot_p99_ms']}) in its "
+            f"config.pbtxt and no slo_p99_ms in the TOML [models.{name}]"
             if in_repository
             else f"not scaled: not in {repository} and the TOML [models.{name}] sets no slo_p99_ms"
         )
     else:
         try:
-            model = ModelConfig.model_validate({k: v for k, v in values.items() if v is not None})
+            given = {k: v for k, v in values.items() if v is not None}
+            # token SLOs and no request SLO: no objective on request latency (infinite)
+            given.setdefault("slo_p99_ms", math.inf)
+            model = ModelConfig.model_validate(given)
         except ValidationError as exc:  # guarded above; a field out of range at its source
             problems.append(f"model {name}: {exc.errors()[0]['msg']}")
             why = "not scaled: its facts are refused"

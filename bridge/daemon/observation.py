@@ -26,6 +26,7 @@ from bridge.policy.snapshot import (
     Seasons,
     Snapshot,
 )
+from bridge.policy.tokens import TokenProfile
 from bridge.slurm.model import TRITON_TAG, Job, Node, Reservation, checkpoint_of
 
 _UNUSABLE = ("down", "fail", "unknown", "future", "inval")
@@ -43,7 +44,8 @@ class TritonServer:
     ready: bool
     #: models the server holds READY
     models: tuple[str, ...]
-    #: requests in flight per model (from the metrics page; empty when not scraped)
+    #: requests in flight per model (from the metrics page; empty when not scraped):
+    #: queued in Triton and, for an LLM, its streams being generated (`observe.in_flight`)
     pending: Mapping[str, float] = field(default_factory=dict)
     #: models the server tried and failed to load, with Triton's reason
     unavailable: Mapping[str, str] = field(default_factory=dict)
@@ -75,6 +77,8 @@ class Observation:
     #: every model's effective facts this tick (the repository merged with the TOML);
     #: the policy scales `models.scaled`
     models: ModelFacts = field(default_factory=ModelFacts)
+    #: per LLM, its replica's measured token profile (`bridge.models.profile`)
+    token_profiles: Mapping[str, TokenProfile] = field(default_factory=dict)
 
     def triton_jobs(self) -> dict[str, Job]:
         """The Triton jobs (tagged `stb:triton`) by job id."""
@@ -201,4 +205,5 @@ def snapshot(
         load_s=dict(load_s or {}),
         lend_load_s=dict(lend_load_s or {}),
         seasons=seasons,
+        token_profiles=dict(obs.token_profiles),
     )

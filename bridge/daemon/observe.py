@@ -37,13 +37,16 @@ from concurrent.futures import ThreadPoolExecutor
 from bridge.config import BridgeConfig
 from bridge.daemon.observation import RESERVATION_PREFIX, Observation, TritonServer
 from bridge.modelfacts import ModelFacts
+from bridge.models.profile import Profiles
 from bridge.policy import history_depth
 from bridge.policy.snapshot import ModelSample
+from bridge.policy.tokens import TokenProfile
 from bridge.slurm.model import TRITON_TAG, Job, Node, lease_of
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.catalog import ModelCatalog
 from bridge.triton.errors import TritonError
 from bridge.triton.metrics import MetricsPage, parse_page
+from bridge.triton.metrics import ModelSample as PageSample
 from bridge.triton.ports import HTTP_PORT
 from bridge.triton.prometheus import PrometheusError, PrometheusSignal
 from bridge.triton.protocol import RepositoryModel, TritonInstance
@@ -63,6 +66,15 @@ def unloading_only(index: Sequence[RepositoryModel]) -> bool:
     failed to load) do not count either way: Triton lists an unloaded version so."""
     states = {m.state for m in index}
     return "READY" in states and bool(states & {"UNLOADING", "LOADING"})
+
+
+def in_flight(sample: PageSample) -> float:
+    """Requests in flight of one (model, version) on a page: Triton's queued requests
+    (`nv_inference_pending_request_count`: only until an instance takes one) and the
+    streams an LLM is generating (`LlmSample.open_streams`: a decoupled model's request
+    being streamed is in no Triton gauge). A drain, a placement's unload wait on both."""
+    streams = sample.llm.open_streams if sample.llm is not None else None
+    return (sample.pending_requests or 0.0) + (streams or 0.0)
 
 
 class Observer:
@@ -89,6 +101,9 @@ class Observer:
         self._prometheus = prometheus
         #: each model's facts: the repository's metadata with the TOML's overrides
         self.catalog = catalog or ModelCatalog.of(config)
+        #: the LLMs' measured token profiles, kept in the model repository
+        self.profiles = Profiles(config.triton.model_repository)
+        self._said_profiles: dict[str, str] = {}
         self._depth = history_depth(config)
         self._history: dict[str, deque[ModelSample]] = {}
         self._previous: dict[str, Scrape] = {}
@@ -153,9 +168,7 @@ class Observer:
                 if read_page:
                     page = parse_page(client.metrics_text())
                     for sample in page.models.values():
-                        pending[sample.model] = pending.get(sample.model, 0.0) + (
-                            sample.pending_requests or 0.0
-                        )
+                        pending[sample.model] = pending.get(sample.model, 0.0) + in_flight(sample)
         except TritonError as exc:
             log.info("Triton of job %s at %s: %s", job.job_id, address, exc)
         server = TritonServer(
@@ -238,6 +251,11 @@ class Observer:
                     sig.pending if sig else None,
                     sig.mean_latency_ms if sig else None,
                     sig.mean_compute_ms if sig else None,
+                    ttft_p99_ms=sig.ttft_p99_ms if sig else None,
+                    tpot_p99_ms=sig.tpot_p99_ms if sig else None,
+                    prompt_tps=sig.prompt_tps if sig else None,
+                    output_tps=sig.output_tps if sig else None,
+                    running=sig.running if sig else None,
                 )
             )
         return Observation(
@@ -249,7 +267,20 @@ class Observer:
             {m: tuple(h) for m, h in self._history.items()},
             site,
             facts,
+            self._token_profiles(facts),
         )
+
+    def _token_profiles(self, facts: ModelFacts) -> dict[str, TokenProfile]:
+        """The newest measured profile of each scaled LLM; a refused file said once."""
+        llms = tuple(n for n, m in facts.scaled.items() if m.has_token_slo)
+        if not llms:
+            return {}
+        profiles = self.profiles.read(llms)
+        for name, problem in self.profiles.problems.items():
+            if self._said_profiles.get(name) != problem:
+                log.warning("token profile of %s refused (sized without it): %s", name, problem)
+        self._said_profiles = dict(self.profiles.problems)
+        return profiles
 
     def _let_go(self, addresses: set[str]) -> None:
         """Forget the clients of servers asked last pass and not this one (their job

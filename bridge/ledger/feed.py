@@ -236,8 +236,9 @@ def ingest_window(
 
 
 class LedgerFeed:
-    """The daemon's link to the ledger: stores each Triton scrape's per-model compute
-    counters (the serving split's input) and runs the scheduled ingest."""
+    """The daemon's link to the ledger: stores each Triton scrape's per-model counters
+    (compute time: the serving split's input; successful requests and an LLM's prompt and
+    generated tokens: the unit economics') and runs the scheduled ingest."""
 
     def __init__(self, config: BridgeConfig, ledger: Engine) -> None:
         self.config = config
@@ -264,9 +265,12 @@ class LedgerFeed:
                 s.compute_output_duration_us,
             )
             us = sum(p or 0.0 for p in parts)
-            points.append(
-                ServingPoint(job_id, address, model, when, us, version, s.request_success)
-            )
+            llm = s.llm  # an LLM's token counters (vLLM or TensorRT-LLM backend)
+            point = ServingPoint(
+                job_id, address, model, when, us, version, s.request_success,
+                llm.prompt_tokens if llm else None, llm.generation_tokens if llm else None,
+            )  # fmt: skip
+            points.append(point)
         try:
             record_serving(self.ledger, self.cluster, points)
         except SQLAlchemyError as exc:

@@ -161,7 +161,10 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
     models = {
         name: {
             "scaled": f.model is not None,
-            "slo_p99_ms": f.model.slo_p99_ms if f.model else None,
+            # None: no request SLO (a model scaled by its token SLOs alone)
+            "slo_p99_ms": f.model.slo_p99_ms if f.model and f.model.has_request_slo else None,
+            "slo_ttft_p99_ms": f.model.slo_ttft_p99_ms if f.model else None,
+            "slo_tpot_p99_ms": f.model.slo_tpot_p99_ms if f.model else None,
             "p99_ms": daemon.p99_ms.get(name) if daemon else None,
             "replicas": [f.model.min_replicas, f.model.max_replicas] if f.model else None,
             "instances": f.model.instances if f.model else None,
@@ -293,12 +296,16 @@ def status(
         shown = (
             "-"
             if p99 is None
-            else (f"[red]{p99:.0f}[/red]" if p99 > m["slo_p99_ms"] else f"{p99:.0f}")
+            else (
+                f"[red]{p99:.0f}[/red]"
+                if m["slo_p99_ms"] is not None and p99 > m["slo_p99_ms"]
+                else f"{p99:.0f}"
+            )
         )
         models.add_row(
             escape(name),
             shown,
-            f"{m['slo_p99_ms']:g}",
+            _slos(m),
             f"{m['replicas'][0]}-{m['replicas'][1]}",
             escape(_sources(m["sources"])),
         )
@@ -307,6 +314,15 @@ def status(
         say(console, f"  {note}")
     if doc["slurm_error"]:
         console.print(f"[yellow]Slurm: {escape(doc['slurm_error'])}[/yellow]", soft_wrap=True)
+
+
+def _slos(m: dict[str, Any]) -> str:
+    """A model's objectives in the table: its request p99, then an LLM's TTFT and TPOT."""
+    parts = [] if m["slo_p99_ms"] is None else [f"{m['slo_p99_ms']:g}"]
+    for label, key in (("TTFT", "slo_ttft_p99_ms"), ("TPOT", "slo_tpot_p99_ms")):
+        if m.get(key) is not None:
+            parts.append(f"{label} {m[key]:g}")
+    return ", ".join(parts) or "-"
 
 
 def _sources(sources: dict[str, str]) -> str:

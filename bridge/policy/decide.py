@@ -56,7 +56,7 @@ from itertools import chain
 
 from bridge.config import BridgeConfig
 from bridge.lifecycle import IN_FLIGHT, LeaseState
-from bridge.policy import capacity, placement
+from bridge.policy import capacity, llm, placement
 from bridge.policy.actions import Action, Lend, Place, Return, StartBaseline
 from bridge.policy.forecast import forecast_rate
 from bridge.policy.hysteresis import (
@@ -65,6 +65,7 @@ from bridge.policy.hysteresis import (
     service_s,
     severity,
     ticks,
+    token_ratio,
 )
 from bridge.policy.nodes import choose_nodes
 from bridge.policy.returns import break_even_s, dwell_s
@@ -214,18 +215,23 @@ def _demands(
         slo_ms, instances = model.slo_p99_ms, model.instances
         slo = slo_ms / 1000.0
         # a model with load but no compute time measured yet cannot be sized: left out
+        # (an LLM without a request objective is sized by its tokens: `llm`)
+        tokens_only = not model.has_request_slo
         if lend:
             base = last.request_rate or 0.0
-            if svc is not None or not base > 0:
+            if svc is not None or not base > 0 or tokens_only:
                 rate = max(base, forecast) * lend_factor
                 to_lend[name] = Demand(rate, 0.0 if svc is None else svc, slo, instances)
-            if (p99 := last.p99_ms) is not None and p99 > high * slo_ms:
+            p99 = last.p99_ms
+            if (p99 is not None and p99 > high * slo_ms) or (
+                model.has_token_slo and (token_ratio(last, model) or 0.0) > high
+            ):
                 hot.append(name)
         if keep:
             base = highest[name]
             if long_dwell and name in long_dwell and name in peaks:
                 base = max(base, peaks[name].highest_since(now - long_dwell[name]))
-            if svc is not None or not base > 0:
+            if svc is not None or not base > 0 or tokens_only:
                 rate = max(base, forecast) * keep_factor
                 to_keep[name] = Demand(rate, 0.0 if svc is None else svc, slo, instances)
     return _Demands(to_lend, to_keep, hot)
@@ -333,6 +339,12 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     long_dwell = dwells(snapshot, config, now) if serving else {}
     demands = _demands(snapshot, config, reads, keep=bool(serving), now=now, long_dwell=long_dwell)
     demand, keep = demands.lend, demands.keep
+    # the LLMs' replicas needed by the token capacity model at the return's demand
+    token_keep = (
+        llm.needs(snapshot, {m: d.rate for m, d in keep.items()})
+        if serving and snapshot.token_profiles
+        else {}
+    )
     replica_of: dict[int, tuple[tuple[str, ...], int]] = {}
     if serving or placeable:
         replica_of = {
@@ -352,7 +364,10 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
                 continue
             if key is not None:
                 count[key] -= 1
-            if not capacity.carries(_groups(count), keep, policy.service_cv2):
+            llms = {m: token_keep[m] for m in lease.models if m in token_keep}
+            if not capacity.carries(_groups(count), keep, policy.service_cv2) or (
+                llms and not llm.carried(_groups(count), llms)
+            ):
                 if key is not None:
                     count[key] += 1
                 kept.add(key)
@@ -407,6 +422,12 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     if late and slots:
         gpus = max((r.gpus for r in snapshot.replicas), default=1)
         wanted = capacity.plan_nodes(groups, demand, [gpus] * slots, room, policy.service_cv2)
+    if slots > len(wanted) and snapshot.token_profiles:
+        # an LLM short of the replicas its tokens need gets a node of its own for each
+        token_need = llm.needs(snapshot, {m: d.rate for m, d in demand.items()})
+        held = [*groups, *(capacity.Group(w, 1, 1) for w in wanted)]
+        for m, short in llm.deficits(held, token_need).items():
+            wanted += [(m,)] * min(short, slots - len(wanted))
 
     backstop: list[str] = []
     if slots > len(wanted):
@@ -511,6 +532,18 @@ def _rates(demand: Mapping[str, capacity.Demand], models: Sequence[str]) -> str:
     return ", ".join(f"{m} {demand[m].rate:.0f} req/s" for m in models if m in demand)
 
 
+def _breach_reason(snapshot: Snapshot, name: str, ticks_: int) -> str:
+    last, model = snapshot.history[name][-1], snapshot.models[name]
+    if model.has_request_slo and (last.p99_ms or 0.0) > model.slo_p99_ms:
+        what = f"p99 {last.p99_ms or 0.0:.0f} ms over SLO {model.slo_p99_ms:g} ms"
+    else:
+        what = (
+            f"TTFT p99 {last.ttft_p99_ms or 0.0:.0f} ms / TPOT p99 {last.tpot_p99_ms or 0.0:.0f} ms"
+        )
+        what += f" over SLOs {model.slo_ttft_p99_ms or '-'} / {model.slo_tpot_p99_ms or '-'} ms"
+    return f"{what} for {ticks_} ticks"
+
+
 def _replica_counts(snapshot: Snapshot) -> tuple[Counter[str], Counter[str]]:
     """Per model: the ready replicas that hold it, and the lends in flight that carry it
     (each replica or lease counted once, however often it names the model); a placement
@@ -552,11 +585,7 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
         spare = choose_nodes(snapshot, config, now, 1, waiting=True, taken=taken, freed=freed)
         if spare:
             node, models = spare[0], tuple(plan.backstop)
-            worst = snapshot.history[models[0]][-1].p99_ms or 0.0
-            reason = (
-                f"p99 {worst:.0f} ms over SLO {snapshot.models[models[0]].slo_p99_ms:g} ms "
-                f"for {policy.breach_evaluations} ticks"
-            )
+            reason = _breach_reason(snapshot, models[0], policy.breach_evaluations)
             actions.append(
                 Lend(node.name, node.pool, config.pools[node.pool].lend_mode, models, reason)
             )

@@ -6,7 +6,8 @@ sustained breach, a calm, or neither (`evaluate_model`), for the backstop and th
 Breach: above high_watermark x SLO for `breach_evaluations` ticks with the tick's mean
 latency above the low watermark (Triton's p99 window lags a minute behind). Calm: below
 low_watermark x SLO for `return_dwell_s`. A tick without data is neither, so missing
-metrics never cause a lend or a return.
+metrics never cause a lend or a return. An LLM's TTFT and TPOT p99s are judged the same
+way against their own objectives (without the mean's confirmation: they do not lag).
 """
 
 from __future__ import annotations
@@ -41,7 +42,60 @@ def evaluate_model(
     history: Sequence[ModelSample], model: ModelConfig, config: BridgeConfig
 ) -> ModelStatus:
     """Sustained breach (`breach_evaluations` ticks), calm (quiet for `return_dwell_s`), or
-    neither, from the recent samples."""
+    neither, from the recent samples: of the request p99 and, for an LLM, of its TTFT and
+    TPOT p99s too (a breach of either is a breach; calm needs both calm)."""
+    status = _request_status(history, model, config)
+    if not model.has_token_slo:
+        return status
+    tokens = _token_status(history, model, config)
+    if ModelStatus.BREACH in (status, tokens):
+        return ModelStatus.BREACH
+    if status == tokens == ModelStatus.CALM:
+        return ModelStatus.CALM
+    return ModelStatus.STEADY
+
+
+def token_ratio(sample: ModelSample, model: ModelConfig) -> float | None:
+    """The sample's worst token p99 over its objective (1.0: at the SLO); None when it
+    measured none of the token p99s the model has an objective for."""
+    worst: float | None = None
+    for value, slo in (
+        (sample.ttft_p99_ms, model.slo_ttft_p99_ms),
+        (sample.tpot_p99_ms, model.slo_tpot_p99_ms),
+    ):
+        if value is not None and slo is not None and (worst is None or value / slo > worst):
+            worst = value / slo
+    return worst
+
+
+def _token_status(
+    history: Sequence[ModelSample], model: ModelConfig, config: BridgeConfig
+) -> ModelStatus:
+    """An LLM's breach and calm by its TTFT and TPOT p99s. They are measured over each
+    tick's own window (the histograms' deltas, `bridge.triton.llm_metrics`), so unlike
+    Triton's 60 s summary they do not lag: a breach needs no confirmation by the mean."""
+    policy = config.policy
+    n = len(history)
+    k = policy.breach_evaluations
+    if n >= k:
+        ratios = [token_ratio(s, model) for s in history[n - k :]]
+        if all(r is not None and r > policy.high_watermark for r in ratios):
+            return ModelStatus.BREACH
+    k = ticks(policy.return_dwell_s, config)
+    if n >= k and all(
+        s.request_rate is not None
+        and ((r := token_ratio(s, model)) is None or r < policy.low_watermark)
+        for s in history[n - k :]
+    ):
+        return ModelStatus.CALM
+    return ModelStatus.STEADY
+
+
+def _request_status(
+    history: Sequence[ModelSample], model: ModelConfig, config: BridgeConfig
+) -> ModelStatus:
+    """`evaluate_model` by the request p99 alone (an LLM without a request objective:
+    never a breach, calm while it has requests)."""
     policy = config.policy
     high = policy.high_watermark * model.slo_p99_ms
     low = policy.low_watermark * model.slo_p99_ms
@@ -88,6 +142,12 @@ def service_s(history: Sequence[ModelSample]) -> float | None:
 
 
 def severity(history: Sequence[ModelSample], model: ModelConfig) -> float:
-    """How far over its SLO the newest p99 is (1.0: at the SLO; 0 without data)."""
-    p99 = history[-1].p99_ms if history else None
-    return (p99 or 0.0) / model.slo_p99_ms
+    """How far over its objectives the newest sample is (1.0: at the SLO; 0 without
+    data): its request p99 and, for an LLM, its TTFT and TPOT p99s."""
+    if not history:
+        return 0.0
+    p99 = history[-1].p99_ms
+    worst = (p99 or 0.0) / model.slo_p99_ms
+    if model.has_token_slo:
+        worst = max(worst, token_ratio(history[-1], model) or 0.0)
+    return worst

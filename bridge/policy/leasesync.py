@@ -93,7 +93,8 @@ class SeenServer(Protocol):
     @property
     def unavailable(self) -> Mapping[str, str]: ...
 
-    #: requests in flight per model
+    #: requests in flight per model: queued, and an LLM's streams being generated (a
+    #: decoupled model's open stream is in no Triton queue gauge); a drain waits for both
     @property
     def pending(self) -> Mapping[str, float]: ...
 

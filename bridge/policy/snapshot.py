@@ -14,6 +14,7 @@ from typing import Protocol
 from bridge.config import ModelConfig
 from bridge.lifecycle import LeaseState
 from bridge.policy.returns import RatePeaks, ReturnHistory
+from bridge.policy.tokens import TokenProfile
 
 
 class Seasons(Protocol):
@@ -86,6 +87,14 @@ class ModelSample:
     #: mean compute time per request over the tick's window (Triton's compute counters):
     #: the capacity model's service time; None without requests
     compute_ms: float | None = None
+    #: an LLM's token signal (`bridge.triton.llm_metrics`), None when it reports none or
+    #: nothing was measured: p99 time to first token and per output token (ms) over the
+    #: tick's window, prompt and output tokens per second, streams being generated
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    prompt_tps: float | None = None
+    output_tps: float | None = None
+    running: float | None = None
 
 
 @dataclass(frozen=True)
@@ -169,3 +178,6 @@ class Snapshot:
     #: the models' rate at this time of day on earlier days (`bridge.policy.seasonal`);
     #: None: no season known (`[policy] seasonal_days = 0`, or a pass that keeps none)
     seasons: Seasons | None = None
+    #: per LLM (a model with a token objective), its replica's measured token profile
+    #: (`bridge.models.profile`); an LLM not here is sized by its measured TTFT/TPOT alone
+    token_profiles: Mapping[str, TokenProfile] = field(default_factory=dict)

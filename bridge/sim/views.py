@@ -74,4 +74,6 @@ def model_sample(
     d["pending"] = pending
     d["mean_ms"] = mean_ms
     d["compute_ms"] = compute_ms
+    for token_field in ("ttft_p99_ms", "tpot_p99_ms", "prompt_tps", "output_tps", "running"):
+        d[token_field] = None  # (the token signal: none in this maker's samples)
     return obj

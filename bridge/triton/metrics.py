@@ -24,6 +24,10 @@ microseconds `nv_inference_{request,queue}_duration_us`,
 `nv_inference_queue_summary_us` with quantiles 0.5, 0.9, 0.95, 0.99 and 0.999. Series of one
 (model, version) that differ in other labels (`reason`, or `gpu_uuid` on GPU servers) are
 added; for summary quantiles, where adding is meaningless, the largest is kept.
+
+An LLM's token families (Triton's vLLM backend, the TensorRT-LLM backend, Triton's
+first-response histogram) are read by `bridge.triton.llm_metrics` into `ModelSample.llm`
+(None for a model with none of them).
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from bridge.triton import llm_metrics
+from bridge.triton.llm_metrics import LlmSample
 
 ModelKey = tuple[str, str]
 """(model name, version) as Triton labels them."""
@@ -61,6 +68,7 @@ SUMMARIES: Mapping[str, str] = {
 _WANTED = frozenset(
     [*COUNTERS, *(f"{c}_total" for c in COUNTERS), *(f"{c}_created" for c in COUNTERS), PENDING]
     + [f"{s}{suffix}" for s in SUMMARIES for suffix in ("", "_count", "_sum", "_created")]
+    + list(llm_metrics.LINE_NAMES)
 )
 
 
@@ -101,6 +109,8 @@ class ModelSample:
     pending_requests: float | None = None
     request_summary: Summary | None = None
     queue_summary: Summary | None = None
+    #: an LLM's token metrics (`bridge.triton.llm_metrics`); None: the page has none
+    llm: LlmSample | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +165,13 @@ def parse_page(text: str) -> MetricsPage:
         return MetricsPage(MappingProxyType({}), error="empty page")
     fields: dict[ModelKey, dict[str, float]] = {}
     summaries: dict[tuple[ModelKey, str], _SummaryAcc] = {}
+    llm = llm_metrics.LlmAccumulator()
     try:
         for family in text_string_to_metric_families(_relevant(text)):
             name = family.name
+            if llm_metrics.wants(name):
+                llm.take(family, _key)
+                continue
             counter = COUNTERS.get(name)
             if counter is not None or name == PENDING:
                 target = counter or "pending_requests"
@@ -183,6 +197,9 @@ def parse_page(text: str) -> MetricsPage:
     except (ValueError, IndexError, KeyError, TypeError) as e:
         # prometheus_client raises ValueError on malformed text (the others defensively).
         return MetricsPage(MappingProxyType({}), error=_unparseable(text, e))
+    tokens = llm.freeze()
+    for key in tokens:
+        fields.setdefault(key, {})
     models: dict[ModelKey, ModelSample] = {}
     for key, acc in fields.items():
         values = {f: _field(v) for f, v in acc.items()}
@@ -193,6 +210,7 @@ def parse_page(text: str) -> MetricsPage:
             key[1],
             request_summary=req.freeze() if req else None,
             queue_summary=que.freeze() if que else None,
+            llm=tokens.get(key),
             **values,
         )
     return MetricsPage(MappingProxyType(models))

@@ -43,6 +43,9 @@ from bridge.triton.signal import ModelSignal
 _STATS = (
     "success", "failure", "request_us", "queue_us", "compute_us", "pending", "p99_us",
     "with_data", "fresh", "replicas",
+    # an LLM's token signal, where the rules record it (`stb:model_ttft_p99_s:...`: the
+    # p99 of the fresh replicas' summed bucket rates; see docs/operators/prometheus.md)
+    "ttft_p99_s", "tpot_p99_s", "prompt_tps", "output_tps", "running",
 )  # fmt: skip
 #: the one query of a tick: every per-model rule series, labelled with its statistic, and
 #: how old the rules' last evaluation is (Prometheus stopped evaluating: no data)
@@ -239,7 +242,16 @@ def _signal(model: str, fresh: int, s: Mapping[str, float | None]) -> ModelSigna
         p50_ms=None,
         p95_ms=None,
         p99_ms=None if p99_us is None else p99_us / 1000,
+        ttft_p99_ms=_ms(s.get("ttft_p99_s")),
+        tpot_p99_ms=_ms(s.get("tpot_p99_s")),
+        prompt_tps=s.get("prompt_tps"),
+        output_tps=s.get("output_tps"),
+        running=s.get("running"),
     )
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
 
 
 __all__ = ["QUERY", "PrometheusError", "PrometheusSignal", "Reading", "fold"]

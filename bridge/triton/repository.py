@@ -7,6 +7,9 @@ ModelConfig protobuf (shipped with tritonclient), and the bridge's metadata kept
     parameters: { key: "stb.min_replicas" value: { string_value: "1" } }   # optional, 1
     parameters: { key: "stb.max_replicas" value: { string_value: "4" } }   # optional, 4
 
+and, for an LLM, its token objectives in ms (either of the first two stands in for
+`stb.slo_p99_ms`): `stb.slo_ttft_p99_ms`, `stb.slo_tpot_p99_ms`, `stb.slo_e2e_p99_ms`.
+
 Read by the ledger's ingest (a served model's team), by `stb models` (publishing
 validates a model with `check_model` before anything is written) and, for the SLO, bounds
 and instances the policy scales a model by, by `PublishedModels` (every model's
@@ -38,6 +41,12 @@ TEAM_PARAMETER = "stb.team"
 SLO_PARAMETER = "stb.slo_p99_ms"
 MIN_PARAMETER = "stb.min_replicas"
 MAX_PARAMETER = "stb.max_replicas"
+#: an LLM's token objectives, ms (`bridge.modelfacts.TOKEN_SLOS`), field -> parameter
+TOKEN_PARAMETERS = {
+    "slo_ttft_p99_ms": "stb.slo_ttft_p99_ms",
+    "slo_tpot_p99_ms": "stb.slo_tpot_p99_ms",
+    "slo_e2e_p99_ms": "stb.slo_e2e_p99_ms",
+}
 #: model names: what Triton, nginx routing and a file name all accept; no dots, so no
 #: path games ("..") and no hidden entries
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -157,11 +166,15 @@ def check_model(cfg: model_config_pb2.ModelConfig, name: str, where: str) -> Mod
     facts = published_of(cfg)
     if not facts.team:
         raise ModelConfigError(f"{where}: parameter {TEAM_PARAMETER} (the owning team) is missing")
-    for key in ("slo_p99_ms", "min_replicas", "max_replicas"):
+    for key in ("slo_p99_ms", "min_replicas", "max_replicas", *TOKEN_PARAMETERS):
         if key in facts.errors:
             raise ModelConfigError(f"{where}: {facts.errors[key]}")
-    if facts.slo_p99_ms is None:
-        raise ModelConfigError(f"{where}: parameter {SLO_PARAMETER} is missing")
+    tokens = facts.slo_ttft_p99_ms is not None or facts.slo_tpot_p99_ms is not None
+    if facts.slo_p99_ms is None and not tokens:
+        raise ModelConfigError(
+            f"{where}: parameter {SLO_PARAMETER} is missing (or, for an LLM, "
+            f"{TOKEN_PARAMETERS['slo_ttft_p99_ms']} / {TOKEN_PARAMETERS['slo_tpot_p99_ms']})"
+        )
     low = 1 if facts.min_replicas is None else facts.min_replicas
     high = 4 if facts.max_replicas is None else facts.max_replicas
     if low > high:
@@ -169,7 +182,8 @@ def check_model(cfg: model_config_pb2.ModelConfig, name: str, where: str) -> Mod
             f"{where}: replica bounds must be 0 <= {MIN_PARAMETER} <= {MAX_PARAMETER} and "
             f"{MAX_PARAMETER} >= 1, got {low}..{high}"
         )
-    return ModelMeta(facts.team, facts.slo_p99_ms, low, high)
+    slo = math.inf if facts.slo_p99_ms is None else facts.slo_p99_ms  # tokens alone
+    return ModelMeta(facts.team, slo, low, high)
 
 
 def published_of(cfg: model_config_pb2.ModelConfig) -> Published:
@@ -191,13 +205,21 @@ def published_of(cfg: model_config_pb2.ModelConfig) -> Published:
     if high is not None and high < 1:
         errors["max_replicas"] = f"replica bounds: {MAX_PARAMETER} must be >= 1, got {high:g}"
         high = None
+    tokens: dict[str, float | None] = {}
+    for field, key in TOKEN_PARAMETERS.items():
+        value = _parsed(params, key, float, errors, field)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            errors[field] = f"{key} must be > 0 ms, got {value:g}"
+            value = None
+        tokens[field] = value
     return Published(
         team,
         slo,
         None if low is None else int(low),
         None if high is None else int(high),
         instances_of(cfg),
-        errors,
+        errors=errors,
+        **tokens,
     )
 
 

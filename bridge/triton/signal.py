@@ -34,6 +34,12 @@ Aggregate per model over instances (and versions): sums of deltas, rates and pen
 and the ratio weighted by requests (ratios of summed deltas), and for each quantile the
 largest over instances: an upper bound of the fleet's quantile (if every replica's p99 is at
 most X, at least 99% of all requests took at most X), exact when one replica serves.
+
+An LLM's token signal (`bridge.triton.llm_metrics`): per window the TTFT and TPOT
+histograms' bucket increases (their p99 as Prometheus' `histogram_quantile` reads the
+replicas' summed increases: None when no request is in the window), prompt and output
+tokens per second, running streams and waiting requests; on `ModelSignal` beside the
+request figures, all None for a model that reports no token family.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from bridge.triton.llm_metrics import LlmWindow, TokenSignal, aggregate, llm_window
 from bridge.triton.metrics import MetricsPage, ModelKey, ModelSample
 
 
@@ -100,6 +107,8 @@ class ModelWindow:
     p50_ms: float | None = None
     p95_ms: float | None = None
     p99_ms: float | None = None
+    #: the token metrics' window; None: the model reports no token family
+    llm: LlmWindow | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +142,16 @@ class ModelSignal:
     p50_ms: float | None
     p95_ms: float | None
     p99_ms: float | None
+    #: an LLM's token signal (`bridge.triton.llm_metrics.TokenSignal`): p99 time to
+    #: first token and per output token, ms, over the window's requests (None: none in
+    #: it), tokens per second in and out, streams running, requests waiting
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    e2e_p99_ms: float | None = None
+    prompt_tps: float | None = None
+    output_tps: float | None = None
+    running: float | None = None
+    waiting: float | None = None
 
 
 _COUNTER_FIELDS = (
@@ -196,6 +215,7 @@ def _model_window(
         return ModelWindow(
             instance, after.model, after.version, Window.NO_DATA,
             pending=pending, p50_ms=p50, p95_ms=p95, p99_ms=p99,
+            llm=llm_window(None, after.llm, None, False) if after.llm else None,
         )  # fmt: skip
     reset = restarted or any(
         b is not None and a is not None and a < b
@@ -240,6 +260,7 @@ def _model_window(
         p50_ms=p50,
         p95_ms=p95,
         p99_ms=p99,
+        llm=llm_window(before.llm, after.llm, seconds, reset) if after.llm else None,
     )
 
 
@@ -268,6 +289,7 @@ def _aggregate(model: str, ws: list[ModelWindow]) -> ModelSignal:
         both = [w for w in data if getattr(w, num) is not None and getattr(w, den) is not None]
         return _div(total(num, both), total(den, both))
 
+    tokens = aggregate(w.llm for w in ws if w.llm is not None)
     return ModelSignal(
         model=model,
         instances=len(ws),
@@ -283,7 +305,14 @@ def _aggregate(model: str, ws: list[ModelWindow]) -> ModelSignal:
         p50_ms=worst("p50_ms"),
         p95_ms=worst("p95_ms"),
         p99_ms=worst("p99_ms"),
+        **(_token_fields(tokens) if tokens is not None else {}),
     )
+
+
+def _token_fields(tokens: TokenSignal) -> dict[str, float | None]:
+    fields = ("ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms", "prompt_tps", "output_tps",
+              "running", "waiting")  # fmt: skip
+    return {f: getattr(tokens, f) for f in fields}
 
 
 def _sum(*vals: float | None) -> float | None:

@@ -169,7 +169,7 @@ def test_an_older_schema_stops_the_daemon_and_stb_db_upgrade_upgrades_it(
     done = CliRunner().invoke(app, ["db", "upgrade", "-c", str(config)])
     assert done.exit_code == 0, done.output
     assert "the bridge's database at " in done.output and ": upgraded 0003 -> 0004" in done.output
-    assert "the ledger at sqlite:///" in done.output and ": created at 0006" in done.output
+    assert "the ledger at sqlite:///" in done.output and ": created at 0007" in done.output
     assert schema.current_revision(engine) == "0004" and "note" in _columns(engine, "lease")
     open_database(database_url).dispose()  # the daemon starts now
     again = CliRunner().invoke(app, ["db", "upgrade", "-c", str(config)])
@@ -206,13 +206,13 @@ def test_an_older_ledger_is_refused_by_the_daemons_rule_and_upgraded_by_its_comm
     engine = make_engine(database_url)
     ledger_db.upgrade(engine, "0005")
     older = (
-        r"the ledger at .* is at schema revision 0005; this stb needs 0006: run `stb db upgrade`"
+        r"the ledger at .* is at schema revision 0005; this stb needs 0007: run `stb db upgrade`"
     )
     with pytest.raises(SchemaError, match=older):
         ledger_db.open_ledger(database_url, migrate=False)
     assert ledger_db.current_revision(engine) == "0005"
     ledger_db.open_ledger(database_url).dispose()  # the one-shot commands' way
-    assert ledger_db.current_revision(engine) == "0006"
+    assert ledger_db.current_revision(engine) == "0007"
 
 
 def test_threads_starting_together_create_both_schemas_once(database_url: str) -> None:
@@ -245,8 +245,8 @@ def test_threads_starting_together_create_both_schemas_once(database_url: str) -
     assert sorted(b for b, _ in results) == ["at 0003, nothing to do"] * (n - 1) + [
         "created at 0003"
     ]
-    assert sorted(x for _, x in results) == ["at 0006, nothing to do"] * (n - 1) + [
-        "created at 0006"
+    assert sorted(x for _, x in results) == ["at 0007, nothing to do"] * (n - 1) + [
+        "created at 0007"
     ]
     assert _version_rows(make_engine(database_url)) == ["0003"]
 
@@ -290,7 +290,7 @@ def test_processes_starting_together_on_a_new_database_create_it_once(database_u
     bridge = sorted(r[0] for r in results)
     assert bridge == ["at 0003, nothing to do"] * (n - 1) + ["created at 0003"], bridge
     ledger = sorted(r[1] for r in results)
-    assert ledger == ["at 0006, nothing to do"] * (n - 1) + ["created at 0006"], ledger
+    assert ledger == ["at 0007, nothing to do"] * (n - 1) + ["created at 0007"], ledger
     engine = make_engine(database_url)
     assert _version_rows(engine) == ["0003"]
     assert _tables(engine) >= _bridge_tables(engine) | set(LEDGER_TABLES)

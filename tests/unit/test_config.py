@@ -29,7 +29,11 @@ def test_the_lab_file_is_valid() -> None:
     busy = facts.facts["busy"]
     assert busy.model == ModelConfig(slo_p99_ms=100, min_replicas=1, max_replicas=3, instances=1)
     assert set(busy.sources.values()) == {"repository"}
-    assert facts.problems == [] and facts.notes() == []
+    # the LLM (smol) has no request p99 SLO (a stream's length is not a latency)
+    assert (
+        facts.problems == []
+        and [n for n in facts.notes() if not n.startswith("model smol: served, not scaled")] == []
+    )
 
 
 @pytest.mark.parametrize(

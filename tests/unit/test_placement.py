@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig, PoolConfig
+from bridge.modelfacts import toml_models
 from bridge.policy import (
     LeaseView,
     Lend,
@@ -83,7 +84,7 @@ def snap(
         replicas,
         history,
         leases,
-        models=CONFIG.models,
+        models=toml_models(CONFIG),
         **more,  # type: ignore[arg-type]
     )
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
+from bridge.modelfacts import toml_models
 from bridge.policy import ModelSample, Snapshot, capacity
 from bridge.policy.capacity import Demand, Group
 from bridge.policy.decide import _demands, _highest, _read
@@ -318,7 +319,7 @@ SNAPSHOT = Snapshot(
     (),
     HISTORY,
     (),
-    models=CONFIG.models,
+    models=toml_models(CONFIG),
     peaks={"steady": RatePeaks(((NOW - 120.0, 40.0),), NOW - 60.0, 30.0), "gaps": RatePeaks()},
 )
 

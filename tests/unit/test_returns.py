@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
+from bridge.modelfacts import toml_models
 from bridge.policy import LeaseView, ModelSample, NodeView, ReplicaView, Return, Snapshot, decide
 from bridge.policy.returns import (
     KEEP,
@@ -138,7 +139,7 @@ def snap(returns: ReturnHistory | None, peaks: RatePeaks) -> Snapshot:
         REPLICAS,
         {"busy": quiet()},
         (LENT,),
-        models=CONFIG.models,
+        models=toml_models(CONFIG),
         returns={"busy": returns} if returns is not None else {},
         peaks={"busy": peaks},
     )

@@ -1,0 +1,84 @@
+"""The policy's token rules: how many replicas an LLM needs by the token capacity model,
+for `bridge.policy.decide` to lend for it and to return its lent replicas. Pure.
+
+An LLM here is a model with a token objective (`ModelConfig.has_token_slo`: a TTFT or
+TPOT p99) and a measured profile of its replica (`Snapshot.token_profiles`, from the
+model version's `stb_profile.json`: `bridge.models.profile`). Its demand on a tick is
+its request rate with the token rates its backend counted (prompt and output tokens/s:
+every request the mean lengths, `TokenDemand.from_rates`), raised to the rate the caller
+wants covered (`decide`'s lend demand: capacity_headroom x the larger of now and the
+forecast; its return demand: return_headroom x the larger of the dwell's highest and the
+forecast). Its need is `bridge.policy.tokens.replicas_needed` of that demand under its
+SLOs (an SLO it does not have does not bind), within its `max_replicas`.
+
+No need is known (the model is left to its measured TTFT and TPOT, which lend through
+the backstop: `bridge.policy.hysteresis`) for a model without a profile, without a
+request and token rates in its newest sample (nothing says how long its requests are),
+or whose SLOs no count of replicas meets (`InfeasibleSLO`: more replicas cannot help).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from bridge.config import ModelConfig
+from bridge.policy import capacity
+from bridge.policy.snapshot import ModelSample, Snapshot
+from bridge.policy.tokens import InfeasibleSLO, TokenDemand, TokenProfile, replicas_needed
+
+#: an SLO the model does not have, in seconds: it never binds
+UNBOUNDED_S = 1e9
+
+
+def slos_s(model: ModelConfig) -> tuple[float, float]:
+    """The model's TTFT and TPOT p99 objectives in seconds (`UNBOUNDED_S` where unset)."""
+    ttft, tpot = model.slo_ttft_p99_ms, model.slo_tpot_p99_ms
+    return (
+        UNBOUNDED_S if ttft is None else ttft / 1000.0,
+        UNBOUNDED_S if tpot is None else tpot / 1000.0,
+    )
+
+
+def token_demand(sample: ModelSample, rate: float) -> TokenDemand | None:
+    """The sample's token demand at `rate` requests/s (its own lengths); None when the
+    sample has no request or token rates to take the lengths from."""
+    now, prompt, output = sample.request_rate, sample.prompt_tps, sample.output_tps
+    if now is None or prompt is None or output is None or not now > 0 or not output > 0:
+        return None
+    return TokenDemand.from_rates(now, prompt, output).scaled(max(rate, 0.0) / now)
+
+
+def need(model: ModelConfig, profile: TokenProfile, sample: ModelSample, rate: float) -> int | None:
+    """Replicas the model needs at `rate` requests/s (None: not known, see the module)."""
+    demand = token_demand(sample, rate)
+    if demand is None:
+        return None
+    try:
+        return min(replicas_needed(profile, demand, *slos_s(model)), model.max_replicas)
+    except InfeasibleSLO:
+        return None
+
+
+def needs(snapshot: Snapshot, rates: Mapping[str, float]) -> dict[str, int]:
+    """Per LLM with a profile, a rate in `rates` and a known need: its replicas needed."""
+    out: dict[str, int] = {}
+    for name, profile in snapshot.token_profiles.items():
+        model = snapshot.models.get(name)
+        history = snapshot.history.get(name)
+        if model is None or not model.has_token_slo or not history or name not in rates:
+            continue
+        n = need(model, profile, history[-1], rates[name])
+        if n is not None:
+            out[name] = n
+    return out
+
+
+def deficits(groups: Iterable[capacity.Group], need_of: Mapping[str, int]) -> dict[str, int]:
+    """Per LLM, the replicas it needs beyond those the groups hold (ready and in flight)."""
+    have = capacity.replicas_of(groups)
+    return {m: n - have.get(m, 0) for m, n in need_of.items() if n > have.get(m, 0)}
+
+
+def carried(groups: Iterable[capacity.Group], need_of: Mapping[str, int]) -> bool:
+    """Whether the groups hold at least the replicas each LLM needs."""
+    return not deficits(groups, need_of)

@@ -1,0 +1,142 @@
+"""The policy's token rules on literal snapshots: an LLM (token objectives, no request
+objective) is lent for by the token capacity model and its profile, breaches and calms on
+its measured TTFT and TPOT p99s, and a lent replica goes back only when the replicas left
+carry the return's token demand."""
+
+from __future__ import annotations
+
+import math
+
+from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
+from bridge.policy import (
+    LeaseView,
+    Lend,
+    ModelSample,
+    ModelStatus,
+    NodeView,
+    ReplicaView,
+    Return,
+    Snapshot,
+    evaluate_model,
+    llm,
+)
+from bridge.policy import decide as policy_decide
+from bridge.policy.tokens import SMOL_LAB
+
+T0 = 1_800_000_000.0
+TICK = 5.0
+SMOL = ModelConfig(
+    slo_p99_ms=math.inf, slo_ttft_p99_ms=2000, slo_tpot_p99_ms=150, min_replicas=1, max_replicas=4
+)
+CONFIG = BridgeConfig(
+    models={},
+    policy=PolicyConfig(
+        breach_evaluations=3,
+        scale_out_cooldown_s=60,
+        scale_in_cooldown_s=120,
+        max_lent_nodes=4,
+        return_dwell_s=20,
+        capacity_headroom=1.0,
+        return_headroom=1.0,
+    ),
+)
+RESERVED = NodeView("n4", "inference", True, 4, has_triton=True)
+ELASTIC = (NodeView("n3", "elastic", True, 4), NodeView("n5", "elastic", True, 4))
+BASELINE = ReplicaView("n4", ("smol",))
+#: the lab LLM's lengths: 50 prompt and 24 output tokens a request
+PROMPT, OUTPUT = 50.0, 24.0
+
+
+def samples(
+    rate: float, n: int = 6, ttft: float | None = 300.0, tpot: float | None = 25.0
+) -> tuple[ModelSample, ...]:
+    return tuple(
+        ModelSample(
+            T0 - (n - 1 - i) * TICK,
+            None,
+            rate,
+            0.0,
+            None,
+            ttft_p99_ms=ttft,
+            tpot_p99_ms=tpot,
+            prompt_tps=PROMPT * rate,
+            output_tps=OUTPUT * rate,
+        )
+        for i in range(n)
+    )
+
+
+def snap(
+    history: tuple[ModelSample, ...],
+    replicas: tuple[ReplicaView, ...] = (BASELINE,),
+    leases: tuple[LeaseView, ...] = (),
+    profiled: bool = True,
+) -> Snapshot:
+    return Snapshot(
+        (RESERVED, *ELASTIC),
+        replicas,
+        {"smol": history},
+        leases,
+        models={"smol": SMOL},
+        token_profiles={"smol": SMOL_LAB} if profiled else {},
+    )
+
+
+def lends(snapshot: Snapshot) -> list[Lend]:
+    return [a for a in policy_decide(snapshot, CONFIG, T0) if isinstance(a, Lend)]
+
+
+def test_an_llm_short_of_the_replicas_its_tokens_need_gets_a_node_for_each() -> None:
+    rate = 3.0
+    need = llm.need(SMOL, SMOL_LAB, samples(rate)[-1], rate)
+    assert need is not None and need >= 3  # (a replica carries about one request a second)
+    got = lends(snap(samples(rate)))
+    assert len(got) == need - 1  # the baseline holds one
+    assert all(a.models == ("smol",) and a.reason.startswith("capacity") for a in got)
+
+
+def test_an_llm_within_its_need_lends_nothing_and_a_lend_in_flight_counts() -> None:
+    assert lends(snap(samples(0.5))) == []
+    rate = 3.0
+    need = llm.need(SMOL, SMOL_LAB, samples(rate)[-1], rate)
+    assert need is not None
+    in_flight = LeaseView(1, "n3", "elastic", "preempt", "starting", ("smol",), T0 - 10, None)
+    assert len(lends(snap(samples(rate), leases=(in_flight,)))) == need - 2
+
+
+def test_without_a_profile_only_a_measured_breach_lends_through_the_backstop() -> None:
+    assert lends(snap(samples(3.0), profiled=False)) == []  # no profile: no capacity lend
+    (lend,) = lends(snap(samples(3.0, ttft=2600.0), profiled=False))
+    assert lend.models == ("smol",)
+    assert "TTFT p99 2600 ms" in lend.reason and "2000" in lend.reason
+
+
+def test_an_llm_breaches_and_calms_on_its_token_p99s() -> None:
+    assert evaluate_model(samples(1.0, ttft=2600.0), SMOL, CONFIG) == ModelStatus.BREACH
+    assert evaluate_model(samples(1.0, tpot=200.0), SMOL, CONFIG) == ModelStatus.BREACH
+    # one tick under the high watermark breaks the run
+    run = (*samples(1.0, ttft=2600.0)[:-1], samples(1.0)[-1])
+    assert evaluate_model(run, SMOL, CONFIG) != ModelStatus.BREACH
+    assert evaluate_model(samples(1.0), SMOL, CONFIG) == ModelStatus.CALM
+    # over the low watermark (default 0.5 x SLO) is not calm
+    assert evaluate_model(samples(1.0, ttft=1500.0), SMOL, CONFIG) == ModelStatus.STEADY
+
+
+def test_a_lent_llm_replica_goes_back_only_when_the_rest_carry_its_tokens() -> None:
+    lent = LeaseView(7, "n3", "elastic", "preempt", "serving", ("smol",), T0 - 900, T0 - 800)
+    replicas = (BASELINE, ReplicaView("n3", ("smol",), lease_id=7))
+    rate = 1.5
+    need = llm.need(SMOL, SMOL_LAB, samples(rate)[-1], rate)
+    assert need == 2  # both replicas are needed: calm, yet not returned
+    actions = policy_decide(snap(samples(rate), replicas, (lent,)), CONFIG, T0)
+    assert not any(isinstance(a, Return) for a in actions)
+    # the load fell: one replica carries it, the lent one goes back
+    actions = policy_decide(snap(samples(0.3), replicas, (lent,)), CONFIG, T0)
+    assert [a.lease_id for a in actions if isinstance(a, Return)] == [7]
+
+
+def test_no_need_is_known_without_token_rates_or_for_an_unmeetable_slo() -> None:
+    bare = ModelSample(T0, None, 2.0, 0.0, None)
+    assert llm.need(SMOL, SMOL_LAB, bare, 2.0) is None
+    tight = SMOL.model_copy(update={"slo_tpot_p99_ms": 10.0})  # under 16 ms a token alone
+    assert llm.need(tight, SMOL_LAB, samples(2.0)[-1], 2.0) is None
