@@ -372,6 +372,10 @@ class TritonPythonModel:
         self.n_ctx = int(params.get("n_ctx") or 2048)
         self.default_max = int(params.get("default_max_tokens") or 16)
         self.prompt_format = params.get("prompt_format") or "chatml"
+        # The lab's pace (0: none): at least this long between two tokens of a sequence.
+        # The lab's nodes share the host's CPUs, so without it a second replica adds no
+        # compute; paced, a replica's token rate is its own, as on a GPU of its own.
+        self.token_interval_s = float(params.get("token_interval_ms") or 0) / 1000.0
         format_prompt("x", self.prompt_format)  # refuses an unknown format at load
         self.llm = llama_cpp.Llama(
             model_path=str(path),
@@ -494,6 +498,8 @@ class TritonPythonModel:
                 self._observe("vllm:time_per_output_token_seconds", now - tally.token_times[-2])
             if last:
                 break
+            if self.token_interval_s > 0:
+                time.sleep(max(0.0, now + self.token_interval_s - time.monotonic()))
             if sender.is_cancelled():  # the client went away: stop generating for it
                 reason = "abort"
                 cancelled = pb_utils.TritonError(
