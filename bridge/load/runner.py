@@ -25,7 +25,9 @@ import ipaddress
 import json
 import math
 import threading
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -292,6 +294,65 @@ class _Run:
                 self.counters.errors += 1
 
 
+async def open_loop(
+    offsets: Sequence[float],
+    endpoints: Sequence[Endpoint],
+    *,
+    max_duration_s: float,
+    cap: int,
+    grace_s: float,
+    counters: Counters,
+    now: Callable[[], float],
+    launch: Callable[[int, Endpoint, float], Coroutine[Any, Any, None]],
+    drop: Callable[[int, Endpoint, float], None],
+    stop: threading.Event | None = None,
+) -> tuple[str | None, float]:
+    """Play `offsets` open loop: at each one's time (seconds on `now`'s clock) hand the
+    request to `launch(index, endpoint, offset)` as a task, round robin over
+    `endpoints`, or, with `cap` tasks in flight, `drop` it (counted). Stops at
+    `max_duration_s` (LATE_GRACE_S late at most) or when `stop` is set; then gives what
+    is in flight `grace_s` and cancels the rest. Returns (why it stopped early: None,
+    "max_duration" or "stopped"; the last offset played). The sender of requests and
+    the sender of token streams (`bridge.load.streams`) both play through it."""
+    tasks: set[asyncio.Task[None]] = set()
+    stopped_by: str | None = None
+    last_due = 0.0
+    try:
+        for index, offset in enumerate(offsets):
+            if offset >= max_duration_s:
+                stopped_by = "max_duration"
+                break
+            delay = offset - now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if stop is not None and stop.is_set():
+                stopped_by = "stopped"
+                break
+            if now() >= max_duration_s + LATE_GRACE_S:
+                stopped_by = "max_duration"  # the sender fell far behind: stop anyway
+                break
+            last_due = offset
+            counters.elapsed_s = now()
+            endpoint = endpoints[index % len(endpoints)]
+            if len(tasks) >= cap:
+                drop(index, endpoint, offset)
+                counters.dropped += 1
+                continue
+            counters.sent += 1
+            counters.in_flight += 1
+            task = asyncio.create_task(launch(index, endpoint, offset))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:  # each request gives itself up after its timeout; this is a backstop
+            await asyncio.wait(set(tasks), timeout=grace_s)
+    finally:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return stopped_by, last_due
+
+
 async def run(
     schedule: Schedule,
     config: RunConfig,
@@ -305,65 +366,57 @@ async def run(
     counters = counters if counters is not None else Counters()
     offsets = schedule.offsets[: config.max_requests]
     counters.planned = len(offsets)
-    stopped_by = "max_requests" if len(offsets) < len(schedule.offsets) else "schedule"
     cap = config.concurrency_cap
     limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
     loop = asyncio.get_running_loop()
-    tasks: set[asyncio.Task[None]] = set()
     async with httpx.AsyncClient(limits=limits, timeout=config.timeout_s) as client:
         state = _Run(config, client, config.body(), loop.time(), counters)
-        last_due = 0.0
+
+        def launch(index: int, endpoint: Endpoint, offset: float) -> Coroutine[Any, Any, None]:
+            state.launched[index] = (str(endpoint), offset, state.now())
+            return state.send(index, endpoint, offset)
+
+        def drop(index: int, endpoint: Endpoint, offset: float) -> None:
+            state.records[index] = RequestRecord(
+                index, str(endpoint), offset, None, None, None, "dropped"
+            )
+
         try:
-            for index, offset in enumerate(offsets):
-                if offset >= config.max_duration_s:
-                    stopped_by = "max_duration"
-                    break
-                delay = offset - state.now()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if stop is not None and stop.is_set():
-                    stopped_by = "stopped"
-                    break
-                if state.now() >= config.max_duration_s + LATE_GRACE_S:
-                    stopped_by = "max_duration"  # the sender fell far behind: stop anyway
-                    break
-                last_due = offset
-                counters.elapsed_s = state.now()
-                endpoint = config.endpoints[index % len(config.endpoints)]
-                if len(tasks) >= cap:
-                    state.records[index] = RequestRecord(
-                        index, str(endpoint), offset, None, None, None, "dropped"
-                    )
-                    counters.dropped += 1
-                    continue
-                counters.sent += 1
-                counters.in_flight += 1
-                state.launched[index] = (str(endpoint), offset, state.now())
-                task = asyncio.create_task(state.send(index, endpoint, offset))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:  # each request gives itself up after timeout_s; this is a backstop
-                await asyncio.wait(set(tasks), timeout=config.timeout_s + 1.0)
+            early, last_due = await open_loop(
+                offsets,
+                config.endpoints,
+                max_duration_s=config.max_duration_s,
+                cap=cap,
+                grace_s=config.timeout_s + 1.0,
+                counters=counters,
+                now=state.now,
+                launch=launch,
+                drop=drop,
+                stop=stop,
+            )
         finally:
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
             state.cancel_unfinished()
         elapsed = state.now()
     counters.elapsed_s = elapsed
-    if stopped_by == "schedule":
-        window = schedule.window_s
-    elif stopped_by == "max_duration":
-        window = config.max_duration_s
-    else:
-        window = last_due
+    stopped_by = early or ("max_requests" if len(offsets) < len(schedule.offsets) else "schedule")
     return RunResult(
         config=config,
         source=schedule.source,
         records=tuple(state.records[i] for i in sorted(state.records)),
-        window_s=window,
+        window_s=played_window(stopped_by, schedule, config.max_duration_s, last_due),
         elapsed_s=elapsed,
         stopped_by=stopped_by,
         target_rate=target_rate,
     )
+
+
+def played_window(
+    stopped_by: str, schedule: Schedule, max_duration_s: float, last_due: float
+) -> float:
+    """The span of the schedule a run played: all of it, up to the duration bound, or
+    up to the last request that came due (stopped, or capped in count)."""
+    if stopped_by == "schedule":
+        return schedule.window_s
+    if stopped_by == "max_duration":
+        return max_duration_s
+    return last_due
