@@ -3,7 +3,9 @@ set-ups) on the shared Azure LLM conversation trace, each request's prompt and o
 lengths drawn from the trace's own token columns, the lab LLM's token profile
 (`bridge.policy.tokens.SMOL_LAB`: SmolLM2-135M on two cores, two sequences at once) and
 TTFT and TPOT objectives. Per set-up: requests within the TTFT SLO, within the TPOT SLO,
-within the request (end-to-end) SLO, mean job wait, lends a day.
+within the request (end-to-end) SLO, mean job wait, lends and returns a day. The bridge
+sees the LLM as the daemon does (token SLOs, no request SLO, its profile, each tick's
+TTFT/TPOT p99s and token rates): `decide`'s token rules size it (`bridge.policy.llm`).
 
 Rows: the trace's arrival shape (`--arrivals azure`), the same with model load times
 (`--load-s`, 300 s by default: an LLM's weights), and a synthetic burst workload
@@ -63,7 +65,7 @@ def main() -> None:
     )
     print(
         f"{'workload':<10}{'load_s':>7} {'set-up':<15}{'nodes':>6}{'TTFT in':>9}"
-        f"{'TPOT in':>9}{'req in':>9}{'job wait':>10}{'lends/d':>8}"
+        f"{'TPOT in':>9}{'req in':>9}{'job wait':>10}{'lends/d':>8}{'returns/d':>10}"
     )
     rows = [("azure", 0.0), ("azure", args.load_s), ("synthetic", 0.0)]
     figures: list[str] = []
@@ -84,7 +86,7 @@ def main() -> None:
                 f"{arrivals:<10}{load_s:>7g} {r.policy:<15}{r.pools.get('inference', 0):>6}"
                 f"{100 * (r.ttft_share or 0):>8.2f}%{100 * (r.tpot_share or 0):>8.2f}%"
                 f"{100 * r.within_share:>8.2f}%{wait_mean_s(r):>9.0f}s"
-                f"{r.lends / args.days:>8.0f}",
+                f"{r.lends / args.days:>8.0f}{r.returns / args.days:>10.0f}",
                 flush=True,
             )
         for name in ("separate-peak", "bridge"):

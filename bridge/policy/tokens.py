@@ -76,6 +76,11 @@ class TokenProfile:
     tpot_s: seconds per output token with 1, 2, ... `sequences` sequences decoding at once
         (`tpot_s[n - 1]` for n sequences; non-decreasing, one entry per sequence).
     prefix_hit: the share of prompt tokens a prefix cache spares the prefill (0 to < 1).
+    tpot_spread: how far a request's TPOT at the tail (its 0.99 quantile) lies above the
+        table's typical TPOT at the same concurrency (>= 1; 1: no spread): on shared
+        compute a decode beside another's prefill runs slower than beside a decode.
+        `predict`'s TPOT p99 is the table's TPOT at the tail's concurrency times it;
+        the service time (the mean) is not.
     """
 
     sequences: int
@@ -83,6 +88,7 @@ class TokenProfile:
     prefill_overhead_s: float
     tpot_s: tuple[float, ...]
     prefix_hit: float = 0.0
+    tpot_spread: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.sequences, int) or self.sequences < 1:
@@ -100,6 +106,9 @@ class TokenProfile:
             raise ValueError(f"tpot_s must be non-decreasing in sequences, got {self.tpot_s}")
         if not (0.0 <= self.prefix_hit < 1.0):
             raise ValueError(f"prefix_hit must be in [0, 1), got {self.prefix_hit!r}")
+        _check_positive("tpot_spread", self.tpot_spread)
+        if self.tpot_spread < 1.0:
+            raise ValueError(f"tpot_spread must be >= 1, got {self.tpot_spread!r}")
 
     def tpot(self, n: float) -> float:
         """Seconds per output token with `n` sequences decoding at once (linear between
@@ -362,7 +371,9 @@ def _ttft_quantile(prefills: Sequence[float], wait_p: float, tail: float, q: flo
     lo = _sample_quantile(prefills, q)
     if exceed(lo) <= 1.0 - q:
         return lo
-    hi = hi_pre + math.log(max(wait_p, 1e-300) / (1.0 - q)) / tail + 1e-9
+    # past the longest prefill, a wait over log(wait_p / (1 - q)) / tail is rarer than
+    # 1 - q (none needed when wait_p < 1 - q: the longest prefill alone bounds it)
+    hi = hi_pre + max(0.0, math.log(wait_p / (1.0 - q))) / tail + 1e-9
     for _ in range(60):
         mid = (lo + hi) / 2
         if exceed(mid) > 1.0 - q:
@@ -402,7 +413,7 @@ def predict(profile: TokenProfile, demand: TokenDemand, replicas: int) -> TokenP
     slow = profile.slowdown(n99)
     prefills = [slow * profile.prefill(p) for p in demand.prompt_tokens]
     ttft = _ttft_quantile(prefills, qu.wait_p, qu.tail)
-    return TokenPrediction(ttft, profile.tpot(n99), a / c, n, True)
+    return TokenPrediction(ttft, profile.tpot(n99) * profile.tpot_spread, a / c, n, True)
 
 
 def infeasible(
@@ -520,7 +531,10 @@ def fit_profile(points: Iterable[ProfilePoint], sequences: int | None = None) ->
     xs = [p.prompt_tokens for p in pts]
     ys = [p.ttft_s / (table[min(p.concurrency, seqs) - 1] / base) for p in pts]
     per_token, overhead = _line(xs, ys)
-    return TokenProfile(seqs, max(0.0, per_token), max(0.0, overhead), tuple(table))
+    # the tail of each point's TPOT over its concurrency's typical one
+    ratios = [p.tpot_s / table[min(p.concurrency, seqs) - 1] for p in pts]
+    spread = max(1.0, _sample_quantile(ratios, Q))
+    return TokenProfile(seqs, max(0.0, per_token), max(0.0, overhead), tuple(table), 0.0, spread)
 
 
 def _median(xs: Sequence[float]) -> float:

@@ -102,6 +102,13 @@ class Engine(Cluster):
             dict(setup.models) if setup.models is not None else toml_models(cfg)
         )
         self.models = list(self.specs)
+        #: per LLM (a model with a token objective and a token workload), its replica's
+        #: token profile: the snapshot's `token_profiles`, as the daemon reads them
+        self.token_profiles = {
+            m: tm.profile
+            for m, tm in setup.tokens.items()
+            if m in self.specs and self.specs[m].has_token_slo
+        }
         unknown = [m for m in self.models if m not in setup.arrivals.rates]
         if unknown:
             raise ValueError(f"no arrivals for models {', '.join(unknown)}")
@@ -148,6 +155,7 @@ class Engine(Cluster):
                 self.replica_gpus,
                 self.specs,
                 setup.timing.model_load_s,
+                llms={m: setup.tokens[m] for m in self.token_profiles},
             )
             if setup.prove_quiet and not setup.always_decide
             else None
@@ -465,6 +473,7 @@ class Engine(Cluster):
             load_s=self.load_s,
             lend_load_s=dict(self.lend_load_s),
             seasons=self.seasons,
+            token_profiles=self.token_profiles,
         )
 
     def _lease_view(self, lease: SimLease) -> LeaseView:

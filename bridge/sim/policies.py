@@ -305,7 +305,7 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
         cap = {"max_lent_nodes": int(value)}
     most = max(lendable, cap["max_lent_nodes"])
     models = {
-        m: ModelConfig(slo_p99_ms=slo, min_replicas=1, max_replicas=infer + most + 1)
+        m: _model_config(m, slo, scenario.tokens, infer + most + 1)
         for m, (slo, _) in scenario.models.items()
     }
     policy_config = scenario.policy.model_copy(update=cap)
@@ -326,6 +326,26 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
         checkpoint_s=scenario.checkpoint_s,
         tokens=scenario.tokens,
         replica_servers=scenario.replica_servers,
+    )
+
+
+def _model_config(
+    model: str, slo_ms: float, tokens: Mapping[str, TokenModel], most: int
+) -> ModelConfig:
+    """The model as the daemon's facts give it to the policy: its request SLO, or for an
+    LLM (`Scenario.tokens`) its TTFT and TPOT objectives and no request SLO (as the lab's
+    `smol`: `ModelConfig.has_request_slo` false, scaled by its tokens; `slo_ms` its
+    end-to-end bound, the request column's objective)."""
+    tm = tokens.get(model)
+    if tm is None:
+        return ModelConfig(slo_p99_ms=slo_ms, min_replicas=1, max_replicas=most)
+    return ModelConfig(
+        slo_p99_ms=math.inf,
+        min_replicas=1,
+        max_replicas=most,
+        slo_ttft_p99_ms=tm.slo_ttft_s * 1000.0,
+        slo_tpot_p99_ms=tm.slo_tpot_s * 1000.0,
+        slo_e2e_p99_ms=slo_ms,
     )
 
 

@@ -29,6 +29,17 @@ engine's `structure` key; the replica count and the models' service times are re
 per structure), and it is checked ahead at the lend lead time, so a tick inside the span
 it holds costs no look at the bounds. Nothing here decides: `Setup.check_quiet` runs
 `assess` on every proven tick as well, and the tests use it.
+
+An LLM sized by its tokens (`bridge.policy.llm`: the snapshot's `token_profiles`): its
+TTFT and TPOT breach and calm runs are counted too (a tick with a breach sustained is not
+quiet; a lease of it is a return candidate only when its tokens are calm), and a
+lend certificate also holds its token rule: at the certificate's rates the replicas hold
+what its tokens need (`llm.need`, monotone in the rate and the lengths), and a return
+certificate may be a refusal by its tokens (the replicas less one short of the need at
+the rates). The token rule sizes an LLM only from a sample with requests (its lengths
+are the token rates over the request rate): a return candidate that carries an LLM whose
+newest sample has none is left to `assess`. tests/unit/test_sim_tokens.py runs mutants
+without these guards: each skips a tick the token rules act on.
 """
 
 from __future__ import annotations
@@ -44,9 +55,11 @@ import numpy.typing as npt
 from bridge.config import BridgeConfig, ModelConfig
 from bridge.lifecycle import LeaseState
 from bridge.modelfacts import toml_models
-from bridge.policy import ModelSample, Snapshot, capacity
+from bridge.policy import ModelSample, Snapshot, capacity, llm
 from bridge.policy.decide import capacity_groups, capacity_inputs, model_set
+from bridge.policy.hysteresis import token_calm_below, token_ratio
 from bridge.policy.timing import lead_time, slowest_load
+from bridge.sim.tokens import TokenModel
 
 #: relative margin on a certificate (far above the capacity model's rounding)
 MARGIN = 1e-9
@@ -116,12 +129,28 @@ class QuietProof:
         replica_gpus: int,
         specs: Mapping[str, ModelConfig] | None = None,
         load_s: Mapping[str, float] | None = None,
+        llms: Mapping[str, TokenModel] | None = None,
     ) -> None:
         """`specs`: the models' effective SLO and bounds, as the policy reads them (the
         engine's); None: the TOML's `[models]` alone. `load_s`: the models' load times
-        (the snapshots' `load_s`, fixed for a run)."""
+        (the snapshots' `load_s`, fixed for a run). `llms`: the models the policy's token
+        rules size (the snapshots' `token_profiles`), with their token workloads."""
         self.config = config
         specs = toml_models(config) if specs is None else specs
+        llms = llms or {}
+        #: the LLMs: index (model order), name, its model, profile and mean lengths
+        self.llms = [
+            (i, m, specs[m], llms[m].profile, llms[m].demand(1.0))
+            for i, m in enumerate(models)
+            if m in llms and specs[m].has_token_slo
+        ]
+        #: the LLMs whose newest sample has no requests; per LLM, its samples in a row
+        #: with a token p99 over high_watermark x its objective (a token breach's run)
+        self.llm_idle: set[str] = set()
+        self.token_breach = [0] * len(self.llms)
+        #: per LLM (by name), its samples in a row calm by its tokens (`_token_status`:
+        #: with requests, no token p99 at or over `token_calm_below` x its objective)
+        self.token_calm = {m: 0 for _, m, _, _, _ in self.llms}
         #: the slowest load of the models the policy scales (`bridge.policy.timing`)
         self.slowest = slowest_load(load_s or {}, specs)
         #: GPUs of every replica (the engine's): a serving lease's replica key has them
@@ -210,6 +239,21 @@ class QuietProof:
             self.runs_in_order, self.high_in_order, self.low_in_order, samples, strict=True
         ):
             _count(runs, high, low, s)
+        if self.llms:
+            high = self.config.policy.high_watermark
+            # the simulator's LLMs all have their profile (`Setup.tokens`)
+            low = token_calm_below(self.config, True)
+            idle, calm = self.llm_idle, self.token_calm
+            for j, (i, m, model, _, _) in enumerate(self.llms):
+                s = samples[i]
+                if (s.request_rate or 0.0) > 0 and (s.output_tps or 0.0) > 0:
+                    idle.discard(m)
+                else:
+                    idle.add(m)
+                ratio = token_ratio(s, model)
+                self.token_breach[j] = self.token_breach[j] + 1 if (ratio or 0.0) > high else 0
+                quiet = s.request_rate is not None and (ratio is None or ratio < low)
+                calm[m] = calm[m] + 1 if quiet else 0
 
     def observe(self, m: str, s: ModelSample) -> None:
         """Count model m's new sample into its runs (`evaluate_model`'s tests)."""
@@ -245,24 +289,31 @@ class QuietProof:
         for runs in self.runs_in_order:
             if runs.breach >= kb or runs.rated < need or runs.since_compute >= depth:
                 return False
+        if self.llms and max(self.token_breach) >= kb:
+            return False  # an LLM's TTFT or TPOT in breach: the backstop may lend
         cert = self.cert
         if structure != cert.structure:
             cert = self.cert = self._index(structure, leases())
         if now - cert.oldest_waiting > policy.drain_wait_s:
             return False  # a drain lend may be abandoned
         keys: list[Key] = []
-        runs_of, kc = self.runs, self.kc
+        runs_of, kc, token_calm = self.runs, self.kc, self.token_calm
         # a serving lease past its cooldown may be placed (when models are late)
         placeable = False
         for models, (since, key) in cert.serving.items():
             if now - since >= policy.scale_in_cooldown_s:
                 placeable = True
-                if all(m in runs_of and runs_of[m].calm >= kc for m in models):
+                if all(
+                    m in runs_of and runs_of[m].calm >= kc and token_calm.get(m, kc) >= kc
+                    for m in models
+                ):
                     keys.append(key)
         placeable = placeable and policy.placement
         slots = cert.slots
         if not keys and slots <= 0 and not placeable:
             return True
+        if self.llm_idle and any(m in self.llm_idle for key in keys for m in key[0]):
+            return False  # a return certificate's token part needs the LLM's lengths
         pools = (lend_s, lend_load_s or {})
         if pools != self._lead_of:  # (the lend lead times change only at a lend)
             self._lead_of = (dict(pools[0]), dict(pools[1]))
@@ -412,10 +463,44 @@ class QuietProof:
         for ahead in AHEAD:
             rows = block[k - b0 : k - b0 + ahead]  # (not past the block's end)
             target = [float(x) * (1.0 + 2 * MARGIN) for x in rows.max(axis=0)]
-            if not capacity.over(cert.lend_groups, self._demand(demands, target), cv2):
+            if not capacity.over(
+                cert.lend_groups, self._demand(demands, target), cv2
+            ) and self._tokens_carried(cert.lend_groups, target):
                 cert.upper = [t * (1.0 - MARGIN) for t in target]
                 return cert.upper
         return None
+
+    def _tokens_carried(
+        self,
+        groups: Sequence[capacity.Group],
+        rates: Sequence[float],
+        models: Sequence[str] | None = None,
+        shorter: bool = False,
+    ) -> bool:
+        """Whether the groups hold the replicas each LLM (of `models`; None: all) needs
+        by its tokens at these rates (`bridge.policy.llm.need`: the token rule's lend, and
+        its return's refusal), its lengths taken a hair longer (`shorter`: shorter) than
+        its samples' (their token rates / request rate, to the last bit). The need grows
+        with the rate and the lengths: any demand at most a carried one is carried too,
+        any at least a refused one refused (while the LLM has requests: `llm_idle`)."""
+        if not self.llms:
+            return True
+        have = capacity.replicas_of(groups)
+        hair = 1.0 - 1e-6 if shorter else 1.0 + 1e-6
+        for i, m, model, profile, mean in self.llms:
+            if models is not None and m not in models:
+                continue
+            sample = ModelSample(
+                0.0,
+                None,
+                1.0,
+                prompt_tps=mean.mean_prompt * hair,
+                output_tps=mean.mean_output * hair,
+            )
+            need = llm.need(model, profile, sample, rates[i])
+            if need is not None and need > have.get(m, 0):
+                return False
+        return True
 
     def _certify_return(
         self, snapshot: Callable[[], Snapshot], now: float, k: int, horizon: float, key: Key
@@ -438,7 +523,9 @@ class QuietProof:
         for ahead in AHEAD:
             rows = block[k - b0 : k - b0 + ahead]  # (not past the block's end)
             target = [float(x) * (1.0 - 2 * MARGIN) for x in rows.min(axis=0)]
-            if not capacity.carries(groups, self._demand(demands, target), cv2):
+            if not capacity.carries(
+                groups, self._demand(demands, target), cv2
+            ) or not self._tokens_carried(groups, target, key[0], shorter=True):
                 lower = [t * (1.0 + MARGIN) for t in target]
                 cert.lower[key] = lower
                 return lower

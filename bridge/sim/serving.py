@@ -2,7 +2,9 @@
 (`Group`: replicas of one model set see the same load), the latency model over each tick
 (`bridge.sim.latency`), and what each model's requests saw: the `ModelSample` the
 observe step would have read (Triton's 60 s p99, the tick's mean latency, request rate,
-pending requests), the share within the SLO, per request and per minute.
+pending requests; for an LLM its token signal too: the tick's TTFT and TPOT p99s, prompt
+and output tokens/s, streams running, from `bridge.sim.tokens`), the share within the SLO,
+per request and per minute (an LLM's request SLO: its end-to-end bound).
 
 `Serving` is the engine's (`bridge.sim.engine.Engine`): `join` when routing changes (a
 replica in or out: the engine's act and sync), `serve(k)` once per tick. The hot path (the
@@ -26,6 +28,7 @@ from bridge.sim.result import ModelOutcome
 from bridge.sim.setup import Setup
 from bridge.sim.tokens import TokenModel
 from bridge.sim.views import model_sample as _model_sample
+from bridge.sim.views import token_sample as _token_sample
 from bridge.sim.workload import ArrivalSeries
 
 #: Triton's latency summaries (prometheus-cpp): observations of the last 60 s, kept in 5
@@ -100,22 +103,29 @@ class Serving:
         self.replica_gpus = replica_gpus
         #: GPU-seconds the replicas spent serving
         self.inference_used_s = 0.0
-        out = {m: ModelOutcome(specs[m].slo_p99_ms) for m in self.models}
+        slos = {m: request_slo_ms(specs[m]) for m in self.models}
+        out = {m: ModelOutcome(slos[m]) for m in self.models}
         self.outcome = out
         #: per model (model order), its token workload (`Setup.tokens`) or None
         self._tokens = [setup.tokens.get(m) for m in self.models]
         for m in self.models:
             if setup.tokens.get(m) is not None:
                 out[m].tokens = True
+        #: per LLM model (model order; None for the others): its mean prompt and output
+        #: lengths (its samples' token rates) and its replica's slots
+        self._lengths = [
+            None if t is None else (t.demand(1.0).mean_prompt, t.demand(1.0).mean_output)
+            for t in self._tokens
+        ]
         self.minute = {m: [0.0, 0.0] for m in self.models}
         #: what `serve` reads of each model, in model order: SLO (ms), service time (s and
         #: ms), SLO budget beyond the service time (s), outcome, minute tally, history, rates
         self._per_model = [
             (
-                specs[m].slo_p99_ms,
+                slos[m],
                 setup.service_s[m],
                 setup.service_s[m] * 1000.0,
-                specs[m].slo_p99_ms / 1000.0 - setup.service_s[m],
+                slos[m] / 1000.0 - setup.service_s[m],
                 out[m],
                 self.minute[m],
                 self.history[m],
@@ -215,7 +225,8 @@ class Serving:
             lam,
             parts,
             tokens,
-        ) in zip(self._per_model, rates, per_model_at, self._tokens, strict=True):
+            lengths,
+        ) in zip(self._per_model, rates, per_model_at, self._tokens, self._lengths, strict=True):
             rate_window.append(lam)
             n = lam * dt
             requests_total += lam
@@ -261,8 +272,9 @@ class Serving:
                         q = (s_m + group.extra_p99_s) * 1000.0
                         if p99 is None or q > p99:  # (`max`, without the call)
                             p99 = q
+            token_p99s = None
             if tokens is not None and n > 0:
-                _token_tally(tokens, out, parts, n)
+                token_p99s = _token_tally(tokens, out, parts, n)
             if lam > 0:
                 mean = mean_s * 1000.0
             if p99 is not None and sum(rate_window) <= 0:
@@ -273,9 +285,26 @@ class Serving:
             minute[1] += n * within
             if p99 is not None and p99 / slo_ms > worst:
                 worst = p99 / slo_ms
-            sample = _model_sample(
-                now, p99, lam, pending, mean, compute_ms if mean is not None else None
-            )
+            if lengths is None:
+                sample = _model_sample(
+                    now, p99, lam, pending, mean, compute_ms if mean is not None else None
+                )
+            else:  # an LLM: its token signal too (`bridge.triton.llm_metrics`' figures)
+                slots = sum(servers * g.nodes for _, g in parts)
+                ttft_ms, tpot_ms = (None, None) if token_p99s is None else token_p99s
+                sample = _token_sample(
+                    now,
+                    p99,
+                    lam,
+                    pending,
+                    mean,
+                    compute_ms if mean is not None else None,
+                    ttft_ms,
+                    tpot_ms,
+                    lam * lengths[0],
+                    lam * lengths[1],
+                    min(lam * s_m, float(slots)),
+                )
             history.append(sample)
             samples.append(sample)
         self.tick_requests = requests_total
@@ -294,18 +323,32 @@ class Serving:
 
 def _token_tally(
     tokens: TokenModel, out: ModelOutcome, parts: Sequence[tuple[float, Group]], n: float
-) -> None:
+) -> tuple[float, float]:
     """Add one tick's `n` requests of an LLM model, spread over its groups by `parts`
-    (share, group), to its TTFT and TPOT tallies (`TokenModel.shares`)."""
+    (share, group), to its TTFT and TPOT tallies (`TokenModel.tick`); its TTFT and TPOT
+    p99s (ms) over the tick, the worst group's (as its request p99 is)."""
     ttft = tpot = 0.0
+    ttft_p99 = tpot_p99 = 0.0
     for share, group in parts:
         assert group.state is not None
         lo, hi, p, tail = group.state
-        a, b = tokens.shares(group.load, lo, hi, p, tail)
+        a, b, ttft_s, tpot_s = tokens.tick(group.load, lo, hi, p, tail)
         ttft += share * a
         tpot += share * b
+        ttft_p99 = max(ttft_p99, ttft_s)
+        tpot_p99 = max(tpot_p99, tpot_s)
     out.ttft_within += n * ttft
     out.tpot_within += n * tpot
+    return ttft_p99 * 1000.0, tpot_p99 * 1000.0
+
+
+def request_slo_ms(model: ModelConfig) -> float:
+    """The request objective a model's outcome is judged by (ms): its p99 SLO, or for an
+    LLM without one (`ModelConfig.has_request_slo` false) its end-to-end p99 bound
+    (`slo_e2e_p99_ms`), else none (inf)."""
+    if model.has_request_slo:
+        return model.slo_p99_ms
+    return model.slo_e2e_p99_ms if model.slo_e2e_p99_ms is not None else math.inf
 
 
 def _window_quantile(

@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
+
+from bridge.policy.capacity import Q
 from bridge.policy.tokens import (
     LENGTH_POINTS,
     SMOL_LAB,
@@ -38,6 +42,9 @@ from bridge.policy.tokens import (
     tpot_within,
     ttft_within,
 )
+
+#: a part's prefills (s), ascending
+Prefills = Sequence[float] | npt.NDArray[np.float64]
 
 #: the lab LLM's context window (docs/lab.md: `n_ctx` 2048): prompt + output fit in it
 SMOL_CONTEXT = 2048
@@ -55,6 +62,12 @@ class TokenModel:
     output_tokens: tuple[float, ...]
     #: prefills (s) of the prompt quantiles at one sequence, then at each count
     _prefills: tuple[tuple[float, ...], ...] = field(init=False, repr=False, compare=False)
+    #: the same, each ascending, as arrays (`mixture_quantile`'s); and all of them in one
+    #: ascending array, with each one's sequences - 1 and the count per sequences
+    _sorted: tuple[npt.NDArray[np.float64], ...] = field(init=False, repr=False, compare=False)
+    _every: tuple[npt.NDArray[np.float64], npt.NDArray[np.int_], float] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         for name, value in (("slo_ttft_s", self.slo_ttft_s), ("slo_tpot_s", self.slo_tpot_s)):
@@ -65,6 +78,13 @@ class TokenModel:
         base = [p.prefill(x) for x in self.prompt_tokens]
         per_n = tuple(tuple(b * p.slowdown(n) for b in base) for n in range(1, p.sequences + 1))
         object.__setattr__(self, "_prefills", per_n)
+        ordered = tuple(np.sort(np.asarray(x, dtype=float)) for x in per_n)
+        object.__setattr__(self, "_sorted", ordered)
+        # every count's prefills in one ascending array, with each one's count - 1
+        every = np.concatenate(ordered)
+        order = np.argsort(every, kind="stable")
+        counts = np.repeat(np.arange(p.sequences), [len(x) for x in ordered])[order]
+        object.__setattr__(self, "_every", (every[order], counts, float(len(base))))
 
     def demand(self, rate: float) -> TokenDemand:
         return TokenDemand(rate, self.prompt_tokens, self.output_tokens)
@@ -98,24 +118,141 @@ class TokenModel:
         """(TTFT share, TPOT share) of one tick's requests within the objectives on a
         replica with `a` busy slots, a backlog delay from `delay_lo_s` to `delay_hi_s` and
         the stationary queue's (wait_p, tail) (`bridge.sim.latency.advance`)."""
+        ttft, tpot, _, _ = self.tick(a, delay_lo_s, delay_hi_s, wait_p, tail, p99s=False)
+        return ttft, tpot
+
+    def tick(
+        self,
+        a: float,
+        delay_lo_s: float,
+        delay_hi_s: float,
+        wait_p: float,
+        tail: float,
+        p99s: bool = True,
+    ) -> tuple[float, float, float, float]:
+        """One tick of a replica as `shares` has it: (TTFT share, TPOT share, TTFT p99 s,
+        TPOT p99 s), the p99s of the same distributions the shares are read from (what
+        the model's TTFT and TPOT histograms would say of the tick: the policy's token
+        signal); `p99s` False: the shares alone (the p99s nan)."""
         c = self.profile.sequences
         backlog = max(delay_lo_s, delay_hi_s) > 0.0 or a >= c
         slo = self.slo_ttft_s
+        ttft_p99 = tpot_p99 = math.nan
         if backlog:  # every request starts beside a full replica
-            ttft = ttft_within(self._prefills[c - 1], wait_p, tail, slo, delay_lo_s, delay_hi_s)
+            prefills = self._prefills[c - 1]
+            ttft = ttft_within(prefills, wait_p, tail, slo, delay_lo_s, delay_hi_s)
+            if p99s:
+                ttft_p99 = _delayed_quantile(
+                    self._sorted[c - 1], wait_p, tail, delay_lo_s, delay_hi_s
+                )
+                tpot_p99 = self.profile.tpot_s[c - 1]
         else:  # the prefill slowed by the sequences each request runs beside
             ttft, below = 0.0, 0.0
-            for n, cum in enumerate(busy_cdf(c, a), start=1):
+            weights = [0.0] * c
+            busy = busy_cdf(c, a)
+            for n, cum in enumerate(busy, start=1):
                 if cum - below > 1e-6:
                     share = ttft_within(self._prefills[n - 1], wait_p, tail, slo)
                     ttft += (cum - below) * share
+                    weights[n - 1] = cum - below
                 below = cum
-        return ttft, tpot_within(self.profile, a, self.slo_tpot_s, backlog)
+            if p99s:
+                every, counts, size = self._every
+                total = sum(weights)  # (the parts left out weigh under 1e-6 each)
+                each = np.asarray(weights) / (total * size)
+                ttft_p99 = _quantile_of(every, each[counts], wait_p, tail, Q)
+                n99 = next((n for n, cum in enumerate(busy, start=1) if cum >= Q), c)
+                tpot_p99 = self.profile.tpot_s[n99 - 1]
+        return ttft, tpot_within(self.profile, a, self.slo_tpot_s, backlog), ttft_p99, tpot_p99
 
     def predicted(self, rate: float, replicas: int) -> tuple[float, float]:
         """Predicted (TTFT p99, TPOT p99) in seconds (`bridge.policy.tokens.predict`)."""
         p = predict(self.profile, self.demand(rate), replicas)
         return p.ttft_p99_s, p.tpot_p99_s
+
+
+def mixture_quantile(
+    mix: Sequence[tuple[float, Prefills]], wait_p: float, tail: float, q: float = Q
+) -> float:
+    """The `q` quantile (s) of wait + prefill, the wait 0 with chance 1 - wait_p, else
+    exponential at rate `tail`, the prefill each of a part's `prefills` with an equal
+    share of that part's weight (`mix`: (weight, prefills) per part, the weights summing
+    to 1): `bridge.policy.tokens`' TTFT quantile, for a mixture, solved in closed form.
+    Between two neighbouring prefills the chance to exceed t is (the weight above) +
+    wait_p x e^(-tail t) x (the sum of w e^(tail x) over the prefills below), a sum kept
+    in logs (no overflow, no cancellation): the answer is on the interval past the last
+    prefill at which the chance still exceeds 1 - q."""
+    parts = [(w, np.asarray(xs, dtype=float)) for w, xs in mix if w > 0 and len(xs)]
+    if not parts:
+        raise ValueError("mixture_quantile needs at least one prefill of positive weight")
+    xs = np.concatenate([x for _, x in parts])
+    ws = np.concatenate([np.full(len(x), w / len(x)) for w, x in parts])
+    order = np.argsort(xs, kind="stable")
+    return _quantile_of(xs[order], ws[order], wait_p, tail, q)
+
+
+def _quantile_of(
+    xs: npt.NDArray[np.float64],
+    ws: npt.NDArray[np.float64],
+    wait_p: float,
+    tail: float,
+    q: float,
+) -> float:
+    """`mixture_quantile` of the prefills `xs` (ascending) of weights `ws` (summing to
+    1; a weight 0 is a prefill left out)."""
+    above = ws.sum() - np.cumsum(ws)  # the weight of the prefills past each
+    over = 1.0 - q
+    if wait_p <= 0 or not math.isfinite(tail) or tail <= 0:  # no wait: the prefills alone
+        return float(xs[int(np.argmax(above <= over + 1e-12))])
+    logw = np.log(np.maximum(ws, 1e-300))  # (a prefill of no weight: e^-690, nothing)
+    logs = np.logaddexp.accumulate(tail * xs + logw)  # log sum w e^(tail x), <= x
+    exceed = above + np.exp(math.log(wait_p) + logs - tail * xs)  # at each prefill
+    i = int(np.count_nonzero(exceed > over)) - 1  # (non-increasing: the last past it)
+    if i < 0:
+        return float(xs[0])
+    upper = float(xs[i + 1]) if i + 1 < len(xs) else math.inf
+    rest = float(above[i])
+    if rest >= over:
+        return upper  # every t below it exceeds
+    t = (math.log(wait_p) + float(logs[i]) - math.log(over - rest)) / tail
+    return min(max(t, float(xs[i])), upper)
+
+
+def _delayed_quantile(
+    prefills: npt.NDArray[np.float64],
+    wait_p: float,
+    tail: float,
+    lo: float,
+    hi: float,
+    q: float = Q,
+) -> float:
+    """The `q` quantile (s) of a backlog's delay (uniform on [lo, hi]) + wait + prefill:
+    between lo and hi past the quantile without the delay (the delay moves every request
+    by lo at least, hi at most), bisected to 1e-4 s on the share within (`ttft_within`'s
+    sum, over the prefills at once)."""
+    lo, hi = min(lo, hi), max(lo, hi)
+    base = mixture_quantile([(1.0, prefills)], wait_p, tail, q)
+    if hi - lo < 1e-12:
+        return base + lo
+    waits = wait_p > 0 and math.isfinite(tail) and tail > 0
+    span = hi - lo
+
+    def share(budget: float) -> float:
+        x2 = budget - prefills - lo
+        x1 = np.maximum(0.0, budget - prefills - hi)
+        covered = x2 - x1
+        if waits:
+            covered -= (wait_p / tail) * (np.exp(-tail * x1) - np.exp(-tail * np.maximum(x2, 0)))
+        return float(np.where(x2 < 0, 0.0, np.clip(covered / span, 0.0, 1.0)).mean())
+
+    a, b = base + lo, base + hi
+    while b - a > 1e-4 * max(1.0, b):
+        mid = (a + b) / 2.0
+        if share(mid) >= q:
+            b = mid
+        else:
+            a = mid
+    return b
 
 
 def read_token_lengths(path: Path) -> tuple[list[float], list[float]]:

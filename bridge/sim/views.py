@@ -7,7 +7,7 @@ snapshot makes (one per node whose jobs changed, one per job on it), that was a 
 the run. These makers fill a fresh instance's `__dict__` with every field, in the class's
 order, so it compares, hashes and prints as one made by the class
 (tests/unit/test_sim_speed.py checks each against its class). Called by
-`bridge.sim.engine`.
+`bridge.sim.engine` and `bridge.sim.serving` (an LLM's samples: `token_sample`).
 """
 
 from __future__ import annotations
@@ -76,4 +76,36 @@ def model_sample(
     d["compute_ms"] = compute_ms
     for token_field in ("ttft_p99_ms", "tpot_p99_ms", "prompt_tps", "output_tps", "running"):
         d[token_field] = None  # (the token signal: none in this maker's samples)
+    return obj
+
+
+def token_sample(
+    at: float,
+    p99_ms: float | None,
+    request_rate: float | None,
+    pending: float | None,
+    mean_ms: float | None,
+    compute_ms: float | None,
+    ttft_p99_ms: float | None,
+    tpot_p99_ms: float | None,
+    prompt_tps: float | None,
+    output_tps: float | None,
+    running: float | None,
+) -> ModelSample:
+    """`ModelSample(...)` of an LLM: `model_sample`'s fields and its token signal (the
+    TTFT and TPOT p99s of the tick, prompt and output tokens/s, streams being generated),
+    made the same way."""
+    obj = object.__new__(ModelSample)  # (no `__init__`)
+    d = obj.__dict__
+    d["at"] = at
+    d["p99_ms"] = p99_ms
+    d["request_rate"] = request_rate
+    d["pending"] = pending
+    d["mean_ms"] = mean_ms
+    d["compute_ms"] = compute_ms
+    d["ttft_p99_ms"] = ttft_p99_ms
+    d["tpot_p99_ms"] = tpot_p99_ms
+    d["prompt_tps"] = prompt_tps
+    d["output_tps"] = output_tps
+    d["running"] = running
     return obj

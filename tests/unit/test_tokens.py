@@ -184,3 +184,37 @@ def test_the_lab_profile_says_its_figures() -> None:
     assert SMOL_LAB.prefill(5) == pytest.approx(0.13, abs=0.01)
     assert SMOL_LAB.prefill(500) == pytest.approx(2.2, abs=0.1)
     assert SMOL_LAB.tpot(1) == 0.016 and SMOL_LAB.tpot(2) == 0.022
+
+
+def test_the_tpot_tail_of_the_profile_raises_the_predicted_tpot_p99_not_the_service() -> None:
+    from bridge.policy.tokens import ProfilePoint, fit_profile, mean_service
+
+    even = [ProfilePoint(n, 50.0, 0.3, 0.02 * n) for n in (1, 2) for _ in range(5)]
+    # at two sequences one stream in five decodes beside a prefill: twice as slow
+    spread = [*even[:5], *(ProfilePoint(2, 50.0, 0.3, 0.04) for _ in range(4))]
+    spread.append(ProfilePoint(2, 50.0, 0.3, 0.08))
+    flat, tailed = fit_profile(even), fit_profile(spread)
+    assert flat.tpot_spread == pytest.approx(1.0)
+    assert tailed.tpot_s == flat.tpot_s  # the table keeps the typical TPOT
+    assert tailed.tpot_spread == pytest.approx(2.0, rel=0.05)
+    demand = TokenDemand(1.0, (50.0,), (20.0,))
+    a, b = predict(flat, demand, 1), predict(tailed, demand, 1)
+    assert b.tpot_p99_s == pytest.approx(a.tpot_p99_s * tailed.tpot_spread)
+    assert mean_service(tailed, demand, 1.5) == pytest.approx(mean_service(flat, demand, 1.5))
+    with pytest.raises(ValueError, match="tpot_spread must be >= 1"):
+        TokenProfile(1, 0.0, 0.1, (0.02,), 0.0, 0.5)
+
+
+def test_the_ttft_quantile_with_a_rare_wait_is_the_mixture_s_own() -> None:
+    from bridge.policy.tokens import _ttft_quantile
+
+    # 101 prefills, a wait one time in 270: the p99 lies among the prefills' own tail
+    prefills = [5.0 + 3.0 * k / 100 for k in range(101)]
+    wait_p, tail = 0.0037, 0.5
+    got = _ttft_quantile(prefills, wait_p, tail)
+
+    def exceed(t: float) -> float:
+        return sum(1.0 if t < p else wait_p * math.exp(-tail * (t - p)) for p in prefills) / 101
+
+    assert exceed(got) <= 0.01 + 1e-9
+    assert exceed(got - 0.01) > 0.01  # the smallest such time, not a bound above it
