@@ -1,7 +1,8 @@
-"""`stb models publish | list | rollback | retire | history | status`: the model repository
-on the command line. Thin: finds the running Triton servers through Slurm (jobs tagged
+"""`stb models publish | list | rollback | retire | history | status | profile`: the model
+repository on the command line. Thin: finds the running Triton servers through Slurm (jobs tagged
 `stb:triton`), calls `bridge.models.publish`, prints; `history` reads the journal;
-`status` is one model's own view (`bridge.models.status`). The
+`status` is one model's own view (`bridge.models.status`); `profile` measures an LLM's
+token profile (`bridge.models.profile_run`) and keeps it with the model. The
 repository is `[triton] model_repository` of the configuration unless `--repository`
 names one. A bad model name (or, for publish, a model folder holding a symbolic link or
 other non-regular file) is refused before Slurm or Triton is asked anything; every
@@ -26,7 +27,7 @@ from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.leases.rollouts import RolloutError, RolloutStore
 from bridge.leases.store import create_schema, make_engine
 from bridge.modelfacts import ModelFact
-from bridge.models import history, rollout
+from bridge.models import history, profile_cmd, rollout
 from bridge.models.publish import PublishError, Server, publish, retire, rollback
 from bridge.models.repo import ModelRepository, RepositoryError, check_source
 from bridge.models.servers import running_servers
@@ -41,7 +42,7 @@ from bridge.triton.repository import ModelConfigError, check_name
 
 console = Console(stderr=True)
 models_app = typer.Typer(
-    help="The Triton model repository: publish, list, roll back, retire, history, status.",
+    help="The Triton model repository: publish, list, roll back, retire, history, status, profile.",
     no_args_is_help=True,
 )
 RepoOpt = Annotated[
@@ -329,3 +330,6 @@ def model_status(cfg: BridgeConfig, repo: ModelRepository, name: str, now: datet
             return at(servers)
     except SlurmError as exc:
         return at(None, f"Slurm does not answer: {exc}")
+
+
+models_app.command("profile")(profile_cmd.profile)

@@ -65,6 +65,7 @@ def _entry(path: Path, version: str, raw: Any) -> MeasuredProfile:
             prefill_overhead_s=float(raw["prefill_overhead_s"]),
             tpot_s=tuple(float(t) for t in tpot),
             prefix_hit=float(raw["prefix_hit"]),
+            tpot_spread=float(raw.get("tpot_spread", 1.0)),
         )
     except (TypeError, ValueError) as exc:
         raise ProfileError(f"{where}: {exc}") from exc
@@ -127,8 +128,8 @@ def write_profile(
 
 
 def _as_json(profile: TokenProfile, measured_at: str, points: int) -> dict[str, Any]:
-    out: dict[str, Any] = {f: getattr(profile, f) for f in _FIELDS}
-    out["tpot_s"] = list(profile.tpot_s)
+    out: dict[str, Any] = {f: getattr(profile, f) for f in (*_FIELDS, "tpot_spread")}
+    out["tpot_s"] = [round(t, 6) for t in profile.tpot_s]
     out.update(measured_at=measured_at, points=points)
     return {
         k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in out.items()

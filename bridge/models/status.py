@@ -34,6 +34,7 @@ journal never saw is `UnknownModel`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 
 from bridge.config import ObserveConfig
@@ -51,12 +52,14 @@ from bridge.models.status_sources import (
     rejected_versions,
     retired_versions,
 )
+from bridge.models.status_tokens import last_hour_tokens, live_tokens
 from bridge.models.status_views import (
     Facts,
     LastHour,
     ModelStatus,
     Replicas,
     ServerView,
+    Tokens,
     VersionView,
 )
 from bridge.policy.rollout import PlanError, parse_plan
@@ -111,7 +114,27 @@ def gather(
         model, prometheus_url(observe), now, slo.slo_p99_ms if slo else None,
         timeout_s=observe.timeout_s if observe else 3.0,
     )  # fmt: skip
+    ttft_slo = slo.slo_ttft_p99_ms if slo else None
+    tpot_slo = slo.slo_tpot_p99_ms if slo else None
+    token_hours: dict[int, Tokens] = {}
+    if ttft_slo is not None or tpot_slo is not None:
+        token_hours, token_note = last_hour_tokens(
+            model, prometheus_url(observe), now, ttft_slo, tpot_slo,
+            timeout_s=observe.timeout_s if observe else 3.0,
+        )  # fmt: skip
+        if token_note:
+            notes.append(token_note)
     versions = _versions(model, repo, journal, db.open_row, views, samples, slo, hours)
+    versions = tuple(
+        replace(
+            v,
+            tokens=live_tokens(
+                [s for s in samples if s.version == str(v.version)], ttft_slo, tpot_slo
+            ),
+            tokens_hour=token_hours.get(v.version),
+        )
+        for v in versions
+    )
     replicas = Replicas(
         now=None if views is None else sum(v.holds for v in views),
         lent=db.lent,
@@ -140,6 +163,8 @@ def _facts(model: str, facts: ModelFacts) -> Facts | None:
         scaled=m is not None,
         why=fact.why,
         problems=fact.problems,
+        slo_ttft_p99_ms=m.slo_ttft_p99_ms if m else None,
+        slo_tpot_p99_ms=m.slo_tpot_p99_ms if m else None,
     )
 
 

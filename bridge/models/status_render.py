@@ -17,9 +17,11 @@ from bridge.leases.rollouts import OPEN
 from bridge.models.status_views import (
     LAST_HOUR_P99_NOTE,
     LIVE_NOTE,
+    TOKEN_LIVE_NOTE,
     Facts,
     ModelStatus,
     RolloutView,
+    Tokens,
 )
 
 
@@ -34,6 +36,9 @@ def render(status: ModelStatus, console: Console) -> None:
     else:
         slo = f"{f.slo_p99_ms:g} ms" if f.slo_p99_ms is not None else "none"
         head += f"  team {escape(f.team or '-')}  SLO p99 {slo}{_src(f, 'slo_p99_ms')}"
+        for label, key in (("TTFT", "slo_ttft_p99_ms"), ("TPOT", "slo_tpot_p99_ms")):
+            if (token_slo := getattr(f, key)) is not None:
+                head += f"  {label} p99 {token_slo:g} ms{_src(f, key)}"
         if f.min_replicas is not None and f.max_replicas is not None:
             head += f"  replicas {f.min_replicas}{_src(f, 'min_replicas')}"
             head += f"-{f.max_replicas}{_src(f, 'max_replicas')}"
@@ -51,6 +56,9 @@ def render(status: ModelStatus, console: Console) -> None:
     console.print(f"[dim]last hour: {escape(status.last_hour_note)}[/dim]", highlight=False)
     if any(v.last_hour is not None for v in status.versions):
         console.print(f"[dim]{LAST_HOUR_P99_NOTE}[/dim]", highlight=False)
+    if any(v.tokens is not None or v.tokens_hour is not None for v in status.versions):
+        console.print(_tokens_table(status))
+        console.print(f"[dim]{TOKEN_LIVE_NOTE}[/dim]", highlight=False)
     if status.rollout is not None:
         console.print(f"rollout open: {_rollout_line(status.rollout)}", highlight=False)
     if status.last_rollout is not None:
@@ -115,6 +123,45 @@ def _versions_table(status: ModelStatus) -> Table:
             escape(", ".join(v.served_on)) or "-", *figures,
         )  # fmt: skip
     return table
+
+
+def _tokens_table(status: ModelStatus) -> Table:
+    """An LLM's versions in tokens: TTFT and TPOT p99 against its token SLOs, prompt and
+    output tokens, since start (the servers' pages) and over the last hour (Prometheus)."""
+    f = status.facts
+    ttft = f.slo_ttft_p99_ms if f else None
+    tpot = f.slo_tpot_p99_ms if f else None
+    ttft_h = "TTFT p99 ms" + (f"\n(SLO {ttft:g})" if ttft is not None else "")
+    tpot_h = "TPOT p99 ms" + (f"\n(SLO {tpot:g})" if tpot is not None else "")
+    table = Table(
+        "version", "since start\nrequests", f"since start\n{ttft_h}", f"since start\n{tpot_h}",
+        "since start\nprompt tok", "since start\noutput tok", "1h\nrequests", f"1h {ttft_h}",
+        f"1h {tpot_h}", "1h prompt\ntok/s", "1h output\ntok/s", title="tokens",
+    )  # fmt: skip
+    for v in status.versions:
+        if v.tokens is None and v.tokens_hour is None:
+            continue
+        table.add_row(str(v.version), *_token_cells(v.tokens), *_token_cells(v.tokens_hour, True))
+    return table
+
+
+def _token_cells(t: Tokens | None, rates: bool = False) -> tuple[str, ...]:
+    if t is None:
+        return ("-",) * 5
+    cells = (
+        _amount(t.requests), _p99(t.ttft_p99_ms, t.ttft_breach), _p99(t.tpot_p99_ms, t.tpot_breach),
+    )  # fmt: skip
+    if rates:
+        return (*cells, _rate(t.prompt_tps), _rate(t.output_tps))
+    return (*cells, _amount(t.prompt_tokens), _amount(t.output_tokens))
+
+
+def _amount(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def _count(n: int | None) -> str:

@@ -25,6 +25,12 @@ LAST_HOUR_P99_NOTE = (
     "last-hour p99 is the highest of Triton's 60 s p99 windows over the hour (and over the "
     "servers): an upper bound of the hour's p99, not the hour's p99 itself"
 )
+#: said beside an LLM's live token figures, in the table and the JSON
+TOKEN_LIVE_NOTE = (
+    "token figures since start are the vLLM-backend histograms and counters on the servers' "
+    "pages: cumulative since each server loaded the version (summed over the servers), so "
+    "their p99s are since start, not a recent window"
+)
 #: the note where the bridge's configuration names no Prometheus server
 NO_PROMETHEUS = "no Prometheus configured"
 
@@ -42,6 +48,26 @@ class Facts:
     scaled: bool
     why: str = ""
     problems: tuple[str, ...] = ()
+    #: an LLM's token objectives (ms; None: not set)
+    slo_ttft_p99_ms: float | None = None
+    slo_tpot_p99_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """An LLM version's token figures: TTFT and TPOT p99 (ms) against its token SLOs,
+    prompt and output tokens, and (over a window: the last hour) tokens/s. Live: since
+    each server loaded it (`TOKEN_LIVE_NOTE`); rates None there."""
+
+    requests: float | None
+    ttft_p99_ms: float | None
+    tpot_p99_ms: float | None
+    prompt_tokens: float | None
+    output_tokens: float | None
+    ttft_breach: bool = False
+    tpot_breach: bool = False
+    prompt_tps: float | None = None
+    output_tps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +118,9 @@ class VersionView:
     live: Live | None = None
     #: its last hour from Prometheus (None: none; `ModelStatus.last_hour_note` says why)
     last_hour: LastHour | None = None
+    #: an LLM's token figures since start (servers' pages) and over the last hour
+    tokens: Tokens | None = None
+    tokens_hour: Tokens | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +207,8 @@ class ModelStatus:
         assert isinstance(doc, dict)
         doc["live_note"] = LIVE_NOTE
         doc["last_hour_p99_note"] = LAST_HOUR_P99_NOTE
+        if any(v.tokens is not None or v.tokens_hour is not None for v in self.versions):
+            doc["token_live_note"] = TOKEN_LIVE_NOTE
         return doc
 
 
