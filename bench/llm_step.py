@@ -10,12 +10,13 @@ separate fleet of one replica), alternating rounds.
 
 The set-up, in a copy of the lab's model repository holding smol alone: smol loaded by
 the reserved node's baseline (`stb.load_at_start` true, one replica at least) and paced
-(`token_interval_ms`, 60 by default: the lab's four nodes share the host's two cores,
-so without a pace a second replica adds no compute; paced, each replica's token rate is
-its own, as on GPUs of their own). Its profile is measured first through the baseline
-(closed batches of 1 and 2 streams) and written beside it (`stb_profile.json`), which
-is what the daemon sizes it by. Training runs on the training nodes (so the elastic
-node is the one lent), the daemon's reconciler ticks every 2 s.
+(`token_interval_ms`, 60 by default, its TPOT objective raised by twice the pace; the
+lab's four nodes share the host's two cores, so without a pace a second replica adds no
+compute; paced, each replica's token rate is its own, as on GPUs of their own). Its
+profile is measured first through the baseline (closed batches of 1 and 2 streams) and
+written beside it (`stb_profile.json`), which is what the daemon sizes it by. Training
+runs on the training nodes (so the elastic node is the one lent), the daemon's
+reconciler ticks every 2 s (`bridge.lab.llm_showcase`, which `stb lab demo --llm` runs).
 
 Usage (lab up, root; under `flock /tmp/stb-lab.lock`):
     .venv/bin/python bench/llm_step.py [--rounds 1] [--pace-ms 60] [--step 1.5]
@@ -24,213 +25,16 @@ Usage (lab up, root; under `flock /tmp/stb-lab.lock`):
 from __future__ import annotations
 
 import argparse
-import asyncio
-import math
-import re
 import shutil
 import statistics
 import sys
-import tempfile
-import threading
-import time
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
-from pathlib import Path
 
-from bridge.config import BridgeConfig
-from bridge.daemon.service import build, single_instance
 from bridge.lab import lab as lab_mod
-from bridge.lab.demo import lab_config
-from bridge.lab.slurmctl import slurm
+from bridge.lab.llm_showcase import describe, one_round, prepare
 from bridge.lab.spec import LabSpec
-from bridge.lifecycle import LeaseState
-from bridge.load.arrivals import Schedule, poisson
-from bridge.load.runner import parse_endpoint
-from bridge.load.streams import StreamConfig, StreamRecord, StreamResult, run_streams
-from bridge.models.profile import write_profile
-from bridge.paths import default_lab_dir, project_root
-from bridge.policy.tokens import ProfilePoint, TokenDemand, TokenProfile, fit_profile, predict
-from bridge.triton.repository import read_published
+from bridge.paths import default_lab_dir
 
-MODEL = "smol"
-#: the step's lengths: short prompts (the prefill is CPU the replicas share), answers
-#: long enough that the decode (paced) is most of a stream
-PROMPT, OUTPUT = 40, 8
-#: the chat template's tokens around a prompt (smol's chatml: `prompt_overhead` in
-#: bench/llm_capacity.py measures it): PROMPT counts them
-OVERHEAD = 30
-WINDOW_S = 5.0
-STEP_S = 90.0
-TICK_S = 2.0
-
-
-def repository(pace_ms: int) -> Path:
-    """A copy of the lab's repository with smol alone, loaded at start and paced."""
-    root = Path(tempfile.mkdtemp(prefix="stb-llm-step-"))
-    shutil.copytree(project_root() / "triton_repo" / MODEL, root / MODEL)
-    cfg = root / MODEL / "config.pbtxt"
-    text = cfg.read_text()
-    for key, value in (
-        ("stb.load_at_start", "true"),
-        ("stb.min_replicas", "1"),
-        ("token_interval_ms", str(pace_ms)),
-    ):
-        text, n = re.subn(
-            rf'(key: "{re.escape(key)}"\s*value: {{ string_value: )"[^"]*"',
-            rf'\1"{value}"',
-            text,
-        )
-        assert n == 1, f"{key} not in smol's config.pbtxt"
-    cfg.write_text(text)
-    (root / MODEL / "stb_profile.json").unlink(missing_ok=True)
-    return root
-
-
-def streams(
-    endpoint: str, schedule: Schedule, seed: int, stop: threading.Event | None = None
-) -> StreamResult:
-    config = StreamConfig(
-        endpoints=(parse_endpoint(endpoint),),
-        model=MODEL,
-        lengths=((PROMPT, OUTPUT),),
-        prompt_overhead=OVERHEAD,
-        temperature=1.0,
-        seed=seed,
-        max_requests=max(1, len(schedule.offsets)),
-        max_duration_s=max(schedule.window_s, 1.0) + 1.0,
-        concurrency_cap=256,
-        timeout_s=120.0,
-    )
-    return asyncio.run(run_streams(schedule, config, stop=stop))
-
-
-def measure_profile(endpoint: str, sequences: int, batches: int = 3) -> TokenProfile:
-    """Closed batches of 1..sequences streams (started 0.3 s apart), each stream a point;
-    TTFT from the send (no queue: no more streams than slots)."""
-    points: list[ProfilePoint] = []
-    seed = 1
-    for n in range(1, sequences + 1):
-        for _ in range(batches):
-            offsets = tuple(0.3 * k for k in range(n))
-            result = streams(endpoint, Schedule(offsets, offsets[-1], "batch"), seed)
-            seed += n
-            for r in result.records:
-                ttft, tpot = r.service_ttft_s, r.tpot_s
-                if r.ok and ttft is not None and tpot is not None:
-                    points.append(ProfilePoint(n, float(r.prompt_tokens), ttft, tpot))
-    return fit_profile(points, sequences)
-
-
-def one_replica_rate(profile: TokenProfile, slo_ttft_s: float, slo_tpot_s: float) -> float:
-    """The highest rate one replica carries within both SLOs (bisection)."""
-    lo, hi = 0.0, 50.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        demand = TokenDemand(mid, (float(PROMPT),), (float(OUTPUT),))
-        if predict(profile, demand, 1).within(slo_ttft_s, slo_tpot_s):
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def windows(records: Sequence[StreamRecord], step_s: float) -> list[tuple[float, float | None]]:
-    """Per WINDOW_S of schedule from the step: the client TTFT p99 (s) of its streams."""
-    out: list[tuple[float, float | None]] = []
-    for k in range(int(step_s // WINDOW_S)):
-        lo, hi = k * WINDOW_S, (k + 1) * WINDOW_S
-        ttfts = sorted(
-            t for r in records if lo <= r.scheduled_s < hi and (t := r.ttft_s) is not None
-        )
-        p99 = ttfts[min(len(ttfts) - 1, math.ceil(0.99 * len(ttfts)) - 1)] if ttfts else None
-        out.append((lo, p99))
-    return out
-
-
-def back_under(wins: Sequence[tuple[float, float | None]], slo_s: float) -> float | None:
-    """The start of the first window from which every window is under the SLO."""
-    for i, (start, _) in enumerate(wins):
-        if all(p is not None and p <= slo_s for _, p in wins[i:]):
-            return start
-    return None
-
-
-def one_round(
-    spec: LabSpec, config: BridgeConfig, rate: float, say: Callable[[str], None]
-) -> dict[str, float | None]:
-    gpus = f"--gres=gpu:{spec.gpus_per_node}"
-    sb = ("sbatch", "--parsable", "-o", "/dev/null")
-    jobs = [
-        slurm(
-            spec, *sb, "-p", "train", "-A", "team-vision", "-w", n.name, gpus, "--wrap", "sleep 900"
-        ).strip()
-        for n in spec.pool_nodes("train")
-    ]
-    jobs.append(
-        slurm(spec, *sb, "-p", "elastic", "-A", "team-nlp", "--exclusive", gpus, "--requeue",
-              "--wrap", "sleep 900").strip()
-    )  # fmt: skip
-    out: dict[str, float | None] = {}
-    try:
-        with single_instance(config.daemon.lock_file):
-            bridge = build(config, slurm_env=spec.env())
-            rec, store = bridge.reconciler, bridge.reconciler.store
-            stop_ticking = threading.Event()
-
-            def tick() -> None:
-                while not stop_ticking.is_set():
-                    rec.run_once(datetime.now(UTC))
-                    stop_ticking.wait(TICK_S)
-
-            try:
-                deadline = time.monotonic() + 180
-                while time.monotonic() < deadline:
-                    rec.run_once(datetime.now(UTC))
-                    obs = rec.last_observation
-                    if obs is not None and any(MODEL in s.models for s in obs.servers if s.ready):
-                        break
-                    time.sleep(TICK_S)
-                else:
-                    raise RuntimeError("the baseline did not serve smol within 180 s")
-                ticker = threading.Thread(target=tick, daemon=True)
-                ticker.start()
-                schedule = poisson(rate, STEP_S, seed=7)
-                step_at = time.time()
-                say(f"step: {rate:.2f} streams/s for {STEP_S:.0f} s")
-                result = streams(config.routing.listen, schedule, seed=100)
-                lends = store.touched_since(datetime.fromtimestamp(step_at - 1, UTC))
-                first = min(lends, key=lambda lease: lease.created_at, default=None)
-                if first is not None:
-                    at = {e.to_state: e.at.timestamp() for e in store.history(first.id or 0)}
-                    out["lend_s"] = at[LeaseState.REQUESTED] - step_at
-                    serving = at.get(LeaseState.SERVING)
-                    out["serving_s"] = None if serving is None else serving - step_at
-                slo = rec.observer.models().scaled[MODEL]
-                wins = windows(result.records, STEP_S)
-                under = back_under(wins, (slo.slo_ttft_p99_ms or 0) / 1000.0)
-                out["ttft_under_s"] = None if under is None else under + WINDOW_S
-                ttfts = sorted(t for r in result.records if (t := r.ttft_s) is not None)
-                tpots = sorted(t for r in result.records if (t := r.tpot_s) is not None)
-                out["ttft_p99_ms"] = 1000 * ttfts[math.ceil(0.99 * len(ttfts)) - 1]
-                out["tpot_p99_ms"] = 1000 * tpots[math.ceil(0.99 * len(tpots)) - 1]
-                out["broken"] = float(sum(1 for r in result.records if r.outcome == "broken"))
-                out["streams"] = float(len(result.records))
-                say("  windows (s from the step: TTFT p99 ms): " + ", ".join(
-                    f"{s:.0f}:{'-' if p is None else f'{p * 1000:.0f}'}" for s, p in wins
-                ))  # fmt: skip
-                # give the lend back before the next round: no load, short dwell
-                deadline = time.monotonic() + 240
-                while store.open_leases() and time.monotonic() < deadline:
-                    time.sleep(TICK_S)
-            finally:
-                stop_ticking.set()
-                for job in rec.slurm.jobs(tag="stb:triton"):
-                    rec.slurm.cancel(job.job_id)
-                bridge.close()
-    finally:
-        slurm(spec, "scancel", *jobs, check=False)
-        time.sleep(5)
-    return out
+FIGURES = ("serving_s", "ttft_under_s", "ttft_p99_ms", "tpot_p99_ms", "broken")
 
 
 def main() -> None:
@@ -242,73 +46,32 @@ def main() -> None:
     spec = LabSpec.load(default_lab_dir())
     if spec is None or not lab_mod.is_up(spec):
         sys.exit("the lab is not up: run `stb lab up` first")
-    repo = repository(args.pace_ms)
-    base = lab_config(spec)
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    prepared = prepare(spec, args.pace_ms, say)
+    rate = args.step * prepared.one_replica_rate
+    say(describe(prepared, args.pace_ms) + f"; step to {rate:.2f}/s")
+    rows: dict[str, list[dict[str, float | None]]] = {"bridge": [], "separate": []}
     try:
-        config = base.model_copy(
-            update={
-                "triton": base.triton.model_copy(update={"model_repository": repo}),
-                "policy": base.policy.model_copy(
-                    update={"return_dwell_s": 20.0, "scale_in_cooldown_s": 30.0}
-                ),
-            }
-        )
-        # the profile, through a baseline the daemon starts (lending off meanwhile)
-        probe = config.model_copy(
-            update={"policy": config.policy.model_copy(update={"max_lent_nodes": 0})}
-        )
-        with single_instance(probe.daemon.lock_file):
-            bridge = build(probe, slurm_env=spec.env())
-            rec = bridge.reconciler
-            try:
-                deadline = time.monotonic() + 180
-                while time.monotonic() < deadline:
-                    rec.run_once(datetime.now(UTC))
-                    obs = rec.last_observation
-                    if obs is not None and any(MODEL in s.models for s in obs.servers if s.ready):
-                        break
-                    time.sleep(TICK_S)
-                profile = measure_profile(config.routing.listen, 2)
-            finally:
-                for job in rec.slurm.jobs(tag="stb:triton"):
-                    rec.slurm.cancel(job.job_id)
-                bridge.close()
-        write_profile(repo / MODEL, "1", profile, points=6)
-        facts = read_published(repo / MODEL)
-        assert facts.slo_ttft_p99_ms and facts.slo_tpot_p99_ms, "smol has no token SLOs"
-        ttft_slo, tpot_slo = facts.slo_ttft_p99_ms / 1000.0, facts.slo_tpot_p99_ms / 1000.0
-        one = one_replica_rate(profile, ttft_slo, tpot_slo)
-        rate = args.step * one
-        print(
-            f"profile (pace {args.pace_ms} ms): prefill {profile.prefill_overhead_s * 1000:.0f} ms"
-            f" + {profile.prefill_s_per_token * 1000:.2f} ms/token, TPOT "
-            f"{'/'.join(f'{t * 1000:.0f}' for t in profile.tpot_s)} ms; one replica carries "
-            f"{one:.2f} streams/s within TTFT {ttft_slo:g} s / TPOT {tpot_slo * 1000:g} ms; "
-            f"step to {rate:.2f}/s",
-            flush=True,
-        )
-        rows: dict[str, list[dict[str, float | None]]] = {"bridge": [], "separate": []}
         for n in range(args.rounds):
             for mode in rows:
-                cfg = config
-                if mode == "separate":
-                    cfg = config.model_copy(
-                        update={"policy": config.policy.model_copy(update={"max_lent_nodes": 0})}
-                    )
-                print(f"round {n + 1}, {mode}:", flush=True)
-                got = one_round(spec, cfg, rate, lambda line: print(line, flush=True))
-                print(f"  {got}", flush=True)
+                cfg = prepared.config if mode == "bridge" else prepared.without_lending()
+                say(f"round {n + 1}, {mode}:")
+                got = one_round(spec, cfg, rate, say)
+                say(f"  {got}")
                 rows[mode].append(got)
     finally:
-        shutil.rmtree(repo, ignore_errors=True)
+        shutil.rmtree(prepared.repo, ignore_errors=True)
     result = [f"rounds={args.rounds}", f"pace_ms={args.pace_ms}", f"step_rate={rate:.2f}"]
     for mode, figs in rows.items():
         key = "" if mode == "bridge" else "separate_"
-        for name in ("serving_s", "ttft_under_s", "ttft_p99_ms", "tpot_p99_ms", "broken"):
-            values = [f[name] for f in figs if f.get(name) is not None]
-            shown = "never" if not values else f"{statistics.median(values):.1f}"  # type: ignore[type-var]
+        for name in FIGURES:
             if mode == "separate" and name == "serving_s":
-                continue
+                continue  # nothing is lent
+            values = [v for f in figs if (v := f.get(name)) is not None]
+            shown = "never" if not values else f"{statistics.median(values):.1f}"
             result.append(f"{key}{name}={shown}")
     print("RESULT " + " ".join(result))
 

@@ -136,6 +136,14 @@ def demo(
             "e.g. `stb init`'s; the rest is deploy/lab/bridge.toml's.",
         ),
     ] = None,
+    llm: Annotated[
+        bool,
+        typer.Option(
+            "--llm",
+            help="The step on the lab's LLM (smol, token streams) instead of busy: the "
+            "bridge sizes it by its measured token profile; shown in TTFT/TPOT terms.",
+        ),
+    ] = False,
 ) -> None:
     """The bridge at work: a load step lends a node, load falls, the node returns."""
     from bridge.config import ConfigError, load_config
@@ -146,6 +154,9 @@ def demo(
             load_config(config)  # a bad file is said before the lab starts
         spec = _spec(lab_dir)
         lab_mod.up(spec, say=_say)
+        if llm:
+            demo_mod.run_llm(spec, console)
+            return
         demo_mod.run(spec, console, wait_requeued=not no_wait, pools_from=config)
     except (RuntimeError, ConfigError) as exc:
         raise fail(exc) from exc

@@ -244,3 +244,43 @@ def _ledger(
         f"the same ledger as a finance report (unit economics, lending, capacity plan): "
         f"stb report -c {cfg} --window {now:%Y-%m-%d} --format html -o report.html",
     )
+
+
+def run_llm(spec: LabSpec, console: Console, pace_ms: int = 60, step: float = 1.5) -> None:
+    """`stb lab demo --llm`: the LLM's load step (`bridge.lab.llm_showcase`), its
+    timeline and its figures in TTFT/TPOT terms."""
+    import shutil
+
+    from bridge.lab import llm_showcase as llm
+
+    def out(line: str) -> None:
+        say(console, line)
+
+    prepared = llm.prepare(spec, pace_ms, out)
+    rate = step * prepared.one_replica_rate
+    out(llm.describe(prepared, pace_ms))
+    try:
+        got = llm.one_round(spec, prepared.config, rate, out)
+    finally:
+        shutil.rmtree(prepared.repo, ignore_errors=True)
+    table = Table(title=f"streams on smol through nginx, {rate:.2f}/s for {llm.STEP_S:.0f} s")
+    for col in ("lend after", "replica serving after", "TTFT p99", "under SLO from",
+                "TPOT p99", "streams", "broken"):  # fmt: skip
+        table.add_column(col, justify="right")
+
+    def s_(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f} s"
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0f} ms"
+
+    table.add_row(
+        s_(got.get("lend_s")),
+        s_(got.get("serving_s")),
+        ms(got.get("ttft_p99_ms")) + f" (SLO {prepared.slo_ttft_s * 1000:.0f})",
+        s_(got.get("ttft_under_s")),
+        ms(got.get("tpot_p99_ms")) + f" (SLO {prepared.slo_tpot_s * 1000:.0f})",
+        f"{got.get('streams') or 0:.0f}",
+        f"{got.get('broken') or 0:.0f}",
+    )
+    console.print(table)
