@@ -42,6 +42,7 @@ from bridge.load.streams import StreamConfig, StreamRecord, StreamResult, run_st
 from bridge.models.profile import write_profile
 from bridge.paths import project_root
 from bridge.policy.tokens import ProfilePoint, TokenDemand, TokenProfile, fit_profile, predict
+from bridge.slurm.model import TRITON_TAG
 from bridge.triton.repository import read_published
 
 MODEL = "smol"
@@ -214,7 +215,7 @@ def one_round(
                     time.sleep(TICK_S)
             finally:
                 stop_ticking.set()
-                for job in rec.slurm.jobs(tag="stb:triton"):
+                for job in rec.slurm.jobs(tag=TRITON_TAG):
                     rec.slurm.cancel(job.job_id)
                 bridge.close()
     finally:
@@ -280,7 +281,7 @@ def prepare(spec: LabSpec, pace_ms: int, say: Callable[[str], None]) -> Prepared
             wait_serving(rec)
             profile = measure_profile(config.routing.listen, 2)
         finally:
-            for job in rec.slurm.jobs(tag="stb:triton"):
+            for job in rec.slurm.jobs(tag=TRITON_TAG):
                 rec.slurm.cancel(job.job_id)
             bridge.close()
     write_profile(repo / MODEL, "1", profile, points=6)

@@ -18,6 +18,7 @@ from bridge.daemon.reconciler import LendMemory
 from bridge.leases.loads import LoadStore, estimate
 from bridge.leases.store import create_schema, make_engine
 from bridge.lifecycle import LeaseState
+from bridge.modelfacts import toml_models
 from bridge.policy import ModelSample, Snapshot
 from bridge.policy.decide import capacity_inputs, dwells
 from bridge.policy.returns import ReturnHistory
@@ -58,7 +59,7 @@ def snap(
         history or {},
         (),
         lend_s=lend_s or {},
-        models=CONFIG.models,
+        models=toml_models(CONFIG),
         returns=returns or {},
         load_s=load_s or {},
         lend_load_s=lend_load_s or {},

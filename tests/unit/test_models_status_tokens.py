@@ -17,17 +17,17 @@ from rich.console import Console
 from bridge.config import ObserveConfig
 from bridge.models.repo import ModelRepository
 from bridge.models.status import gather
+from bridge.models.status_hour import last_hour_queries
 from bridge.models.status_render import render
 from bridge.models.status_tokens import last_hour_tokens, live_tokens, token_hour_queries
 from bridge.models.status_views import TOKEN_LIVE_NOTE
 from bridge.triton.catalog import ModelCatalog
 from bridge.triton.metrics import parse_page
-from tests.unit.test_models_status import (
+from tests.unit.models_status_fakes import (
     NOW,
     ROOT,
     FakeClient,
     FakeServer,
-    last_hour_queries,
     prometheus,
     vector,
 )
