@@ -302,10 +302,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             model = snapshot.models.get(m)
             calm[m] = (
                 model is not None
-                and evaluate_model(
-                    snapshot.history.get(m, ()), model, config, m in snapshot.token_profiles
-                )
-                == ModelStatus.CALM
+                and evaluate_model(snapshot.history.get(m, ()), model, config) == ModelStatus.CALM
             )
         return calm[m]
 

@@ -39,19 +39,15 @@ def ticks(seconds: float, config: BridgeConfig) -> int:
 
 
 def evaluate_model(
-    history: Sequence[ModelSample],
-    model: ModelConfig,
-    config: BridgeConfig,
-    profiled: bool = False,
+    history: Sequence[ModelSample], model: ModelConfig, config: BridgeConfig
 ) -> ModelStatus:
     """Sustained breach (`breach_evaluations` ticks), calm (quiet for `return_dwell_s`), or
     neither, from the recent samples: of the request p99 and, for an LLM, of its TTFT and
-    TPOT p99s too (a breach of either is a breach; calm needs both calm). `profiled`: the
-    LLM has a token profile, so its calm is judged by `token_calm_below`."""
+    TPOT p99s too (a breach of either is a breach; calm needs both calm)."""
     status = _request_status(history, model, config)
     if not model.has_token_slo:
         return status
-    tokens = _token_status(history, model, config, token_calm_below(config, profiled))
+    tokens = _token_status(history, model, config)
     if ModelStatus.BREACH in (status, tokens):
         return ModelStatus.BREACH
     if status == tokens == ModelStatus.CALM:
@@ -72,19 +68,8 @@ def token_ratio(sample: ModelSample, model: ModelConfig) -> float | None:
     return worst
 
 
-def token_calm_below(config: BridgeConfig, profiled: bool) -> float:
-    """The share of its objectives under which an LLM's token p99s count as calm: the low
-    watermark, as for requests; for an LLM sized by its token profile, the high one (no
-    breach). Its TTFT p99 holds the prefill of its longest prompts and its TPOT the pace
-    of its slots busy together at any load, so the low watermark may never be reached
-    however many replicas serve it; whether a replica can go is then the token capacity
-    model's return test (`bridge.policy.llm.carried`)."""
-    policy = config.policy
-    return policy.high_watermark if profiled else policy.low_watermark
-
-
 def _token_status(
-    history: Sequence[ModelSample], model: ModelConfig, config: BridgeConfig, calm_below: float
+    history: Sequence[ModelSample], model: ModelConfig, config: BridgeConfig
 ) -> ModelStatus:
     """An LLM's breach and calm by its TTFT and TPOT p99s. They are measured over each
     tick's own window (the histograms' deltas, `bridge.triton.llm_metrics`), so unlike
@@ -98,7 +83,8 @@ def _token_status(
             return ModelStatus.BREACH
     k = ticks(policy.return_dwell_s, config)
     if n >= k and all(
-        s.request_rate is not None and ((r := token_ratio(s, model)) is None or r < calm_below)
+        s.request_rate is not None
+        and ((r := token_ratio(s, model)) is None or r < policy.low_watermark)
         for s in history[n - k :]
     ):
         return ModelStatus.CALM

@@ -57,7 +57,7 @@ from bridge.lifecycle import LeaseState
 from bridge.modelfacts import toml_models
 from bridge.policy import ModelSample, Snapshot, capacity, llm
 from bridge.policy.decide import capacity_groups, capacity_inputs, model_set
-from bridge.policy.hysteresis import token_calm_below, token_ratio
+from bridge.policy.hysteresis import token_ratio
 from bridge.policy.timing import lead_time, slowest_load
 from bridge.sim.tokens import TokenModel
 
@@ -149,7 +149,7 @@ class QuietProof:
         self.llm_idle: set[str] = set()
         self.token_breach = [0] * len(self.llms)
         #: per LLM (by name), its samples in a row calm by its tokens (`_token_status`:
-        #: with requests, no token p99 at or over `token_calm_below` x its objective)
+        #: with requests, no token p99 at or over low_watermark x its objective)
         self.token_calm = {m: 0 for _, m, _, _, _ in self.llms}
         #: the slowest load of the models the policy scales (`bridge.policy.timing`)
         self.slowest = slowest_load(load_s or {}, specs)
@@ -241,8 +241,7 @@ class QuietProof:
             _count(runs, high, low, s)
         if self.llms:
             high = self.config.policy.high_watermark
-            # the simulator's LLMs all have their profile (`Setup.tokens`)
-            low = token_calm_below(self.config, True)
+            low = self.config.policy.low_watermark
             idle, calm = self.llm_idle, self.token_calm
             for j, (i, m, model, _, _) in enumerate(self.llms):
                 s = samples[i]
