@@ -6,8 +6,8 @@ smol loaded by the reserved node's baseline (`stb.load_at_start` true, one repli
 least) and paced (`token_interval_ms`: the lab's nodes share the host's two cores, so
 without a pace a second replica adds no compute; paced, each replica's token rate is its
 own, as on GPUs of their own). Its profile is measured through the baseline
-(`measure_profile`: closed batches of 1 and 2 streams) and written beside it
-(`stb_profile.json`), which is what the daemon sizes it by (`bridge.policy.llm`). Then
+(`measure_profile`: `stb models profile`'s run, 1 and 2 streams at once) and written
+beside it (`stb_profile.json`), which is what the daemon sizes it by (`bridge.policy.llm`). Then
 (`one_round`) training on the training nodes and an elastic job on the elastic node,
 the daemon's reconciler ticking every 2 s on a thread, and streams through the bridge's
 nginx step to a rate (`one_replica_rate` x the step): the bridge lends the elastic node
@@ -40,8 +40,9 @@ from bridge.load.arrivals import Schedule, poisson
 from bridge.load.runner import parse_endpoint
 from bridge.load.streams import StreamConfig, StreamRecord, StreamResult, run_streams
 from bridge.models.profile import write_profile
+from bridge.models.profile_run import Measured, make_plan, measure
 from bridge.paths import project_root
-from bridge.policy.tokens import ProfilePoint, TokenDemand, TokenProfile, fit_profile, predict
+from bridge.policy.tokens import TokenDemand, TokenProfile, predict
 from bridge.slurm.model import TRITON_TAG
 from bridge.triton.repository import read_published
 
@@ -100,21 +101,14 @@ def streams(
     return asyncio.run(run_streams(schedule, config, stop=stop))
 
 
-def measure_profile(endpoint: str, sequences: int, batches: int = 3) -> TokenProfile:
-    """Closed batches of 1..sequences streams (started 0.3 s apart), each stream a point;
-    TTFT from the send (no queue: no more streams than slots)."""
-    points: list[ProfilePoint] = []
-    seed = 1
-    for n in range(1, sequences + 1):
-        for _ in range(batches):
-            offsets = tuple(0.3 * k for k in range(n))
-            result = streams(endpoint, Schedule(offsets, offsets[-1], "batch"), seed)
-            seed += n
-            for r in result.records:
-                ttft, tpot = r.service_ttft_s, r.tpot_s
-                if r.ok and ttft is not None and tpot is not None:
-                    points.append(ProfilePoint(n, float(r.prompt_tokens), ttft, tpot))
-    return fit_profile(points, sequences)
+def measure_profile(endpoint: str, sequences: int) -> Measured:
+    """`stb models profile`'s run (`bridge.models.profile_run`) through `endpoint`: 12
+    streams, 1 and 2 at once, prompts of the step's length and twice it, the step's
+    answers."""
+    plan = make_plan(
+        sequences, requests=12, prompt_tokens=(PROMPT, 2 * PROMPT), output_tokens=OUTPUT
+    )
+    return measure(endpoint, MODEL, "1", plan)
 
 
 def one_replica_rate(profile: TokenProfile, slo_ttft_s: float, slo_tpot_s: float) -> float:
@@ -279,12 +273,13 @@ def prepare(spec: LabSpec, pace_ms: int, say: Callable[[str], None]) -> Prepared
         rec = bridge.reconciler
         try:
             wait_serving(rec)
-            profile = measure_profile(config.routing.listen, 2)
+            measured = measure_profile(config.routing.listen, 2)
         finally:
             for job in rec.slurm.jobs(tag=TRITON_TAG):
                 rec.slurm.cancel(job.job_id)
             bridge.close()
-    write_profile(repo / MODEL, "1", profile, points=6)
+    profile = measured.profile
+    write_profile(repo / MODEL, "1", profile, points=len(measured.points))
     ttft, tpot = facts.slo_ttft_p99_ms / 1000.0, facts.slo_tpot_p99_ms / 1000.0
     return Prepared(config, repo, profile, ttft, tpot, one_replica_rate(profile, ttft, tpot))
 

@@ -557,11 +557,11 @@ def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 
 
 #: SmolLM2-135M-Instruct (Q4_1, llama-cpp-python, one thread per instance) on the lab's
-#: two cores, two instances: the first token after ~130 ms for a short prompt and ~2.2 s
-#: for ~500 tokens (../shared/DESIGN.md: 132 ms for ~20 words, 2,243 ms for ~400 words,
-#: so ~4.2 ms per prompt token beyond ~0.11 s), 16 ms per token alone (DESIGN.md: 16.0 to
-#: 16.7 ms) and ~22 ms with both instances decoding (docs/lab.md: a token every 15 to
-#: 22 ms, the two cores shared).
+#: two cores, two instances, measured on an idle development machine: the first token
+#: after about 130 ms for a short prompt and 2.2 s for about 500 tokens (about 4.2 ms per
+#: prompt token beyond 0.11 s), 16 ms per token alone and about 22 ms with both instances
+#: decoding (docs/lab.md: a token every 15 to 22 ms, the two cores shared). A site's own
+#: figures come from `stb models profile`.
 SMOL_LAB = TokenProfile(
     sequences=2,
     prefill_s_per_token=0.0042,

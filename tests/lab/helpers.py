@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from bridge.daemon.reconciler import Reconciler
+from bridge.lab import triton
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.lifecycle import LeaseState
@@ -349,3 +350,19 @@ class Sender(threading.Thread):
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 self.loop.call_soon_threadsafe(self.task.cancel)
         self.join(15)
+
+
+@contextlib.contextmanager
+def triton_serving(spec: LabSpec, models: str, name: str) -> Iterator[triton.TritonJob]:
+    """A Triton job on the first inference node serving `models` (names joined by ',')
+    from the lab's repository; cancelled on the way out and waited out, so that it is
+    gone before the next module's server binds the node's ports."""
+    node = spec.pool_nodes("infer")[0].name
+    job_id = triton.submit(spec, node=node, models=models, name=name)
+    try:
+        yield triton.wait_ready(spec, job_id, timeout_s=120)
+    finally:
+        slurm(spec, "scancel", job_id, check=False)
+        deadline = time.monotonic() + 40
+        while triton.job_state(spec, job_id)[0] and time.monotonic() < deadline:
+            time.sleep(0.5)

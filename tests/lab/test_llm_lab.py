@@ -31,15 +31,14 @@ import pytest
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from bridge.daemon.launcher import triton_job
 from bridge.lab import triton
-from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxProcess
 from bridge.routing.publisher import RoutingPublisher
 from bridge.routing.table import RoutingTable
-from bridge.slurm.cli import SlurmCLI
+
+from .helpers import triton_serving
 
 pytestmark = pytest.mark.lab
 
@@ -65,17 +64,9 @@ FAMILIES = {
 
 @pytest.fixture(scope="module")
 def served(lab: LabSpec) -> Iterator[triton.TritonJob]:
-    """A Triton job on the first inference node serving the LLM from the lab's repository."""
-    node = lab.pool_nodes("infer")[0].name
-    spec = triton_job(triton.job_config(lab), node=node, models=[MODEL], name="stb-triton-llm")
-    job_id = SlurmCLI(env=lab.env()).submit(spec)
-    try:
-        yield triton.wait_ready(lab, job_id, timeout_s=120)
-    finally:
-        slurm(lab, "scancel", job_id, check=False)
-        deadline = time.monotonic() + 40  # gone before the next module's server binds
-        while triton.job_state(lab, job_id)[0] and time.monotonic() < deadline:
-            time.sleep(0.5)
+    """A Triton job on the first inference node serving the LLM."""
+    with triton_serving(lab, MODEL, "stb-triton-llm") as job:
+        yield job
 
 
 @dataclass

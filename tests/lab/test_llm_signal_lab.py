@@ -15,13 +15,13 @@ import httpx
 import pytest
 
 from bridge.config import BridgeConfig
-from bridge.daemon.launcher import triton_job
 from bridge.daemon.observe import Observer
 from bridge.lab import triton
-from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.slurm.cli import SlurmCLI
 from bridge.triton.client import TritonHttpClient
+
+from .helpers import triton_serving
 
 pytestmark = pytest.mark.lab
 
@@ -32,16 +32,9 @@ PROMPTS = ("Name three colours.", "What does a scheduler do?", "Name a planet.")
 
 @pytest.fixture(scope="module")
 def served(lab: LabSpec) -> Iterator[triton.TritonJob]:
-    node = lab.pool_nodes("infer")[0].name
-    spec = triton_job(triton.job_config(lab), node=node, models=[MODEL], name="stb-triton-sig")
-    job_id = SlurmCLI(env=lab.env()).submit(spec)
-    try:
-        yield triton.wait_ready(lab, job_id, timeout_s=120)
-    finally:
-        slurm(lab, "scancel", job_id, check=False)
-        deadline = time.monotonic() + 40  # gone before the next module's server binds
-        while triton.job_state(lab, job_id)[0] and time.monotonic() < deadline:
-            time.sleep(0.5)
+    """A Triton job on the first inference node serving the LLM."""
+    with triton_serving(lab, MODEL, "stb-triton-sig") as job:
+        yield job
 
 
 def stream(base: str, prompt: str) -> tuple[float, list[float]]:

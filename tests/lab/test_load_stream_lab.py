@@ -20,8 +20,9 @@ from typer.testing import CliRunner
 
 from bridge.cli import app
 from bridge.lab import triton
-from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+
+from .helpers import triton_serving
 
 pytestmark = pytest.mark.lab
 
@@ -32,15 +33,9 @@ PROMPT, OUTPUT = 40, 12
 
 @pytest.fixture(scope="module")
 def served(lab: LabSpec) -> Iterator[triton.TritonJob]:
-    node = lab.pool_nodes("infer")[0].name
-    job_id = triton.submit(lab, node=node, models=MODEL, name="stb-triton-llm-load")
-    try:
-        yield triton.wait_ready(lab, job_id, timeout_s=120)
-    finally:
-        slurm(lab, "scancel", job_id, check=False)
-        deadline = time.monotonic() + 40  # gone before the next module's server binds
-        while triton.job_state(lab, job_id)[0] and time.monotonic() < deadline:
-            time.sleep(0.5)
+    """A Triton job on the first inference node serving the LLM."""
+    with triton_serving(lab, MODEL, "stb-triton-llm-load") as job:
+        yield job
 
 
 def counters(metrics_url: str) -> dict[str, float]:

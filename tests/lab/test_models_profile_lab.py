@@ -15,19 +15,17 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bridge.daemon.launcher import triton_job
 from bridge.lab import triton
-from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.models.profile import PROFILE_FILE, read_profiles
 from bridge.paths import project_root
-from bridge.slurm.cli import SlurmCLI
+
+from .helpers import triton_serving
 
 pytestmark = pytest.mark.lab
 STB = str(Path(sys.executable).with_name("stb"))
@@ -37,17 +35,9 @@ RUN = ("--requests", "6", "--prompt-tokens", "40,80,120", "--output-tokens", "12
 
 @pytest.fixture(scope="module")
 def served(lab: LabSpec) -> Iterator[triton.TritonJob]:
-    """A Triton job on the first inference node serving the LLM from the lab's repository."""
-    node = lab.pool_nodes("infer")[0].name
-    spec = triton_job(triton.job_config(lab), node=node, models=[MODEL], name="stb-profile-llm")
-    job_id = SlurmCLI(env=lab.env()).submit(spec)
-    try:
-        yield triton.wait_ready(lab, job_id, timeout_s=120)
-    finally:
-        slurm(lab, "scancel", job_id, check=False)
-        deadline = time.monotonic() + 40  # gone before the next module's server binds
-        while triton.job_state(lab, job_id)[0] and time.monotonic() < deadline:
-            time.sleep(0.5)
+    """A Triton job on the first inference node serving the LLM."""
+    with triton_serving(lab, MODEL, "stb-profile-llm") as job:
+        yield job
 
 
 @pytest.fixture
