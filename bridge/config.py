@@ -69,6 +69,13 @@ class PoolConfig(_Strict):
     )
 
 
+def _check_replica_bounds(low: int | None, high: int | None) -> None:
+    """ValueError unless a model's replica bounds are in order (an override may leave
+    either unset): the one check of `ModelConfig` and `ModelOverride`."""
+    if low is not None and high is not None and high < low:
+        raise ValueError(f"max_replicas ({high}) is below min_replicas ({low})")
+
+
 class ModelConfig(_Strict):
     """A served model's effective service-level objective and replica bounds: what the
     policy scales it by. Not read from the TOML as such: `bridge.modelfacts.merge_models`
@@ -131,10 +138,7 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _bounds(self) -> ModelConfig:
-        if self.max_replicas < self.min_replicas:
-            raise ValueError(
-                f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
-            )
+        _check_replica_bounds(self.min_replicas, self.max_replicas)
         return self
 
 
@@ -186,9 +190,7 @@ class ModelOverride(_Strict):
 
     @model_validator(mode="after")
     def _bounds(self) -> ModelOverride:
-        low, high = self.min_replicas, self.max_replicas
-        if low is not None and high is not None and high < low:
-            raise ValueError(f"max_replicas ({high}) is below min_replicas ({low})")
+        _check_replica_bounds(self.min_replicas, self.max_replicas)
         return self
 
 

@@ -58,7 +58,7 @@ from bridge.lifecycle import LeaseState
 from bridge.routing.errors import RoutingError
 from bridge.routing.table import BASELINE, MetricsTarget, RoutingTable, Split
 from bridge.slurm.errors import SlurmError
-from bridge.slurm.model import JobSpec, lease_of
+from bridge.slurm.model import JobSpec, ReservationSpec, lease_of
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.errors import TritonError
 from bridge.triton.ports import METRICS_PORT
@@ -263,11 +263,13 @@ class Actuator:
         match command:
             case Fence(reservation, node, duration_s):
                 self.slurm.create_reservation(
-                    reservation,
-                    [node],
-                    duration_s=duration_s,
-                    users=["root"],
-                    flags=("IGNORE_JOBS",),
+                    ReservationSpec(
+                        reservation,
+                        (node,),
+                        duration_s=duration_s,
+                        users=("root",),
+                        flags=("IGNORE_JOBS",),
+                    )
                 )
                 report.events.append(f"{node}: fenced by reservation {reservation}")
             case Submit():

@@ -1,5 +1,5 @@
 """Arrival schedules for the load generator: when each request is due, in seconds from
-the start of a run. Pure: no clock, no network; the only I/O is `load_trace` reading a file.
+the start of a run. Pure: no clock, no network; the only I/O is `read_trace` reading a file.
 
 Two sources, both bounded in count:
 - `poisson(rate, duration, seed)`: a Poisson process (exponential inter-arrival times).
@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TextIO, TypeVar
 
 import numpy as np
 
@@ -28,6 +29,8 @@ MAX_ARRIVALS = 1_000_000
 keeps one record per request, and a million is already hours of load at the lab's rates."""
 
 NS_PER_S = 1_000_000_000
+
+T = TypeVar("T")
 
 
 class ArrivalError(ValueError):
@@ -261,12 +264,18 @@ def replay(
     )
 
 
-def read_trace(path: Path) -> Trace:
-    """Parse the trace file at `path` (see `parse_trace`)."""
+def read_trace_file(path: Path, parse: Callable[[TextIO], T]) -> T:
+    """`parse` over the lines of the trace file at `path`; a file that cannot be read, or
+    is not UTF-8 text, is an ArrivalError. `lengths.read_token_trace` reads through it too."""
     try:
         with path.open(newline="", encoding="utf-8") as f:
-            return parse_trace(f, source=path.name)
+            return parse(f)
     except OSError as exc:
         raise ArrivalError(f"cannot read trace {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ArrivalError(f"trace {path} is not UTF-8 text: {exc}") from None
+
+
+def read_trace(path: Path) -> Trace:
+    """Parse the trace file at `path` (see `parse_trace`)."""
+    return read_trace_file(path, lambda lines: parse_trace(lines, source=path.name))

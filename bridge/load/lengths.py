@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from bridge.load.arrivals import ArrivalError
+from bridge.load.arrivals import ArrivalError, read_trace_file
 
 PROMPT_COLUMN = "ContextTokens"
 OUTPUT_COLUMN = "GeneratedTokens"
@@ -99,13 +99,7 @@ def parse_token_trace(lines: Iterable[str], *, source: str = "trace") -> TokenTr
 
 def read_token_trace(path: Path) -> TokenTrace:
     """The token columns of the trace file at `path` (see `parse_token_trace`)."""
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            return parse_token_trace(f, source=path.name)
-    except OSError as exc:
-        raise ArrivalError(f"cannot read trace {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ArrivalError(f"trace {path} is not UTF-8 text: {exc}") from None
+    return read_trace_file(path, lambda lines: parse_token_trace(lines, source=path.name))
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,15 @@ errors by kind, overall and per endpoint; as rich tables or as a JSON-ready dict
 
 Pure: reads a `runner.RunResult`, does no I/O except `render` printing to a console.
 Called by `bridge.load.cli` after a run, and by tests and benchmarks that assert on the
-figures (`summarize`).
+figures (`summarize`). The report of token streams (`stream_report`) shares its run
+summary, heading and latency figures.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bridge.load.runner import RequestRecord, RunResult
+from bridge.load.runner import Played, RequestRecord, RunResult
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,15 @@ class LatencyStats:
     p99_ms: float | None
     max_ms: float | None
     mean_ms: float | None
+
+    def cells(self) -> tuple[str, ...]:
+        """The figures as a table's cells, in `LATENCY_COLUMNS`' order ("-": none)."""
+        values = (self.p50_ms, self.p95_ms, self.p99_ms, self.max_ms, self.mean_ms)
+        return tuple("-" if v is None else f"{v:.1f}" for v in values)
+
+
+#: the columns of `LatencyStats.cells`
+LATENCY_COLUMNS = ("p50", "p95", "p99", "max", "mean")
 
 
 def latency_stats(seconds: Sequence[float]) -> LatencyStats:
@@ -68,17 +78,43 @@ class GroupReport:
 
 
 @dataclass(frozen=True)
-class Report:
+class RunSummary:
+    """What a load report says first, of the run as a whole (`runner.Played`'s figures):
+    the schedule's source, the target rate, the window played, the time taken, what
+    stopped it. `Report` (requests) and `stream_report.StreamReport` (streams) go on."""
+
     source: str
     target_rate: float | None
     window_s: float
     elapsed_s: float
     stopped_by: str
-    total: GroupReport
-    endpoints: tuple[GroupReport, ...]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def run_fields(result: Played[Any, Any]) -> dict[str, Any]:
+    """`RunSummary`'s fields of a report of `result`: the run's own."""
+    return {f.name: getattr(result, f.name) for f in fields(RunSummary)}
+
+
+def render_heading(report: RunSummary, console: Console) -> None:
+    """Print the line above a report's tables: the run as a whole."""
+    target = f"target {report.target_rate:g}/s, " if report.target_rate else ""
+    console.print(
+        f"[bold]{escape(report.source)}[/bold]: {target}window {report.window_s:.2f}s, "
+        f"elapsed {report.elapsed_s:.2f}s, stopped by {escape(report.stopped_by)}",
+        soft_wrap=True,
+    )
+
+
+@dataclass(frozen=True)
+class Report(RunSummary):
+    """One run of requests: the whole run, then its requests all together and per
+    endpoint."""
+
+    total: GroupReport
+    endpoints: tuple[GroupReport, ...]
 
 
 def _group(
@@ -110,11 +146,7 @@ def summarize(result: RunResult) -> Report:
     for rec in result.records:
         by_endpoint.setdefault(rec.endpoint, []).append(rec)
     return Report(
-        source=result.source,
-        target_rate=result.target_rate,
-        window_s=result.window_s,
-        elapsed_s=result.elapsed_s,
-        stopped_by=result.stopped_by,
+        **run_fields(result),
         total=_group("all", result.records, result.window_s, result.elapsed_s),
         endpoints=tuple(
             _group(name, recs, result.window_s, result.elapsed_s)
@@ -123,18 +155,9 @@ def summarize(result: RunResult) -> Report:
     )
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
 def render(report: Report, console: Console) -> None:
     """Print the report as two rich tables: rates and counts, then latency."""
-    target = f"target {report.target_rate:g}/s, " if report.target_rate else ""
-    console.print(
-        f"[bold]{escape(report.source)}[/bold]: {target}window {report.window_s:.2f}s, "
-        f"elapsed {report.elapsed_s:.2f}s, stopped by {escape(report.stopped_by)}",
-        soft_wrap=True,
-    )
+    render_heading(report, console)
     groups = (*report.endpoints, report.total) if len(report.endpoints) > 1 else (report.total,)
     counts = Table(title="requests")
     for col in ("endpoint", "due", "sent", "ok", "dropped", "errors"):
@@ -158,13 +181,9 @@ def render(report: Report, console: Console) -> None:
     lat = Table(title="latency of ok requests, ms")
     lat.add_column("endpoint")
     lat.add_column("measured from")
-    for col in ("p50", "p95", "p99", "max", "mean"):
+    for col in LATENCY_COLUMNS:
         lat.add_column(col, justify="right")
     for g in groups:
         for label, st in (("scheduled time", g.latency), ("send", g.service_latency)):
-            lat.add_row(
-                escape(g.name) if label == "scheduled time" else "",
-                label,
-                *(_ms(v) for v in (st.p50_ms, st.p95_ms, st.p99_ms, st.max_ms, st.mean_ms)),
-            )
+            lat.add_row(escape(g.name) if label == "scheduled time" else "", label, *st.cells())
     console.print(lat)

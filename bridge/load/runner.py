@@ -14,6 +14,9 @@ none sent later than LATE_GRACE_S after it), each one given up after `timeout_s`
 only loopback endpoints (127.0.0.0/8, localhost, ::1): this project sends load only to
 the machine it runs on.
 
+The open loop (`open_loop`, `play`: the run's client, bounds and result) is shared with
+the sender of token streams (`bridge.load.streams`).
+
 Called by `bridge.load.cli` (`stb load`), by lab tests and by benchmarks; `report`
 summarizes its `RunResult`.
 """
@@ -25,9 +28,10 @@ import ipaddress
 import json
 import math
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypedDict, TypeVar, Unpack
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -103,6 +107,47 @@ def parse_endpoint(text: str) -> Endpoint:
     return Endpoint(host=host, port=port)
 
 
+class Bounds(Protocol):
+    """What the open loop reads of a run's configuration (`RunConfig`,
+    `streams.StreamConfig`): where to send, and the bounds of the run."""
+
+    @property
+    def endpoints(self) -> tuple[Endpoint, ...]: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def max_requests(self) -> int: ...
+    @property
+    def max_duration_s(self) -> float: ...
+    @property
+    def concurrency_cap(self) -> int: ...
+    @property
+    def timeout_s(self) -> float: ...
+
+
+def check_target(config: Bounds) -> None:
+    """Refuse (LoadConfigError) a run with no endpoint, one off this machine (an
+    `Endpoint` built by hand is checked too) or a bad model name."""
+    if not config.endpoints:
+        raise LoadConfigError("no endpoint given")
+    for ep in config.endpoints:
+        parse_endpoint(str(ep))
+    if not config.model or "/" in config.model:
+        raise LoadConfigError(f"bad model name {config.model!r}")
+
+
+def check_bounds(config: Bounds) -> None:
+    """Refuse (LoadConfigError) a run whose bounds are out of range."""
+    if not 1 <= config.max_requests <= MAX_ARRIVALS:
+        raise LoadConfigError(f"max_requests must be in 1..{MAX_ARRIVALS}")
+    if not 0 < config.max_duration_s <= MAX_DURATION_S:
+        raise LoadConfigError(f"max_duration_s must be in (0, {MAX_DURATION_S:g}]")
+    if config.concurrency_cap < 1:
+        raise LoadConfigError("concurrency_cap must be at least 1")
+    if not 0 < config.timeout_s <= MAX_DURATION_S:
+        raise LoadConfigError(f"timeout_s must be in (0, {MAX_DURATION_S:g}]")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """What to send and the bounds of one run.
@@ -131,24 +176,12 @@ class RunConfig:
     timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if not self.endpoints:
-            raise LoadConfigError("no endpoint given")
-        for ep in self.endpoints:  # an Endpoint built by hand is checked too
-            parse_endpoint(str(ep))
-        if not self.model or "/" in self.model:
-            raise LoadConfigError(f"bad model name {self.model!r}")
+        check_target(self)
         if not self.shape or any(d < 1 for d in self.shape) or math.prod(self.shape) > MAX_ELEMENTS:
             raise LoadConfigError(
                 f"bad input shape {list(self.shape)}: dims >= 1, at most {MAX_ELEMENTS} elements"
             )
-        if not 1 <= self.max_requests <= MAX_ARRIVALS:
-            raise LoadConfigError(f"max_requests must be in 1..{MAX_ARRIVALS}")
-        if not 0 < self.max_duration_s <= MAX_DURATION_S:
-            raise LoadConfigError(f"max_duration_s must be in (0, {MAX_DURATION_S:g}]")
-        if self.concurrency_cap < 1:
-            raise LoadConfigError("concurrency_cap must be at least 1")
-        if not 0 < self.timeout_s <= MAX_DURATION_S:
-            raise LoadConfigError(f"timeout_s must be in (0, {MAX_DURATION_S:g}]")
+        check_bounds(self)
 
     def body(self) -> bytes:
         """The KServe v2 inference request: one FP32 tensor of small, fixed values."""
@@ -163,6 +196,11 @@ class RunConfig:
 
     def infer_path(self) -> str:
         return f"/v2/models/{quote(self.model, safe='')}/infer"
+
+
+def span(start: float | None, end: float | None) -> float | None:
+    """Seconds from `start` to `end`; None when either is unknown."""
+    return None if start is None or end is None else end - start
 
 
 @dataclass(frozen=True)
@@ -192,14 +230,12 @@ class RequestRecord:
     @property
     def latency_s(self) -> float | None:
         """From the scheduled time to the answer: includes any lateness in sending."""
-        return None if self.done_s is None else self.done_s - self.scheduled_s
+        return span(self.scheduled_s, self.done_s)
 
     @property
     def service_latency_s(self) -> float | None:
         """From the actual send to the answer."""
-        if self.done_s is None or self.sent_s is None:
-            return None
-        return self.done_s - self.sent_s
+        return span(self.sent_s, self.done_s)
 
 
 @dataclass
@@ -215,9 +251,15 @@ class Counters:
     elapsed_s: float = 0.0
 
 
+C = TypeVar("C", bound=Bounds)
+R = TypeVar("R")
+P = TypeVar("P")
+
+
 @dataclass(frozen=True)
-class RunResult:
-    """One run: a record per scheduled request that came due, in schedule order.
+class Played(Generic[C, R]):
+    """One run of the open loop: a record per scheduled request that came due, in
+    schedule order (`RunResult` of requests, `streams.StreamResult` of streams).
 
     window_s: the span of the schedule actually played (shorter than the schedule's when
         a bound stopped it), the denominator of offered and sent rates.
@@ -226,41 +268,107 @@ class RunResult:
         caller's `stop` event).
     """
 
-    config: RunConfig
+    config: C
     source: str
-    records: tuple[RequestRecord, ...]
+    records: tuple[R, ...]
     window_s: float
     elapsed_s: float
     stopped_by: str
     target_rate: float | None = None
 
 
+@dataclass(frozen=True)
+class RunResult(Played[RunConfig, RequestRecord]):
+    """One run of requests (`run`), as `Played` says."""
+
+
+class PlayOptions(TypedDict, total=False):
+    """The options of a run (`run`, `streams.run_streams`), none required.
+
+    counters: live counts, for a progress display to read while the run goes on.
+    target_rate: the rate the schedule was drawn at, kept on the result for its report.
+    stop: set from another thread, the run sends nothing more and waits for what is in
+        flight.
+    """
+
+    counters: Counters | None
+    target_rate: float | None
+    stop: threading.Event | None
+
+
 @dataclass
-class _Run:
-    config: RunConfig
+class Sending(ABC, Generic[C, R]):
+    """One run as the open loop plays it (`play`): what was launched when, and the
+    records so far. The sender of requests (`_Run`) and that of streams
+    (`streams._Streams`) say how one is sent, dropped or given up."""
+
+    config: C
     client: httpx.AsyncClient
-    body: bytes
     t0: float
     counters: Counters
-    records: dict[int, RequestRecord] = field(default_factory=dict)
+    records: dict[int, R] = field(default_factory=dict)
     launched: dict[int, tuple[str, float, float]] = field(default_factory=dict)
     """index -> (endpoint, scheduled_s, sent_s) of every request handed to a task."""
-
-    def cancel_unfinished(self) -> None:
-        """Record a launched request whose task never ran (cancelled) as cancelled."""
-        for index, (endpoint, scheduled_s, sent_s) in self.launched.items():
-            if index not in self.records:
-                self.records[index] = RequestRecord(
-                    index, endpoint, scheduled_s, sent_s, self.now(), None, "cancelled"
-                )
-                self.counters.in_flight -= 1
-                self.counters.errors += 1
 
     def now(self) -> float:
         return asyncio.get_running_loop().time() - self.t0
 
-    async def send(self, index: int, endpoint: Endpoint, scheduled_s: float) -> None:
-        sent_s = self.launched[index][2]
+    def launch(self, index: int, endpoint: Endpoint, offset: float) -> Coroutine[Any, Any, None]:
+        self.launched[index] = (str(endpoint), offset, self.now())
+        return self.send(index, endpoint)
+
+    def drop(self, index: int, endpoint: Endpoint, offset: float) -> None:
+        self.records[index] = self.dropped(index, endpoint, offset)
+
+    def count_done(self, ok: bool) -> None:
+        """Count a launched request, its record kept, out of flight: ok or in error."""
+        self.counters.in_flight -= 1
+        if ok:
+            self.counters.ok += 1
+        else:
+            self.counters.errors += 1
+
+    def cancel_unfinished(self) -> None:
+        """Record each launched request whose task never finished as cancelled."""
+        for index in [i for i in self.launched if i not in self.records]:
+            self.cancelled(index)
+
+    @abstractmethod
+    async def send(self, index: int, endpoint: Endpoint) -> None:
+        """Send launched request `index`; keep its record and `count_done` it, whatever
+        happens."""
+
+    @abstractmethod
+    def dropped(self, index: int, endpoint: Endpoint, scheduled_s: float) -> R:
+        """The record of a request dropped (the in-flight cap was full)."""
+
+    @abstractmethod
+    def cancelled(self, index: int) -> None:
+        """Record launched request `index`, whose task never finished, as cancelled (and
+        `count_done` it)."""
+
+
+@dataclass
+class _Run(Sending[RunConfig, RequestRecord]):
+    """A run of requests: each one POST of the same inference body."""
+
+    body: bytes = field(init=False, default=b"")
+
+    def __post_init__(self) -> None:
+        self.body = self.config.body()
+
+    def dropped(self, index: int, endpoint: Endpoint, scheduled_s: float) -> RequestRecord:
+        return RequestRecord(index, str(endpoint), scheduled_s, None, None, None, "dropped")
+
+    def cancelled(self, index: int) -> None:
+        endpoint, scheduled_s, sent_s = self.launched[index]
+        self.records[index] = RequestRecord(
+            index, endpoint, scheduled_s, sent_s, self.now(), None, "cancelled"
+        )
+        self.count_done(False)
+
+    async def send(self, index: int, endpoint: Endpoint) -> None:
+        _, scheduled_s, sent_s = self.launched[index]
         status: int | None = None
         error: str | None = None
         upstream: str | None = None
@@ -287,11 +395,7 @@ class _Run:
             self.records[index] = RequestRecord(
                 index, str(endpoint), scheduled_s, sent_s, self.now(), status, error, upstream
             )
-            self.counters.in_flight -= 1
-            if error is None:
-                self.counters.ok += 1
-            else:
-                self.counters.errors += 1
+            self.count_done(error is None)
 
 
 async def open_loop(
@@ -353,34 +457,30 @@ async def open_loop(
     return stopped_by, last_due
 
 
-async def run(
+async def play(
     schedule: Schedule,
-    config: RunConfig,
+    config: C,
+    sending: Callable[[C, httpx.AsyncClient, float, Counters], Sending[C, R]],
+    result: Callable[[C, str, tuple[R, ...], float, float, str, float | None], P],
     *,
+    timeout: httpx.Timeout | float,
     counters: Counters | None = None,
     target_rate: float | None = None,
     stop: threading.Event | None = None,
-) -> RunResult:
-    """Send `schedule` as `config` says; return a record per request that came due.
-    `stop` (set from another thread): send nothing more, wait for what is in flight."""
+) -> P:
+    """Play `schedule` open loop as `config` bounds it, each request sent as `sending`
+    (the run's state, given the HTTP client: `timeout` its timeouts) says; the `result`
+    of the records (`PlayOptions`: `counters`, `target_rate`, `stop`). The sender of
+    requests (`run`) and that of token streams (`bridge.load.streams`) both run
+    through it."""
     counters = counters if counters is not None else Counters()
     offsets = schedule.offsets[: config.max_requests]
     counters.planned = len(offsets)
     cap = config.concurrency_cap
     limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
     loop = asyncio.get_running_loop()
-    async with httpx.AsyncClient(limits=limits, timeout=config.timeout_s) as client:
-        state = _Run(config, client, config.body(), loop.time(), counters)
-
-        def launch(index: int, endpoint: Endpoint, offset: float) -> Coroutine[Any, Any, None]:
-            state.launched[index] = (str(endpoint), offset, state.now())
-            return state.send(index, endpoint, offset)
-
-        def drop(index: int, endpoint: Endpoint, offset: float) -> None:
-            state.records[index] = RequestRecord(
-                index, str(endpoint), offset, None, None, None, "dropped"
-            )
-
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        state = sending(config, client, loop.time(), counters)
         try:
             early, last_due = await open_loop(
                 offsets,
@@ -390,8 +490,8 @@ async def run(
                 grace_s=config.timeout_s + 1.0,
                 counters=counters,
                 now=state.now,
-                launch=launch,
-                drop=drop,
+                launch=state.launch,
+                drop=state.drop,
                 stop=stop,
             )
         finally:
@@ -399,15 +499,21 @@ async def run(
         elapsed = state.now()
     counters.elapsed_s = elapsed
     stopped_by = early or ("max_requests" if len(offsets) < len(schedule.offsets) else "schedule")
-    return RunResult(
-        config=config,
-        source=schedule.source,
-        records=tuple(state.records[i] for i in sorted(state.records)),
-        window_s=played_window(stopped_by, schedule, config.max_duration_s, last_due),
-        elapsed_s=elapsed,
-        stopped_by=stopped_by,
-        target_rate=target_rate,
+    return result(
+        config,
+        schedule.source,
+        tuple(state.records[i] for i in sorted(state.records)),
+        played_window(stopped_by, schedule, config.max_duration_s, last_due),
+        elapsed,
+        stopped_by,
+        target_rate,
     )
+
+
+async def run(schedule: Schedule, config: RunConfig, **options: Unpack[PlayOptions]) -> RunResult:
+    """Send `schedule` as `config` says; return a record per request that came due.
+    `options`: see `PlayOptions`."""
+    return await play(schedule, config, _Run, RunResult, timeout=config.timeout_s, **options)
 
 
 def played_window(

@@ -11,20 +11,26 @@ figures (`summarize_streams`).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bridge.load.report import LatencyStats, latency_stats
+from bridge.load.report import (
+    LATENCY_COLUMNS,
+    LatencyStats,
+    RunSummary,
+    latency_stats,
+    render_heading,
+    run_fields,
+)
 from bridge.load.streams import StreamResult
 
 
 @dataclass(frozen=True)
-class StreamReport:
-    """One run of streams.
+class StreamReport(RunSummary):
+    """One run of streams: the whole run (`report.RunSummary`), then its streams.
 
     due, sent, ok, broken, failed, dropped: streams by outcome (sent = due - dropped).
     errors: broken and failed streams by cause ("broken: cut", "failed: http_503", ...).
@@ -42,11 +48,6 @@ class StreamReport:
         that ended before their output length (the model's end of sequence).
     """
 
-    source: str
-    target_rate: float | None
-    window_s: float
-    elapsed_s: float
-    stopped_by: str
     due: int
     sent: int
     ok: int
@@ -67,9 +68,6 @@ class StreamReport:
     output_target: int
     short_answers: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def _mean(values: list[int]) -> float | None:
     return sum(values) / len(values) if values else None
@@ -85,11 +83,7 @@ def summarize_streams(result: StreamResult) -> StreamReport:
     tokens_in = sum(r.prompt_tokens for r in sent)
     tokens_out = sum(r.tokens for r in recs)
     return StreamReport(
-        source=result.source,
-        target_rate=result.target_rate,
-        window_s=result.window_s,
-        elapsed_s=result.elapsed_s,
-        stopped_by=result.stopped_by,
+        **run_fields(result),
         due=len(recs),
         sent=len(sent),
         ok=len(ok),
@@ -112,18 +106,9 @@ def summarize_streams(result: StreamResult) -> StreamReport:
     )
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
 def render(report: StreamReport, console: Console) -> None:
     """Print the report: a line of counts and rates, then TTFT, TPOT and e2e."""
-    target = f"target {report.target_rate:g}/s, " if report.target_rate else ""
-    console.print(
-        f"[bold]{escape(report.source)}[/bold]: {target}window {report.window_s:.2f}s, "
-        f"elapsed {report.elapsed_s:.2f}s, stopped by {escape(report.stopped_by)}",
-        soft_wrap=True,
-    )
+    render_heading(report, console)
     counts = Table(title="streams")
     for col in ("due", "sent", "ok", "broken", "failed", "dropped", "tokens in/s",
                 "tokens out/s"):  # fmt: skip
@@ -142,7 +127,7 @@ def render(report: StreamReport, console: Console) -> None:
         )
     lat = Table(title="ok streams, ms")
     lat.add_column("")
-    for col in ("p50", "p95", "p99", "max", "mean"):
+    for col in LATENCY_COLUMNS:
         lat.add_column(col, justify="right")
     rows = (
         ("TTFT from scheduled time", report.ttft),
@@ -151,8 +136,7 @@ def render(report: StreamReport, console: Console) -> None:
         ("end to end", report.e2e),
     )
     for label, st in rows:
-        lat.add_row(label, *(_ms(v) for v in (st.p50_ms, st.p95_ms, st.p99_ms, st.max_ms,
-                                               st.mean_ms)))  # fmt: skip
+        lat.add_row(label, *st.cells())
     console.print(lat)
     counted = (
         f", server counted {report.prompt_counted_mean:.1f}"

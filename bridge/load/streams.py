@@ -31,25 +31,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Unpack
 from urllib.parse import quote
 
 import httpx
 
-from bridge.load.arrivals import MAX_ARRIVALS, Schedule
+from bridge.load.arrivals import Schedule
 from bridge.load.lengths import prompt_text
 from bridge.load.runner import (
-    MAX_DURATION_S,
     UPSTREAM_HEADER,
-    Counters,
     Endpoint,
     LoadConfigError,
-    open_loop,
-    parse_endpoint,
-    played_window,
+    Played,
+    PlayOptions,
+    Sending,
+    check_bounds,
+    check_target,
+    play,
+    span,
 )
 from bridge.load.sse import SseParser, StreamProtocolError, parse_event
 
@@ -86,12 +86,7 @@ class StreamConfig:
     timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if not self.endpoints:
-            raise LoadConfigError("no endpoint given")
-        for ep in self.endpoints:
-            parse_endpoint(str(ep))
-        if not self.model or "/" in self.model:
-            raise LoadConfigError(f"bad model name {self.model!r}")
+        check_target(self)
         if not self.lengths:
             raise LoadConfigError("no token lengths given")
         for prompt, output in self.lengths:
@@ -101,14 +96,7 @@ class StreamConfig:
             raise LoadConfigError(f"prompt_overhead must be >= 0, got {self.prompt_overhead}")
         if not 0 <= self.temperature <= 10:
             raise LoadConfigError(f"temperature must be in 0..10, got {self.temperature}")
-        if not 1 <= self.max_requests <= MAX_ARRIVALS:
-            raise LoadConfigError(f"max_requests must be in 1..{MAX_ARRIVALS}")
-        if not 0 < self.max_duration_s <= MAX_DURATION_S:
-            raise LoadConfigError(f"max_duration_s must be in (0, {MAX_DURATION_S:g}]")
-        if self.concurrency_cap < 1:
-            raise LoadConfigError("concurrency_cap must be at least 1")
-        if not 0 < self.timeout_s <= MAX_DURATION_S:
-            raise LoadConfigError(f"timeout_s must be in (0, {MAX_DURATION_S:g}]")
+        check_bounds(self)
 
     def length(self, index: int) -> tuple[int, int]:
         return self.lengths[index % len(self.lengths)]
@@ -176,14 +164,12 @@ class StreamRecord:
     @property
     def ttft_s(self) -> float | None:
         """From the scheduled time to the first token: includes any lateness in sending."""
-        return None if self.first_s is None else self.first_s - self.scheduled_s
+        return span(self.scheduled_s, self.first_s)
 
     @property
     def service_ttft_s(self) -> float | None:
         """From the send to the first token."""
-        if self.first_s is None or self.sent_s is None:
-            return None
-        return self.first_s - self.sent_s
+        return span(self.sent_s, self.first_s)
 
     @property
     def tpot_s(self) -> float | None:
@@ -195,7 +181,7 @@ class StreamRecord:
     @property
     def e2e_s(self) -> float | None:
         """From the scheduled time to the stream's end."""
-        return None if self.done_s is None else self.done_s - self.scheduled_s
+        return span(self.scheduled_s, self.done_s)
 
     @property
     def prompt_tokens(self) -> int:
@@ -204,17 +190,8 @@ class StreamRecord:
 
 
 @dataclass(frozen=True)
-class StreamResult:
-    """One run of streams: a record per scheduled request that came due, in order.
-    window_s, elapsed_s, stopped_by as `runner.RunResult`'s."""
-
-    config: StreamConfig
-    source: str
-    records: tuple[StreamRecord, ...]
-    window_s: float
-    elapsed_s: float
-    stopped_by: str
-    target_rate: float | None = None
+class StreamResult(Played[StreamConfig, StreamRecord]):
+    """One run of streams (`run_streams`), as `runner.Played` says."""
 
 
 @dataclass
@@ -250,17 +227,10 @@ class _Reading:
 
 
 @dataclass
-class _Streams:
-    config: StreamConfig
-    client: httpx.AsyncClient
-    t0: float
-    counters: Counters
-    records: dict[int, StreamRecord] = field(default_factory=dict)
-    launched: dict[int, tuple[str, float, float]] = field(default_factory=dict)
-    readings: dict[int, _Reading] = field(default_factory=dict)
+class _Streams(Sending[StreamConfig, StreamRecord]):
+    """A run of streams: each one generate request, its events read as they come."""
 
-    def now(self) -> float:
-        return asyncio.get_running_loop().time() - self.t0
+    readings: dict[int, _Reading] = field(default_factory=dict)
 
     def record(self, index: int, reading: _Reading, outcome: str, error: str | None) -> None:
         endpoint, scheduled_s, sent_s = self.launched[index]
@@ -283,17 +253,18 @@ class _Streams:
             finish_reason=reading.reason,
             upstream=reading.upstream,
         )
-        self.counters.in_flight -= 1
-        if outcome == "ok":
-            self.counters.ok += 1
-        else:
-            self.counters.errors += 1
+        self.count_done(outcome == "ok")
 
-    def cancel_unfinished(self) -> None:
-        for index in self.launched:
-            if index not in self.records:
-                reading = self.readings.get(index, _Reading())
-                self.record(index, reading, *reading.outcome(False, "cancelled"))
+    def dropped(self, index: int, endpoint: Endpoint, scheduled_s: float) -> StreamRecord:
+        prompt, output = self.config.length(index)
+        return StreamRecord(
+            index, str(endpoint), scheduled_s, None, None, None, None, 0, prompt, output,
+            "dropped", "dropped",
+        )  # fmt: skip
+
+    def cancelled(self, index: int) -> None:
+        reading = self.readings.get(index, _Reading())
+        self.record(index, reading, *reading.outcome(False, "cancelled"))
 
     def event(self, reading: _Reading, data: str) -> None:
         ev = parse_event(data)
@@ -311,7 +282,7 @@ class _Streams:
             reading.saw_reasons = True
         reading.reason = ev.finish_reason
 
-    async def stream(self, index: int, endpoint: Endpoint) -> None:
+    async def send(self, index: int, endpoint: Endpoint) -> None:
         reading = self.readings.setdefault(index, _Reading())
         error: str | None = None
         clean = False
@@ -351,60 +322,9 @@ class _Streams:
 
 
 async def run_streams(
-    schedule: Schedule,
-    config: StreamConfig,
-    *,
-    counters: Counters | None = None,
-    target_rate: float | None = None,
-    stop: threading.Event | None = None,
+    schedule: Schedule, config: StreamConfig, **options: Unpack[PlayOptions]
 ) -> StreamResult:
     """Send `schedule` as streams as `config` says; a record per stream that came due.
-    `stop` (set from another thread): start no more, wait for the open ones."""
-    counters = counters if counters is not None else Counters()
-    offsets = schedule.offsets[: config.max_requests]
-    counters.planned = len(offsets)
-    cap = config.concurrency_cap
-    limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
-    loop = asyncio.get_running_loop()
+    `options`: see `runner.PlayOptions` (`stop`: start no more, wait for the open ones)."""
     timeout = httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s))
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        state = _Streams(config, client, loop.time(), counters)
-
-        def launch(index: int, endpoint: Endpoint, offset: float) -> Coroutine[Any, Any, None]:
-            state.launched[index] = (str(endpoint), offset, state.now())
-            return state.stream(index, endpoint)
-
-        def drop(index: int, endpoint: Endpoint, offset: float) -> None:
-            prompt, output = config.length(index)
-            state.records[index] = StreamRecord(
-                index, str(endpoint), offset, None, None, None, None, 0, prompt, output,
-                "dropped", "dropped",
-            )  # fmt: skip
-
-        try:
-            early, last_due = await open_loop(
-                offsets,
-                config.endpoints,
-                max_duration_s=config.max_duration_s,
-                cap=cap,
-                grace_s=config.timeout_s + 1.0,
-                counters=counters,
-                now=state.now,
-                launch=launch,
-                drop=drop,
-                stop=stop,
-            )
-        finally:
-            state.cancel_unfinished()
-        elapsed = state.now()
-    counters.elapsed_s = elapsed
-    stopped_by = early or ("max_requests" if len(offsets) < len(schedule.offsets) else "schedule")
-    return StreamResult(
-        config=config,
-        source=schedule.source,
-        records=tuple(state.records[i] for i in sorted(state.records)),
-        window_s=played_window(stopped_by, schedule, config.max_duration_s, last_due),
-        elapsed_s=elapsed,
-        stopped_by=stopped_by,
-        target_rate=target_rate,
-    )
+    return await play(schedule, config, _Streams, StreamResult, timeout=timeout, **options)

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from bridge.models.status_views import Tokens
-from bridge.triton.llm_metrics import Histogram, histogram_quantile
+from bridge.triton.llm_metrics import summed_p99
 from bridge.triton.metrics import ModelSample
 from bridge.triton.prometheus import PrometheusError, PrometheusSignal
 
@@ -36,21 +36,6 @@ TTFT = "vllm:time_to_first_token_seconds"
 TPOT = "vllm:time_per_output_token_seconds"
 PROMPT = "vllm:prompt_tokens_total"
 OUTPUT = "vllm:generation_tokens_total"
-
-
-def _summed_p99(hists: Sequence[Histogram]) -> float | None:
-    """The p99 of the servers' histograms together: their buckets summed where the bounds
-    agree, else the highest of their own p99s."""
-    if not hists:
-        return None
-    if len({tuple(le for le, _ in h.buckets) for h in hists}) == 1:
-        summed: dict[float, float] = {}
-        for h in hists:
-            for le, c in h.buckets:
-                summed[le] = summed.get(le, 0.0) + c
-        return histogram_quantile(0.99, summed.items())
-    own = [v for h in hists if (v := h.quantile(0.99)) is not None]
-    return max(own) if own else None
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -74,12 +59,12 @@ def live_tokens(
     llms = [s.llm for s in samples if s.llm is not None]
     if not llms:
         return None
-    ttft_ms = _ms(_summed_p99([x.ttft_s for x in llms if x.ttft_s is not None]))
+    ttft_ms = _ms(summed_p99([x.ttft_s for x in llms if x.ttft_s is not None]))
     first = [x.ttft_s.count for x in llms if x.ttft_s is not None]
     if ttft_ms is None:  # Triton's own first-response histogram, in ms
-        ttft_ms = _summed_p99([x.first_response_ms for x in llms if x.first_response_ms])
+        ttft_ms = summed_p99([x.first_response_ms for x in llms if x.first_response_ms])
         first = [x.first_response_ms.count for x in llms if x.first_response_ms is not None]
-    tpot_ms = _ms(_summed_p99([x.tpot_s for x in llms if x.tpot_s is not None]))
+    tpot_ms = _ms(summed_p99([x.tpot_s for x in llms if x.tpot_s is not None]))
     return Tokens(
         requests=_total(first),
         ttft_p99_ms=ttft_ms,

@@ -418,12 +418,8 @@ class Channel:
     def return_(self, lease: int) -> int:
         if self.api:
             return int(self.call("POST", "/api/return", json={"lease": lease})["request"])
-        queue, store = self._db
-        try:
-            state = store.get(lease).state.value
-        except LeaseError as exc:
-            _fail(str(exc))
-        if state == "returned":
+        queue, _ = self._db
+        if self._state_of(lease) == "returned":
             _fail(f"lease {lease} is already returned")
         req = queue.request_return(lease, datetime.now(UTC), requested_by=getpass.getuser())
         assert req.id is not None
@@ -433,16 +429,21 @@ class Channel:
         """Queue a placement of serving lease `lease` (`stb place`)."""
         if self.api:
             _fail("stb place writes the bridge's database: it has no --api path yet")
-        queue, store = self._db
-        try:
-            state = store.get(lease).state.value
-        except LeaseError as exc:
-            _fail(str(exc))
+        queue, _ = self._db
+        state = self._state_of(lease)
         if state != "serving":
             _fail(f"lease {lease} is {state}, not serving: only a serving lease is placed")
         req = queue.request_place(lease, models, datetime.now(UTC), requested_by=getpass.getuser())
         assert req.id is not None
         return req.id
+
+    def _state_of(self, lease: int) -> str:
+        """The stored lease's state; exit naming the store's error (no such lease)."""
+        _, store = self._db
+        try:
+            return store.get(lease).state.value
+        except LeaseError as exc:
+            _fail(str(exc))
 
     def outcome(self, request_id: int) -> str | None:
         if self.api:

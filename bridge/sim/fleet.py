@@ -113,16 +113,8 @@ class Usage:
             since[use] = now
 
     def move(self, pool: str, src: str, dst: str, n: int, now: float) -> None:
-        if n:
-            gpus, since, seconds = self.gpus[pool], self._since[pool], self.seconds[pool]
-            for use in (src, dst):
-                dt = now - since[use]
-                if dt > 0:
-                    if gpus[use]:
-                        seconds[use] += gpus[use] * dt
-                    since[use] = now
-            gpus[src] -= n
-            gpus[dst] += n
+        """`n` GPUs of `pool` from use `src` to `dst`, both integrated up to `now` first."""
+        _move(self, pool, src, dst, n, now)
 
 
 class Fleet:
@@ -534,7 +526,8 @@ class Fleet:
 
 
 def _move(usage: Usage, pool: str, src: str, dst: str, n: int, now: float) -> None:
-    """`Usage.move`, unrolled (called for every node of every job start and end)."""
+    """`Usage.move`, unrolled: its one copy, called for every node of every job start and
+    end (the single-node fast paths, `Fleet._start_on` and `Fleet.end`, write it out)."""
     if n:
         gpus, since, seconds = usage.gpus[pool], usage._since[pool], usage.seconds[pool]
         dt = now - since[src]

@@ -438,30 +438,37 @@ def _grouped_bars(
     return containers
 
 
-def _slo_chart(results: Sequence[PolicyResult]) -> Chart:
+def _policy_bars(
+    results: Sequence[PolicyResult], groups: Mapping[str, tuple[list[float], str]], ncols: int
+) -> tuple[Figure, Axes, list[Any]]:
+    """A chart of bars per policy (`_grouped_bars`), its legend (`ncols` columns) above:
+    the figure, its axes and the bars to label; with no policy, the axes say so (no bars)."""
     fig = Figure(figsize=(10, 3.4), layout="constrained")
     ax = fig.subplots()
+    if not results:
+        no_data(ax, "no policy in this report")
+        return fig, ax, []
+    bars = _grouped_bars(ax, [r.policy for r in results], groups)
+    fig.legend(loc="outside upper right", ncols=ncols, frameon=False)
+    return fig, ax, bars
+
+
+def _slo_chart(results: Sequence[PolicyResult]) -> Chart:
     requests = [100 * r.within_share for r in results]
     minutes = [100 * r.minutes_share for r in results]
     low = min([*requests, *minutes], default=100.0)
     # zoom in on the top of the scale (bars near 100% differ by little), on 5% steps
     bottom = max(0.0, 5 * math.floor((low - max(1.0, (100 - low) / 2)) / 5))
-    if results:
-        bars = _grouped_bars(
-            ax,
-            [r.policy for r in results],
-            {
-                "requests within SLO": (requests, WORKLOAD_COLOURS["inference"]),
-                "minutes with p99 within SLO": (minutes, "#00695c"),
-            },
-        )
+    groups = {
+        "requests within SLO": (requests, WORKLOAD_COLOURS["inference"]),
+        "minutes with p99 within SLO": (minutes, "#00695c"),
+    }
+    fig, ax, bars = _policy_bars(results, groups, ncols=2)
+    if bars:
         for container in bars:
             ax.bar_label(container, fmt="%.2f%%", padding=2, fontsize=8)
         ax.set_ylim(bottom, 101)
         ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
-        fig.legend(loc="outside upper right", ncols=2, frameon=False)
-    else:
-        no_data(ax, "no policy in this report")
     caption = (
         "Per policy: the share of requests answered within their model's SLO, and of the "
         "minutes (with requests) whose p99 met it, over all models."
@@ -472,8 +479,6 @@ def _slo_chart(results: Sequence[PolicyResult]) -> Chart:
 
 
 def _wait_chart(results: Sequence[PolicyResult]) -> Chart:
-    fig = Figure(figsize=(10, 3.4), layout="constrained")
-    ax = fig.subplots()
     groups: dict[str, tuple[list[float], str]] = {}
     for kind, colour in KIND_COLOURS.items():
         qs = [r.queues.get(kind) for r in results]
@@ -483,16 +488,13 @@ def _wait_chart(results: Sequence[PolicyResult]) -> Chart:
     unit, per = (
         ("hours", 3600.0) if top >= 3 * 3600 else ("minutes", 60.0) if top >= 180 else ("s", 1.0)
     )
-    if results:
-        scaled = {k: ([v / per for v in values], c) for k, (values, c) in groups.items()}
-        bars = _grouped_bars(ax, [r.policy for r in results], scaled)
+    scaled = {k: ([v / per for v in values], c) for k, (values, c) in groups.items()}
+    fig, ax, bars = _policy_bars(results, scaled, ncols=4)
+    if bars:
         for container, values in zip(bars, (v for v, _ in groups.values()), strict=True):
             ax.bar_label(container, labels=[human(v) for v in values], padding=2, fontsize=7)
         ax.set_ylabel(f"wait ({unit})")
         ax.set_ylim(0, top / per * 1.15 if top > 0 else 1.0)  # no waits at all: 0..1 s
-        fig.legend(loc="outside upper right", ncols=4, frameon=False)
-    else:
-        no_data(ax, "no policy in this report")
     caption = (
         "Per policy: how long jobs waited in the queue before their first start, mean and "
         "95th percentile (lighter), training and elastic. Jobs never started count until "

@@ -94,15 +94,10 @@ def token_sample(
 ) -> ModelSample:
     """`ModelSample(...)` of an LLM: `model_sample`'s fields and its token signal (the
     TTFT and TPOT p99s of the tick, prompt and output tokens/s, streams being generated),
-    made the same way."""
-    obj = object.__new__(ModelSample)  # (no `__init__`)
+    made the same way: `model_sample`'s instance, its token fields (there, in the class's
+    order, as None) then set."""
+    obj = model_sample(at, p99_ms, request_rate, pending, mean_ms, compute_ms)
     d = obj.__dict__
-    d["at"] = at
-    d["p99_ms"] = p99_ms
-    d["request_rate"] = request_rate
-    d["pending"] = pending
-    d["mean_ms"] = mean_ms
-    d["compute_ms"] = compute_ms
     d["ttft_p99_ms"] = ttft_p99_ms
     d["tpot_p99_ms"] = tpot_p99_ms
     d["prompt_tps"] = prompt_tps

@@ -11,14 +11,7 @@ from bridge.slurm.errors import (
     SlurmError,
     UnparseableOutput,
 )
-from bridge.slurm.model import (
-    AccountingRecord,
-    Job,
-    JobSpec,
-    Node,
-    Partition,
-    Reservation,
-)
+from bridge.slurm.model import AccountingRecord, Job, JobSpec, Node, Partition, Reservation
 from bridge.slurm.protocol import SlurmProtocol
 
 __all__ = [

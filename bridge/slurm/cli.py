@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Unpack
 
 from bridge.slurm import parse, sacct, sacctmgr, scontrol, squeue, sreport
 from bridge.slurm.errors import (
@@ -27,10 +28,12 @@ from bridge.slurm.model import (
     BRIDGE_TAG,
     AccountingRecord,
     Job,
+    JobFilter,
     JobSpec,
     Node,
     Partition,
     Reservation,
+    ReservationSpec,
     SlurmEvent,
 )
 
@@ -98,16 +101,9 @@ class SlurmCLI:
     def partitions(self) -> list[Partition]:
         return scontrol.parse_partitions(self._run("scontrol", "show", "partition", "-o"))
 
-    def jobs(
-        self,
-        *,
-        tag: str | None = None,
-        node: str | None = None,
-        partition: str | None = None,
-        states: Iterable[str] | None = None,
-    ) -> list[Job]:
+    def jobs(self, **filters: Unpack[JobFilter]) -> list[Job]:
         jobs = squeue.parse_squeue_json(self._run("squeue", "--all", "--json"))
-        return squeue.filter_jobs(jobs, tag=tag, node=node, partition=partition, states=states)
+        return squeue.filter_jobs(jobs, **filters)
 
     def reservations(self) -> list[Reservation]:
         return scontrol.parse_reservations(self._run("scontrol", "show", "reservation", "-o"))
@@ -297,29 +293,20 @@ class SlurmCLI:
             if not any(m in message for m in _NOT_RESUMABLE):
                 raise
 
-    def create_reservation(
-        self,
-        name: str,
-        nodes: Iterable[str],
-        *,
-        duration_s: int,
-        users: Iterable[str],
-        flags: Iterable[str] = ("MAINT", "IGNORE_JOBS"),
-    ) -> None:
-        node_list = list(nodes)
-        if not node_list:
+    def create_reservation(self, spec: ReservationSpec) -> None:
+        if not spec.nodes:
             raise ValueError("a reservation needs at least one node")
-        minutes = max(1, -(-duration_s // 60))
+        minutes = max(1, -(-spec.duration_s // 60))
         self._run(
             "scontrol",
             "create",
             "reservation",
-            f"ReservationName={name}",
-            f"Nodes={compress(node_list)}",
+            f"ReservationName={spec.name}",
+            f"Nodes={compress(spec.nodes)}",
             "StartTime=now",
             f"Duration={minutes}",
-            f"Users={','.join(users)}",
-            f"Flags={','.join(flags)}",
+            f"Users={','.join(spec.users)}",
+            f"Flags={','.join(spec.flags)}",
         )
 
     def delete_reservation(self, name: str) -> None:

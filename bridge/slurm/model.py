@@ -1,11 +1,14 @@
 """Immutable records of what Slurm says: nodes, partitions, jobs, reservations and
-accounting runs. Shared by every backend; times are timezone-aware UTC."""
+accounting runs; and of what the bridge asks of it: a job to submit (`JobSpec`), a
+reservation to create (`ReservationSpec`), the jobs to list (`JobFilter`). Shared by every
+backend; times are timezone-aware UTC."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypedDict
 
 #: Prefix of every drain reason and reservation name the bridge sets, so the reconciler
 #: can tell its own fences from an administrator's.
@@ -137,6 +140,29 @@ class JobSpec:
         for key, value in self.env.items():
             if "," in value:
                 raise ValueError(f"JobSpec env {key} holds a ',' which sbatch cannot export")
+
+
+class JobFilter(TypedDict, total=False):
+    """Which jobs `jobs` lists: with the comment `tag` (e.g. "stb:triton"), on `node`, in
+    `partition`, in one of `states` (Slurm state names, any case); a filter left out, or
+    None: any."""
+
+    tag: str | None
+    node: str | None
+    partition: str | None
+    states: Iterable[str] | None
+
+
+@dataclass(frozen=True)
+class ReservationSpec:
+    """What `create_reservation` asks for: `nodes` reserved from now for `duration_s`
+    seconds for `users`, with Slurm's reservation `flags`."""
+
+    name: str
+    nodes: tuple[str, ...]
+    duration_s: int
+    users: tuple[str, ...]
+    flags: tuple[str, ...] = ("MAINT", "IGNORE_JOBS")
 
 
 @dataclass(frozen=True)

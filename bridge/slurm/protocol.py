@@ -17,17 +17,18 @@ Contract, for every backend:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, Unpack
 
 from bridge.slurm.model import (
     AccountingRecord,
     Job,
+    JobFilter,
     JobSpec,
     Node,
     Partition,
     Reservation,
+    ReservationSpec,
     SlurmEvent,
 )
 
@@ -48,16 +49,10 @@ class SlurmProtocol(Protocol):
 
     def partitions(self) -> list[Partition]: ...
 
-    def jobs(
-        self,
-        *,
-        tag: str | None = None,
-        node: str | None = None,
-        partition: str | None = None,
-        states: Iterable[str] | None = None,
-    ) -> list[Job]:
-        """Jobs in the controller's queue (finished ones until MinJobAge), filtered: `tag`
-        is a comment tag such as "stb:triton"; `states` are Slurm state names."""
+    def jobs(self, **filters: Unpack[JobFilter]) -> list[Job]:
+        """Jobs in the controller's queue (finished ones until MinJobAge), filtered by
+        keyword (`JobFilter`): `tag` is a comment tag such as "stb:triton"; `states` are
+        Slurm state names."""
         ...
 
     def submit(self, spec: JobSpec) -> str:
@@ -80,16 +75,8 @@ class SlurmProtocol(Protocol):
 
     def reservations(self) -> list[Reservation]: ...
 
-    def create_reservation(
-        self,
-        name: str,
-        nodes: Iterable[str],
-        *,
-        duration_s: int,
-        users: Iterable[str],
-        flags: Iterable[str] = ("MAINT", "IGNORE_JOBS"),
-    ) -> None:
-        """Reserve nodes from now for duration_s seconds for users."""
+    def create_reservation(self, spec: ReservationSpec) -> None:
+        """Reserve the spec's nodes from now for its duration_s seconds for its users."""
         ...
 
     def delete_reservation(self, name: str) -> None: ...

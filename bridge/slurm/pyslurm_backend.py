@@ -17,14 +17,14 @@ meaning (gres counting, states, reasons).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import pyslurm  # importing this module is how a site opts in
 
-from bridge.slurm import parse
+from bridge.slurm import parse, squeue
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import CommandRejected, ControllerUnreachable
 from bridge.slurm.hostlist import compress, expand
@@ -32,10 +32,12 @@ from bridge.slurm.model import (
     BRIDGE_TAG,
     AccountingRecord,
     Job,
+    JobFilter,
     JobSpec,
     Node,
     Partition,
     Reservation,
+    ReservationSpec,
     SlurmEvent,
 )
 
@@ -113,49 +115,36 @@ class PySlurm:
             )
         return out
 
-    def jobs(
-        self,
-        *,
-        tag: str | None = None,
-        node: str | None = None,
-        partition: str | None = None,
-        states: Iterable[str] | None = None,
-    ) -> list[Job]:
-        wanted = {s.upper() for s in states} if states is not None else None
+    def jobs(self, **filters: Unpack[JobFilter]) -> list[Job]:
         jobs = []
         for j in _call("load jobs", pyslurm.Jobs.load).values():
             nodes = tuple(expand(j.allocated_nodes or ""))
             _, per_node = parse.parse_gres(_gres_string(j.gres_per_node))
-            job = Job(
-                job_id=parse.format_job_id(
-                    j.id,
-                    j.array_id,
-                    j.array_task_id,
-                    j.array_tasks_waiting or "",
-                    j.array_tasks_parallel,
-                ),
-                name=j.name or "",
-                partition=j.partition or "",
-                account=j.account or "",
-                user=j.user_name or "",
-                state=str(j.state),
-                reason=j.state_reason or "",
-                nodes=nodes,
-                comment=j.comment or "",
-                gpus=per_node * max(1, len(nodes)),
-                restarts=int(j.requeue_count or 0),
-                submit_time=_ts(j.submit_time),
-                start_time=None if str(j.state) == "PENDING" else _ts(j.start_time),
-                requested_nodes=tuple(expand(j.required_nodes or "")),
+            jobs.append(
+                Job(
+                    job_id=parse.format_job_id(
+                        j.id,
+                        j.array_id,
+                        j.array_task_id,
+                        j.array_tasks_waiting or "",
+                        j.array_tasks_parallel,
+                    ),
+                    name=j.name or "",
+                    partition=j.partition or "",
+                    account=j.account or "",
+                    user=j.user_name or "",
+                    state=str(j.state),
+                    reason=j.state_reason or "",
+                    nodes=nodes,
+                    comment=j.comment or "",
+                    gpus=per_node * max(1, len(nodes)),
+                    restarts=int(j.requeue_count or 0),
+                    submit_time=_ts(j.submit_time),
+                    start_time=None if str(j.state) == "PENDING" else _ts(j.start_time),
+                    requested_nodes=tuple(expand(j.required_nodes or "")),
+                )
             )
-            if (
-                (tag is None or tag in job.tags)
-                and (node is None or node in job.nodes)
-                and (partition is None or job.partition == partition)
-                and (wanted is None or job.state in wanted)
-            ):
-                jobs.append(job)
-        return jobs
+        return squeue.filter_jobs(jobs, **filters)
 
     def submit(self, spec: JobSpec) -> str:
         script = (
@@ -234,24 +223,16 @@ class PySlurm:
             )
         return out
 
-    def create_reservation(
-        self,
-        name: str,
-        nodes: Iterable[str],
-        *,
-        duration_s: int,
-        users: Iterable[str],
-        flags: Iterable[str] = ("MAINT", "IGNORE_JOBS"),
-    ) -> None:
+    def create_reservation(self, spec: ReservationSpec) -> None:
         names = {"MAINT": "MAINTENANCE", "IGNORE_JOBS": "IGNORE_RUNNING_JOBS"}
-        flag_value = pyslurm.ReservationFlags.from_list([names.get(f, f) for f in flags])
+        flag_value = pyslurm.ReservationFlags.from_list([names.get(f, f) for f in spec.flags])
         start = datetime.now(UTC)
         resv = pyslurm.Reservation(
-            name=name,
-            nodes=compress(nodes),
-            users=list(users),
+            name=spec.name,
+            nodes=compress(spec.nodes),
+            users=list(spec.users),
             start_time=start,
-            end_time=start + timedelta(seconds=max(60, duration_s)),
+            end_time=start + timedelta(seconds=max(60, spec.duration_s)),
             flags=flag_value,
         )
         _call("create reservation", resv.create)

@@ -21,11 +21,11 @@ import os
 import pwd
 import shlex
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import quote
 
 import httpx
@@ -43,10 +43,12 @@ from bridge.slurm.hostlist import compress
 from bridge.slurm.model import (
     AccountingRecord,
     Job,
+    JobFilter,
     JobSpec,
     Node,
     Partition,
     Reservation,
+    ReservationSpec,
     SlurmEvent,
 )
 
@@ -370,17 +372,9 @@ class SlurmRest:
                 f"{what}: slurmrestd at {self.settings.url}: {exc or type(exc).__name__}"
             ) from exc
 
-    def _call(
-        self,
-        method: str,
-        path: str,
-        what: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: Mapping[str, Any] | None = None,
-    ) -> str:
-        """One request; its JSON text once it carries no error, else the typed error."""
-        resp = self._send(method, path, what, params=params, body=body)
+    def _checked(self, resp: httpx.Response, path: str, what: str) -> str:
+        """The answer to a request `_send` sent to `path`: its JSON text once it carries
+        no error, else the typed error."""
         text = resp.text
         code = resp.status_code
         if code in (401, 403):
@@ -434,7 +428,8 @@ class SlurmRest:
 
     def _get(self, kind: str, what: str, params: Mapping[str, str] | None = None) -> str:
         path = f"/{'slurmdb' if kind.startswith('db:') else 'slurm'}/{self.api_version()}/"
-        return self._call("GET", path + kind.removeprefix("db:"), what, params=params)
+        path += kind.removeprefix("db:")
+        return self._checked(self._send("GET", path, what, params=params), path, what)
 
     # --- reads -------------------------------------------------------------------------
 
@@ -449,16 +444,9 @@ class SlurmRest:
     def partitions(self) -> list[Partition]:
         return rest_parse.parse_partitions(self._get("partitions", "GET partitions"))
 
-    def jobs(
-        self,
-        *,
-        tag: str | None = None,
-        node: str | None = None,
-        partition: str | None = None,
-        states: Iterable[str] | None = None,
-    ) -> list[Job]:
+    def jobs(self, **filters: Unpack[JobFilter]) -> list[Job]:
         jobs = squeue.parse_squeue_json(self._get("jobs", "GET jobs"))
-        return squeue.filter_jobs(jobs, tag=tag, node=node, partition=partition, states=states)
+        return squeue.filter_jobs(jobs, **filters)
 
     def reservations(self) -> list[Reservation]:
         text = self._get("reservations", "GET reservations")
@@ -498,14 +486,16 @@ class SlurmRest:
         except ValueError as exc:
             raise CommandRejected("submit", f"{spec.script}: {exc}") from exc
         path = f"/slurm/{self.api_version()}/job/submit"
-        return rest_parse.submitted_job_id(self._call("POST", path, "submit", body=body))
+        resp = self._send("POST", path, "submit", body=body)
+        return rest_parse.submitted_job_id(self._checked(resp, path, "submit"))
 
     def cancel(self, job_id: str, *, signal: str | None = None) -> None:
         parse.parse_job_id(job_id)  # refuse anything that is not a job id
         path = f"/slurm/{self.api_version()}/job/{quote(job_id, safe='')}"
         params = {"signal": signal} if signal is not None else None
+        what = f"cancel {job_id}"
         try:
-            self._call("DELETE", path, f"cancel {job_id}", params=params)
+            self._checked(self._send("DELETE", path, what, params=params), path, what)
         except CommandRejected as exc:
             # a finished job is a success already (ESLURM_ALREADY_DONE); one purged
             # after MinJobAge is gone: both are done
@@ -521,17 +511,8 @@ class SlurmRest:
     def resume(self, node: str) -> None:
         self._cli.resume(node)  # no REST endpoint (class docstring)
 
-    def create_reservation(
-        self,
-        name: str,
-        nodes: Iterable[str],
-        *,
-        duration_s: int,
-        users: Iterable[str],
-        flags: Iterable[str] = ("MAINT", "IGNORE_JOBS"),
-    ) -> None:
-        # no REST endpoint (class docstring)
-        self._cli.create_reservation(name, nodes, duration_s=duration_s, users=users, flags=flags)
+    def create_reservation(self, spec: ReservationSpec) -> None:
+        self._cli.create_reservation(spec)  # no REST endpoint (class docstring)
 
     def delete_reservation(self, name: str) -> None:
         if any(r.name == name for r in self.reservations()):

@@ -3,7 +3,9 @@
 `bridge.triton.metrics.parse_page` hands this module the families below (`wants`,
 `LlmAccumulator`) and puts each (model, version)'s `LlmSample` on its `ModelSample.llm`;
 `bridge.triton.signal` reads two samples into an `LlmWindow` (`llm_window`) and the
-windows of a model's replicas into its token signal (`aggregate`). No I/O, no clock.
+windows of a model's replicas into its token signal (`aggregate`); a model's status
+(`bridge.models.status_tokens`) sums its servers' histograms as that does (`summed_p99`).
+No I/O, no clock.
 
 Sources, each name, type and label set read from the backend's own code:
 
@@ -46,11 +48,12 @@ is in neither). "No data" is None, never zero, everywhere.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 ModelKey = tuple[str, str]
+"""(model name, version) as Triton labels them."""
 
 # ---- the families --------------------------------------------------------------------
 
@@ -112,9 +115,9 @@ class Histogram:
 
 
 @dataclass(frozen=True, slots=True)
-class LlmSample:
-    """One (model, version)'s token metrics at one scrape. Histograms and token counts
-    are cumulative since the load; running and waiting are gauges. None: not on the page."""
+class LlmFigures:
+    """One (model, version)'s token figures, a field per family read here: a scrape's
+    (`LlmSample`) or a window's (`LlmWindow`)."""
 
     ttft_s: Histogram | None = None
     tpot_s: Histogram | None = None
@@ -126,6 +129,12 @@ class LlmSample:
     #: the backend's own gauges (vLLM, TensorRT-LLM)
     running: float | None = None
     waiting: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LlmSample(LlmFigures):
+    """One (model, version)'s token metrics at one scrape. Histograms and token counts
+    are cumulative since the load; running and waiting are gauges. None: not on the page."""
 
     @property
     def open_streams(self) -> float | None:
@@ -273,20 +282,13 @@ def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> floa
 
 
 @dataclass(frozen=True, slots=True)
-class LlmWindow:
-    """One (instance, model, version)'s token metrics over a window between two scrapes:
-    the histograms' bucket increases, the token counts' increases, and the later gauges.
-    None: no data (no earlier sample, no such family, or a family that went invalid)."""
+class LlmWindow(LlmFigures):
+    """One (instance, model, version)'s token metrics over a window of `seconds` between
+    two scrapes: the histograms' bucket increases, the token counts' increases, and the
+    later gauges (running: the later sample's `open_streams`). None: no data (no earlier
+    sample, no such family, or a family that went invalid)."""
 
     seconds: float | None = None
-    ttft_s: Histogram | None = None
-    tpot_s: Histogram | None = None
-    e2e_s: Histogram | None = None
-    first_response_ms: Histogram | None = None
-    prompt_tokens: float | None = None
-    generation_tokens: float | None = None
-    running: float | None = None
-    waiting: float | None = None
 
 
 def _hist_delta(before: Histogram | None, after: Histogram | None, reset: bool) -> Histogram | None:
@@ -384,9 +386,9 @@ def aggregate(windows: Iterable[LlmWindow]) -> TokenSignal | None:
         return None
     ttft = [w.ttft_s if w.ttft_s is not None else _ms_to_s(w.first_response_ms) for w in ws]
     return TokenSignal(
-        ttft_p99_ms=_ms(_p99([h for h in ttft if h is not None])),
-        tpot_p99_ms=_ms(_p99([w.tpot_s for w in ws if w.tpot_s is not None])),
-        e2e_p99_ms=_ms(_p99([w.e2e_s for w in ws if w.e2e_s is not None])),
+        ttft_p99_ms=_ms(summed_p99([h for h in ttft if h is not None])),
+        tpot_p99_ms=_ms(summed_p99([w.tpot_s for w in ws if w.tpot_s is not None])),
+        e2e_p99_ms=_ms(summed_p99([w.e2e_s for w in ws if w.e2e_s is not None])),
         prompt_tps=_rate(ws, "prompt_tokens"),
         output_tps=_rate(ws, "generation_tokens"),
         running=_total(w.running for w in ws),
@@ -394,7 +396,9 @@ def aggregate(windows: Iterable[LlmWindow]) -> TokenSignal | None:
     )
 
 
-def _p99(hists: list[Histogram]) -> float | None:
+def summed_p99(hists: Sequence[Histogram]) -> float | None:
+    """The p99 of several servers' histograms together: their buckets summed where the
+    bounds agree, else the highest of their own p99s; None without an observation."""
     if not hists:
         return None
     bounds = {tuple(le for le, _ in h.buckets) for h in hists}

@@ -40,10 +40,7 @@ from types import MappingProxyType
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.triton import llm_metrics
-from bridge.triton.llm_metrics import LlmSample
-
-ModelKey = tuple[str, str]
-"""(model name, version) as Triton labels them."""
+from bridge.triton.llm_metrics import LlmSample, ModelKey
 
 COUNTERS: Mapping[str, str] = {
     "nv_inference_request_success": "request_success",

@@ -46,11 +46,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 
-from bridge.triton.llm_metrics import LlmWindow, TokenSignal, aggregate, llm_window
-from bridge.triton.metrics import MetricsPage, ModelKey, ModelSample
+from bridge.triton.llm_metrics import LlmWindow, ModelKey, TokenSignal, aggregate, llm_window
+from bridge.triton.metrics import MetricsPage, ModelSample
 
 
 class Window(StrEnum):
@@ -121,10 +121,15 @@ class InstanceSignal:
     error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ModelSignal:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSignal(TokenSignal):
     """One model over all instances that serve it (all versions). `instances` counts the
-    instances that reported the model, `with_data` those whose counter window was usable."""
+    instances that reported the model, `with_data` those whose counter window was usable.
+
+    Its token figures are an LLM's token signal (`TokenSignal`, its fields): p99 time to
+    first token and per output token, ms, over the window's requests (None: none in it),
+    tokens per second in and out, streams running, requests waiting; all None for a model
+    that reports no token family."""
 
     model: str
     instances: int
@@ -142,16 +147,6 @@ class ModelSignal:
     p50_ms: float | None
     p95_ms: float | None
     p99_ms: float | None
-    #: an LLM's token signal (`bridge.triton.llm_metrics.TokenSignal`): p99 time to
-    #: first token and per output token, ms, over the window's requests (None: none in
-    #: it), tokens per second in and out, streams running, requests waiting
-    ttft_p99_ms: float | None = None
-    tpot_p99_ms: float | None = None
-    e2e_p99_ms: float | None = None
-    prompt_tps: float | None = None
-    output_tps: float | None = None
-    running: float | None = None
-    waiting: float | None = None
 
 
 _COUNTER_FIELDS = (
@@ -310,9 +305,7 @@ def _aggregate(model: str, ws: list[ModelWindow]) -> ModelSignal:
 
 
 def _token_fields(tokens: TokenSignal) -> dict[str, float | None]:
-    fields = ("ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms", "prompt_tps", "output_tps",
-              "running", "waiting")  # fmt: skip
-    return {f: getattr(tokens, f) for f in fields}
+    return {f.name: getattr(tokens, f.name) for f in fields(TokenSignal)}
 
 
 def _sum(*vals: float | None) -> float | None:

@@ -27,6 +27,7 @@ from bridge.slurm import (
     SlurmProtocol,
 )
 from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.model import ReservationSpec
 from bridge.slurm.rest import RestSettings, SlurmRest, UnsupportedApi
 from bridge.slurm.select import open_backend
 
@@ -244,7 +245,8 @@ def test_reservation_create_list_delete(slurm: SlurmProtocol, lab: LabSpec) -> N
     name = "stb-contract-resv"
     node = lab.pool_nodes("train")[0].name
     slurm.delete_reservation(name)
-    slurm.create_reservation(name, [node], duration_s=600, users=["root"])
+    spec = ReservationSpec(name, (node,), duration_s=600, users=("root",))
+    slurm.create_reservation(spec)
     try:
         resv = next(r for r in slurm.reservations() if r.name == name)
         assert resv.nodes == (node,)
@@ -252,7 +254,7 @@ def test_reservation_create_list_delete(slurm: SlurmProtocol, lab: LabSpec) -> N
         assert resv.start is not None and resv.end is not None
         assert timedelta(minutes=9) < resv.end - resv.start <= timedelta(minutes=11)
         with pytest.raises(CommandRejected):
-            slurm.create_reservation(name, [node], duration_s=600, users=["root"])
+            slurm.create_reservation(spec)
     finally:
         slurm.delete_reservation(name)
     assert name not in {r.name for r in slurm.reservations()}
@@ -375,7 +377,9 @@ def test_rest_reads_agree_with_the_cli(lab: LabSpec) -> None:
         )
     )
     cli.drain(drained, "contract agreement")
-    cli.create_reservation("stb-contract-agree", [drained], duration_s=600, users=["root"])
+    cli.create_reservation(
+        ReservationSpec("stb-contract-agree", (drained,), duration_s=600, users=("root",))
+    )
     try:
         _wait("the job runs", lambda: _state(cli, job_id) == "RUNNING")
         reads: list[Callable[[SlurmProtocol], object]] = [

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from bridge.config import BridgeConfig, LeaseConfig, ModelConfig, TritonJobConfig
 from bridge.daemon.metrics import BridgeMetrics
@@ -28,9 +28,11 @@ from bridge.slurm.model import (
     TRITON_TAG,
     AccountingRecord,
     Job,
+    JobFilter,
     JobSpec,
     Node,
     Reservation,
+    ReservationSpec,
     SlurmEvent,
 )
 from bridge.triton.errors import TritonRejected, TritonUnreachable
@@ -162,15 +164,10 @@ class FakeSlurm:
         self._enter("nodes")
         return list(self.nodes_.values())
 
-    def jobs(
-        self,
-        *,
-        tag: str | None = None,
-        node: str | None = None,
-        partition: str | None = None,
-        states: Iterable[str] | None = None,
-    ) -> list[Job]:
+    def jobs(self, **filters: Unpack[JobFilter]) -> list[Job]:
         self._enter("jobs")
+        tag, node = filters.get("tag"), filters.get("node")
+        partition, states = filters.get("partition"), filters.get("states")
         wanted = set(states) if states is not None else None
         return [
             j
@@ -229,18 +226,10 @@ class FakeSlurm:
         if n is not None:
             self.nodes_[node] = replace(n, flags=n.flags - {"DRAIN"}, reason="")
 
-    def create_reservation(
-        self,
-        name: str,
-        nodes: Iterable[str],
-        *,
-        duration_s: int,
-        users: Iterable[str],
-        flags: Iterable[str] = ("MAINT", "IGNORE_JOBS"),
-    ) -> None:
-        self._enter("create_reservation", name, tuple(nodes), duration_s)
-        self.reservations_[name] = Reservation(
-            name, tuple(nodes), None, None, frozenset(flags), tuple(users), "ACTIVE"
+    def create_reservation(self, spec: ReservationSpec) -> None:
+        self._enter("create_reservation", spec.name, spec.nodes, spec.duration_s)
+        self.reservations_[spec.name] = Reservation(
+            spec.name, spec.nodes, None, None, frozenset(spec.flags), spec.users, "ACTIVE"
         )
 
     def delete_reservation(self, name: str) -> None:
