@@ -6,9 +6,10 @@
 - Workers: with pytest-xdist installed (the `dev` extra) a run is parallel by default, as if
   `-n 2 --dist loadgroup` were given, unless `-n` is (`-n 0`, or `-p no:xdist`, runs in one
   process: for debugging, `--pdb`, `--collect-only`). The lab's tests form one xdist_group
-  that one worker runs alone, after every other test has finished on every worker
-  (`tests/serial_scheduling.py`), so the lab comes up once and no unit test shares the CPUs
-  with a lab test.
+  that one worker runs whole, from the start, while the other workers run the unit and
+  database tiers (`tests/serial_scheduling.py`), so the lab comes up once. A worker that
+  runs a test outside the lab's folders lowers its CPU priority first (`UNIT_NICE`), so
+  the lab's servers and load generator, whose latencies lab tests measure, come first.
 - The `lab` fixture brings the one-host lab up once per session (or reuses one that is
   already up) and takes it down at the end if it started it. `STB_LAB_KEEP=1` keeps it up
   for the next run (and skips the lab-down test).
@@ -39,7 +40,7 @@ if _SHARED_TRACES.is_dir():
 
 #: workers of a run that does not say `-n` (the CI machines have 2 cores)
 DEFAULT_WORKERS = 2
-#: the scheduler's group of the tests that need the lab: one worker runs it, last and alone
+#: the scheduler's group of the tests that need the lab: one worker runs it whole, at once
 LAB_GROUP = "lab"
 #: the folders of the tests that need the lab (a test marked `lab` lives in one of them)
 LAB_DIRS = tuple(Path(__file__).parent / name for name in ("lab", "faults"))
@@ -64,17 +65,33 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`--dist loadgroup` with the lab's group last and alone (tests/serial_scheduling.py)."""
+    """`--dist loadgroup` with the lab's group whole on one worker (tests/serial_scheduling.py)."""
     if config.getvalue("dist") != "loadgroup":
         return None
-    from tests.serial_scheduling import SerialLastScheduling
+    from tests.serial_scheduling import SerialFirstScheduling
 
     folders = tuple(f"{d.relative_to(config.rootpath).as_posix()}/" for d in LAB_DIRS)
-    return SerialLastScheduling(config, log, serial=LAB_GROUP, folders=folders)
+    return SerialFirstScheduling(config, log, serial=LAB_GROUP, folders=folders)
 
 
 def _in_lab_dirs(item: pytest.Item) -> bool:
     return any(item.path.is_relative_to(d) for d in LAB_DIRS)
+
+
+#: how much a parallel worker lowers its CPU priority before its first test outside the
+#: lab's folders (the lab runs beside it on another worker; see tests/serial_scheduling.py)
+UNIT_NICE = 10
+_reniced = False
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On an xdist worker, renice once before the first test outside the lab's folders (the
+    processes it starts inherit it): the lab's tests, on the other worker, come first."""
+    global _reniced
+    if _reniced or _in_lab_dirs(item) or not hasattr(item.config, "workerinput"):
+        return
+    _reniced = True
+    os.nice(UNIT_NICE)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,17 +1,22 @@
 """The test run's xdist scheduler (not a test module): `--dist loadgroup` whose serial group
-(the lab's tests: every test under the folders it is given) runs last, whole, on one
-worker, alone on the machine.
+(the lab's tests: every test under the folders it is given) runs whole, in order, on one
+worker, from the start, while the other workers run everything else.
 
 The group is told by the tests' node ids: xdist 3.8 names an `xdist_group` in the node id
-by setting `item._nodeid`, which pytest 9.2 no longer reads. Every other test (the unit and
-database tiers) is spread over all workers first, one test at a time, as `loadgroup` does
-with tests of no group. When nothing but the serial group is left in the queue, the first
-worker to ask for work becomes its host and every other worker is shut down (each finishes
-what it holds, then exits); the group is sent to the host only once no other worker has a
-test left, so no lab test shares the CPUs with a unit test (the lab's load tests are
-sensitive to a busy machine). The group keeps its collection order (tests/conftest.py
-sorts it after every other test, the `last` test at its end), so the lab comes up once
-and goes down last.
+by setting `item._nodeid`, which pytest 9.2 no longer reads. The first worker to ask for
+work becomes the group's host and is sent the whole group; it takes nothing else until
+the group is done (then it helps with what is left). Every other test (the unit and
+database tiers) is spread over the other workers, one test at a time, as `loadgroup` does
+with tests of no group. The group keeps its collection order (tests/conftest.py sorts it
+after every other test, the `last` test at its end), so the lab comes up once and goes
+down last.
+
+Why at once and not last: the lab's tests are most of a run and mostly wait (on Slurm,
+Triton, the load generator), so the unit and database tiers fit in beside them. Those run
+at a lower CPU priority (tests/conftest.py renices a worker the first time it runs a test
+outside the lab's folders), so the lab's servers and load generator, whose latencies some
+lab tests measure, come first on the CPUs. With one worker (`-n 1`) the group simply runs
+first.
 
 Chosen by tests/conftest.py's `pytest_xdist_make_scheduler` for `--dist loadgroup`; only
 imported when pytest-xdist runs the session.
@@ -25,9 +30,9 @@ from xdist.scheduler import LoadGroupScheduling
 from xdist.workermanage import WorkerController
 
 
-class SerialLastScheduling(LoadGroupScheduling):
-    """`loadgroup`, with the xdist_group `serial` held back until every other test has
-    finished."""
+class SerialFirstScheduling(LoadGroupScheduling):
+    """`loadgroup`, with the xdist_group `serial` sent whole to the first worker that asks,
+    which takes nothing else until it is done."""
 
     def __init__(
         self, config: pytest.Config, log: Producer | None, serial: str, folders: tuple[str, ...]
@@ -40,37 +45,29 @@ class SerialLastScheduling(LoadGroupScheduling):
     def _split_scope(self, nodeid: str) -> str:
         return self.serial if nodeid.startswith(self.folders) else super()._split_scope(nodeid)
 
-    def _only_serial_left(self) -> bool:
-        return list(self.workqueue) == [self.serial]
-
-    def _others_pending(self, host: WorkerController) -> bool:
-        return any(self._pending_of(work) for n, work in self.assigned_work.items() if n != host)
+    def _hosting(self, node: WorkerController) -> bool:
+        """Whether `node` hosts the serial group and has some of it still to run."""
+        if node != self.serial_host:
+            return False
+        return self._pending_of({self.serial: self.assigned_work[node].get(self.serial, {})}) > 0
 
     def _assign_work_unit(self, node: WorkerController) -> None:
-        """Give `node` the next scope in collection order, the serial group only when it
-        is all that is left: then `node` hosts it and the other workers are shut down."""
+        """Give `node` the serial group if nobody hosts it yet, else (unless it is busy with
+        the group) the next other scope in collection order."""
         for scope in [s for s, unit in self.workqueue.items() if all(unit.values())]:
             del self.workqueue[scope]  # a crashed worker's finished scopes, given back too
         if not self.workqueue:
             node.shutdown()
             return
-        if not self._only_serial_left():
-            scope = next(s for s in self.workqueue if s != self.serial)
-            self._send(node, scope)
-            return
-        if self.serial_host is None:
+        if self.serial in self.workqueue and self.serial_host is None:
             self.serial_host = node
-            for other in self.assigned_work:
-                if other != node and not other.shutting_down:
-                    other.shutdown()
-        self._start_serial()
-
-    def _start_serial(self) -> None:
-        """Send the serial group to its host once no other worker has a test pending."""
-        host = self.serial_host
-        if host is None or not self._only_serial_left() or self._others_pending(host):
+            self._send(node, self.serial)
             return
-        self._send(host, self.serial)
+        if self._hosting(node):
+            return
+        scope = next((s for s in self.workqueue if s != self.serial), None)
+        if scope is not None:
+            self._send(node, scope)
 
     def _send(self, node: WorkerController, scope: str) -> None:
         work_unit = self.workqueue.pop(scope)
@@ -80,16 +77,9 @@ class SerialLastScheduling(LoadGroupScheduling):
             [collection.index(nodeid) for nodeid, done in work_unit.items() if not done]
         )
 
-    def mark_test_complete(
-        self, node: WorkerController, item_index: int, duration: float = 0
-    ) -> None:
-        super().mark_test_complete(node, item_index, duration)
-        self._start_serial()
-
     def remove_node(self, node: WorkerController) -> str | None:
         crashed = super().remove_node(node)
         if node == self.serial_host:
             # its unfinished work went back to the queue: the next worker to ask hosts it
             self.serial_host = None
-        self._start_serial()
         return crashed

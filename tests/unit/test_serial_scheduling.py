@@ -1,7 +1,8 @@
 """The suite's xdist scheduler (`tests/serial_scheduling.py`) with fake workers: the lab's
-tests wait until every other test has finished on every worker, then go whole, in their
-order, to one worker while the others are shut down; without lab tests it spreads the work
-like `loadgroup`; a crashed host's lab tests go to the next worker that asks."""
+tests go whole, in their order, to the first worker that asks, which takes nothing else
+until they are done, while the other worker runs every other test; without lab tests it
+spreads the work like `loadgroup`; a crashed host's lab tests go to the next worker that
+asks."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 pytest.importorskip("xdist")
 
-from tests.serial_scheduling import SerialLastScheduling
+from tests.serial_scheduling import SerialFirstScheduling
 
 UNIT = [f"tests/unit/test_u.py::test_{k}" for k in range(8)]
 LAB = ["tests/faults/test_f.py::test_f", "tests/lab/test_a.py::test_a", "tests/lab/test_zz.py::t"]
@@ -42,7 +43,7 @@ def _scheduler(collection: list[str], workers: int = 2) -> tuple[Any, list[FakeW
         getvalue=lambda name: {"tx": [f"{workers}*popen"]}[name],
         option=SimpleNamespace(loadscopereorder=True),
     )
-    sched = SerialLastScheduling(
+    sched = SerialFirstScheduling(
         config,  # type: ignore[arg-type]
         None,
         serial="lab",
@@ -68,26 +69,43 @@ def _ids(node: FakeWorker, collection: list[str]) -> list[str]:
     return [collection[i] for i in node.sent]
 
 
-def test_the_lab_group_waits_for_every_other_test_then_runs_whole_on_one_worker() -> None:
+def test_the_lab_group_goes_whole_to_one_worker_at_once_and_the_other_runs_the_rest() -> None:
     collection = UNIT + LAB
     sched, (a, b) = _scheduler(collection)
     done: set[int] = set()
-    assert not set(_ids(a, collection) + _ids(b, collection)) & set(LAB)
-    # a runs out of unit tests first; b still has some: a hosts the lab group, b is
-    # shut down, and nothing of the lab goes out while b has a test left
-    _finish(sched, a, collection, done)
-    while not b.shutting_down:
-        _finish(sched, a, collection, done)
-        assert not set(_ids(a, collection)) & set(LAB)
-    assert [i for i in b.sent if i not in done], "b still holds tests when the lab is next"
-    assert not set(_ids(a, collection)) & set(LAB)
-    _finish(sched, b, collection, done)
-    lab_sent = [collection[i] for i in a.sent if collection[i] in LAB]
-    assert lab_sent == LAB  # whole, in collection order, on the host only
-    assert not set(_ids(b, collection)) & set(LAB)
-    _finish(sched, a, collection, done)
+    host, other = (a, b) if set(_ids(a, collection)) & set(LAB) else (b, a)
+    assert _ids(host, collection) == LAB  # whole, in collection order, and nothing else
+    assert not set(_ids(other, collection)) & set(LAB)
+    # the host runs its first lab test: it is given no unit test while the group lasts
+    first = host.sent[0]
+    done.add(first)
+    sched.mark_test_complete(host, first)
+    assert _ids(host, collection) == LAB
+    # the other worker runs every unit test while the host is busy with the lab
+    while not other.shutting_down and sched.workqueue:
+        _finish(sched, other, collection, done)
+    _finish(sched, other, collection, done)
+    assert sorted(set(_ids(other, collection))) == sorted(UNIT)
+    assert _ids(host, collection) == LAB
+    _finish(sched, host, collection, done)
     assert sorted(done) == list(range(len(collection)))
     assert sched.tests_finished and not sched.has_pending
+
+
+def test_a_host_done_with_the_lab_helps_with_what_is_left() -> None:
+    collection = UNIT + LAB
+    sched, (a, b) = _scheduler(collection)
+    done: set[int] = set()
+    host, other = (a, b) if set(_ids(a, collection)) & set(LAB) else (b, a)
+    _finish(sched, host, collection, done)  # the lab's tests, while other is still on its first
+    unit_on_host = [i for i in _ids(host, collection) if i in UNIT]
+    assert unit_on_host, "a host done with the lab takes unit tests"
+    while sched.has_pending:
+        _finish(sched, host, collection, done)
+        _finish(sched, other, collection, done)
+    assert sorted(done) == list(range(len(collection)))
+    host_ids = _ids(host, collection)
+    assert host_ids[: len(LAB)] == LAB  # the lab first on the host, then the rest
 
 
 def test_without_lab_tests_the_work_is_spread_over_both_workers() -> None:
@@ -108,9 +126,6 @@ def test_only_lab_tests_run_on_one_worker() -> None:
 def test_a_crashed_hosts_lab_tests_go_to_the_next_worker_that_asks() -> None:
     collection = UNIT[:2] + LAB
     sched, (a, b) = _scheduler(collection)
-    done: set[int] = set()
-    _finish(sched, a, collection, done)
-    _finish(sched, b, collection, done)
     host = a if any(collection[i] in LAB for i in a.sent) else b
     assert [collection[i] for i in host.sent if collection[i] in LAB] == LAB
     first_lab = host.sent[[collection[i] for i in host.sent].index(LAB[0])]
