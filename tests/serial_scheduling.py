@@ -47,9 +47,8 @@ class SerialFirstScheduling(LoadGroupScheduling):
 
     def _hosting(self, node: WorkerController) -> bool:
         """Whether `node` hosts the serial group and has some of it still to run."""
-        if node != self.serial_host:
-            return False
-        return self._pending_of({self.serial: self.assigned_work[node].get(self.serial, {})}) > 0
+        unit = self.assigned_work.get(node, {}).get(self.serial, {})
+        return node == self.serial_host and not all(unit.values())
 
     def _assign_work_unit(self, node: WorkerController) -> None:
         """Give `node` the serial group if nobody hosts it yet, else (unless it is busy with

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import Unpack
 
 from bridge.slurm.errors import UnparseableOutput
-from bridge.slurm.model import Job
+from bridge.slurm.model import Job, JobFilter
 from bridge.slurm.parse import (
     NULLS,
     as_text,
@@ -26,16 +27,11 @@ from bridge.slurm.parse import (
 )
 
 
-def filter_jobs(
-    jobs: Iterable[Job],
-    *,
-    tag: str | None = None,
-    node: str | None = None,
-    partition: str | None = None,
-    states: Iterable[str] | None = None,
-) -> list[Job]:
-    """The jobs `SlurmProtocol.jobs` asks for: with the comment `tag`, on `node`, in
-    `partition`, in one of `states` (Slurm state names, any case); None: any."""
+def filter_jobs(jobs: Iterable[Job], **filters: Unpack[JobFilter]) -> list[Job]:
+    """The jobs `SlurmProtocol.jobs` asks for (`JobFilter`): with the comment `tag`, on
+    `node`, in `partition`, in one of `states` (Slurm state names, any case); None: any."""
+    tag, node = filters.get("tag"), filters.get("node")
+    partition, states = filters.get("partition"), filters.get("states")
     wanted = {s.upper() for s in states} if states is not None else None
     return [
         j

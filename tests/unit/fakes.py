@@ -35,6 +35,7 @@ from bridge.slurm.model import (
     ReservationSpec,
     SlurmEvent,
 )
+from bridge.slurm.squeue import filter_jobs
 from bridge.triton.errors import TritonRejected, TritonUnreachable
 from bridge.triton.ports import HTTP_PORT
 from bridge.triton.protocol import RepositoryModel, ServerMetadata
@@ -166,17 +167,7 @@ class FakeSlurm:
 
     def jobs(self, **filters: Unpack[JobFilter]) -> list[Job]:
         self._enter("jobs")
-        tag, node = filters.get("tag"), filters.get("node")
-        partition, states = filters.get("partition"), filters.get("states")
-        wanted = set(states) if states is not None else None
-        return [
-            j
-            for j in list(self.jobs_.values())
-            if (wanted is None or j.state in wanted)
-            and (tag is None or tag in j.tags)
-            and (node is None or node in j.nodes)
-            and (partition is None or j.partition == partition)
-        ]
+        return filter_jobs(list(self.jobs_.values()), **filters)
 
     def reservations(self) -> list[Reservation]:
         self._enter("reservations")
