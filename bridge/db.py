@@ -25,7 +25,9 @@ own message; nothing is changed by a refusal.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -141,9 +143,42 @@ def _on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _journal_wal(cursor)
     finally:
         cursor.close()
+
+
+#: how long a new connection retries switching a database to WAL while others hold it
+WAL_SWITCH_WAIT_S = 30.0
+
+
+def _journal_wal(cursor: Any) -> None:
+    """Put the database in WAL mode (persistent in the file: once set, later connections
+    find it so). Of several connections opening a new file at once, the switch needs the
+    file to itself and may answer "database is locked" without waiting the busy timeout
+    (seen once in CI's db tier under load), or keep the old mode: retried until
+    `WAL_SWITCH_WAIT_S`, then the error is raised."""
+    deadline = time.monotonic() + WAL_SWITCH_WAIT_S
+    delay = 0.005
+    while True:
+        try:
+            (mode,) = cursor.execute("PRAGMA journal_mode").fetchone()
+            if str(mode).lower() in ("wal", "memory"):  # memory: an in-memory database
+                return
+            (mode,) = cursor.execute("PRAGMA journal_mode=WAL").fetchone()
+            if str(mode).lower() == "wal":
+                return
+            refused: Exception = sqlite3.OperationalError(
+                f"PRAGMA journal_mode=WAL left the database in {mode} mode"
+            )
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            refused = exc
+        if time.monotonic() + delay > deadline:
+            raise refused
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
 
 
 def _on_begin(connection: Any) -> None:

@@ -10,6 +10,7 @@ import multiprocessing
 import shutil
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +220,7 @@ def test_threads_starting_together_create_both_schemas_once(database_url: str) -
     n = 6
     barrier = threading.Barrier(n)
     results: list[tuple[str, str]] = []
-    errors: list[BaseException] = []
+    errors: list[str] = []
 
     def start() -> None:
         engine = make_engine(database_url)  # an engine each, as separate daemons have
@@ -230,8 +231,8 @@ def test_threads_starting_together_create_both_schemas_once(database_url: str) -
             bridge = schema.open_schema(engine).line()
             ledger = ledger_db.ensure(engine, upgrade=False).line()
             results.append((bridge, ledger))
-        except BaseException as exc:
-            errors.append(exc)
+        except BaseException:
+            errors.append(traceback.format_exc())  # where it failed, in the report
         finally:
             engine.dispose()
 
