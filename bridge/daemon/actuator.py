@@ -33,28 +33,13 @@ from bridge.config import BridgeConfig
 from bridge.daemon import launcher
 from bridge.daemon.observation import Observation
 from bridge.daemon.placement import withheld
-from bridge.daemon.planner import (
-    Adopt,
-    Cancel,
-    Command,
-    Fence,
-    LeaseRecord,
-    Move,
-    Requeue,
-    Resume,
-    RouteIn,
-    RouteOut,
-    Step,
-    Submit,
-    SubmitBaseline,
-    Unfence,
-    Unload,
-)
+from bridge.daemon.planner import LeaseRecord
 from bridge.daemon.report import TickReport
 from bridge.leases.errors import LeaseError
 from bridge.leases.models import Lease
 from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
+from bridge.policy import steps
 from bridge.routing.errors import RoutingError
 from bridge.routing.table import BASELINE, MetricsTarget, RoutingTable, Split
 from bridge.slurm.errors import SlurmError
@@ -155,7 +140,7 @@ class Actuator:
     def not_before(self) -> dict[int, float]:
         return {lid: b.not_before for lid, b in self.backoff.items()}
 
-    def run(self, step: Step, now: datetime, report: TickReport) -> bool:
+    def run(self, step: steps.Step, now: datetime, report: TickReport) -> bool:
         """Carry out one step; True when every command succeeded and its move was made."""
         job_id: str | None = None
         for command in step.commands:
@@ -164,7 +149,7 @@ class Actuator:
             except ADAPTER_ERRORS as exc:
                 self._failed(step, command.step, exc, now, report)
                 return False
-            if isinstance(command, Submit):
+            if isinstance(command, steps.Submit):
                 job_id = result
         if step.lease_id is not None and step.commands:
             self.backoff.pop(step.lease_id, None)
@@ -173,7 +158,7 @@ class Actuator:
         if step.move is not None:
             move = step.move
             if job_id is not None:
-                move = Move(
+                move = steps.Move(
                     move.lease_id, move.old, move.new, f"Triton job {job_id} submitted", job_id
                 )
             try:
@@ -184,7 +169,7 @@ class Actuator:
         return True
 
     def _failed(
-        self, step: Step, what: str, exc: BaseException, now: datetime, report: TickReport
+        self, step: steps.Step, what: str, exc: BaseException, now: datetime, report: TickReport
     ) -> None:
         err = report.error(what, exc, step.lease_id)
         lease = self.leases.get(step.lease_id) if step.lease_id is not None else None
@@ -199,7 +184,7 @@ class Actuator:
                 S.RETURNED,
             )
         ):
-            move = Move(lease.id, lease.state, S.FAILED, f"{what}: {exc}")
+            move = steps.Move(lease.id, lease.state, S.FAILED, f"{what}: {exc}")
             try:
                 self.apply(move, now, report)
             except LeaseError as store_exc:
@@ -220,7 +205,7 @@ class Actuator:
         wait = min(lc.retry_max_s, lc.retry_base_s * 2 ** (b.errors - 1))
         b.not_before = now.timestamp() + wait
 
-    def apply(self, move: Move, now: datetime, report: TickReport) -> LeaseRecord:
+    def apply(self, move: steps.Move, now: datetime, report: TickReport) -> LeaseRecord:
         """Make one move in the store (compare-and-set on the planned old state)."""
         fields = {"slurm_job_id": move.slurm_job_id} if move.slurm_job_id else {}
         stored = self.store.set_status(
@@ -259,9 +244,9 @@ class Actuator:
 
     # ---- commands -----------------------------------------------------------------
 
-    def _execute(self, command: Command, now: datetime, report: TickReport) -> str | None:
+    def _execute(self, command: steps.Command, now: datetime, report: TickReport) -> str | None:
         match command:
-            case Fence(reservation, node, duration_s):
+            case steps.Fence(reservation, node, duration_s):
                 self.slurm.create_reservation(
                     ReservationSpec(
                         reservation,
@@ -272,35 +257,35 @@ class Actuator:
                     )
                 )
                 report.events.append(f"{node}: fenced by reservation {reservation}")
-            case Submit():
+            case steps.Submit():
                 return self.slurm.submit(self._lease_job(command))
-            case Requeue(node, job_ids):
+            case steps.Requeue(node, job_ids):
                 self._requeue(node, job_ids, now, report)
-            case SubmitBaseline(node):
+            case steps.SubmitBaseline(node):
                 job_id = self.slurm.submit(launcher.triton_job(self.config.triton, node=node))
                 report.events.append(f"baseline Triton job {job_id} on {node}")
                 return job_id
-            case Cancel(job_id):
+            case steps.Cancel(job_id):
                 self.slurm.cancel(job_id)
-            case Unload(address, models):
+            case steps.Unload(address, models):
                 client = self.triton_for(address)
                 for model in models:
                     client.unload_model(model)
                 if self.forget_triton is not None:
                     self.forget_triton(address)
-            case Unfence(reservation):
+            case steps.Unfence(reservation):
                 self.slurm.delete_reservation(reservation)
                 self.unfenced.add(reservation)
-            case Resume(node):
+            case steps.Resume(node):
                 self.slurm.resume(node)
-            case RouteIn(lease_id):
+            case steps.RouteIn(lease_id):
                 self.route(report, include=lease_id)
-            case RouteOut(lease_id):
+            case steps.RouteOut(lease_id):
                 self.route(report, exclude=lease_id)
-            case Adopt(job_id, node, pool, mode):
+            case steps.Adopt(job_id, node, pool, mode):
                 lease = self.create(node, pool, mode, (), f"adopt:{job_id}", now, "adopted")
                 self.apply(
-                    Move(lease.id, S.REQUESTED, S.SUBMITTED, f"adopted job {job_id}", job_id),
+                    steps.Move(lease.id, S.REQUESTED, S.SUBMITTED, f"adopted job {job_id}", job_id),
                     now,
                     report,
                 )
@@ -329,7 +314,7 @@ class Actuator:
             self.requeued.popleft()
         return len(self.requeued)
 
-    def _lease_job(self, submit: Submit) -> JobSpec:
+    def _lease_job(self, submit: steps.Submit) -> JobSpec:
         assert self._obs is not None
         node = self._obs.nodes.get(submit.node)
         pool = self.config.pools[submit.pool]

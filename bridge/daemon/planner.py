@@ -16,7 +16,7 @@ command failed permanently is failed by the actuator with the adapter's words.
 No I/O, no clock: `now` is a parameter (epoch seconds), so every case is a unit test with
 literal inputs (tests/unit/test_planner.py). The steps, commands, settings and deadlines
 are `bridge.policy.steps` and `bridge.policy.leasesync`'s, named here too for the
-actuator and the reconciler.
+reconciler and the placer (the actuator matches the commands on `bridge.policy.steps`).
 """
 
 from __future__ import annotations

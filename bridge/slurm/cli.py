@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Unpack
 
-from bridge.slurm import parse, sacct, sacctmgr, scontrol, squeue, sreport
+from bridge.slurm import model, parse, sacct, sacctmgr, scontrol, squeue, sreport
 from bridge.slurm.errors import (
     CommandRejected,
     ControllerUnreachable,
@@ -24,18 +24,6 @@ from bridge.slurm.errors import (
     from_message,
 )
 from bridge.slurm.hostlist import compress
-from bridge.slurm.model import (
-    BRIDGE_TAG,
-    AccountingRecord,
-    Job,
-    JobFilter,
-    JobSpec,
-    Node,
-    Partition,
-    Reservation,
-    ReservationSpec,
-    SlurmEvent,
-)
 
 #: Phrases that mean "already done" for idempotent writes.
 _ALREADY = (
@@ -95,20 +83,20 @@ class SlurmCLI:
             raise UnparseableOutput("sinfo --version", " ".join(out))
         return out[1]
 
-    def nodes(self) -> list[Node]:
+    def nodes(self) -> list[model.Node]:
         return scontrol.parse_nodes(self._run("scontrol", "show", "node", "-o"))
 
-    def partitions(self) -> list[Partition]:
+    def partitions(self) -> list[model.Partition]:
         return scontrol.parse_partitions(self._run("scontrol", "show", "partition", "-o"))
 
-    def jobs(self, **filters: Unpack[JobFilter]) -> list[Job]:
+    def jobs(self, **filters: Unpack[model.JobFilter]) -> list[model.Job]:
         jobs = squeue.parse_squeue_json(self._run("squeue", "--all", "--json"))
         return squeue.filter_jobs(jobs, **filters)
 
-    def reservations(self) -> list[Reservation]:
+    def reservations(self) -> list[model.Reservation]:
         return scontrol.parse_reservations(self._run("scontrol", "show", "reservation", "-o"))
 
-    def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
+    def accounting(self, since: datetime, until: datetime) -> list[model.AccountingRecord]:
         if since.tzinfo is None or until.tzinfo is None:
             raise ValueError("accounting() needs timezone-aware datetimes")
         if until <= since:
@@ -133,7 +121,7 @@ class SlurmCLI:
             raise UnparseableOutput("scontrol show config", "no ClusterName line")
         return name
 
-    def events(self, since: datetime, until: datetime) -> list[SlurmEvent]:
+    def events(self, since: datetime, until: datetime) -> list[model.SlurmEvent]:
         if since.tzinfo is None or until.tzinfo is None:
             raise ValueError("events() needs timezone-aware datetimes")
         if until <= since:
@@ -238,7 +226,7 @@ class SlurmCLI:
 
     # --- writes ----------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec) -> str:
+    def submit(self, spec: model.JobSpec) -> str:
         argv = [
             "sbatch",
             "--parsable",
@@ -279,7 +267,7 @@ class SlurmCLI:
         self._run("scontrol", "requeue", job_id)
 
     def drain(self, node: str, reason: str) -> None:
-        reason = reason if reason.startswith(BRIDGE_TAG) else f"{BRIDGE_TAG} {reason}"
+        reason = model.drain_reason(reason)
         self._run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
 
     def resume(self, node: str) -> None:
@@ -293,7 +281,7 @@ class SlurmCLI:
             if not any(m in message for m in _NOT_RESUMABLE):
                 raise
 
-    def create_reservation(self, spec: ReservationSpec) -> None:
+    def create_reservation(self, spec: model.ReservationSpec) -> None:
         if not spec.nodes:
             raise ValueError("a reservation needs at least one node")
         minutes = max(1, -(-spec.duration_s // 60))

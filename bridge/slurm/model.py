@@ -29,6 +29,11 @@ CHECKPOINT_TAG = "stb:ckpt="
 LeaseRef = tuple[int, int]
 
 
+def drain_reason(reason: str) -> str:
+    """A drain reason the bridge sets: `reason` with `BRIDGE_TAG` in front (once)."""
+    return reason if reason.startswith(BRIDGE_TAG) else f"{BRIDGE_TAG} {reason}"
+
+
 def lease_tag(ref: LeaseRef) -> str:
     return f"{LEASE_TAG_PREFIX}{ref[0]}.{ref[1]}"
 

@@ -24,22 +24,10 @@ from typing import Any, Unpack
 
 import pyslurm  # importing this module is how a site opts in
 
-from bridge.slurm import parse, squeue
+from bridge.slurm import model, parse, squeue
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import CommandRejected, ControllerUnreachable
 from bridge.slurm.hostlist import compress, expand
-from bridge.slurm.model import (
-    BRIDGE_TAG,
-    AccountingRecord,
-    Job,
-    JobFilter,
-    JobSpec,
-    Node,
-    Partition,
-    Reservation,
-    ReservationSpec,
-    SlurmEvent,
-)
 
 
 def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -76,14 +64,14 @@ class PySlurm:
     def version(self) -> str:
         return str(_call("load config", pyslurm.slurmctld.Config.load).version)
 
-    def nodes(self) -> list[Node]:
+    def nodes(self) -> list[model.Node]:
         nodes = []
         for n in _call("load nodes", pyslurm.Nodes.load).values():
             state = str(n.state or "UNKNOWN").split("+")
             gpu_type, gpus = parse.parse_gres(_gres_string(n.configured_gres))
             _, alloc = parse.gpus_from_tres(_tres_string(n.allocated_tres))
             nodes.append(
-                Node(
+                model.Node(
                     name=n.name,
                     addr=n.address or n.name,
                     partitions=tuple(n.partitions or ()),
@@ -97,12 +85,12 @@ class PySlurm:
             )
         return nodes
 
-    def partitions(self) -> list[Partition]:
+    def partitions(self) -> list[model.Partition]:
         out = []
         for p in _call("load partitions", pyslurm.Partitions.load).values():
             allowed = tuple(p.allowed_accounts or ())
             out.append(
-                Partition(
+                model.Partition(
                     name=p.name,
                     nodes=tuple(expand(p.nodes or "")),
                     priority_tier=int(p.priority_tier or 1),
@@ -115,13 +103,13 @@ class PySlurm:
             )
         return out
 
-    def jobs(self, **filters: Unpack[JobFilter]) -> list[Job]:
+    def jobs(self, **filters: Unpack[model.JobFilter]) -> list[model.Job]:
         jobs = []
         for j in _call("load jobs", pyslurm.Jobs.load).values():
             nodes = tuple(expand(j.allocated_nodes or ""))
             _, per_node = parse.parse_gres(_gres_string(j.gres_per_node))
             jobs.append(
-                Job(
+                model.Job(
                     job_id=parse.format_job_id(
                         j.id,
                         j.array_id,
@@ -146,7 +134,7 @@ class PySlurm:
             )
         return squeue.filter_jobs(jobs, **filters)
 
-    def submit(self, spec: JobSpec) -> str:
+    def submit(self, spec: model.JobSpec) -> str:
         script = (
             f"#!/bin/sh\n{spec.wrap}\n"
             if spec.wrap is not None
@@ -197,7 +185,7 @@ class PySlurm:
         _call("requeue", pyslurm.Job(parse.parse_job_id(job_id).job_id).requeue)
 
     def drain(self, node: str, reason: str) -> None:
-        reason = reason if reason.startswith(BRIDGE_TAG) else f"{BRIDGE_TAG} {reason}"
+        reason = model.drain_reason(reason)
         _call("drain", pyslurm.Node(node).modify, pyslurm.Node(state="DRAIN", reason=reason))
 
     def resume(self, node: str) -> None:
@@ -207,11 +195,11 @@ class PySlurm:
             if "invalid node state" not in exc.slurm_message.lower():
                 raise
 
-    def reservations(self) -> list[Reservation]:
+    def reservations(self) -> list[model.Reservation]:
         out = []
         for r in _call("load reservations", pyslurm.Reservations.load).values():
             out.append(
-                Reservation(
+                model.Reservation(
                     name=r.name,
                     nodes=tuple(expand(r.nodes or "")),
                     start=_ts(r.start_time),
@@ -223,7 +211,7 @@ class PySlurm:
             )
         return out
 
-    def create_reservation(self, spec: ReservationSpec) -> None:
+    def create_reservation(self, spec: model.ReservationSpec) -> None:
         names = {"MAINT": "MAINTENANCE", "IGNORE_JOBS": "IGNORE_RUNNING_JOBS"}
         flag_value = pyslurm.ReservationFlags.from_list([names.get(f, f) for f in spec.flags])
         start = datetime.now(UTC)
@@ -241,11 +229,11 @@ class PySlurm:
         if any(r.name == name for r in self.reservations()):
             _call("delete reservation", pyslurm.Reservation(name).delete)
 
-    def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
+    def accounting(self, since: datetime, until: datetime) -> list[model.AccountingRecord]:
         return self._sacct.accounting(since, until)
 
     def cluster_name(self) -> str:
         return self._sacct.cluster_name()
 
-    def events(self, since: datetime, until: datetime) -> list[SlurmEvent]:
+    def events(self, since: datetime, until: datetime) -> list[model.SlurmEvent]:
         return self._sacct.events(since, until)

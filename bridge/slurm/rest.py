@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 import httpx
 
-from bridge.slurm import parse, rest_parse, sacct, squeue
+from bridge.slurm import model, parse, rest_parse, sacct, squeue
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.errors import (
     CommandRejected,
@@ -40,17 +40,6 @@ from bridge.slurm.errors import (
     from_message,
 )
 from bridge.slurm.hostlist import compress
-from bridge.slurm.model import (
-    AccountingRecord,
-    Job,
-    JobFilter,
-    JobSpec,
-    Node,
-    Partition,
-    Reservation,
-    ReservationSpec,
-    SlurmEvent,
-)
 
 #: The OpenAPI versions this backend speaks, best first (`/slurm/<v>/`, `/slurmdb/<v>/`).
 SUPPORTED_VERSIONS = ("v0.0.38",)
@@ -256,7 +245,7 @@ def script_directives(script: str) -> dict[str, Any]:
 
 
 def submission(
-    spec: JobSpec, script: str, environment: Mapping[str, str], cwd: str
+    spec: model.JobSpec, script: str, environment: Mapping[str, str], cwd: str
 ) -> dict[str, Any]:
     """The body of `POST /slurm/v0.0.38/job/submit` for `spec`: the script's `#SBATCH`
     options, then the spec's (which win, as sbatch's command line wins over the
@@ -438,21 +427,21 @@ class SlurmRest:
         resp = self._send("GET", f"/slurm/{self.api_version()}/ping", "GET ping")
         return rest_parse.release(resp.text)
 
-    def nodes(self) -> list[Node]:
+    def nodes(self) -> list[model.Node]:
         return rest_parse.parse_nodes(self._get("nodes", "GET nodes"))
 
-    def partitions(self) -> list[Partition]:
+    def partitions(self) -> list[model.Partition]:
         return rest_parse.parse_partitions(self._get("partitions", "GET partitions"))
 
-    def jobs(self, **filters: Unpack[JobFilter]) -> list[Job]:
+    def jobs(self, **filters: Unpack[model.JobFilter]) -> list[model.Job]:
         jobs = squeue.parse_squeue_json(self._get("jobs", "GET jobs"))
         return squeue.filter_jobs(jobs, **filters)
 
-    def reservations(self) -> list[Reservation]:
+    def reservations(self) -> list[model.Reservation]:
         text = self._get("reservations", "GET reservations")
         return rest_parse.parse_reservations(text, datetime.now(UTC))
 
-    def accounting(self, since: datetime, until: datetime) -> list[AccountingRecord]:
+    def accounting(self, since: datetime, until: datetime) -> list[model.AccountingRecord]:
         if since.tzinfo is None or until.tzinfo is None:
             raise ValueError("accounting() needs timezone-aware datetimes")
         if until <= since:
@@ -468,12 +457,12 @@ class SlurmRest:
     def cluster_name(self) -> str:
         return self._cli.cluster_name()  # v0.0.38 serves no configuration
 
-    def events(self, since: datetime, until: datetime) -> list[SlurmEvent]:
+    def events(self, since: datetime, until: datetime) -> list[model.SlurmEvent]:
         return self._cli.events(since, until)  # no REST endpoint (class docstring)
 
     # --- writes ------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec) -> str:
+    def submit(self, spec: model.JobSpec) -> str:
         if spec.wrap is not None:
             script = f"#!/bin/sh\n# This script was created by the bridge (--wrap).\n{spec.wrap}\n"
         else:
@@ -511,7 +500,7 @@ class SlurmRest:
     def resume(self, node: str) -> None:
         self._cli.resume(node)  # no REST endpoint (class docstring)
 
-    def create_reservation(self, spec: ReservationSpec) -> None:
+    def create_reservation(self, spec: model.ReservationSpec) -> None:
         self._cli.create_reservation(spec)  # no REST endpoint (class docstring)
 
     def delete_reservation(self, name: str) -> None:

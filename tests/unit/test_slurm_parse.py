@@ -296,3 +296,24 @@ def test_a_json_document_with_errors_raises_controller_unreachable() -> None:
         ],
     }
     assert parse_sacct_json(json.dumps(quiet)) == []
+
+
+@pytest.mark.parametrize(
+    ("reason", "sent"),
+    [("lease 3", "Reason=stb: lease 3"), ("stb:lease=3 lend", "Reason=stb:lease=3 lend")],
+)
+def test_a_drain_reason_carries_the_bridge_tag_once(
+    reason: str, sent: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bridge.slurm.cli import SlurmCLI
+
+    calls: list[tuple[str, ...]] = []
+
+    def run(*argv: str, **_: object) -> str:
+        calls.append(argv)
+        return ""
+
+    cli = SlurmCLI()
+    monkeypatch.setattr(cli, "_run", run)
+    cli.drain("n3", reason)
+    assert calls == [("scontrol", "update", "NodeName=n3", "State=DRAIN", sent)]
