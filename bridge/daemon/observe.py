@@ -256,6 +256,8 @@ class Observer:
                     prompt_tps=sig.prompt_tps if sig else None,
                     output_tps=sig.output_tps if sig else None,
                     running=sig.running if sig else None,
+                    prompt_lengths=sig.prompt_lengths if sig else None,
+                    output_lengths=sig.output_lengths if sig else None,
                 )
             )
         return Observation(

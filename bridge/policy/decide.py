@@ -8,7 +8,8 @@ Rules, in order, each tick:
 2. A drain-mode lend still waiting for its training node after `drain_wait_s` is
    abandoned (returned): a training job is never killed, the wait is bounded.
 3. Capacity-aware return (`assess`): a serving lease past `scale_in_cooldown_s` whose
-   models were calm (p99 under low_watermark x SLO) for `return_dwell_s` goes
+   models were calm (p99 under low_watermark x SLO; an LLM with a profile by the part of
+   its TTFT and TPOT p99s over their no-load floors) for `return_dwell_s` goes
    back when the replicas left would still carry `return_headroom` x the larger of the
    highest rate of the model's return dwell and the forecast rate, by the capacity model.
    The dwell is `return_dwell_s`, longer for a model whose past returns were lent again
@@ -300,9 +301,11 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     def is_calm(m: str) -> bool:
         if m not in calm:
             model = snapshot.models.get(m)
+            history = snapshot.history.get(m, ())
+            profile = snapshot.token_profiles.get(m)
             calm[m] = (
                 model is not None
-                and evaluate_model(snapshot.history.get(m, ()), model, config) == ModelStatus.CALM
+                and evaluate_model(history, model, config, profile) == ModelStatus.CALM
             )
         return calm[m]
 

@@ -7,7 +7,10 @@ Breach: above high_watermark x SLO for `breach_evaluations` ticks with the tick'
 latency above the low watermark (Triton's p99 window lags a minute behind). Calm: below
 low_watermark x SLO for `return_dwell_s`. A tick without data is neither, so missing
 metrics never cause a lend or a return. An LLM's TTFT and TPOT p99s are judged the same
-way against their own objectives (without the mean's confirmation: they do not lag).
+way against their own objectives (without the mean's confirmation: they do not lag),
+except that an LLM with a profile is calm by the part of its TTFT and TPOT above what it
+has at no load (`calm_ratio`): its longest prompts' prefill holds its TTFT p99 up at any
+load, one sequence's decode its TPOT.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 from bridge.config import BridgeConfig, ModelConfig
+from bridge.policy.llm import floors_ms
 from bridge.policy.snapshot import ModelSample
+from bridge.policy.tokens import TokenProfile
 
 
 class ModelStatus(StrEnum):
@@ -39,15 +44,20 @@ def ticks(seconds: float, config: BridgeConfig) -> int:
 
 
 def evaluate_model(
-    history: Sequence[ModelSample], model: ModelConfig, config: BridgeConfig
+    history: Sequence[ModelSample],
+    model: ModelConfig,
+    config: BridgeConfig,
+    profile: TokenProfile | None = None,
 ) -> ModelStatus:
     """Sustained breach (`breach_evaluations` ticks), calm (quiet for `return_dwell_s`), or
     neither, from the recent samples: of the request p99 and, for an LLM, of its TTFT and
-    TPOT p99s too (a breach of either is a breach; calm needs both calm)."""
+    TPOT p99s too (a breach of either is a breach; calm needs both calm). `profile`: an
+    LLM's token profile, where it has one: each sample is then calm by the part of its
+    p99s over their no-load floors by its own lengths (`calm_ratio`)."""
     status = _request_status(history, model, config)
     if not model.has_token_slo:
         return status
-    tokens = _token_status(history, model, config)
+    tokens = _token_status(history, model, config, profile)
     if ModelStatus.BREACH in (status, tokens):
         return ModelStatus.BREACH
     if status == tokens == ModelStatus.CALM:
@@ -68,12 +78,44 @@ def token_ratio(sample: ModelSample, model: ModelConfig) -> float | None:
     return worst
 
 
+def calm_ratio(
+    sample: ModelSample,
+    model: ModelConfig,
+    floors: tuple[float | None, float | None] = (None, None),
+) -> float | None:
+    """`token_ratio` as the calm reads it. With `floors` (the TTFT and TPOT p99s, ms, the
+    model has at no load: the prefill of its longest prompts, the decode of one sequence,
+    `bridge.policy.llm.floors_ms`), each p99 under its objective is read as its share of
+    the room load can use, (p99 - floor) / (objective - floor), 0 at or under the floor.
+    A model whose longest prompts alone take most of its TTFT objective is never under
+    low_watermark x objective however many replicas it has; the part load adds can be."""
+    worst: float | None = None
+    for value, slo, floor in (
+        (sample.ttft_p99_ms, model.slo_ttft_p99_ms, floors[0]),
+        (sample.tpot_p99_ms, model.slo_tpot_p99_ms, floors[1]),
+    ):
+        if value is None or slo is None:
+            continue
+        if floor is not None and floor < slo:
+            ratio = max(0.0, value - floor) / (slo - floor)
+        else:
+            ratio = value / slo
+        if worst is None or ratio > worst:
+            worst = ratio
+    return worst
+
+
 def _token_status(
-    history: Sequence[ModelSample], model: ModelConfig, config: BridgeConfig
+    history: Sequence[ModelSample],
+    model: ModelConfig,
+    config: BridgeConfig,
+    profile: TokenProfile | None = None,
 ) -> ModelStatus:
     """An LLM's breach and calm by its TTFT and TPOT p99s. They are measured over each
     tick's own window (the histograms' deltas, `bridge.triton.llm_metrics`), so unlike
-    Triton's 60 s summary they do not lag: a breach needs no confirmation by the mean."""
+    Triton's 60 s summary they do not lag: a breach needs no confirmation by the mean.
+    Calm reads `calm_ratio`, with each sample's no-load floor where `profile` is given
+    (`bridge.policy.llm.floors_ms`)."""
     policy = config.policy
     n = len(history)
     k = policy.breach_evaluations
@@ -84,7 +126,11 @@ def _token_status(
     k = ticks(policy.return_dwell_s, config)
     if n >= k and all(
         s.request_rate is not None
-        and ((r := token_ratio(s, model)) is None or r < policy.low_watermark)
+        and (
+            (r := calm_ratio(s, model, (None, None) if profile is None else floors_ms(profile, s)))
+            is None
+            or r < policy.low_watermark
+        )
         for s in history[n - k :]
     ):
         return ModelStatus.CALM

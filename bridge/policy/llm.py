@@ -4,8 +4,9 @@ for `bridge.policy.decide` to lend for it and to return its lent replicas. Pure.
 An LLM here is a model with a token objective (`ModelConfig.has_token_slo`: a TTFT or
 TPOT p99) and a measured profile of its replica (`Snapshot.token_profiles`, from the
 model version's `stb_profile.json`: `bridge.models.profile`). Its demand on a tick is
-its request rate with the token rates its backend counted (prompt and output tokens/s:
-every request the mean lengths, `TokenDemand.from_rates`), raised to the rate the caller
+its request rate with the length distributions its backend's histograms hold
+(`ModelSample.prompt_lengths`, `output_lengths`; where it has none, the token rates it
+counted: every request the mean lengths, `TokenDemand.from_rates`), raised to the rate the caller
 wants covered (`decide`'s lend demand: capacity_headroom x the larger of now and the
 forecast; its return demand: return_headroom x the larger of the dwell's highest and the
 forecast). Its need is `bridge.policy.tokens.replicas_needed` of that demand under its
@@ -20,11 +21,18 @@ or whose SLOs no count of replicas meets (`InfeasibleSLO`: more replicas cannot 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 
 from bridge.config import ModelConfig
 from bridge.policy import capacity
 from bridge.policy.snapshot import ModelSample, Snapshot
-from bridge.policy.tokens import InfeasibleSLO, TokenDemand, TokenProfile, replicas_needed
+from bridge.policy.tokens import (
+    InfeasibleSLO,
+    TokenDemand,
+    TokenProfile,
+    replicas_needed,
+    ttft_floor_s,
+)
 
 #: an SLO the model does not have, in seconds: it never binds
 UNBOUNDED_S = 1e9
@@ -40,12 +48,33 @@ def slos_s(model: ModelConfig) -> tuple[float, float]:
 
 
 def token_demand(sample: ModelSample, rate: float) -> TokenDemand | None:
-    """The sample's token demand at `rate` requests/s (its own lengths); None when the
-    sample has no request or token rates to take the lengths from."""
+    """The sample's token demand at `rate` requests/s (its own lengths: the length
+    distributions where the sample has them, else the means of its token rates); None
+    when the sample has no request or token rates."""
     now, prompt, output = sample.request_rate, sample.prompt_tps, sample.output_tps
     if now is None or prompt is None or output is None or not now > 0 or not output > 0:
         return None
-    return TokenDemand.from_rates(now, prompt, output).scaled(max(rate, 0.0) / now)
+    rate = max(rate, 0.0)
+    prompts, outputs = sample.prompt_lengths, sample.output_lengths
+    if prompts or outputs:
+        return TokenDemand(rate, prompts or (prompt / now,), outputs or (output / now,))
+    return TokenDemand.from_rates(now, prompt, output).scaled(rate / now)
+
+
+def floors_ms(profile: TokenProfile, sample: ModelSample) -> tuple[float | None, float]:
+    """The TTFT and TPOT p99s (ms) the model has at no load: one sequence, no queue (the
+    prefill of its longest prompts by the sample's lengths, `tokens.ttft_floor_s`: None
+    when the sample has no request or token rates; the profile's TPOT at one sequence).
+    No count of replicas gives less: the part of a measured p99 above its floor is what
+    load adds (`bridge.policy.hysteresis.calm_ratio`)."""
+    demand = token_demand(sample, 0.0)
+    ttft = None if demand is None else _floor_s(profile, demand.prompt_tokens) * 1000.0
+    return ttft, profile.tpot_s[0] * 1000.0
+
+
+@lru_cache(maxsize=256)
+def _floor_s(profile: TokenProfile, prompts: tuple[float, ...]) -> float:
+    return ttft_floor_s(profile, prompts)
 
 
 def need(model: ModelConfig, profile: TokenProfile, sample: ModelSample, rate: float) -> int | None:

@@ -95,6 +95,14 @@ class ModelSample:
     prompt_tps: float | None = None
     output_tps: float | None = None
     running: float | None = None
+    #: an LLM's prompt and output lengths (tokens) as equally weighted quantiles of
+    #: every request its servers have seen since their load (the backend's length
+    #: histograms, `vllm:request_prompt_tokens` and `vllm:request_generation_tokens`):
+    #: the token capacity model's length distributions, the tail a window is too short
+    #: to hold; None where the backend has no such histogram (then every request is
+    #: taken at the mean lengths of the token rates)
+    prompt_lengths: tuple[float, ...] | None = None
+    output_lengths: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -398,7 +398,7 @@ def predict(profile: TokenProfile, demand: TokenDemand, replicas: int) -> TokenP
         raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
     c = profile.sequences
     if demand.rate <= 0:
-        ttft = _sample_quantile([profile.prefill(p) for p in demand.prompt_tokens], Q)
+        ttft = ttft_floor_s(profile, demand.prompt_tokens)
         return TokenPrediction(ttft, profile.tpot_s[0], 0.0, 1.0, True)
     if replicas == 0:
         return TokenPrediction(math.inf, math.inf, math.inf, float(c), False)
@@ -416,6 +416,12 @@ def predict(profile: TokenProfile, demand: TokenDemand, replicas: int) -> TokenP
     return TokenPrediction(ttft, profile.tpot(n99) * profile.tpot_spread, a / c, n, True)
 
 
+def ttft_floor_s(profile: TokenProfile, prompt_tokens: Sequence[float]) -> float:
+    """The TTFT p99 at no load: the 0.99 quantile of the prefills of these prompt lengths
+    at one sequence, no queue wait. No count of replicas gives less."""
+    return _sample_quantile([profile.prefill(p) for p in prompt_tokens], Q)
+
+
 def infeasible(
     profile: TokenProfile, demand: TokenDemand, slo_ttft_s: float, slo_tpot_s: float
 ) -> str | None:
@@ -429,7 +435,7 @@ def infeasible(
             f"TPOT SLO {slo_tpot_s * 1000:.1f} ms is below the model's "
             f"{profile.tpot_s[0] * 1000:.1f} ms per token at one sequence"
         )
-    pre = _sample_quantile([profile.prefill(p) for p in demand.prompt_tokens], Q)
+    pre = ttft_floor_s(profile, demand.prompt_tokens)
     if pre > slo_ttft_s:
         return (
             f"TTFT SLO {slo_ttft_s * 1000:.0f} ms is below the p99 prefill alone "

@@ -57,7 +57,7 @@ from bridge.lifecycle import LeaseState
 from bridge.modelfacts import toml_models
 from bridge.policy import ModelSample, Snapshot, capacity, llm
 from bridge.policy.decide import capacity_groups, capacity_inputs, model_set
-from bridge.policy.hysteresis import token_ratio
+from bridge.policy.hysteresis import calm_ratio, token_ratio
 from bridge.policy.timing import lead_time, slowest_load
 from bridge.sim.tokens import TokenModel
 
@@ -243,7 +243,7 @@ class QuietProof:
             high = self.config.policy.high_watermark
             low = self.config.policy.low_watermark
             idle, calm = self.llm_idle, self.token_calm
-            for j, (i, m, model, _, _) in enumerate(self.llms):
+            for j, (i, m, model, profile, _) in enumerate(self.llms):
                 s = samples[i]
                 if (s.request_rate or 0.0) > 0 and (s.output_tps or 0.0) > 0:
                     idle.discard(m)
@@ -251,6 +251,8 @@ class QuietProof:
                     idle.add(m)
                 ratio = token_ratio(s, model)
                 self.token_breach[j] = self.token_breach[j] + 1 if (ratio or 0.0) > high else 0
+                # calm by the part of its p99s over their no-load floors (`_token_status`'s)
+                ratio = calm_ratio(s, model, llm.floors_ms(profile, s))
                 quiet = s.request_rate is not None and (ratio is None or ratio < low)
                 calm[m] = calm[m] + 1 if quiet else 0
 
@@ -495,6 +497,8 @@ class QuietProof:
                 1.0,
                 prompt_tps=mean.mean_prompt * hair,
                 output_tps=mean.mean_output * hair,
+                prompt_lengths=tuple(x * hair for x in mean.prompt_tokens),
+                output_lengths=tuple(x * hair for x in mean.output_tokens),
             )
             need = llm.need(model, profile, sample, rates[i])
             if need is not None and need > have.get(m, 0):

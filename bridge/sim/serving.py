@@ -112,9 +112,17 @@ class Serving:
             if setup.tokens.get(m) is not None:
                 out[m].tokens = True
         #: per LLM model (model order; None for the others): its mean prompt and output
-        #: lengths (its samples' token rates) and its replica's slots
+        #: lengths (its samples' token rates) and its length quantiles (its samples'
+        #: length histograms: `ModelSample.prompt_lengths`, `output_lengths`)
         self._lengths = [
-            None if t is None else (t.demand(1.0).mean_prompt, t.demand(1.0).mean_output)
+            None
+            if t is None
+            else (
+                t.demand(1.0).mean_prompt,
+                t.demand(1.0).mean_output,
+                t.prompt_tokens,
+                t.output_tokens,
+            )
             for t in self._tokens
         ]
         self.minute = {m: [0.0, 0.0] for m in self.models}
@@ -304,6 +312,8 @@ class Serving:
                     lam * lengths[0],
                     lam * lengths[1],
                     min(lam * s_m, float(slots)),
+                    lengths[2],
+                    lengths[3],
                 )
             history.append(sample)
             samples.append(sample)

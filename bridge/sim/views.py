@@ -53,6 +53,18 @@ def node_view(
     return obj
 
 
+#: `ModelSample`'s token fields, in the class's order (`model_sample` sets them None)
+_TOKEN_FIELDS = (
+    "ttft_p99_ms",
+    "tpot_p99_ms",
+    "prompt_tps",
+    "output_tps",
+    "running",
+    "prompt_lengths",
+    "output_lengths",
+)
+
+
 def model_sample(
     at: float,
     p99_ms: float | None,
@@ -74,7 +86,7 @@ def model_sample(
     d["pending"] = pending
     d["mean_ms"] = mean_ms
     d["compute_ms"] = compute_ms
-    for token_field in ("ttft_p99_ms", "tpot_p99_ms", "prompt_tps", "output_tps", "running"):
+    for token_field in _TOKEN_FIELDS:
         d[token_field] = None  # (the token signal: none in this maker's samples)
     return obj
 
@@ -91,11 +103,14 @@ def token_sample(
     prompt_tps: float | None,
     output_tps: float | None,
     running: float | None,
+    prompt_lengths: tuple[float, ...] | None = None,
+    output_lengths: tuple[float, ...] | None = None,
 ) -> ModelSample:
     """`ModelSample(...)` of an LLM: `model_sample`'s fields and its token signal (the
-    TTFT and TPOT p99s of the tick, prompt and output tokens/s, streams being generated),
-    made the same way: `model_sample`'s instance, its token fields (there, in the class's
-    order, as None) then set."""
+        TTFT and TPOT p99s of the tick, prompt and output tokens/s, streams being generated,
+    the length quantiles),
+        made the same way: `model_sample`'s instance, its token fields (there, in the class's
+        order, as None) then set."""
     obj = model_sample(at, p99_ms, request_rate, pending, mean_ms, compute_ms)
     d = obj.__dict__
     d["ttft_p99_ms"] = ttft_p99_ms
@@ -103,4 +118,6 @@ def token_sample(
     d["prompt_tps"] = prompt_tps
     d["output_tps"] = output_tps
     d["running"] = running
+    d["prompt_lengths"] = prompt_lengths
+    d["output_lengths"] = output_lengths
     return obj

@@ -12,8 +12,12 @@ Sources, each name, type and label set read from the backend's own code:
 - Triton's vLLM backend (triton-inference-server/vllm_backend src/utils/metrics.py,
   class TritonMetrics, at 8de0c148bda1da25de1e05ffaaf67116dacc7264; labels model and
   version as src/model.py sets them): histograms `vllm:time_to_first_token_seconds`,
-  `vllm:time_per_output_token_seconds`, `vllm:e2e_request_latency_seconds`; counters
-  `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`. That backend reports no
+  `vllm:time_per_output_token_seconds`, `vllm:e2e_request_latency_seconds`, and the
+  per-request length histograms `vllm:request_prompt_tokens` and
+  `vllm:request_generation_tokens` (one observation per request of its prompt and its
+  generated token count, buckets `build_1_2_5_buckets(max_model_len)`: 1, 2, 5, 10, 20,
+  50, ... up to the context length); counters `vllm:prompt_tokens_total`,
+  `vllm:generation_tokens_total`. That backend reports no
   gauge: `vllm:num_requests_running` and `vllm:num_requests_waiting` are vLLM's own
   server's (vllm/v1/metrics/loggers.py), read here when a page has them (a custom backend
   may report them under the model and version labels). The lab's LLM
@@ -26,7 +30,9 @@ Sources, each name, type and label set read from the backend's own code:
   `nv_llm_input_token_len` and `nv_llm_output_token_len` (`response_metric_type`
   "total_input_tokens" / "total_output_tokens", one observation per request of its
   token count, buckets 10, 50, 100, 500, 1000): their `_sum` is the prompt and the
-  generated token count. It has no time-to-first-token or per-token histogram; its
+  generated token count, their buckets the prompt and output length histograms as
+  vLLM's are (every length above 1000 tokens in the +Inf bucket, see `length_quantiles`).
+  It has no time-to-first-token or per-token histogram; its
   `nv_trt_llm_inflight_batcher_metrics` token figures are per-iteration gauges, not
   counts, and are not read.
 - Triton core (triton-inference-server/core src/metrics.cc and
@@ -43,6 +49,11 @@ generated is not in it. Running is the backend's gauge where there is one (vLLM'
 it, the streams past their first token and not finished: the time-to-first-token count
 less the end-to-end count (both cumulative since the load; a request still in its prefill
 is in neither). "No data" is None, never zero, everywhere.
+
+The length histograms are read cumulative since the load, never as a window's increase
+(`LlmWindow`): a 15 s window holds a handful of requests, too few for the tail of the
+prompt lengths the token capacity model needs. A model's lengths are its replicas'
+histograms summed (`length_quantiles`), as 101 equally weighted quantiles.
 """
 
 from __future__ import annotations
@@ -63,7 +74,17 @@ HISTOGRAMS: Mapping[str, str] = {
     "vllm:time_per_output_token_seconds": "tpot_s",
     "vllm:e2e_request_latency_seconds": "e2e_s",
     "nv_inference_first_response_histogram_ms": "first_response_ms",
+    # per-request lengths in tokens (cumulative since the load, also in a window)
+    "vllm:request_prompt_tokens": "prompt_len",
+    "vllm:request_generation_tokens": "output_len",
+    # TensorRT-LLM's, whose `_sum` is also the token counter (`TRT_TOKENS`)
+    "nv_llm_input_token_len": "prompt_len",
+    "nv_llm_output_token_len": "output_len",
 }
+#: the `LlmFigures` fields that are histograms, each once
+_HIST_FIELDS = tuple(dict.fromkeys(HISTOGRAMS.values()))
+#: the histogram fields carried cumulative into a window (`llm_window`)
+LENGTH_FIELDS = ("prompt_len", "output_len")
 #: counter family -> field; prometheus_client strips a declared counter's `_total`
 COUNTERS: Mapping[str, str] = {
     "vllm:prompt_tokens": "prompt_tokens",
@@ -124,6 +145,10 @@ class LlmFigures:
     e2e_s: Histogram | None = None
     #: Triton core's time to first response, in ms
     first_response_ms: Histogram | None = None
+    #: each request's prompt and generated length, tokens (always cumulative since the
+    #: load, in a window too)
+    prompt_len: Histogram | None = None
+    output_len: Histogram | None = None
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
     #: the backend's own gauges (vLLM, TensorRT-LLM)
@@ -196,14 +221,14 @@ class LlmAccumulator:
             values = self._values.setdefault(key, {})
             if hist is not None:
                 self._histogram(key, hist, name, s.name, s.labels, s.value)
-            elif tokens is not None:
+            if tokens is not None:
                 if s.name == f"{name}_sum":
                     values[tokens] = _add(values.get(tokens), s.value)
             elif name == TRT_REQUESTS:
                 field = TRT_REQUEST_TYPES.get(s.labels.get("request_type", ""))
                 if field is not None:
                     values[field] = _add(values.get(field), s.value)
-            else:
+            elif hist is None:
                 field = COUNTERS.get(name) or GAUGES[name]
                 values[field] = _add(values.get(field), s.value)
 
@@ -228,7 +253,7 @@ class LlmAccumulator:
         out: dict[ModelKey, LlmSample] = {}
         for key, values in self._values.items():
             hists: dict[str, Histogram | None] = {}
-            for field in HISTOGRAMS.values():
+            for field in _HIST_FIELDS:
                 acc = self._hists.get((key, field))
                 if acc is None:
                     continue
@@ -286,7 +311,12 @@ class LlmWindow(LlmFigures):
     """One (instance, model, version)'s token metrics over a window of `seconds` between
     two scrapes: the histograms' bucket increases, the token counts' increases, and the
     later gauges (running: the later sample's `open_streams`). None: no data (no earlier
-    sample, no such family, or a family that went invalid)."""
+    sample, no such family, or a family that went invalid).
+
+    The length histograms (`prompt_len`, `output_len`) are the exception: the later
+    sample's, unchanged, cumulative since the server loaded the version (a window holds
+    too few requests for a tail; a reset only means they restarted with the load). Like
+    the gauges they stand without an earlier sample or a usable window."""
 
     seconds: float | None = None
 
@@ -314,7 +344,7 @@ def went_back(before: LlmSample | None, after: LlmSample) -> bool:
         return False
     pairs = [(before.prompt_tokens, after.prompt_tokens),
              (before.generation_tokens, after.generation_tokens)]  # fmt: skip
-    for field in HISTOGRAMS.values():
+    for field in _HIST_FIELDS:
         b, a = getattr(before, field), getattr(after, field)
         if b is not None and a is not None:
             pairs.append((b.count, a.count))
@@ -328,10 +358,11 @@ def llm_window(
     caller's counter reset (a restart); a token count or histogram count that fell is one
     too. On a reset the later values are the window's increases (Prometheus' `increase()`,
     as `bridge.triton.signal` does); with no earlier sample or no usable `seconds`, only
-    the gauges stand."""
+    the gauges stand. The length histograms are the later sample's in every case."""
     open_streams = after.open_streams
+    lengths = {f: getattr(after, f) for f in LENGTH_FIELDS}
     if (before is None and not reset) or not (seconds is not None and seconds > 0):
-        return LlmWindow(running=open_streams, waiting=after.waiting)
+        return LlmWindow(running=open_streams, waiting=after.waiting, **lengths)
     reset = reset or went_back(before, after)
 
     def delta(field: str) -> float | None:
@@ -353,6 +384,7 @@ def llm_window(
         generation_tokens=delta("generation_tokens"),
         running=open_streams,
         waiting=after.waiting,
+        **lengths,
     )
 
 
@@ -367,7 +399,9 @@ class TokenSignal:
     `histogram_quantile(0.99, sum by (le) (increase(...)))`; replicas with other bounds:
     the largest of their own p99s). TTFT from the backend's histogram, else Triton's
     first-response histogram. Token rates per second over the windows with data;
-    running and waiting summed over the replicas that report them."""
+    running and waiting summed over the replicas that report them. Prompt and output
+    lengths (tokens): `LENGTH_QUANTILES` equally weighted quantiles of every request the
+    replicas have seen since their load (`length_quantiles`)."""
 
     ttft_p99_ms: float | None = None
     tpot_p99_ms: float | None = None
@@ -376,6 +410,8 @@ class TokenSignal:
     output_tps: float | None = None
     running: float | None = None
     waiting: float | None = None
+    prompt_lengths: tuple[float, ...] | None = None
+    output_lengths: tuple[float, ...] | None = None
 
 
 def aggregate(windows: Iterable[LlmWindow]) -> TokenSignal | None:
@@ -393,6 +429,8 @@ def aggregate(windows: Iterable[LlmWindow]) -> TokenSignal | None:
         output_tps=_rate(ws, "generation_tokens"),
         running=_total(w.running for w in ws),
         waiting=_total(w.waiting for w in ws),
+        prompt_lengths=length_quantiles([w.prompt_len for w in ws if w.prompt_len is not None]),
+        output_lengths=length_quantiles([w.output_len for w in ws if w.output_len is not None]),
     )
 
 
@@ -410,6 +448,47 @@ def summed_p99(hists: Sequence[Histogram]) -> float | None:
         return histogram_quantile(0.99, summed.items())
     own = [v for h in hists if (v := h.quantile(0.99)) is not None]
     return max(own) if own else None
+
+
+#: how many quantiles stand for a length distribution (`length_quantiles`)
+LENGTH_QUANTILES = 101
+
+
+def length_quantiles(hists: Sequence[Histogram]) -> tuple[float, ...] | None:
+    """A length distribution from several servers' cumulative histograms, as
+    `LENGTH_QUANTILES` equally weighted representatives: `histogram_quantile` at
+    q = (k + 0.5) / LENGTH_QUANTILES for k = 0 .. LENGTH_QUANTILES - 1 (the middle of
+    each of as many equal slices: neither 0 nor 1), ascending. None when no histogram
+    has an observation (no data, never zeros).
+
+    The histograms whose bounds agree are summed by bucket; where the servers' bounds
+    differ (models loaded with other context lengths) the group with the most
+    observations (its +Inf bucket's count) stands alone, the first of equals.
+
+    As Prometheus reads them, a representative whose rank falls in the +Inf bucket is
+    the largest finite bound: every length above it reads as that bound. The vLLM
+    backend's last bound is the largest 1-2-5 value not above the context length (up to
+    2.5 times below it, 2000 for a context of 4096); TensorRT-LLM's is 1000 tokens, so
+    its tail above that is cut there. Within a bucket the lengths are spread evenly
+    (linear interpolation; from 0 in the first)."""
+    groups: dict[tuple[float, ...], dict[float, float]] = {}
+    for h in hists:
+        summed = groups.setdefault(tuple(le for le, _ in h.buckets), {})
+        for le, c in h.buckets:
+            summed[le] = summed.get(le, 0.0) + c
+    best = max(groups.values(), key=_observations, default=None)
+    if best is None or not _observations(best) > 0:
+        return None
+    out = [
+        histogram_quantile((k + 0.5) / LENGTH_QUANTILES, best.items())
+        for k in range(LENGTH_QUANTILES)
+    ]
+    return tuple(v for v in out if v is not None) if None not in out else None
+
+
+def _observations(buckets: Mapping[float, float]) -> float:
+    """The observations of cumulative buckets: the largest count, 0 without +Inf."""
+    return max(buckets.values()) if math.inf in buckets else 0.0
 
 
 def _rate(ws: list[LlmWindow], field: str) -> float | None:

@@ -19,8 +19,11 @@ no sample, and so has every model whose rules were last evaluated longer ago tha
 
 The result is the direct path's own type (`bridge.triton.signal.ModelSignal`), made the
 same way: sums of rates, means and the queue/compute ratio as ratios of sums, the largest
-p99. Errors (Prometheus unreachable, a bad answer) raise `PrometheusError`; the observe
-step then has no data for any model this tick.
+p99. An LLM's prompt and output lengths (`TokenSignal.prompt_lengths`, `output_lengths`)
+are not recorded by the rules: None on this path (the capacity model then takes every
+request at the mean lengths of the token rates). Errors (Prometheus unreachable, a bad
+answer) raise `PrometheusError`; the observe step then has no data for any model this
+tick.
 
 `PrometheusSignal.instant` asks any other instant query through the same client, timeout
 and checks, as of a given time: each series' labels and value (`stb models status`'s

@@ -38,8 +38,10 @@ most X, at least 99% of all requests took at most X), exact when one replica ser
 An LLM's token signal (`bridge.triton.llm_metrics`): per window the TTFT and TPOT
 histograms' bucket increases (their p99 as Prometheus' `histogram_quantile` reads the
 replicas' summed increases: None when no request is in the window), prompt and output
-tokens per second, running streams and waiting requests; on `ModelSignal` beside the
-request figures, all None for a model that reports no token family.
+tokens per second, running streams and waiting requests, and the prompt and output
+lengths (the replicas' length histograms cumulative since their load, not the window's:
+101 equally weighted quantiles, `llm_metrics.length_quantiles`); on `ModelSignal` beside
+the request figures, all None for a model that reports no token family.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from enum import StrEnum
+from typing import Any
 
 from bridge.triton.llm_metrics import LlmWindow, ModelKey, TokenSignal, aggregate, llm_window
 from bridge.triton.metrics import MetricsPage, ModelSample
@@ -128,7 +131,8 @@ class ModelSignal(TokenSignal):
 
     Its token figures are an LLM's token signal (`TokenSignal`, its fields): p99 time to
     first token and per output token, ms, over the window's requests (None: none in it),
-    tokens per second in and out, streams running, requests waiting; all None for a model
+    tokens per second in and out, streams running, requests waiting, prompt and output
+    lengths as quantiles of every request since the replicas' load; all None for a model
     that reports no token family."""
 
     model: str
@@ -304,7 +308,7 @@ def _aggregate(model: str, ws: list[ModelWindow]) -> ModelSignal:
     )
 
 
-def _token_fields(tokens: TokenSignal) -> dict[str, float | None]:
+def _token_fields(tokens: TokenSignal) -> dict[str, Any]:
     return {f.name: getattr(tokens, f.name) for f in fields(TokenSignal)}
 
 

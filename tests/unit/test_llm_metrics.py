@@ -2,8 +2,9 @@
 bridge.triton.signal) on recorded pages: the lab's smol (the vLLM backend's families,
 tests/data/triton/llm/smol_*.prom), the TensorRT-LLM backend's (trtllm_*.prom, from its
 README and custom metrics reporter) and Triton core's first-response histogram
-(first_response.prom); Prometheus' histogram_quantile on literal buckets; the drain's
-in-flight count of a page with one stream open."""
+(first_response.prom); Prometheus' histogram_quantile on literal buckets; the prompt and
+output length distributions (cumulative since the load, as quantiles), through to the
+observer's sample; the drain's in-flight count of a page with one stream open."""
 
 from __future__ import annotations
 
@@ -13,16 +14,26 @@ from pathlib import Path
 
 import pytest
 
+from bridge.config import ModelConfig
 from bridge.daemon.observation import TritonServer
-from bridge.daemon.observe import in_flight
+from bridge.daemon.observe import Observer, in_flight
 from bridge.lifecycle import LeaseState
 from bridge.policy.leasesync import LeaseWorld, ModelledJob, modelled_settings, sync_lease
 from bridge.policy.snapshot import LeaseView
 from bridge.policy.steps import Unload
 from bridge.slurm.model import Job
-from bridge.triton.llm_metrics import Histogram, LlmWindow, aggregate, histogram_quantile
+from bridge.triton.llm_metrics import (
+    LENGTH_QUANTILES,
+    Histogram,
+    LlmWindow,
+    aggregate,
+    histogram_quantile,
+    length_quantiles,
+)
 from bridge.triton.metrics import parse_page
+from bridge.triton.protocol import RepositoryModel
 from bridge.triton.signal import Scrape, instance_signal, model_signals
+from tests.unit.fakes import BASELINE_JOB, N1, FakeSlurm, make_config
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "triton" / "llm"
 AT = json.loads((DATA / "captures.json").read_text())
@@ -148,3 +159,138 @@ def test_an_open_stream_is_in_flight_and_the_drain_waits_for_it() -> None:
     step = sync_lease(lease, world(in_flight(done)), t0 + 10, settings)
     assert step is not None and step.commands[0] == Unload("127.0.1.3:8000", ("smol",))
     assert step.move is not None and "no request in flight" in step.move.reason
+
+
+# ---- the length distributions --------------------------------------------------------
+
+
+def mid(k: int) -> float:
+    """The k-th representative's q: the middle of the k-th of 101 equal slices."""
+    return (k + 0.5) / LENGTH_QUANTILES
+
+
+def test_length_quantiles_are_101_equally_weighted_quantiles_of_a_known_distribution() -> None:
+    # 50 requests of at most 10 tokens, 50 of 10 to 20: spread evenly within each bucket
+    hist = Histogram(((10.0, 50.0), (20.0, 100.0), (INF, 100.0)), 100.0)
+    lengths = length_quantiles([hist])
+    assert lengths is not None and len(lengths) == LENGTH_QUANTILES == 101
+    assert list(lengths) == sorted(lengths)
+    assert lengths[0] == pytest.approx(10 * mid(0) / 0.5)  # neither q = 0 ...
+    assert lengths[50] == pytest.approx(10.0)  # the median: the first bucket's bound
+    assert lengths[100] == pytest.approx(10 + 10 * (mid(100) - 0.5) / 0.5)  # ... nor 1
+    assert sum(lengths) / len(lengths) == pytest.approx(10.0)  # the distribution's mean
+    # ranks in the +Inf bucket read as the largest finite bound (Prometheus' reading):
+    # 10 of 100 requests above 10 tokens, the 10 representatives past q = 0.9 read 10
+    tail = length_quantiles([Histogram(((10.0, 90.0), (INF, 100.0)), 100.0)])
+    assert tail is not None and tail[-10:] == (10.0,) * 10 and tail[-11] < 10.0
+
+
+def test_length_quantiles_sum_replicas_with_the_same_bounds() -> None:
+    short = Histogram(((10.0, 30.0), (100.0, 30.0), (INF, 30.0)), 30.0)
+    long = Histogram(((10.0, 0.0), (100.0, 70.0), (INF, 70.0)), 70.0)
+    lengths = length_quantiles([short, long])
+    together = Histogram(((10.0, 30.0), (100.0, 100.0), (INF, 100.0)), 100.0)
+    assert lengths is not None and lengths == length_quantiles([together])
+    # 30% short: representatives 0..29 below 10 tokens, the rest above
+    assert max(lengths[:30]) < 10.0 < min(lengths[30:])
+
+
+def test_length_quantiles_of_mismatched_bounds_take_the_most_observed() -> None:
+    few = Histogram(((5.0, 3.0), (INF, 3.0)), 3.0)
+    many = Histogram(((10.0, 0.0), (100.0, 40.0), (INF, 40.0)), 40.0)
+    also = Histogram(((10.0, 0.0), (100.0, 10.0), (INF, 10.0)), 10.0)
+    assert length_quantiles([few, many]) == length_quantiles([many])
+    # replicas whose bounds agree are summed first: 50 together against the 45 others
+    more = Histogram(((5.0, 45.0), (INF, 45.0)), 45.0)
+    assert length_quantiles([more, many, also]) == length_quantiles([many, also])
+
+
+def test_length_quantiles_without_an_observation_are_none_never_zero() -> None:
+    assert length_quantiles([]) is None
+    assert length_quantiles([Histogram(((10.0, 0.0), (INF, 0.0)), 0.0)]) is None
+    assert length_quantiles([Histogram(((10.0, 5.0), (20.0, 5.0)))]) is None  # no +Inf
+    tokens = aggregate([LlmWindow(seconds=5.0)])
+    assert tokens is not None and (tokens.prompt_lengths, tokens.output_lengths) == (None, None)
+
+
+def test_the_pages_length_histograms_are_read_from_both_backends() -> None:
+    llm = page("smol_a.prom").models[("smol", "1")].llm
+    assert llm is not None and llm.prompt_len is not None and llm.output_len is not None
+    assert (llm.prompt_len.count, llm.prompt_len.sum) == (2.0, 70.0)
+    assert (llm.output_len.count, llm.output_len.sum) == (2.0, 48.0)
+    bounds = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, INF)  # 1-2-5 to the context
+    assert tuple(le for le, _ in llm.prompt_len.buckets) == bounds
+    assert llm.prompt_len.buckets[4:6] == ((20.0, 0.0), (50.0, 2.0))
+    # TensorRT-LLM's token histograms: the lengths, and their _sum still the token count
+    trt = page("trtllm_b.prom").models[("tensorrt_llm", "1")].llm
+    assert trt is not None and trt.prompt_len is not None and trt.output_len is not None
+    assert trt.prompt_len.buckets[-3:] == ((500.0, 50.0), (1000.0, 50.0), (INF, 50.0))
+    assert trt.output_len.count == 50.0 and trt.generation_tokens == 5000.0
+    assert trt.prompt_tokens == 10500.0
+
+
+def test_the_signals_lengths_are_cumulative_since_the_load_not_the_windows() -> None:
+    a, b = scrape("smol_a.prom"), scrape("smol_b.prom")
+    (window,) = instance_signal(a, b).models
+    earlier, later = a.page.models[("smol", "1")].llm, b.page.models[("smol", "1")].llm
+    assert window.llm is not None and earlier is not None and later is not None
+    assert earlier.prompt_len is not None and later.prompt_len is not None
+    assert window.llm.prompt_len == later.prompt_len  # smol_b's 5 requests, not the 3 new
+    assert window.llm.ttft_s is not None and window.llm.ttft_s.count == 3.0  # a delta
+    sig = model_signals([instance_signal(a, b)])["smol"]
+    assert sig.prompt_lengths == length_quantiles([later.prompt_len])
+    assert sig.output_lengths is not None and len(sig.output_lengths) == LENGTH_QUANTILES
+    # 5 prompts in (20, 50]: spread over that bucket
+    assert sig.prompt_lengths is not None
+    assert sig.prompt_lengths[0] == pytest.approx(20 + 30 * mid(0))
+    # 4 outputs in (20, 50], 1 in (100, 200]: the top fifth above 100 tokens
+    assert sig.output_lengths[80] < 100.0 < sig.output_lengths[81]
+    # the first sighting (no window) has them too, as it has the gauges
+    first = model_signals([instance_signal(None, a)])["smol"]
+    assert first.output_tps is None and first.prompt_lengths is not None
+    assert first.prompt_lengths == length_quantiles([earlier.prompt_len])
+    # two replicas' pages: the buckets summed (smol_a's 2 and smol_b's 5 prompts)
+    other = Scrape("127.0.1.5:8000", b.at, b.page, "9")
+    both = model_signals([instance_signal(a, b), instance_signal(None, other)])["smol"]
+    summed = Histogram(tuple((le, 2 * c) for le, c in later.prompt_len.buckets))
+    assert both.prompt_lengths == length_quantiles([summed])
+
+
+class _SmolReplica:
+    """A ready server holding smol whose page is the next recorded one."""
+
+    def __init__(self, pages: list[str]) -> None:
+        self.pages = pages
+
+    def is_ready(self) -> bool:
+        return True
+
+    def repository_index(self) -> tuple[RepositoryModel, ...]:
+        return (RepositoryModel("smol", "1", "READY", ""),)
+
+    def metrics_text(self) -> str:
+        return (DATA / self.pages.pop(0)).read_text()
+
+
+def test_the_observers_sample_carries_the_length_distributions(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    config = config.model_copy(update={"models": {"smol": ModelConfig(slo_p99_ms=5000)}})
+    replica = _SmolReplica(["smol_a.prom", "smol_b.prom"])
+    clock = iter([0.0, 5.0])
+    observer = Observer(
+        FakeSlurm([N1], [BASELINE_JOB]),
+        config,
+        lambda address: replica,  # type: ignore[arg-type, return-value]
+        clock=lambda: next(clock),
+    )
+    observer.observe(0.0)
+    first = observer.latest("smol")
+    assert first is not None and first.prompt_lengths is not None
+    observer.observe(5.0)
+    sample = observer.latest("smol")
+    later = page("smol_b.prom").models[("smol", "1")].llm
+    assert sample is not None and later is not None
+    assert later.prompt_len is not None and later.output_len is not None
+    assert sample.prompt_lengths == length_quantiles([later.prompt_len])
+    assert sample.output_lengths == length_quantiles([later.output_len])
+    assert sample.output_tps is not None and sample.output_tps > 0

@@ -5,6 +5,7 @@ carry the return's token demand."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
@@ -140,3 +141,48 @@ def test_no_need_is_known_without_token_rates_or_for_an_unmeetable_slo() -> None
     assert llm.need(SMOL, SMOL_LAB, bare, 2.0) is None
     tight = SMOL.model_copy(update={"slo_tpot_p99_ms": 10.0})  # under 16 ms a token alone
     assert llm.need(tight, SMOL_LAB, samples(2.0)[-1], 2.0) is None
+
+
+#: a heavy tail: most prompts 50 tokens, the longest two about 400 (their prefill alone is
+#: SMOL_LAB's 0.11 + 0.0042 x 400 = 1.79 s of the 2 s TTFT objective)
+TAILED = (50.0,) * 99 + (400.0, 420.0)
+
+
+def with_lengths(history: tuple[ModelSample, ...]) -> tuple[ModelSample, ...]:
+    return tuple(
+        dataclasses.replace(s, prompt_lengths=TAILED, output_lengths=(OUTPUT,)) for s in history
+    )
+
+
+def test_the_length_distribution_sizes_an_llm_where_the_sample_has_it() -> None:
+    rate = 1.0
+    plain = samples(rate)[-1]
+    tailed = with_lengths(samples(rate))[-1]
+    demand = llm.token_demand(tailed, 2 * rate)
+    assert demand is not None and demand.prompt_tokens == TAILED and demand.rate == 2 * rate
+    mean_only = llm.token_demand(plain, 2 * rate)
+    assert mean_only is not None and mean_only.prompt_tokens == (PROMPT,)
+    # the tail's prefill leaves little of the TTFT objective to wait in: more replicas
+    need_tailed = llm.need(SMOL, SMOL_LAB, tailed, rate)
+    need_plain = llm.need(SMOL, SMOL_LAB, plain, rate)
+    assert need_tailed is not None and need_plain is not None and need_tailed > need_plain
+
+
+def test_a_profiled_llm_is_calm_by_the_part_of_its_p99s_over_their_no_load_floors() -> None:
+    ttft_floor, tpot_floor = llm.floors_ms(SMOL_LAB, with_lengths(samples(1.0))[-1])
+    assert ttft_floor is not None and abs(ttft_floor - (0.11 + 0.0042 * 400) * 1000) < 1e-6
+    assert tpot_floor == SMOL_LAB.tpot_s[0] * 1000
+    near = with_lengths(samples(1.0, ttft=1850.0))  # 1850 / 2000 > low: not calm by the p99
+    assert evaluate_model(near, SMOL, CONFIG) == ModelStatus.STEADY
+    # over its floor by (1850 - 1790) / (2000 - 1790) = 0.29 of the room: calm
+    assert evaluate_model(near, SMOL, CONFIG, SMOL_LAB) == ModelStatus.CALM
+    # 0.76 of the room: load is using it, not calm
+    busy = with_lengths(samples(1.0, ttft=1950.0))
+    assert evaluate_model(busy, SMOL, CONFIG, SMOL_LAB) == ModelStatus.STEADY
+    # the TPOT read the same way: 100 ms of a 150 ms objective, (100 - 16) / 134 = 0.63
+    slow = with_lengths(samples(1.0, ttft=300.0, tpot=100.0))
+    assert evaluate_model(slow, SMOL, CONFIG, SMOL_LAB) == ModelStatus.STEADY
+    # a breach is still the p99 over the objective itself
+    assert evaluate_model(with_lengths(samples(1.0, ttft=2100.0)), SMOL, CONFIG, SMOL_LAB) == (
+        ModelStatus.BREACH
+    )
