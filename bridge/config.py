@@ -615,11 +615,13 @@ class LeaseConfig(_Strict):
         "exit timeout is 20-30 s); past it the lease is failed and the cleanup retried.",
     )
     drain_timeout_s: float = Field(
-        default=30,
+        default=300,
         gt=0,
         description="Seconds a replica out of routing waits for its in-flight requests "
-        "before its models are unloaded: longer than any sane request, short enough to "
-        "give the node back promptly.",
+        "(an LLM's open streams among them) before its models are unloaded: longer than "
+        "any sane request, an LLM's longest answer included (2,000 tokens at 50 ms each "
+        "is 100 s); the wait ends as soon as none is in flight, so it delays no return "
+        "whose requests end sooner.",
     )
     model_load_timeout_s: float = Field(
         default=1800,

@@ -131,7 +131,7 @@ class Settings:
     submitted_deadline_s: float = 600
     starting_deadline_s: float = 300
     releasing_deadline_s: float = 300
-    drain_timeout_s: float = 30
+    drain_timeout_s: float = 300
     drain_wait_s: float = 120
     #: a serving replica that stops answering (its job still running) is failed after this
     unanswered_grace_s: float = 15

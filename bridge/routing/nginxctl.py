@@ -227,7 +227,10 @@ class NginxProcess:
                 f"worker_processes {self.worker_processes};",
                 f"pid {self.control.pid_file};",
                 f"error_log {self.control.error_log} notice;",
-                "worker_shutdown_timeout 30s;",
+                # an old worker keeps its open connections this long after a reload (each
+                # lend and return reloads): longer than the longest LLM stream, as the
+                # daemon's drain (`[leases] drain_timeout_s`) waits for it
+                "worker_shutdown_timeout 600s;",
                 # An overloaded model queues hundreds of requests, each holding a client
                 # and an upstream connection: 1024 ran out in the lab's load step.
                 "worker_rlimit_nofile 32768;",

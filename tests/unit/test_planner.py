@@ -585,7 +585,7 @@ def test_settings_of_config() -> None:
     )
     s = Settings.of(config)
     assert (s.requested_deadline_s, s.starting_deadline_s, s.releasing_deadline_s) == (11, 77, 22)
-    assert (s.submitted_deadline_s, s.drain_timeout_s, s.drain_wait_s) == (600, 30, 900)
+    assert (s.submitted_deadline_s, s.drain_timeout_s, s.drain_wait_s) == (600, 300, 900)
 
 
 # ---- every move the planner makes is legal --------------------------------------------
