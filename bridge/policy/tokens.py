@@ -550,7 +550,10 @@ def _median(xs: Sequence[float]) -> float:
 
 
 def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """(slope, intercept) of the least-squares line; slope 0 when every x is the same."""
+    """(slope, intercept) of the least-squares line with both >= 0: slope 0 when every x
+    is the same or the line falls; a line that would cross below the origin is fitted
+    through it instead (least squares with the intercept held at 0), not cut at 0 with
+    its slope kept, which would put every prediction above the points by the cut."""
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
@@ -559,7 +562,11 @@ def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
     if slope < 0:
         return 0.0, my
-    return slope, my - slope * mx
+    intercept = my - slope * mx
+    if intercept < 0:
+        through = sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
+        return max(0.0, through), 0.0
+    return slope, intercept
 
 
 #: SmolLM2-135M-Instruct (Q4_1, llama-cpp-python, one thread per instance) on the lab's

@@ -218,3 +218,17 @@ def test_the_ttft_quantile_with_a_rare_wait_is_the_mixture_s_own() -> None:
 
     assert exceed(got) <= 0.01 + 1e-9
     assert exceed(got - 0.01) > 0.01  # the smallest such time, not a bound above it
+
+
+def test_a_prefill_line_below_the_origin_is_fitted_through_it() -> None:
+    # TTFT = -0.05 + 0.002 x prompt: the least-squares intercept is negative
+    points = [ProfilePoint(1, p, -0.05 + 0.002 * p, 0.010) for p in (100, 200, 400)]
+    fitted = fit_profile(points)
+    assert fitted.prefill_overhead_s == 0.0
+    xs = [100.0, 200.0, 400.0]
+    through = sum(x * (-0.05 + 0.002 * x) for x in xs) / sum(x * x for x in xs)
+    assert fitted.prefill_s_per_token == pytest.approx(through)
+    # the fit stays among the points, not above every one of them (cutting the intercept
+    # at 0 and keeping the slope 0.002 would put each 0.05 s above its point)
+    residuals = [fitted.prefill(x) - (-0.05 + 0.002 * x) for x in xs]
+    assert min(residuals) < 0 < max(residuals)
