@@ -85,12 +85,15 @@ HISTOGRAMS: Mapping[str, str] = {
 _HIST_FIELDS = tuple(dict.fromkeys(HISTOGRAMS.values()))
 #: the histogram fields carried cumulative into a window (`llm_window`)
 LENGTH_FIELDS = ("prompt_len", "output_len")
-#: counter family -> field; prometheus_client strips a declared counter's `_total`
+#: counter family -> field, each by both names: prometheus_client strips a declared
+#: counter's `_total`, an undeclared one keeps it
 COUNTERS: Mapping[str, str] = {
-    "vllm:prompt_tokens": "prompt_tokens",
-    "vllm:prompt_tokens_total": "prompt_tokens",
-    "vllm:generation_tokens": "generation_tokens",
-    "vllm:generation_tokens_total": "generation_tokens",
+    family + suffix: field
+    for family, field in (
+        ("vllm:prompt_tokens", "prompt_tokens"),
+        ("vllm:generation_tokens", "generation_tokens"),
+    )
+    for suffix in ("", "_total")
 }
 #: gauge family -> field
 GAUGES: Mapping[str, str] = {
