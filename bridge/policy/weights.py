@@ -1,0 +1,152 @@
+"""Which model weights the node-local caches of the lendable nodes should hold: the cache
+plan (issue 31's first part: pure, not yet called by the daemon). Given each lendable
+node's cache (its budget and the copies it holds), in the order `choose_nodes` would lend
+the nodes (cheapest first), and the model versions the bridge expects to lend for with
+how many lent replicas each is expected to need (`Wanted.replicas`: the forecast's), the
+plan says which copies to stage and which to evict so that a lend finds its weights local.
+
+The rule, greedy and deterministic:
+
+- The first node in lend order is the most likely to be lent next, so it gets the most
+  wanted weights first. Each wanted version is given to as many nodes as its `replicas`
+  (one lent replica a node: the next `replicas` lends of it land on the first nodes
+  holding it), taking the versions by `replicas` (most first), then by name.
+- A node keeps a wanted copy it already holds (complete or still staging) and is given
+  the next wanted versions that fit its budget once the copies nobody wants are evicted,
+  least recently used first. A copy that is wanted is never evicted for another; a
+  version too large for a node's whole budget is not placed there.
+- At most `max_staging` new copies per plan (staging is Slurm work throttled to a
+  bandwidth: the rest wait for the next plan), the first nodes first.
+
+Eviction frees only what a stage needs: a node keeps the unwanted copies it has room
+for (a later forecast may want them again). Sizes are bytes; `last_used` epoch seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: (model, version)
+VersionKey = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class CachedCopy:
+    """One version's weights in a node's cache. `complete`: staged and verified (a
+    staging in flight is not complete but holds its room)."""
+
+    model: str
+    version: str
+    size_bytes: int
+    complete: bool = True
+    last_used: float = 0.0
+
+    @property
+    def key(self) -> VersionKey:
+        return (self.model, self.version)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCache:
+    """A lendable node's cache: its size budget and the copies on it."""
+
+    node: str
+    budget_bytes: int
+    copies: tuple[CachedCopy, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.budget_bytes < 0:
+            raise ValueError(f"{self.node}: cache budget must be >= 0 bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """A model version the bridge expects to lend for: its weights' size and the lent
+    replicas it is expected to need (0: none; not placed)."""
+
+    model: str
+    version: str
+    size_bytes: int
+    replicas: int
+
+    def __post_init__(self) -> None:
+        if self.size_bytes < 0 or self.replicas < 0:
+            raise ValueError(f"{self.model}/{self.version}: size and replicas must be >= 0")
+
+    @property
+    def key(self) -> VersionKey:
+        return (self.model, self.version)
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    node: str
+    model: str
+    version: str
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    node: str
+    model: str
+    version: str
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CachePlan:
+    """The plan: copies to stage and to evict (an eviction before the stage it frees room
+    for), and per version the wanted replicas that no node holds after it (over the
+    budgets, or waiting for a later plan past `max_staging`)."""
+
+    stage: tuple[Stage, ...]
+    evict: tuple[Evict, ...]
+    unplaced: tuple[tuple[VersionKey, int], ...]
+
+
+def plan_cache(
+    nodes: Sequence[NodeCache], wanted: Sequence[Wanted], max_staging: int = 1
+) -> CachePlan:
+    """The cache plan for `nodes` in lend order (the module's rule)."""
+    if max_staging < 0:
+        raise ValueError("max_staging must be >= 0")
+    order = sorted((w for w in wanted if w.replicas > 0), key=lambda w: (-w.replicas, w.key))
+    need = {w.key: w.replicas for w in order}
+    wanted_keys = set(need)
+    stages: list[Stage] = []
+    evicts: list[Evict] = []
+    # first, every copy already where it is wanted counts (in lend order), so a stage
+    # elsewhere is not planned for a replica a node already holds
+    held: dict[str, set[VersionKey]] = {}
+    for cache in nodes:
+        keep = held.setdefault(cache.node, set())
+        for c in cache.copies:
+            if c.key in wanted_keys and need[c.key] > 0 and c.key not in keep:
+                keep.add(c.key)
+                need[c.key] -= 1
+    for cache in nodes:
+        keep = held[cache.node]
+        used = sum(c.size_bytes for c in cache.copies)
+        # copies nobody wants (or beyond what is needed), least recently used first
+        spare = sorted(
+            (c for c in cache.copies if c.key not in keep), key=lambda c: (c.last_used, c.key)
+        )
+        for w in order:
+            if need[w.key] <= 0 or w.key in keep or len(stages) >= max_staging:
+                continue
+            if w.size_bytes > cache.budget_bytes - sum(
+                c.size_bytes for c in cache.copies if c.key in keep
+            ):
+                continue  # would not fit even with every spare copy gone
+            while used + w.size_bytes > cache.budget_bytes and spare:
+                c = spare.pop(0)
+                evicts.append(Evict(cache.node, c.model, c.version, c.size_bytes))
+                used -= c.size_bytes
+            stages.append(Stage(cache.node, w.model, w.version, w.size_bytes))
+            used += w.size_bytes
+            keep.add(w.key)
+            need[w.key] -= 1
+    unplaced = tuple((w.key, need[w.key]) for w in order if need[w.key] > 0)
+    return CachePlan(tuple(stages), tuple(evicts), unplaced)
