@@ -21,7 +21,7 @@ Usage:
     STB_TRACES_DIR=... .venv/bin/python bench/elasticity.py [--days 3] [--nodes 128]
         [--load 1.1] [--workloads azure,ramps,bursty] [--load-s 0,300] [--mean-rps 3000]
         [--placement on|off|on,off] [--seasonal on|off|on,off] [--mix]
-        [--lend-cap peak,share:0.5,share:1] [--reserve mean|peak|pNN|N]
+        [--lend-cap peak,share:0.5,share:1] [--reserve mean|peak|pNN|N] [--cache off,4:10]
 The azure workload (the shared traces: Azure arrivals, Alibaba jobs) needs
 STB_TRACES_DIR; without it, it is left out (said on stderr). The other workloads take
 their jobs from the Alibaba trace too where STB_TRACES_DIR is set, else generate them.
@@ -73,6 +73,20 @@ def flapping(r: PolicyResult) -> tuple[float, float | None]:
     return soon / lends, (statistics.median(gaps) if gaps else None)
 
 
+def _cache(text: str) -> tuple[int, float]:
+    """`--cache`'s value: off -> (0, 0.0); N:S -> (N, S)."""
+    if text == "off":
+        return 0, 0.0
+    try:
+        n, sec = text.split(":")
+        cache = int(n), float(sec)
+    except ValueError:
+        sys.exit(f"--cache takes off or N:S (models kept, local load seconds), got {text!r}")
+    if cache[0] < 1 or cache[1] < 0:
+        sys.exit(f"--cache N:S needs N >= 1 and S >= 0, got {text!r}")
+    return cache
+
+
 def places(r: PolicyResult) -> int:
     """Model placements in the run's decisions (all of them: the bench's runs keep fewer
     decisions than `Setup.max_decisions`, checked by the caller)."""
@@ -103,12 +117,24 @@ def main() -> None:
     parser.add_argument(
         "--lend-cap", default="peak", help="the bridge's lend caps, comma-separated: one row each"
     )
+    parser.add_argument(
+        "--cache",
+        default="off",
+        help="node-local weight caches, comma-separated, a bridge row each: off, or N:S (each "
+        "node keeps the weights of the N models it served last and loads them in S seconds "
+        "instead of --load-s: `Timing.cache_models`, `local_load_s`)",
+    )
     args = parser.parse_args()
     placements = [p == "on" for p in args.placement.split(",") if p in ("on", "off")]
     caps = [c.strip() for c in args.lend_cap.split(",") if c.strip()]
     seasons = [p == "on" for p in args.seasonal.split(",") if p in ("on", "off")]
+    caches = [_cache(c.strip()) for c in args.cache.split(",") if c.strip()]
     runs = [
-        (placing, cap, seasonal) for cap in caps for placing in placements for seasonal in seasons
+        (placing, cap, seasonal, cache)
+        for cap in caps
+        for placing in placements
+        for seasonal in seasons
+        for cache in caches
     ]
     started = time.perf_counter()
     traces = traces_dir() is not None
@@ -133,13 +159,16 @@ def main() -> None:
     for workload in workloads:
         for load_s in loads:
             peak_wait = 0.0
-            for i, (placing, cap, seasonal) in enumerate(runs):
+            for i, (placing, cap, seasonal, cache) in enumerate(runs):
                 policies = ["separate-peak", "bridge"] if i == 0 else ["bridge"]
                 scenario = build_scenario(
                     days=args.days, nodes=args.nodes, gpus_per_node=8, rates=rates,
                     slo_ms=100.0, service_ms=20.0, arrivals=workload, arrivals_trace=None,
                     jobs=jobs, jobs_trace=None, load=args.load, policies=policies,
-                    timing=Timing(model_load_s=dict.fromkeys(rates, load_s)) if load_s else None,
+                    timing=Timing(
+                        model_load_s=dict.fromkeys(rates, load_s), cache_models=cache[0],
+                        local_load_s=dict.fromkeys(rates, cache[1]),
+                    ) if load_s else None,
                     policy=policy(placing, seasonal), models=models, lend_cap=cap,
                     reserve=args.reserve,
                 )  # fmt: skip
@@ -154,6 +183,7 @@ def main() -> None:
                     ("bridge" if placing else "bridge, no place")
                     + ("" if seasonal else ", no season")
                     + ("" if cap == "peak" else f" {cap}")
+                    + ("" if not cache[0] else f", cache {cache[0]}:{cache[1]:g}")
                 )
                 for r in results:
                     share, gap = flapping(r)
@@ -172,6 +202,7 @@ def main() -> None:
                     + ("" if placing else "_noplace")
                     + ("" if seasonal else "_noseason")
                     + ("" if cap == "peak" else "_cap" + cap.replace(":", "").replace(".", "p"))
+                    + ("" if not cache[0] else f"_cache{cache[0]}_{cache[1]:g}")
                 )
                 figures.append(
                     f"{key}_peak_within={100 * peak.within_share:.2f} "

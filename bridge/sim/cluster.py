@@ -199,7 +199,9 @@ class Cluster:
             self._touch([node])
             lease.running_at = self.now
             timing = self.s.timing
-            ready = timing.triton_ready_s + timing.load_s(lease.view.models)
+            models = lease.view.models
+            ready = timing.triton_ready_s + timing.load_s(models, node.weights)
+            timing.remember(node.weights, models)
             lease.ready_at = self.now + ready
             self.dirty_sched = True
         elif kind == "triton_gone":

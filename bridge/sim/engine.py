@@ -225,7 +225,9 @@ class Engine(Cluster):
         kept = tuple(m for m in old if m in models)
         gained = [m for m in models if m not in old]
         lease.view = replace(lease.view, models=models)
-        load = self.s.timing.load_s(gained)
+        timing = self.s.timing
+        load = timing.load_s(gained, lease.node.weights)
+        timing.remember(lease.node.weights, gained)
         if load > 0:
             self._relayout(lease, old, kept)
             self.loading[lease.view.id] = (self.now + load, kept)

@@ -45,6 +45,9 @@ class SimNode:
     triton: bool = False
     #: the bridge's drain fence (reservation)
     fenced: bool = False
+    #: models whose weights the node's local cache holds, most recently served last
+    #: (`Timing.cache_models`)
+    weights: list[str] = field(default_factory=list)
 
     @property
     def schedulable(self) -> bool:

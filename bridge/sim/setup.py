@@ -32,11 +32,35 @@ class Timing:
     #: site's large models); a lent replica is ready once its slowest model is. Empty by
     #: default: the lab's small models load within `triton_ready_s`
     model_load_s: Mapping[str, float] = field(default_factory=dict, hash=False)
+    #: the node-local weight cache (issue 31): how many models' weights a node keeps
+    #: after serving them (its most recent; 0: no cache, every load from the shared
+    #: repository at `model_load_s`), and per model the seconds a load from that cache
+    #: takes instead (a model not listed loads from the cache at `model_load_s`)
+    cache_models: int = 0
+    local_load_s: Mapping[str, float] = field(default_factory=dict, hash=False)
 
-    def load_s(self, models: Sequence[str]) -> float:
-        """The extra seconds a replica holding `models` takes to be ready."""
+    def load_s(self, models: Sequence[str], cached: Sequence[str] = ()) -> float:
+        """The extra seconds a replica holding `models` takes to be ready, on a node whose
+        cache holds `cached` (a model there loads at its `local_load_s`)."""
         loads = self.model_load_s
-        return max((loads.get(m, 0.0) for m in models), default=0.0) if loads else 0.0
+        if not loads:
+            return 0.0
+        local = self.local_load_s if self.cache_models > 0 else {}
+        return max(
+            (local[m] if m in cached and m in local else loads.get(m, 0.0) for m in models),
+            default=0.0,
+        )
+
+    def remember(self, cached: list[str], models: Sequence[str]) -> None:
+        """A node's cache after it loaded `models`: they become its most recent, and it
+        keeps `cache_models` of them (the least recently served goes first)."""
+        if self.cache_models <= 0:
+            return
+        for m in models:
+            if m in cached:
+                cached.remove(m)
+            cached.append(m)
+        del cached[: max(0, len(cached) - self.cache_models)]
 
 
 @dataclass
