@@ -49,10 +49,12 @@ from bridge.policy.tokens import (
     ProfilePoint,
     TokenDemand,
     TokenProfile,
+    calibrate,
     fit_profile,
     mean_service,
     predict,
 )
+from bridge.triton.metrics import parse_page
 
 MODEL = "smol"
 TRACE = "azure_llm_conv_2023.csv"
@@ -227,6 +229,31 @@ def replay_ttft_p99(prof: TokenProfile, records: Sequence[StreamRecord]) -> floa
     return None if p99 is None else p99 / 1000.0
 
 
+def counters(job: triton.TritonJob) -> tuple[float, float, float, float]:
+    """smol's TTFT and TPOT histograms' (sum, count, sum, count) on the replica's metrics
+    page, cumulative since its load: what the daemon reads of it."""
+    page = parse_page(httpx.get(job.metrics_url, timeout=10).text)
+    for (model, _), sample in page.models.items():
+        llm = sample.llm
+        if model == MODEL and llm is not None and llm.ttft_s and llm.tpot_s:
+            return (
+                llm.ttft_s.sum or 0.0,
+                llm.ttft_s.count or 0.0,
+                llm.tpot_s.sum or 0.0,
+                llm.tpot_s.count or 0.0,
+            )
+    sys.exit(f"no {MODEL} TTFT/TPOT histograms on {job.metrics_url}")
+
+
+def window_means(
+    before: tuple[float, float, float, float], after: tuple[float, float, float, float]
+) -> tuple[float | None, float | None]:
+    """The mean of the replica's own TTFT clock and of its token gaps between two
+    scrapes (seconds; None without an observation)."""
+    d = [b - a for a, b in zip(before, after, strict=True)]
+    return (d[0] / d[1] if d[1] > 0 else None, d[2] / d[3] if d[3] > 0 else None)
+
+
 def _ratio(predicted: float, measured: float | None) -> float:
     return predicted / measured if measured else float("nan")
 
@@ -293,9 +320,11 @@ def main() -> None:
             f"{'share':>6}{'rate/s':>8}{'streams':>8}{'broken':>7}{'out/asked':>10}"
             f"{'TTFT p99 pred':>14}{'meas':>8}{'ratio':>7}{'TPOT p99 pred':>14}{'meas':>8}"
             f"{'ratio':>7}{'TPOT>=8':>8}{'late':>6}{'load1':>6}{'replayed':>11}{'ratio':>7}"
+            f"{'calibrated TTFT':>16}{'ratio':>7}{'TPOT':>8}{'ratio':>7}"
         )
         rows: list[tuple[float, float, float, StreamReport]] = []
         replays: list[float] = []
+        cal_rows: list[tuple[float, float]] = []
         for i, share in enumerate(shares):
             rate = share * cap
             seconds = min(MAX_SECONDS, max(args.seconds, args.min_streams / rate))
@@ -306,7 +335,9 @@ def main() -> None:
             if args.reprofile and i > 0:
                 prof, _ = profile(endpoint, overhead, 2, spec, args.batches, 5000 + 100 * i)
                 print(f"{'':>6} profile again: {describe(prof)}")
+            before = counters(job)
             result = play(endpoint, schedule, pairs, overhead, seed=10_000 * (i + 1))
+            mean_ttft, mean_tpot = window_means(before, counters(job))
             rep = summarize_streams(result)
             ok = [r for r in result.records if r.ok]
             if not ok:
@@ -323,6 +354,11 @@ def main() -> None:
             replayed = replay_ttft_p99(prof, result.records)
             rr = _ratio(replayed, ttft) if replayed is not None else float("nan")
             replays.append(rr)
+            # the profile corrected by the replica's own counters over the run (the
+            # backend's TTFT and TPOT histograms' means, as the daemon reads them)
+            cal = predict(calibrate(prof, came, mean_ttft, mean_tpot), came, 1)
+            ct, cp = _ratio(cal.ttft_p99_s, ttft), _ratio(cal.tpot_p99_s, tpot)
+            cal_rows.append((ct, cp))
             rows.append((share, rt, rp, rep))
             print(
                 f"{share:>6.2f}{rate:>8.2f}{rep.sent:>8}{rep.broken:>7}{out_share:>10.2f}"
@@ -330,8 +366,15 @@ def main() -> None:
                 f"{pred.tpot_p99_s * 1000:>12.1f}ms{(tpot or 0) * 1000:>6.1f}ms{rp:>7.2f}"
                 f"{(diag['tpot8'] or 0) * 1000:>6.1f}ms{diag['late_ms'] or 0:>4.0f}ms"
                 f"{os.getloadavg()[0]:>6.1f}{(replayed or 0) * 1000:>9.0f}ms{rr:>7.2f}"
+                f"{cal.ttft_p99_s * 1000:>14.0f}ms{ct:>7.2f}{cal.tpot_p99_s * 1000:>6.1f}ms"
+                f"{cp:>7.2f}"
+            )
+            print(
+                f"{'':>6} the replica's own means over the run: TTFT clock "
+                f"{(mean_ttft or 0) * 1000:.0f} ms, token gap {(mean_tpot or 0) * 1000:.1f} ms"
             )
     within = all(LOW <= rt <= HIGH and LOW <= rp <= HIGH for _, rt, rp, _ in rows)
+    within_cal = all(LOW <= ct <= HIGH and LOW <= cp <= HIGH for ct, cp in cal_rows)
     print(
         "RESULT "
         + " ".join(
@@ -341,8 +384,11 @@ def main() -> None:
                 "ttft_ratio=" + ",".join(f"{rt:.2f}" for _, rt, _, _ in rows),
                 "tpot_ratio=" + ",".join(f"{rp:.2f}" for _, _, rp, _ in rows),
                 "ttft_replay_ratio=" + ",".join(f"{r:.2f}" for r in replays),
+                "ttft_calibrated_ratio=" + ",".join(f"{ct:.2f}" for ct, _ in cal_rows),
+                "tpot_calibrated_ratio=" + ",".join(f"{cp:.2f}" for _, cp in cal_rows),
                 "broken=" + str(sum(rep.broken for *_, rep in rows)),
                 f"within_{LOW}_{HIGH}={'yes' if within else 'no'}",
+                f"calibrated_within={'yes' if within_cal else 'no'}",
                 f"lab_s={time.monotonic() - started:.0f}",
             ]
         )

@@ -258,6 +258,9 @@ class Observer:
                     running=sig.running if sig else None,
                     prompt_lengths=sig.prompt_lengths if sig else None,
                     output_lengths=sig.output_lengths if sig else None,
+                    ttft_mean_ms=sig.ttft_mean_ms if sig else None,
+                    tpot_mean_ms=sig.tpot_mean_ms if sig else None,
+                    timed=sig.timed if sig else None,
                 )
             )
         return Observation(

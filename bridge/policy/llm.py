@@ -16,11 +16,16 @@ No need is known (the model is left to its measured TTFT and TPOT, which lend th
 the backstop: `bridge.policy.hysteresis`) for a model without a profile, without a
 request and token rates in its newest sample (nothing says how long its requests are),
 or whose SLOs no count of replicas meets (`InfeasibleSLO`: more replicas cannot help).
+
+The profile is corrected on every tick by what the model's replicas measure of
+themselves (`calibrated`: the backend's TTFT clock and token gaps over the history, at
+the rate each replica took): on shared compute the per-token times drift from the
+profile's, and near saturation the predicted queue follows them steeply.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 
 from bridge.config import ModelConfig
@@ -30,6 +35,7 @@ from bridge.policy.tokens import (
     InfeasibleSLO,
     TokenDemand,
     TokenProfile,
+    calibrate,
     replicas_needed,
     ttft_floor_s,
 )
@@ -88,14 +94,57 @@ def need(model: ModelConfig, profile: TokenProfile, sample: ModelSample, rate: f
         return None
 
 
+#: the fewest requests the backend must have timed over the history before
+#: `calibrated` corrects a profile by its means (fewer: the profile as measured)
+CALIBRATE_MIN_REQUESTS = 20
+
+
+def calibrated(
+    profile: TokenProfile, history: Sequence[ModelSample], replicas: int
+) -> TokenProfile:
+    """`profile` corrected by the replicas' own TTFT clock and token gaps over the samples
+    of `history` that have them (`tokens.calibrate`): their means pooled by the
+    requests each timed, at the pooled request rate spread over `replicas` and the newest
+    sample's lengths. The profile as measured with no replica, no means, or fewer than
+    CALIBRATE_MIN_REQUESTS timed requests."""
+    timed = [s for s in history if s.timed and s.request_rate is not None]
+    count = sum(s.timed or 0.0 for s in timed)
+    if replicas <= 0 or count < CALIBRATE_MIN_REQUESTS:
+        return profile
+
+    def pooled(values: Sequence[tuple[float | None, float]]) -> float | None:
+        vs = [(v, w) for v, w in values if v is not None]
+        weight = sum(w for _, w in vs)
+        return sum(v * w for v, w in vs) / weight if weight > 0 else None
+
+    rate = pooled([(s.request_rate, s.timed or 0.0) for s in timed]) or 0.0
+    demand = token_demand(history[-1], rate / replicas)
+    ttft = pooled([(s.ttft_mean_ms, s.timed or 0.0) for s in timed])
+    tpot = pooled([(s.tpot_mean_ms, s.timed or 0.0) for s in timed])
+    if demand is None:
+        return profile
+    return calibrate(
+        profile,
+        demand,
+        None if ttft is None else ttft / 1000.0,
+        None if tpot is None else tpot / 1000.0,
+    )
+
+
 def needs(snapshot: Snapshot, rates: Mapping[str, float]) -> dict[str, int]:
-    """Per LLM with a profile, a rate in `rates` and a known need: its replicas needed."""
+    """Per LLM with a profile, a rate in `rates` and a known need: its replicas needed,
+    by its profile corrected by its replicas' own counters (`calibrated`)."""
     out: dict[str, int] = {}
+    serving: dict[str, int] = {}
+    for replica in snapshot.replicas:
+        for m in replica.models:
+            serving[m] = serving.get(m, 0) + 1
     for name, profile in snapshot.token_profiles.items():
         model = snapshot.models.get(name)
         history = snapshot.history.get(name)
         if model is None or not model.has_token_slo or not history or name not in rates:
             continue
+        profile = calibrated(profile, history, serving.get(name, 0))
         n = need(model, profile, history[-1], rates[name])
         if n is not None:
             out[name] = n

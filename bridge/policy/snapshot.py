@@ -103,6 +103,13 @@ class ModelSample:
     #: taken at the mean lengths of the token rates)
     prompt_lengths: tuple[float, ...] | None = None
     output_lengths: tuple[float, ...] | None = None
+    #: an LLM's means over the tick's window of its backend's own TTFT clock (the
+    #: prefill, no queue wait) and of its token gaps (ms), and the requests it timed:
+    #: what the token capacity model corrects its profile by
+    #: (`bridge.policy.llm.calibrated`); None where the backend has no such histogram
+    ttft_mean_ms: float | None = None
+    tpot_mean_ms: float | None = None
+    timed: float | None = None
 
 
 @dataclass(frozen=True)

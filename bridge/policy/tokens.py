@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bridge.policy.capacity import Q, queue, smallest
 
@@ -414,6 +414,70 @@ def predict(profile: TokenProfile, demand: TokenDemand, replicas: int) -> TokenP
     prefills = [slow * profile.prefill(p) for p in demand.prompt_tokens]
     ttft = _ttft_quantile(prefills, qu.wait_p, qu.tail)
     return TokenPrediction(ttft, profile.tpot(n99) * profile.tpot_spread, a / c, n, True)
+
+
+#: the furthest `calibrate` moves a profile's prefill or decode times from their profile
+#: (a factor, either way): a counter off by more than this is a broken reading, not drift
+CALIBRATE_LIMIT = 3.0
+
+
+def calibrate(
+    profile: TokenProfile,
+    demand: TokenDemand,
+    mean_ttft_s: float | None,
+    mean_tpot_s: float | None,
+) -> TokenProfile:
+    """`profile` corrected by what one replica measured while it served `demand` (its
+    `rate` the replica's own): the mean of its own TTFT clock (`mean_ttft_s`, from a
+    slot's pick-up: the prefill, no queue wait) and of its token gaps (`mean_tpot_s`),
+    the backend's histograms' sum / count over a window.
+
+    The profile is taken on a quiet replica in a short run; on shared compute its
+    per-token times drift (10-25% on the lab's two cores, run to run) and near
+    saturation the queue's tail follows the service time steeply, so the capacity
+    model sizes on the replica's own counters where it has them. The prefill (overhead
+    and per token) is scaled by measured / predicted mean prefill at the load's mean
+    concurrency (`concurrency`), the TPOT table by measured / predicted TPOT there; the
+    concurrency moves with the times, so the two are solved together (fixed-point steps
+    to a standstill). Slowdown with concurrency keeps the profile's shape. A figure that is None
+    or not positive leaves its part as profiled; each factor is kept within
+    1/CALIBRATE_LIMIT .. CALIBRATE_LIMIT."""
+    if demand.rate <= 0:
+        return profile
+    use_pre = mean_ttft_s is not None and math.isfinite(mean_ttft_s) and mean_ttft_s > 0
+    use_dec = mean_tpot_s is not None and math.isfinite(mean_tpot_s) and mean_tpot_s > 0
+    if not (use_pre or use_dec):
+        return profile
+    base_pre = sum(profile.prefill(p) for p in demand.prompt_tokens) / len(demand.prompt_tokens)
+    k_pre = k_dec = 1.0
+    out = profile
+    for _ in range(50):
+        n, a = concurrency(out, demand.rate, demand)
+        if a >= out.sequences:  # saturated as corrected: every slot always busy
+            n = float(out.sequences)
+        if use_dec:
+            assert mean_tpot_s is not None
+            k_dec = _clamp(mean_tpot_s / profile.tpot(n))
+        if use_pre:
+            assert mean_ttft_s is not None
+            k_pre = _clamp(mean_ttft_s / (profile.slowdown(n) * base_pre))
+        nxt = replace(
+            profile,
+            prefill_s_per_token=profile.prefill_s_per_token * k_pre,
+            prefill_overhead_s=profile.prefill_overhead_s * k_pre,
+            tpot_s=tuple(t * k_dec for t in profile.tpot_s),
+        )
+        moved = abs(nxt.tpot_s[0] - out.tpot_s[0]) / out.tpot_s[0] + abs(
+            nxt.prefill(1.0) - out.prefill(1.0)
+        ) / max(out.prefill(1.0), 1e-12)
+        out = nxt
+        if moved < 1e-12:
+            break
+    return out
+
+
+def _clamp(k: float) -> float:
+    return min(CALIBRATE_LIMIT, max(1.0 / CALIBRATE_LIMIT, k))
 
 
 def ttft_floor_s(profile: TokenProfile, prompt_tokens: Sequence[float]) -> float:

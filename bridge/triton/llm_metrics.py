@@ -404,7 +404,11 @@ class TokenSignal:
     first-response histogram. Token rates per second over the windows with data;
     running and waiting summed over the replicas that report them. Prompt and output
     lengths (tokens): `LENGTH_QUANTILES` equally weighted quantiles of every request the
-    replicas have seen since their load (`length_quantiles`)."""
+    replicas have seen since their load (`length_quantiles`). The means of the backend's
+    own TTFT clock (from an instance's pick-up: the prefill, no queue wait; never
+    Triton's first response, which holds the queue) and of its token gaps over the
+    window, with the requests it timed (`timed`): what the token capacity model corrects
+    its profile by (`bridge.policy.tokens.calibrate`)."""
 
     ttft_p99_ms: float | None = None
     tpot_p99_ms: float | None = None
@@ -415,6 +419,9 @@ class TokenSignal:
     waiting: float | None = None
     prompt_lengths: tuple[float, ...] | None = None
     output_lengths: tuple[float, ...] | None = None
+    ttft_mean_ms: float | None = None
+    tpot_mean_ms: float | None = None
+    timed: float | None = None
 
 
 def aggregate(windows: Iterable[LlmWindow]) -> TokenSignal | None:
@@ -434,7 +441,24 @@ def aggregate(windows: Iterable[LlmWindow]) -> TokenSignal | None:
         waiting=_total(w.waiting for w in ws),
         prompt_lengths=length_quantiles([w.prompt_len for w in ws if w.prompt_len is not None]),
         output_lengths=length_quantiles([w.output_len for w in ws if w.output_len is not None]),
+        ttft_mean_ms=_ms(_mean([w.ttft_s for w in ws])),
+        tpot_mean_ms=_ms(_mean([w.tpot_s for w in ws])),
+        timed=_total(w.ttft_s.count for w in ws if w.ttft_s is not None),
     )
+
+
+def _mean(hists: Iterable[Histogram | None]) -> float | None:
+    """The mean of the observations of several windows' histograms: their sums over
+    their counts (None without an observation or where a sum is missing)."""
+    total = count = 0.0
+    for h in hists:
+        if h is None or not h.count:
+            continue
+        if h.sum is None:
+            return None
+        total += h.sum
+        count += h.count
+    return total / count if count > 0 else None
 
 
 def summed_p99(hists: Sequence[Histogram]) -> float | None:

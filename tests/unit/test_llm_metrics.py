@@ -135,6 +135,28 @@ def test_replicas_p99_is_the_quantile_of_their_summed_buckets() -> None:
     assert tokens is not None and tokens.ttft_p99_ms == pytest.approx(100.0)
 
 
+def test_the_means_are_the_windows_sums_over_their_counts_not_the_first_response() -> None:
+    one = Histogram(((0.1, 3.0), (INF, 4.0)), 4.0, 0.8)  # 4 requests, 200 ms each
+    two = Histogram(((0.1, 0.0), (INF, 6.0)), 6.0, 3.0)  # 6 requests, 500 ms each
+    gaps = Histogram(((0.05, 90.0), (INF, 100.0)), 100.0, 3.0)
+    # Triton's first response holds the queue's wait: never the TTFT clock's mean
+    queued = Histogram(((500.0, 0.0), (INF, 5.0)), 5.0, 9000.0)
+    tokens = aggregate(
+        [
+            LlmWindow(seconds=5.0, ttft_s=one, tpot_s=gaps),
+            LlmWindow(seconds=5.0, ttft_s=two),
+            LlmWindow(seconds=5.0, first_response_ms=queued),
+        ]
+    )
+    assert tokens is not None
+    assert tokens.ttft_mean_ms == pytest.approx(380.0)  # (0.8 + 3.0) / 10 s
+    assert tokens.tpot_mean_ms == pytest.approx(30.0)
+    assert tokens.timed == 10.0
+    # a window without an observation says nothing, never zero
+    empty = aggregate([LlmWindow(seconds=5.0, ttft_s=Histogram(((INF, 0.0),), 0.0, 0.0))])
+    assert empty is not None and empty.ttft_mean_ms is None and empty.tpot_mean_ms is None
+
+
 def test_an_open_stream_is_in_flight_and_the_drain_waits_for_it() -> None:
     open_ = page("smol_open.prom").models[("smol", "1")]
     # Triton's queue gauge says nothing of a stream being generated
@@ -294,3 +316,14 @@ def test_the_observers_sample_carries_the_length_distributions(tmp_path: Path) -
     assert sample.prompt_lengths == length_quantiles([later.prompt_len])
     assert sample.output_lengths == length_quantiles([later.output_len])
     assert sample.output_tps is not None and sample.output_tps > 0
+    # the backend's own TTFT clock and token gaps over the window, as the capacity
+    # model's correction reads them
+    earlier = page("smol_a.prom").models[("smol", "1")].llm
+    assert earlier is not None and earlier.ttft_s is not None and later.ttft_s is not None
+    assert later.ttft_s.sum is not None and earlier.ttft_s.sum is not None
+    assert later.ttft_s.count is not None and earlier.ttft_s.count is not None
+    timed = later.ttft_s.count - earlier.ttft_s.count
+    assert sample.timed == timed
+    if timed:
+        want = (later.ttft_s.sum - earlier.ttft_s.sum) / timed * 1000.0
+        assert sample.ttft_mean_ms == pytest.approx(want)

@@ -15,6 +15,7 @@ from bridge.policy.tokens import (
     TokenDemand,
     TokenProfile,
     busy_cdf,
+    calibrate,
     fit_profile,
     infeasible,
     predict,
@@ -232,3 +233,44 @@ def test_a_prefill_line_below_the_origin_is_fitted_through_it() -> None:
     # at 0 and keeping the slope 0.002 would put each 0.05 s above its point)
     residuals = [fitted.prefill(x) - (-0.05 + 0.002 * x) for x in xs]
     assert min(residuals) < 0 < max(residuals)
+
+
+def _measured_means(truth: TokenProfile, d: TokenDemand) -> tuple[float, float]:
+    """The replica's own means had it run as `truth`: its TTFT clock (the prefill at the
+    load's mean concurrency) and its token gap there."""
+    from bridge.policy.tokens import concurrency
+
+    n, _ = concurrency(truth, d.rate, d)
+    pre = sum(truth.prefill(p) for p in d.prompt_tokens) / len(d.prompt_tokens)
+    return truth.slowdown(n) * pre, truth.tpot(n)
+
+
+def test_calibrate_recovers_a_replica_that_runs_slower_than_its_profile() -> None:
+    truth = TokenProfile(
+        sequences=4,
+        prefill_s_per_token=0.0012,
+        prefill_overhead_s=0.06,
+        tpot_s=tuple(t * 1.15 for t in PROFILE.tpot_s),
+    )
+    d = demand(1.2)  # the truth's slots 3/4 busy
+    ttft, tpot = _measured_means(truth, d)
+    got = calibrate(PROFILE, d, ttft, tpot)
+    assert got.tpot_s == pytest.approx(truth.tpot_s, rel=1e-3)
+    assert got.prefill(300.0) == pytest.approx(truth.prefill(300.0), rel=1e-3)
+    # and so its prediction is the truth's, where the profile's is not
+    want = predict(truth, d, 1).ttft_p99_s
+    assert predict(got, d, 1).ttft_p99_s == pytest.approx(want, rel=1e-3)
+    assert predict(PROFILE, d, 1).ttft_p99_s < 0.9 * want
+
+
+def test_calibrate_leaves_what_it_has_no_figure_for() -> None:
+    d = demand(3.0)
+    assert calibrate(PROFILE, d, None, None) == PROFILE
+    assert calibrate(PROFILE, TokenDemand(0.0, **LENGTHS), 0.5, 0.05) == PROFILE  # type: ignore[arg-type]
+    only_decode = calibrate(PROFILE, d, None, 2 * PROFILE.tpot_s[0])
+    assert only_decode.prefill_s_per_token == PROFILE.prefill_s_per_token
+    assert only_decode.tpot_s[0] > PROFILE.tpot_s[0]
+    # a broken reading (a thousand times the profile) moves it only so far
+    wild = calibrate(PROFILE, d, 1000.0, 1000.0)
+    assert wild.tpot_s[0] == pytest.approx(3.0 * PROFILE.tpot_s[0])
+    assert wild.prefill_overhead_s == pytest.approx(3.0 * PROFILE.prefill_overhead_s)
