@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "accounting": ("bridge.ledger.cli", "accounting_app"),
     "budget": ("bridge.ledger.budget_cli", "budget_app"),
     "models": ("bridge.models.cli", "models_app"),
+    "weights": ("bridge.weights_cli", "weights_app"),
     "advise": ("bridge.advise.cli", "advise_app"),
     "db": ("bridge.db_cli", "db_app"),
     "report": ("bridge.ledger.cli", "report"),

@@ -709,6 +709,93 @@ class RolloutConfig(_Strict):
     )
 
 
+class WeightsConfig(_Strict):
+    """The node-local weight cache (`bridge.weights`): where a lendable node keeps copies
+    of model versions, how much it may hold, and how staging jobs copy them there (Slurm
+    jobs on the target node, at the lowest priority, throttled)."""
+
+    cache_root: Path | None = Field(
+        default=None,
+        description="Folder on each lendable node's local disk holding the copies "
+        "(`<cache_root>/<model>/<version>/`); unset: no cache, Triton jobs read the shared "
+        "repository as before. The same path on every node; the staging and Triton jobs' "
+        "user writes it.",
+    )
+    source: str | None = Field(
+        default=None,
+        description="Where staging jobs copy versions from: the shared repository as a "
+        "folder the nodes see, or an http(s) origin serving it; default: "
+        "`triton.model_repository`.",
+    )
+    budget_bytes: int = Field(
+        default=100_000_000_000,
+        gt=0,
+        description="Bytes the cache may hold on one node: 100 GB is a few large models and "
+        "a small share of a GPU node's local NVMe, which jobs also use as scratch.",
+    )
+    bandwidth_bytes_s: float = Field(
+        default=200_000_000,
+        ge=0,
+        description="Bytes a second one staging job reads from the source at most (0: no "
+        "limit): 200 MB/s is a small share of a parallel file system's per-client "
+        "bandwidth, so the training jobs reading it beside are not slowed.",
+    )
+    partition: str | None = Field(
+        default=None,
+        description="Partition of staging jobs; unset: the partition of the target node's "
+        "pool (the job must be allowed on that node).",
+    )
+    account: str | None = Field(
+        default=None,
+        description="Slurm account of staging jobs; unset: `triton.account` (the "
+        "bridge's), so staging is booked to serving.",
+    )
+    qos: str | None = Field(
+        default=None,
+        description="QOS of staging jobs: the site's scavenger/elastic QOS, so they are the "
+        "first preempted and never delay training; unset: the account's default QOS.",
+    )
+    nice: int = Field(
+        default=10000,
+        ge=0,
+        le=2147483645,
+        description="sbatch --nice of staging jobs: far below any other job's priority, so "
+        "a staging job starts only on a node nothing else wants.",
+    )
+    max_jobs: int = Field(
+        default=2,
+        ge=1,
+        description="Staging jobs queued or running at once, in the whole cluster: each "
+        "reads the shared source at `bandwidth_bytes_s`.",
+    )
+    time_limit_min: int = Field(
+        default=120,
+        ge=1,
+        description="Minutes a staging job may run (a 140 GB model at 200 MB/s takes 12).",
+    )
+    sbatch_script: Path = Field(
+        default=Path("deploy/slurm/stage-weights.sbatch"),
+        description="Batch script of staging jobs; relative to the project root.",
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _source_text(cls, source: str | None) -> str | None:
+        if source is not None and (not source or any(c in source for c in ", \t\n")):
+            raise ValueError(
+                f"source {source!r} is empty or holds ',' or white space (sbatch exports "
+                "the job's environment split on ',')"
+            )
+        return source
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _slurm_name(cls, value: str | None) -> str | None:
+        if value is not None and not _NAME.match(value):
+            raise ValueError(f"{value!r} is not a Slurm name (letters, digits, '_', '-', '.')")
+        return value
+
+
 class ObserveConfig(_Strict):
     """Where each tick's latency and load signal comes from."""
 
@@ -873,6 +960,7 @@ class BridgeConfig(BaseSettings):
     observe: ObserveConfig = Field(default_factory=ObserveConfig)
     accounting: AccountingConfig = Field(default_factory=AccountingConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
 
     @field_validator("models", mode="before")
     @classmethod

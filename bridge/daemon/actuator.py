@@ -327,6 +327,7 @@ class Actuator:
             gpus=node.gpus if node else 1,
             partition=pool.partition if submit.reservation else None,
             reservation=submit.reservation,
+            weights_cache=self.config.weights.cache_root,
         )
 
     # ---- routing ------------------------------------------------------------------

@@ -65,11 +65,14 @@ def triton_job(
     name: str | None = None,
     partition: str | None = None,
     reservation: str | None = None,
+    weights_cache: Path | None = None,
 ) -> JobSpec:
     """The JobSpec of one Triton server. `models` empty: every model that loads at start
     (`start_models`). A lent node
     is taken whole (`exclusive`, `gpus` = all of its GPUs) so sacct books all its GPUs to
-    serving and no other job lands beside it."""
+    serving and no other job lands beside it. `weights_cache`: the nodes' weight cache
+    (`[weights] cache_root`): the job reads each model version from its verified local
+    copy there where it has one (`bridge.weights.overlay`)."""
     if not cfg.key_file.exists():
         raise LauncherError(f"the Triton API key file {cfg.key_file} does not exist")
     shim = cfg.key_shim_path
@@ -88,6 +91,8 @@ def triton_job(
         # ';' not ',' between models: sbatch's --export splits on commas
         "STB_MODELS": ";".join(models) if models else "*",
     } | _runtime_env(cfg)
+    if weights_cache is not None:
+        env |= {"STB_WEIGHTS_CACHE": str(weights_cache), "STB_PYTHON": sys.executable}
     tags = [TRITON_TAG, lease_tag(lease) if lease is not None else BASELINE_TAG]
     output = str(cfg.log_dir.resolve() / "triton-%j.log") if cfg.log_dir else None
     return JobSpec(

@@ -105,16 +105,21 @@ def submit(
     gpus: int = 1,
     exclusive: bool = False,
     name: str = "stb-triton",
+    config: TritonJobConfig | None = None,
+    weights_cache: Path | None = None,
 ) -> str:
     """sbatch the Triton job on the infer partition; returns the job id. `models` is
-    "*" or names separated by ','; `exclusive` takes the whole node and all its GPUs."""
+    "*" or names separated by ','; `exclusive` takes the whole node and all its GPUs;
+    `config`: another job configuration (another model repository) than the lab's;
+    `weights_cache`: the node-local weight cache the job reads verified copies from."""
     job = triton_job(
-        job_config(spec),
+        config or job_config(spec),
         node=node,
         models=[] if models == "*" else [m for m in models.split(",") if m],
         exclusive=exclusive,
         gpus=spec.gpus_per_node if exclusive else gpus,
         name=name,
+        weights_cache=weights_cache,
     )
     return SlurmCLI(env=spec.env()).submit(job)
 

@@ -6,6 +6,8 @@ must not see: the publish lock, every published config by version, rolled-back v
 and retired models. A new version is copied into a staging directory inside the model
 directory (not a number, so Triton ignores it), flushed, then renamed to its version
 number in one `rename(2)`; the config is replaced the same way (write, fsync, `replace`).
+Each committed version holds its weights manifest, `stb-weights.json` (`bridge.weights.
+manifest`), written before the rename: what node-local copies are staged and verified by.
 
 One publish at a time: `lock()` holds an flock on the archive's lock file; two publishes of
 one model (or of two models) are serialized, never interleaved.
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from bridge.paths import fsync_dir
+from bridge.weights import manifest as weights_manifest
 
 #: files a model directory may hold besides its versions that are never copied
 _SKIP = {"config.pbtxt", "__pycache__"}
@@ -187,6 +190,13 @@ class ModelRepository:
         if target.exists():
             shutil.rmtree(staging, ignore_errors=True)
             raise RepositoryError(f"{name} version {version} already exists in {self.root}")
+        # the version's weights manifest (bridge.weights): what staging jobs copy and
+        # every node-local copy is verified against
+        try:
+            weights_manifest.write_manifest(staging, name, version)
+        except (weights_manifest.ManifestError, OSError) as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise RepositoryError(f"{name} version {version}: no weights manifest: {exc}") from exc
         previous, previous_config = self.latest(name), self.config_text(name)
         configs = self._archived(name) / "configs"
         configs.mkdir(parents=True, exist_ok=True)

@@ -243,6 +243,8 @@ class SlurmCLI:
             f"--reservation={spec.reservation}" if spec.reservation else None,
             f"--output={spec.output}" if spec.output else None,
             None if spec.time_limit_min is None else f"--time={spec.time_limit_min}",
+            f"--qos={spec.qos}" if spec.qos else None,
+            None if spec.nice is None else f"--nice={spec.nice}",
         )
         argv += [option for option in optional if option is not None]
         argv.append("--export=" + ",".join(["ALL", *(f"{k}={v}" for k, v in spec.env.items())]))

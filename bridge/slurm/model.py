@@ -18,6 +18,10 @@ BRIDGE_TAG = "stb:"
 TRITON_TAG = "stb:triton"
 #: The comment tag of a Triton job the bridge runs as a model's baseline replica.
 BASELINE_TAG = "stb:baseline"
+#: The comment tag of a job that copies model weights into a node's cache
+#: (`bridge.slurm.staging`); its name starts with `STAGING_NAME_PREFIX`.
+STAGING_TAG = "stb:staging"
+STAGING_NAME_PREFIX = "stb-staging"
 #: The comment tag of a lent Triton job: `stb:lease=<lease id>.<creation epoch seconds>`.
 LEASE_TAG_PREFIX = "stb:lease="
 #: How a job reports a checkpoint: `stb:ckpt=<epoch seconds>` in its comment, e.g.
@@ -134,6 +138,10 @@ class JobSpec:
     reservation: str | None = None
     output: str | None = None
     time_limit_min: int | None = None
+    #: Slurm QOS (None: the association's default)
+    qos: str | None = None
+    #: sbatch --nice: lowers the job's priority by this much (None: not given)
+    nice: int | None = None
     env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -164,6 +164,10 @@ class PySlurm:
             desc.standard_output = spec.output
         if spec.time_limit_min is not None:
             desc.time_limit = str(spec.time_limit_min)
+        if spec.qos:
+            desc.qos = spec.qos
+        if spec.nice is not None:
+            desc.nice = spec.nice
         return str(_call("submit", desc.submit))
 
     def cancel(self, job_id: str, *, signal: str | None = None) -> None:

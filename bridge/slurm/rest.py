@@ -274,6 +274,10 @@ def submission(
         job["standard_output"] = spec.output
     if spec.time_limit_min is not None:
         job["time_limit"] = spec.time_limit_min
+    if spec.qos:
+        job["qos"] = spec.qos
+    if spec.nice is not None:
+        job["nice"] = spec.nice
     job.setdefault("current_working_directory", cwd)
     job["environment"] = dict(environment) | spec.env
     return {"script": script, "job": job}

@@ -1,0 +1,155 @@
+"""The node-local weight cache on the lab, end to end with real Slurm, Triton and nginx:
+weighty's 200 MB of weights sit behind a throttled origin (nginx, 20 MB/s a connection);
+a Triton job on the elastic node with an empty cache loads them from the origin (about
+10 s); a staging Slurm job (low priority, tagged stb:staging) copies the version into the
+node's cache meanwhile; the next Triton job there reads the verified local copy (its log
+and the model both say local) several times faster; a corrupted copy is refused by the
+job (its log says why) and the model loads from the origin again."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from bridge.config import WeightsConfig
+from bridge.lab import triton
+from bridge.lab import weights as labweights
+from bridge.lab.slurmctl import slurm
+from bridge.lab.spec import LabSpec
+from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.staging import staging_job, submit_staging
+from bridge.weights import manifest as mf
+from bridge.weights.overlay import sources
+
+from .helpers import until, wait_state
+
+pytestmark = pytest.mark.lab
+
+SIZE = 200 * 10**6
+RATE = 20 * 10**6
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def origin(lab: LabSpec, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    work = tmp_path_factory.mktemp("weights")
+    labweights.build_origin(work / "origin", SIZE)
+    url = f"http://127.0.0.1:{_free_port()}"
+    proc = labweights.start_origin(
+        work / "nginx", work / "origin", int(url.rsplit(":", 1)[1]), RATE
+    )
+    try:
+        yield url, work
+    finally:
+        proc.stop()
+
+
+def _serve(lab: LabSpec, repo: Path, cache: Path, node: str) -> tuple[str, float, np.ndarray, str]:
+    """A Triton job of weighty on `node`: (job id, seconds from submit to ready, the
+    model's answer [source, load_s, bytes], the job's log)."""
+    cfg = triton.job_config(lab).model_copy(update={"model_repository": repo})
+    t0 = time.monotonic()
+    job_id = triton.submit(lab, node=node, models=labweights.MODEL, config=cfg, weights_cache=cache)
+    try:
+        job = triton.wait_ready(lab, job_id, timeout_s=60)
+        took = time.monotonic() - t0
+        client = httpclient.InferenceServerClient(job.http_url)
+        inp = httpclient.InferInput("INPUT0", [1], "FP32")
+        inp.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+        answer = client.infer(labweights.MODEL, [inp]).as_numpy("OUTPUT0")[0]
+        client.close()  # an open connection would hold Triton's exit for its timeout
+    finally:
+        slurm(lab, "scancel", job_id)
+        wait_state(lab, job_id, {""}, 60)
+    log = (lab.log_dir / f"triton-{job_id}.log").read_text(errors="replace")
+    return job_id, took, answer, log
+
+
+def test_a_staged_copy_serves_fast_and_a_corrupt_one_is_refused(
+    lab: LabSpec, origin: tuple[str, Path]
+) -> None:
+    url, work = origin
+    node = lab.pool_nodes("elastic")[0].name
+    repo = labweights.build_repository(work / "repo", url)
+    cache = work / "cache"
+    cache.mkdir()
+
+    # 1. cold: nothing cached; a staging job copies the version while Triton loads
+    cfg = WeightsConfig(cache_root=cache, bandwidth_bytes_s=0)
+    cold_t0 = time.monotonic()
+    cold_job = triton.submit(
+        lab, node=node, models=labweights.MODEL,
+        config=triton.job_config(lab).model_copy(update={"model_repository": repo}),
+        weights_cache=cache,
+    )  # fmt: skip
+    cold_log = lab.log_dir / f"triton-{cold_job}.log"
+    until("the cold job chose its source", lambda: "stb-weights: model=" in (
+        cold_log.read_text(errors="replace") if cold_log.exists() else ""), 30)  # fmt: skip
+    spec = staging_job(cfg, node=node, model=labweights.MODEL, version=1, source=url,
+                       account="bridge", partition="elastic", log_dir=lab.log_dir)  # fmt: skip
+    stage_job = submit_staging(SlurmCLI(env=lab.env()), spec)
+    squeue = slurm(lab, "squeue", "-h", "-j", stage_job, "-o", "%j|%k|%y|%a", check=False)
+    try:
+        cold = triton.wait_ready(lab, cold_job, timeout_s=60)
+        cold_s = time.monotonic() - cold_t0
+        client = httpclient.InferenceServerClient(cold.http_url)
+        inp = httpclient.InferInput("INPUT0", [1], "FP32")
+        inp.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+        cold_answer = client.infer(labweights.MODEL, [inp]).as_numpy("OUTPUT0")[0]
+        client.close()
+    finally:
+        slurm(lab, "scancel", cold_job)
+    wait_state(lab, stage_job, {""}, 60)
+    wait_state(lab, cold_job, {""}, 60)
+    assert sources(cold_log.read_text()) == {labweights.MODEL: (1, "shared")}
+    assert cold_answer[0] == 0.0 and cold_answer[2] == SIZE  # from the origin, all of it
+    assert cold_answer[1] >= 0.8 * SIZE / RATE  # throttled: ~10 s
+    if squeue:  # seen queued or running: the name, the nice value and the account
+        name, comment, nice, account = squeue.strip().split("|")
+        assert (name, comment, int(nice), account) == (
+            "stb-staging-weighty-1",
+            "stb:staging",
+            10000,
+            "bridge",
+        )
+    stage_log = (lab.log_dir / f"stage-{stage_job}.log").read_text()
+    assert "stb-weights: staged model=weighty version=1" in stage_log, stage_log
+    assert "copied=yes" in stage_log
+    copy = cache / labweights.MODEL / "1"
+    assert mf.verify(copy, labweights.MODEL, 1).ok
+    assert mf.read(copy).source == url
+
+    # 2. warm: the verified local copy
+    _, warm_s, warm_answer, warm_log = _serve(lab, repo, cache, node)
+    assert sources(warm_log) == {labweights.MODEL: (1, "local")}, warm_log
+    assert warm_answer[0] == 1.0 and warm_answer[2] == SIZE
+    assert warm_answer[1] < 2.0, warm_answer  # the model's own load
+    assert warm_s < cold_s / 2, (warm_s, cold_s)
+
+    # 3. a corrupted copy (same size, one byte flipped) is refused: the origin again
+    blob = copy / labweights.WEIGHTS
+    with open(blob, "r+b") as f:
+        f.seek(SIZE // 2)
+        byte = f.read(1)
+        f.seek(SIZE // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    _, bad_s, bad_answer, bad_log = _serve(lab, repo, cache, node)
+    assert sources(bad_log) == {labweights.MODEL: (1, "shared")}, bad_log
+    assert "sha256" in bad_log and "the manifest says" in bad_log
+    assert bad_answer[0] == 0.0 and bad_answer[2] == SIZE
+    print(
+        f"\nweights lab: {SIZE / 1e6:.0f} MB at {RATE / 1e6:.0f} MB/s: submit->ready cold "
+        f"{cold_s:.1f} s (model load {cold_answer[1]:.1f} s), local {warm_s:.1f} s (model "
+        f"load {warm_answer[1]:.2f} s), corrupt copy refused {bad_s:.1f} s"
+    )
