@@ -21,7 +21,17 @@ Usage:
     STB_TRACES_DIR=... .venv/bin/python bench/elasticity.py [--days 3] [--nodes 128]
         [--load 1.1] [--workloads azure,ramps,bursty] [--load-s 0,300] [--mean-rps 3000]
         [--placement on|off|on,off] [--seasonal on|off|on,off] [--mix]
-        [--lend-cap peak,share:0.5,share:1] [--reserve mean|peak|pNN|N] [--cache off,4:10]
+        [--lend-cap peak,share:0.5,share:1] [--reserve mean|peak|pNN|N]
+        [--cache off,4:10,stage:4:10] [--stage-mbps 250] [--weights-gb 140]
+`--cache` (issue 31), a bridge row each: off (every load from the shared repository at
+--load-s), N:S (each node keeps the weights of the N models it served last and loads
+them in S seconds: `Timing.cache_models`), stage:N:S (the same cache, N models of
+--weights-gb each, with the weights staged ahead of the forecast's lends at --stage-mbps
+per node: `bridge.sim.weights`). The policy prefers the nodes holding a lend's weights
+and plans its lead time on them in both cache rows. `--warmup-s` (default an hour): the
+"warm" column is the requests within SLO after it (every row, separate-peak's too): a
+run starts cold (no forecast, empty caches, the bridge's reserved pool under the load),
+which one simulated day weighs heavily.
 The azure workload (the shared traces: Azure arrivals, Alibaba jobs) needs
 STB_TRACES_DIR; without it, it is left out (said on stderr). The other workloads take
 their jobs from the Alibaba trace too where STB_TRACES_DIR is set, else generate them.
@@ -31,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import statistics
 import sys
 import time
@@ -42,12 +53,18 @@ from bridge.sim.engine import Setup, Timing
 from bridge.sim.measures import lost_share, wait_mean_s
 from bridge.sim.policies import compare
 from bridge.sim.result import PolicyResult
+from bridge.sim.weights import DEFAULT_MODEL_BYTES, DEFAULT_STAGE_BYTES_S, WeightCache
 
 DAY_S = 86400.0
 #: a lend this soon after a return counts as a re-lend (issue 29: 81% on a bursty trace)
 RELEND_S = 900.0
 #: `--mix`: model i's (SLO ms, service ms), cycled
 MIX = ((100.0, 20.0), (250.0, 40.0), (150.0, 30.0), (400.0, 60.0))
+
+
+def _pct(share: float | None) -> str:
+    """A share as a percentage with two decimals ("-": none)."""
+    return "-" if share is None else f"{100 * share:.2f}"
 
 
 def _lost_pct(r: PolicyResult) -> float:
@@ -73,18 +90,57 @@ def flapping(r: PolicyResult) -> tuple[float, float | None]:
     return soon / lends, (statistics.median(gaps) if gaps else None)
 
 
-def _cache(text: str) -> tuple[int, float]:
-    """`--cache`'s value: off -> (0, 0.0); N:S -> (N, S)."""
+def _cache(text: str) -> tuple[int, float, bool]:
+    """`--cache`'s value: off -> (0, 0.0, False); N:S -> (N, S, False); stage:N:S ->
+    (N, S, True)."""
     if text == "off":
-        return 0, 0.0
+        return 0, 0.0, False
+    staging = text.startswith("stage:")
     try:
-        n, sec = text.split(":")
-        cache = int(n), float(sec)
+        n, sec = text.removeprefix("stage:").split(":")
+        cache = int(n), float(sec), staging
     except ValueError:
-        sys.exit(f"--cache takes off or N:S (models kept, local load seconds), got {text!r}")
+        sys.exit(
+            f"--cache takes off, N:S or stage:N:S (models kept, local load seconds), got {text!r}"
+        )
     if cache[0] < 1 or cache[1] < 0:
         sys.exit(f"--cache N:S needs N >= 1 and S >= 0, got {text!r}")
     return cache
+
+
+def timing(
+    models: list[str], load_s: float, cache: tuple[int, float, bool], gb: float, mbps: float
+) -> Timing | None:
+    """The run's timing: every model loading in `load_s` from the shared repository, and
+    the cache `--cache` names (None: the default timing, no load time)."""
+    if not load_s:
+        return None
+    n, local, staging = cache
+    weights = (
+        WeightCache(default_bytes=gb * 1e9, budget_bytes=n * gb * 1e9, stage_bytes_s=mbps * 1e6)
+        if staging
+        else None
+    )
+    return Timing(
+        model_load_s=dict.fromkeys(models, load_s),
+        cache_models=0 if staging else n,
+        local_load_s=dict.fromkeys(models, local),
+        weights=weights,
+    )
+
+
+def _cache_label(cache: tuple[int, float, bool]) -> str:
+    n, local, staging = cache
+    if not n:
+        return ""
+    return f", {'staged' if staging else 'cache'} {n}:{local:g}"
+
+
+def _cache_key(cache: tuple[int, float, bool]) -> str:
+    n, local, staging = cache
+    if not n:
+        return ""
+    return f"_{'stage' if staging else 'cache'}{n}_{local:g}"
 
 
 def places(r: PolicyResult) -> int:
@@ -120,9 +176,28 @@ def main() -> None:
     parser.add_argument(
         "--cache",
         default="off",
-        help="node-local weight caches, comma-separated, a bridge row each: off, or N:S (each "
+        help="node-local weight caches, comma-separated, a bridge row each: off, N:S (each "
         "node keeps the weights of the N models it served last and loads them in S seconds "
-        "instead of --load-s: `Timing.cache_models`, `local_load_s`)",
+        "instead of --load-s: `Timing.cache_models`, `local_load_s`), or stage:N:S (the same, "
+        "with weights staged ahead of the forecast's lends: `bridge.sim.weights`)",
+    )
+    parser.add_argument(
+        "--stage-mbps",
+        type=float,
+        default=DEFAULT_STAGE_BYTES_S / 1e6,
+        help="stage:N:S's staging bandwidth per node, MB/s",
+    )
+    parser.add_argument(
+        "--weights-gb",
+        type=float,
+        default=DEFAULT_MODEL_BYTES / 1e9,
+        help="each model's weights, GB (stage:N:S: a node's budget is N of them)",
+    )
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=3600.0,
+        help="the warm column leaves out the requests of the run's first this many seconds",
     )
     args = parser.parse_args()
     placements = [p == "on" for p in args.placement.split(",") if p in ("on", "off")]
@@ -151,8 +226,8 @@ def main() -> None:
         f"4 models (m0 {args.mean_rps:g} req/s mean{', a mix of objectives' if args.mix else ''})"
     )
     print(
-        f"{'workload':<9}{'load_s':>7} {'set-up':<17}{'req in SLO':>11}{'min in SLO':>11}"
-        f"{'job wait':>10}{'/peak':>6}{'lost':>7}{'lends/d':>8}{'re-lend':>8}{'gap':>7}"
+        f"{'workload':<9}{'load_s':>7} {'set-up':<22}{'req in SLO':>11}{'min in SLO':>11}"
+        f"{'warm':>8}{'job wait':>10}{'/peak':>6}{'lost':>7}{'lends/d':>8}{'re-lend':>8}{'gap':>7}"
         f"{'places/d':>9}"
     )
     figures: list[str] = []
@@ -165,13 +240,13 @@ def main() -> None:
                     days=args.days, nodes=args.nodes, gpus_per_node=8, rates=rates,
                     slo_ms=100.0, service_ms=20.0, arrivals=workload, arrivals_trace=None,
                     jobs=jobs, jobs_trace=None, load=args.load, policies=policies,
-                    timing=Timing(
-                        model_load_s=dict.fromkeys(rates, load_s), cache_models=cache[0],
-                        local_load_s=dict.fromkeys(rates, cache[1]),
-                    ) if load_s else None,
+                    timing=timing(
+                        list(rates), load_s, cache, args.weights_gb, args.stage_mbps
+                    ),
                     policy=policy(placing, seasonal), models=models, lend_cap=cap,
                     reserve=args.reserve,
                 )  # fmt: skip
+                scenario = dataclasses.replace(scenario, warmup_s=args.warmup_s)
                 results = compare(scenario, policies).results
                 if i == 0:
                     peak = results[0]
@@ -183,14 +258,15 @@ def main() -> None:
                     ("bridge" if placing else "bridge, no place")
                     + ("" if seasonal else ", no season")
                     + ("" if cap == "peak" else f" {cap}")
-                    + ("" if not cache[0] else f", cache {cache[0]}:{cache[1]:g}")
+                    + _cache_label(cache)
                 )
                 for r in results:
                     share, gap = flapping(r)
                     label = name if r is bridge else r.policy
                     print(
-                        f"{workload:<9}{load_s:>7g} {label:<17}{100 * r.within_share:>10.2f}%"
-                        f"{100 * r.minutes_share:>10.1f}%{wait_mean_s(r):>9.0f}s"
+                        f"{workload:<9}{load_s:>7g} {label:<22}{100 * r.within_share:>10.2f}%"
+                        f"{100 * r.minutes_share:>10.1f}%{_pct(r.warm_share):>8}"
+                        f"{wait_mean_s(r):>9.0f}s"
                         f"{wait_mean_s(r) / max(peak_wait, 1e-9):>6.2f}{_lost_pct(r):>6.2f}%"
                         f"{r.lends / args.days:>8.0f}{100 * share:>7.0f}%"
                         f"{'-' if gap is None else f'{gap:.0f}s':>7}"
@@ -202,11 +278,13 @@ def main() -> None:
                     + ("" if placing else "_noplace")
                     + ("" if seasonal else "_noseason")
                     + ("" if cap == "peak" else "_cap" + cap.replace(":", "").replace(".", "p"))
-                    + ("" if not cache[0] else f"_cache{cache[0]}_{cache[1]:g}")
+                    + _cache_key(cache)
                 )
                 figures.append(
                     f"{key}_peak_within={100 * peak.within_share:.2f} "
                     f"{key}_within={100 * bridge.within_share:.2f} "
+                    f"{key}_peak_warm_within={_pct(peak.warm_share)} "
+                    f"{key}_warm_within={_pct(bridge.warm_share)} "
                     f"{key}_wait_ratio={wait_mean_s(bridge) / max(peak_wait, 1e-9):.2f} "
                     f"{key}_lost_pct={_lost_pct(bridge):.2f} "
                     f"{key}_lends_per_day={bridge.lends / args.days:.0f} "

@@ -60,12 +60,14 @@ from bridge.daemon.planner import LeaseRecord, Settings, Step, SubmitBaseline
 from bridge.daemon.report import StepError, TickReport, first_line
 from bridge.daemon.rollouts import RolloutDriver
 from bridge.daemon.seasons import SeasonKeeper
+from bridge.daemon.staging import Stager
 from bridge.leases.errors import LeaseError
 from bridge.leases.leader import Fenced
 from bridge.leases.loads import LoadStore
 from bridge.leases.rates import RateStore
 from bridge.leases.requests import OperatorRequest, PoolHold, RequestQueue, lease_key
 from bridge.leases.store import LeaseStore
+from bridge.leases.weights import WeightStore
 from bridge.lifecycle import LeaseState
 from bridge.policy import Lend, Place, Return, StartBaseline, decide
 from bridge.policy.forecast import next_lead
@@ -223,6 +225,14 @@ def policy_snapshot(
     return snap
 
 
+def with_cached(snap: Snapshot, cached: Mapping[str, frozenset[str]]) -> Snapshot:
+    """`snap` with each node's `cached` models (`Stager.cached`)."""
+    if not cached:
+        return snap
+    nodes = tuple(replace(n, cached=cached.get(n.name, frozenset())) for n in snap.nodes)
+    return replace(snap, nodes=nodes)
+
+
 class Reconciler:
     def __init__(
         self,
@@ -264,6 +274,12 @@ class Reconciler:
         #: carries out model placements (`Place`, `stb place`) and finishes those under way
         self.placer = Placer(
             self.actuator, store, self.settings, self._gained, loaded=self.loads.placed
+        )
+        #: keeps the lendable nodes' weight caches staged (None: no `[weights] cache_root`)
+        self.stager = (
+            Stager(config, slurm, WeightStore.beside(store))
+            if config.weights.cache_root is not None
+            else None
         )
         self._recalled = False
         #: the last pass's observation (for tools and tests that want the same view)
@@ -339,11 +355,15 @@ class Reconciler:
             act.preemptions_since(t - 3600.0),
             held,
         )
+        if self.stager is not None:  # the nodes' weight caches, as of the last plan
+            snap = with_cached(snap, self.stager.cached())
         self.last_snapshot = snap
         self.seasons.write(now)
         report.actions = decide(snap, self.config, t)
         for action in report.actions:
             self._act(action, obs, now, report)
+        if self.stager is not None:
+            self.stager.tick(snap, now, report)
         if self.rollouts is not None:
             self.rollouts.tick(obs, _slo_of(obs), now, report, lambda: self._publish(report))
         self._route(report)

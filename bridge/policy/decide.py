@@ -37,7 +37,9 @@ Rules, in order, each tick:
    flight and past its `scale_out_cooldown_s`, gets one more node.
 
 Nodes are taken cheapest first (`bridge.policy.nodes`): idle before busy, elastic before
-training, the least work lost, within the hour's preemption budget.
+training, within a cost rank the nodes whose weight cache holds the lends' models (issue
+31), the least work lost, within the hour's preemption budget; each lend is then given
+the node, of those taken, where its own models load soonest (`_match`).
 
 Each model's SLO, replica bounds and instances are `snapshot.models`: the model
 repository's facts with the TOML's overrides (`bridge.modelfacts`); a model not there
@@ -68,9 +70,9 @@ from bridge.policy.hysteresis import (
     ticks,
     token_ratio,
 )
-from bridge.policy.nodes import choose_nodes
+from bridge.policy.nodes import choose_nodes, load_on
 from bridge.policy.returns import break_even_s, dwell_s
-from bridge.policy.snapshot import Snapshot
+from bridge.policy.snapshot import NodeView, Snapshot
 from bridge.policy.timing import lead_s
 
 #: a drain lend still waiting for its node: decided, or its Triton job pending
@@ -577,15 +579,25 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
     actions.extend(plan.returns)
     actions.extend(plan.placements)
     freed = frozenset(r.lease_id for r in plan.returns)
-    targets = choose_nodes(snapshot, config, now, len(plan.wanted), freed=freed)
-    for node, models in zip(targets, plan.wanted, strict=False):
+    lent_for = list(dict.fromkeys(m for models in plan.wanted for m in models))
+    targets = choose_nodes(snapshot, config, now, len(plan.wanted), freed=freed, models=lent_for)
+    for node, models in _match(snapshot, targets, plan.wanted):
         reason = "capacity: " + _rates(plan.demand, models)
         actions.append(
             Lend(node.name, node.pool, config.pools[node.pool].lend_mode, models, reason)
         )
     if plan.backstop and len(targets) == len(plan.wanted):
         taken = frozenset(n.name for n in targets)
-        spare = choose_nodes(snapshot, config, now, 1, waiting=True, taken=taken, freed=freed)
+        spare = choose_nodes(
+            snapshot,
+            config,
+            now,
+            1,
+            waiting=True,
+            taken=taken,
+            freed=freed,
+            models=plan.backstop,
+        )
         if spare:
             node, models = spare[0], tuple(plan.backstop)
             reason = _breach_reason(snapshot, models[0], policy.breach_evaluations)
@@ -593,3 +605,20 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
                 Lend(node.name, node.pool, config.pools[node.pool].lend_mode, models, reason)
             )
     return actions
+
+
+def _match(
+    snapshot: Snapshot, targets: Sequence[NodeView], wanted: Sequence[tuple[str, ...]]
+) -> list[tuple[NodeView, tuple[str, ...]]]:
+    """The nodes taken for the lends of `wanted` (as many as were found, the cheapest
+    first), each lend in its order given the node left where its own models load soonest
+    (`load_on`; the first of equals): the nodes in their order when none holds weights."""
+    if not any(node.cached for node in targets):
+        return list(zip(targets, wanted, strict=False))
+    left = list(targets)
+    pairs: list[tuple[NodeView, tuple[str, ...]]] = []
+    for models in wanted[: len(targets)]:
+        loads = [load_on(n, models, snapshot.load_s, snapshot.local_load_s) for n in left]
+        node = left.pop(loads.index(min(loads)))
+        pairs.append((node, models))
+    return pairs

@@ -4,14 +4,23 @@ each job's start or last reported checkpoint). Never a node in a site reservatio
 held, never one with a job requeued within `preempt_guard_s` or requeued
 `max_requeues_per_job` times, and never more victims than the hour's
 `max_preemptions_per_hour` budget leaves, and never more of a pool than its lend share
-(`max_lent_share`) lets the bridge hold lent (`share_room`). Pure; `decide` and the
-advisory pass call it."""
+(`max_lent_share`) lets the bridge hold lent (`share_room`).
+
+Within a cost rank, idle or busy alike, the nodes whose local weight cache
+(`NodeView.cached`) makes the lend's models load soonest go first (`load_on`: the slowest
+of them, each at its local load time where the node holds its weights, else at its
+shared one; then, among idle nodes, the more of the lend's models held; among busy ones
+the least work lost), so a lend lands where its weights are staged: a preemption loses
+its victims' work on whichever node it takes, a load from the shared repository costs
+every lend's requests minutes. Without caches every node loads alike and the order is
+the one above. Pure; `decide`, the advisory pass and the weight-cache plan's lend order
+call it."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from bridge.config import BridgeConfig
 from bridge.policy.snapshot import NodeView, Snapshot
@@ -50,6 +59,25 @@ def share_room(
     return {p: max(0, math.floor(f * size[p] + 1e-9) - lent[p]) for p, f in capped.items()}
 
 
+def load_on(
+    node: NodeView,
+    models: Collection[str],
+    load_s: Mapping[str, float],
+    local_load_s: Mapping[str, float],
+) -> float:
+    """Seconds the slowest of `models` takes to load on `node`: a model whose weights the
+    node's cache holds (`NodeView.cached`) at its `local_load_s` where known, every other
+    at its shared `load_s` (0: none measured)."""
+    cached = node.cached
+    return max(
+        (
+            local_load_s[m] if m in cached and m in local_load_s else load_s.get(m, 0.0)
+            for m in models
+        ),
+        default=0.0,
+    )
+
+
 def requeued_recently(node: NodeView, now: float, guard_s: float) -> bool:
     return any(
         j.restarts > 0 and j.submitted_at is not None and now - j.submitted_at < guard_s
@@ -78,12 +106,14 @@ def choose_nodes(
     waiting: bool = False,
     taken: frozenset[str] = frozenset(),
     freed: frozenset[int] = frozenset(),
+    models: Collection[str] = (),
 ) -> list[NodeView]:
     """Up to `count` nodes to lend, cheapest first (see the module docstring). A busy
     drain-mode node serves only once its jobs end (hours, maybe): it is a candidate only
     with `waiting` (the backstop), never for a capacity deficit that must be met now.
     `taken`: nodes this tick lends already; `freed`: leases this tick returns (their
-    pool's `max_lent_share` room is free again)."""
+    pool's `max_lent_share` room is free again); `models`: the models the lends are for
+    (the idle nodes holding their weights first within a cost rank; none: by name)."""
     if count <= 0:
         return []
     policy = config.policy
@@ -95,7 +125,8 @@ def choose_nodes(
     room = share_room(snapshot, config, freed=freed, taken=taken)
     if room is not None:  # a pool whose share is lent already lends no more
         lendable = {name: rank for name, rank in lendable.items() if room.get(name, 1) > 0}
-    idle: list[tuple[int, str, NodeView]] = []
+    idle: list[tuple[int, float, int, str, NodeView]] = []
+    load_s, local_load_s = snapshot.load_s, snapshot.local_load_s
     busy_nodes: list[NodeView] = []
     for node in snapshot.nodes:
         rank = lendable.get(node.pool)
@@ -104,15 +135,23 @@ def choose_nodes(
         if not node.usable or node.reserved or node.has_triton or node.name in leased:
             continue
         if not node.jobs:
-            idle.append((rank, node.name, node))
+            if models and node.cached:
+                load = load_on(node, models, load_s, local_load_s)
+                held = sum(1 for m in models if m in node.cached)
+            else:  # (no cache: every such node alike, the shared loads)
+                load, held = -1.0, 0
+            idle.append((rank, load, -held, node.name, node))
         else:
             busy_nodes.append(node)
-    idle.sort(key=lambda t: (t[0], t[1]))
+    if models and any(t[1] >= 0.0 for t in idle):
+        shared = max((load_s.get(m, 0.0) for m in models), default=0.0)
+        idle = [(r, shared if load < 0.0 else load, h, n, v) for r, load, h, n, v in idle]
+    idle.sort(key=lambda t: t[:4])
     if room is None:
-        chosen = [t[2] for t in idle[:count]]
+        chosen = [t[4] for t in idle[:count]]
     else:
         chosen = []
-        for _, _, node in idle:
+        for *_, node in idle:
             if len(chosen) == count:
                 break
             if node.pool not in room:
@@ -123,19 +162,23 @@ def choose_nodes(
     if len(chosen) == count:
         # enough idle nodes: the busy ones' checks and work lost would go unread
         return chosen
-    busy: list[tuple[int, float, str, NodeView]] = []
+    busy: list[tuple[int, float, float, str, NodeView]] = []
     for node in busy_nodes:
         rank = lendable[node.pool]
+        load = load_on(node, models, load_s, local_load_s) if models and node.cached else -1.0
         if config.pools[node.pool].lend_mode == "preempt":
             if len(node.jobs) > budget or requeued_recently(node, now, policy.preempt_guard_s):
                 continue
             if any(j.restarts >= policy.max_requeues_per_job for j in node.jobs):
                 continue
-            busy.append((rank, work_lost(node, now), node.name, node))
+            busy.append((rank, load, work_lost(node, now), node.name, node))
         elif waiting:
-            busy.append((rank, 0.0, node.name, node))
-    busy.sort(key=lambda t: (t[0], t[1], t[2]))
-    for _, _, _, node in busy:
+            busy.append((rank, load, 0.0, node.name, node))
+    if models and any(t[1] >= 0.0 for t in busy):
+        shared = max((load_s.get(m, 0.0) for m in models), default=0.0)
+        busy = [(r, shared if load < 0.0 else load, w, n, v) for r, load, w, n, v in busy]
+    busy.sort(key=lambda t: t[:4])
+    for *_, node in busy:
         if len(chosen) == count:
             break
         victims = len(node.jobs) if config.pools[node.pool].lend_mode == "preempt" else 0

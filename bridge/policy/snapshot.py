@@ -55,6 +55,10 @@ class NodeView:
     #: in a site reservation (maintenance, a team's) that is active or starts soon: never
     #: lent, however cheap
     reserved: bool = False
+    #: the models whose weights the node's local cache holds complete and verified
+    #: (issue 31: a lend of them loads from there, at `Snapshot.local_load_s`); empty:
+    #: none, or a site without node-local caches
+    cached: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -184,8 +188,9 @@ class Snapshot:
     returns: Mapping[str, ReturnHistory] = field(default_factory=dict)
     #: per model, its request rate's per-minute peaks (the return's rate over a long dwell)
     peaks: Mapping[str, RatePeaks] = field(default_factory=dict)
-    #: per model, its measured load time in seconds (a placement's `load_model`, a lend's
-    #: start); a model not here has none measured (`bridge.policy.timing`)
+    #: per model, its measured load time in seconds from the shared model repository (a
+    #: placement's `load_model`, a lend's start on a node without its weights); a model
+    #: not here has none measured (`bridge.policy.timing`)
     load_s: Mapping[str, float] = field(default_factory=dict)
     #: per pool, the slowest known load of the models of the lends measured into `lend_s`
     #: (the load `lend_s` already holds)
@@ -196,3 +201,7 @@ class Snapshot:
     #: per LLM (a model with a token objective), its replica's measured token profile
     #: (`bridge.models.profile`); an LLM not here is sized by its measured TTFT/TPOT alone
     token_profiles: Mapping[str, TokenProfile] = field(default_factory=dict)
+    #: per model, its measured load time in seconds from a node's local weight cache
+    #: (a start on a node whose `NodeView.cached` holds it); a model not here loads at
+    #: its `load_s` wherever it starts (`bridge.policy.timing`)
+    local_load_s: Mapping[str, float] = field(default_factory=dict)

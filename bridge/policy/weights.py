@@ -20,12 +20,24 @@ The rule, greedy and deterministic:
 
 Eviction frees only what a stage needs: a node keeps the unwanted copies it has room
 for (a later forecast may want them again). Sizes are bytes; `last_used` epoch seconds.
+
+The plan's inputs, pure too: `lend_order` (the nodes `choose_nodes` would take, in its
+order, for the wanted models, then the nodes lent now: their copies count, and they come
+back) and `expected_lends` (per model the lent replicas the capacity model would add at
+the forecast's rates: `Wanted.replicas`). The simulator plans with them
+(`bridge.sim.weights`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+
+from bridge.config import BridgeConfig
+from bridge.policy import capacity
+from bridge.policy.hysteresis import service_s
+from bridge.policy.nodes import choose_nodes
+from bridge.policy.snapshot import NodeView, Snapshot
 
 #: (model, version)
 VersionKey = tuple[str, str]
@@ -150,3 +162,58 @@ def plan_cache(
             need[w.key] -= 1
     unplaced = tuple((w.key, need[w.key]) for w in order if need[w.key] > 0)
     return CachePlan(tuple(stages), tuple(evicts), unplaced)
+
+
+def expected_lends(
+    snapshot: Snapshot, config: BridgeConfig, rates: Mapping[str, float]
+) -> dict[str, int]:
+    """Per model the policy scales, the lent replicas that would carry it at `rates` (req/s,
+    the forecast's: a model not given, or without a measured compute time, is left out):
+    the nodes `capacity.plan_nodes` adds to the baseline replicas (those of no lease) for
+    `capacity_headroom` x the rate, up to `max_lent_nodes` and each model's
+    `max_replicas`, as decide's capacity lend would. Models with none are left out."""
+    policy = config.policy
+    demand: dict[str, capacity.Demand] = {}
+    for name, model in snapshot.models.items():
+        rate = rates.get(name)
+        svc = service_s(snapshot.history.get(name, ()))
+        if rate is None or svc is None or not model.has_request_slo:
+            continue
+        demand[name] = capacity.Demand(
+            rate * policy.capacity_headroom, svc, model.slo_p99_ms / 1000.0, model.instances
+        )
+    if not demand:
+        return {}
+    base: dict[tuple[tuple[str, ...], int], int] = {}
+    for r in snapshot.replicas:
+        if r.lease_id is None:
+            key = (tuple(sorted(set(r.models))), r.gpus)
+            base[key] = base.get(key, 0) + 1
+    groups = [capacity.Group(models, n, gpus) for (models, gpus), n in base.items()]
+    gpus = max((r.gpus for r in snapshot.replicas), default=1)
+
+    def room(m: str, n: int) -> bool:
+        return n < snapshot.models[m].max_replicas
+
+    nodes = capacity.plan_nodes(
+        groups, demand, [gpus] * policy.max_lent_nodes, room, policy.service_cv2
+    )
+    out: dict[str, int] = {}
+    for models in nodes:
+        for m in models:
+            out[m] = out.get(m, 0) + 1
+    return out
+
+
+def lend_order(
+    snapshot: Snapshot, config: BridgeConfig, now: float, models: Collection[str]
+) -> list[NodeView]:
+    """The lendable nodes in the order lends of `models` would take them
+    (`choose_nodes`, which prefers the nodes holding their weights, so a staged node stays
+    first), then the nodes lent now (by name): the plan's `nodes`."""
+    count = sum(1 for n in snapshot.nodes if n.pool in config.pools)
+    order = choose_nodes(snapshot, config, now, count, models=models)
+    seen = {n.name for n in order}
+    leased = {lease.node for lease in snapshot.leases}
+    lent = sorted((n for n in snapshot.nodes if n.name in leased), key=lambda n: n.name)
+    return order + [n for n in lent if n.name not in seen]

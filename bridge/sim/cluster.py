@@ -4,8 +4,8 @@ ends, requeues becoming eligible, Triton jobs starting and ending), and Slurm sc
 when events arrive (a pass per instant with events: `bridge.sim.fleet`); a Triton job
 starts on its node after the lab's measured delay (a preempt-mode lend's node has its
 jobs requeued then; a drain-mode lend's job waits until its node is free), its server is
-ready `triton_ready_s` later (plus its models' load), and it ends `cancel_s` after its
-cancel.
+ready `triton_ready_s` later (plus its models' load, from its node's weight cache or the
+shared repository: `bridge.sim.weights`), and it ends `cancel_s` after its cancel.
 
 `Cluster` is the engine's base (`bridge.sim.engine.Engine`, which adds the bridge: its
 ticks, leases and policy); `SimLease` is a simulated lease, its modelled times those of
@@ -29,6 +29,7 @@ from bridge.policy import LeaseView
 from bridge.policy.leasesync import ModelledLease
 from bridge.sim.fleet import Fleet, JobRun, SimNode
 from bridge.sim.setup import Setup
+from bridge.sim.weights import NodeCaches
 
 
 @dataclass(eq=False)
@@ -44,6 +45,9 @@ class SimLease(ModelledLease):
     queued: bool = field(default=False, kw_only=True)
     #: a drain lease found its node busy when it was made (it waited for the jobs)
     waited: bool = field(default=False, kw_only=True)
+    #: the seconds its models' load took on its node (from its cache or the shared
+    #: repository: `bridge.sim.weights`), set when its Triton job runs
+    held_load_s: float = field(default=0.0, kw_only=True)
 
     @classmethod
     def born(
@@ -110,6 +114,13 @@ class Cluster:
             node.triton = True
         self.fleet = Fleet(
             self.nodes, runs, setup.timing.requeue_delay_s, checkpoint_s=setup.checkpoint_s
+        )
+        #: the nodes' weight caches (`bridge.sim.weights`); None: every load is shared
+        spec = setup.timing.cache()
+        self.caches = (
+            None
+            if spec is None
+            else NodeCaches(spec, setup.timing.model_load_s, setup.timing.local_load_s)
         )
         #: indexes of the nodes whose jobs changed since the policy's last view of them
         self.stale: set[int] = set()
@@ -200,9 +211,15 @@ class Cluster:
             lease.running_at = self.now
             timing = self.s.timing
             models = lease.view.models
-            ready = timing.triton_ready_s + timing.load_s(models, node.weights)
-            timing.remember(node.weights, models)
-            lease.ready_at = self.now + ready
+            caches = self.caches
+            if caches is None:
+                load = timing.load_s(models)
+            else:
+                load = caches.load_s(node, models, self.now)
+            lease.held_load_s = load
+            lease.ready_at = self.now + timing.triton_ready_s + load
+            if caches is not None:
+                caches.served(node, models, self.now, lease.ready_at)
             self.dirty_sched = True
         elif kind == "triton_gone":
             lease = payload

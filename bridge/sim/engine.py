@@ -72,7 +72,7 @@ from bridge.policy.leasesync import (
 from bridge.policy.returns import PeakLog, ReturnLog
 from bridge.policy.seasonal import SeasonLog
 from bridge.policy.steps import Cancel, RouteIn, RouteOut, Step
-from bridge.policy.timing import slowest_load
+from bridge.policy.timing import pool_slowest
 from bridge.sim.cluster import Cluster, SimLease
 from bridge.sim.fleet import SimNode
 from bridge.sim.quiet import LeaseFacts, QuietProof
@@ -164,6 +164,8 @@ class Engine(Cluster):
         self.policy_nodes = [n for n in self.nodes if n.pool in cfg.pools]
         self.view_at = {n.index: i for i, n in enumerate(self.policy_nodes)}
         self.views: list[NodeView] = [self._node_view(n) for n in self.policy_nodes]
+        #: `views` as a tuple, made again when a view changes (`_nodes`)
+        self.node_views = tuple(self.views)
         self.tally = Tally()
         #: per pool, the running estimate of lend-to-serving seconds (as the daemon keeps)
         self.lend_s: dict[str, float] = {}
@@ -171,6 +173,9 @@ class Engine(Cluster):
         self.lend_load_s: dict[str, float] = {}
         #: per model, its load time as the daemon would have measured it (`--load-s`)
         self.load_s = dict(setup.timing.model_load_s)
+        #: per model, its load time from a node's cache (the snapshots' `local_load_s`;
+        #: empty without caches)
+        self.local_load_s = dict(setup.timing.local_load_s) if self.caches is not None else {}
         #: (old, new) -> how many times a lease made that move in this run
         self.moves: Counter[tuple[LeaseState, LeaseState]] = Counter()
         #: leases mid-placement: id -> (when its gained models are loaded, the models its
@@ -225,9 +230,13 @@ class Engine(Cluster):
         kept = tuple(m for m in old if m in models)
         gained = [m for m in models if m not in old]
         lease.view = replace(lease.view, models=models)
-        timing = self.s.timing
-        load = timing.load_s(gained, lease.node.weights)
-        timing.remember(lease.node.weights, gained)
+        caches = self.caches
+        if caches is None:
+            load = self.s.timing.load_s(gained)
+        else:
+            load = caches.load_s(lease.node, gained, self.now)
+            caches.served(lease.node, gained, self.now, self.now + load)
+            self._touch([lease.node])
         if load > 0:
             self._relayout(lease, old, kept)
             self.loading[lease.view.id] = (self.now + load, kept)
@@ -276,7 +285,7 @@ class Engine(Cluster):
         if move.new == LeaseState.SERVING and not lease.waited:
             took = self.now - view.created_at
             self.lend_s[view.pool] = next_lead(self.lend_s.get(view.pool), took)
-            held = slowest_load(self.load_s, view.models)
+            held = lease.held_load_s  # (from its node's cache or the shared repository)
             self.lend_load_s[view.pool] = next_lead(self.lend_load_s.get(view.pool), held)
         elif move.new == LeaseState.RETURNED:
             node = lease.node
@@ -363,6 +372,22 @@ class Engine(Cluster):
                 node_name, models = view.node, view.models
             tally.decisions.append(Decision(now, kind, node_name, models, action.reason))
 
+    # ---- weight caches -----------------------------------------------------------------
+
+    def _weights(self) -> None:
+        """The nodes' caches this tick (`bridge.sim.weights`): copies that became usable
+        change their nodes' views; the models' rates feed the forecast; the cache plan
+        runs when due, on a snapshot with the nodes, and is carried out."""
+        caches = self.caches
+        assert caches is not None
+        self.stale.update(caches.ready(self.now))
+        if not caches.staging:
+            return
+        caches.observe(self.now, {m: h[-1].request_rate for m, h in self.history.items() if h})
+        if caches.plan_due(self.now):
+            self.stale.update(caches.plan(self.snapshot(), self.s.config, self.now, self.by_name))
+            self.stale.update(caches.ready(self.now))
+
     # ---- decide ----------------------------------------------------------------------
 
     def _quiet(self, k: int) -> bool:
@@ -372,7 +397,11 @@ class Engine(Cluster):
         assess is not run). Reserved nodes always have their baseline here.
         `Setup.always_decide` runs without it and the tests compare the two."""
         proof = self.proof
-        if proof is not None and not self._season_ahead(proof):
+        # with weight caches the lead time reads the nodes (`bridge.policy.timing`): the
+        # snapshots assess reads here hold them, and the proof is given each pool's load
+        nodes = self._nodes() if self.caches is not None else ()
+        by_pool = self._pool_slowest(nodes)
+        if proof is not None and not self._season_ahead(proof, by_pool):
 
             def leases() -> list[LeaseFacts]:
                 return [
@@ -395,23 +424,33 @@ class Engine(Cluster):
                 structure,
                 leases,
                 self.lend_s,
-                lambda: self._snapshot(()),
+                lambda: self._snapshot(nodes),
                 self.lend_load_s,
+                by_pool,
             ):
                 self.proven += 1
                 if self.s.check_quiet:
-                    plan = assess(self._snapshot(()), self.s.config, self.now)
+                    plan = assess(self._snapshot(nodes), self.s.config, self.now)
                     assert not plan.acts, f"tick {k} proven quiet, but assess acts: {plan}"
                 return True
-        return not assess(self._snapshot(()), self.s.config, self.now).acts
+        return not assess(self._snapshot(nodes), self.s.config, self.now).acts
 
-    def _season_ahead(self, proof: QuietProof) -> bool:
+    def _pool_slowest(self, nodes: tuple[NodeView, ...]) -> dict[str, float] | None:
+        """Per lendable pool, the slowest load on the node a lend from it would take
+        (`bridge.policy.timing.pool_slowest`); None without caches."""
+        if self.caches is None:
+            return None
+        leased = {lease.node.name for lease in self.leases.values()}
+        local = self.s.timing.local_load_s
+        return pool_slowest(self.s.config, nodes, leased, self.models, self.load_s, local)
+
+    def _season_ahead(self, proof: QuietProof, by_pool: dict[str, float] | None) -> bool:
         """Whether a model has a seasonal growth over the lead now: the quiet proof reads
         the trend alone, so such a tick is left to assess (`bridge.policy.seasonal`)."""
         seasons = self.seasons
         if seasons is None:
             return False
-        horizon = proof.lead_s(self.lend_s, self.lend_load_s)
+        horizon = proof.lead_s(self.lend_s, self.lend_load_s, by_pool)
         return any(seasons.growth(m, self.now, horizon) is not None for m in self.models)
 
     def _node_view(self, node: SimNode, leased: set[str] | None = None) -> NodeView:
@@ -441,19 +480,26 @@ class Engine(Cluster):
             held = any(lease.node is node for lease in self.leases.values())
         else:
             held = node.name in leased
-        return _node_view(node.name, node.pool, node.gpus, tuple(jobs), node.triton or held)
+        cached = frozenset() if self.caches is None else self.caches.cached(node, now)
+        return _node_view(node.name, node.pool, node.gpus, tuple(jobs), node.triton or held, cached)
 
     def snapshot(self) -> Snapshot:
+        return self._snapshot(self._nodes())
+
+    def _nodes(self) -> tuple[NodeView, ...]:
+        """The policy's nodes' views, those changed since the last call made again."""
         if self.s.checkpoint_s:  # checkpoints move with time: a node with jobs is stale
             self.stale.update(n.index for n in self.policy_nodes if n.jobs)
-        leased = {lease.node.name for lease in self.leases.values()}
-        view_at, views, nodes = self.view_at, self.views, self.policy_nodes
-        for index in self.stale:
-            at = view_at.get(index)
-            if at is not None:
-                views[at] = self._node_view(nodes[at], leased)
-        self.stale.clear()
-        return self._snapshot(tuple(views))
+        if self.stale:
+            leased = {lease.node.name for lease in self.leases.values()}
+            view_at, views, nodes = self.view_at, self.views, self.policy_nodes
+            for index in self.stale:
+                at = view_at.get(index)
+                if at is not None:
+                    views[at] = self._node_view(nodes[at], leased)
+            self.stale.clear()
+            self.node_views = tuple(views)
+        return self.node_views
 
     def _snapshot(self, nodes: tuple[NodeView, ...]) -> Snapshot:
         # `last_lend_at` holds, per model, the latest anchor (serving: since when; else its
@@ -476,6 +522,7 @@ class Engine(Cluster):
             lend_load_s=dict(self.lend_load_s),
             seasons=self.seasons,
             token_profiles=self.token_profiles,
+            local_load_s=self.local_load_s,
         )
 
     def _lease_view(self, lease: SimLease) -> LeaseView:
@@ -506,14 +553,19 @@ class Engine(Cluster):
         every = max(1, round(self.s.series_step_s / self.tick_s))
         hour = max(1, round(3600 / self.tick_s))
         always = self.s.always_decide
+        warmup = self.s.warmup_s
         for k in range(self.ticks):
             t_end = (k + 1) * self.tick_s
             self._advance(t_end)  # (it ends with a scheduling pass)
+            if warmup and t_end > warmup and self.tally.warm_at is None:
+                self.tally.warm(self.serving)  # (the ticks before this one warmed up)
             self._serve(k)
             if self.unsettled:  # (`_sync` moves only these)
                 self._sync()
             if self.loading:
                 self._loaded()
+            if self.caches is not None:
+                self._weights()
             if always or not self._quiet(k):
                 self.tally.decide_calls += 1
                 for action in decide(self.snapshot(), self.s.config, self.now):

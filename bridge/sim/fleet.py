@@ -23,10 +23,13 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge.sim.result import USES
 from bridge.sim.workload import SimJob
+
+if TYPE_CHECKING:
+    from bridge.sim.weights import SimCopy
 
 
 @dataclass(eq=False, slots=True)
@@ -45,9 +48,8 @@ class SimNode:
     triton: bool = False
     #: the bridge's drain fence (reservation)
     fenced: bool = False
-    #: models whose weights the node's local cache holds, most recently served last
-    #: (`Timing.cache_models`)
-    weights: list[str] = field(default_factory=list)
+    #: the node's local weight cache: model -> its copy (`bridge.sim.weights`)
+    weights: dict[str, SimCopy] = field(default_factory=dict)
 
     @property
     def schedulable(self) -> bool:

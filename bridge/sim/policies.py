@@ -135,6 +135,8 @@ class Scenario:
     tokens: Mapping[str, TokenModel] = field(default_factory=dict)
     #: parallel requests on one replica (an LLM's sequences); None: one per GPU
     replica_servers: int | None = None
+    #: `Setup.warmup_s`: the result's warm share leaves out the requests before it
+    warmup_s: float = 0.0
 
 
 #: what `Scenario.lend_cap` (`stb simulate --lend-cap`) takes, as a message says it
@@ -326,6 +328,7 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
         checkpoint_s=scenario.checkpoint_s,
         tokens=scenario.tokens,
         replica_servers=scenario.replica_servers,
+        warmup_s=scenario.warmup_s,
     )
 
 

@@ -167,8 +167,8 @@ class QuietProof:
         #: `_block`s by (lending, first tick), for the lead time `_blocks_at`
         self._blocks: dict[tuple[bool, int], FloatArray] = {}
         self._blocks_at = math.nan
-        #: `lead_s` of the last (`lend_s`, `lend_load_s`) seen
-        self._lead_of: tuple[dict[str, float], dict[str, float]] | None = None
+        #: `lead_s` of the last (`lend_s`, `lend_load_s`, `by_pool`) seen
+        self._lead_of: tuple[dict[str, float], dict[str, float], dict[str, float]] | None = None
         self._lead = math.nan
         self.runs_in_order = [self.runs[m] for m in self.models]
         self.high_in_order = [self.high[m] for m in self.models]
@@ -263,11 +263,15 @@ class QuietProof:
     # ---- the proof ---------------------------------------------------------------------
 
     def lead_s(
-        self, lend_s: Mapping[str, float], lend_load_s: Mapping[str, float] | None = None
+        self,
+        lend_s: Mapping[str, float],
+        lend_load_s: Mapping[str, float] | None = None,
+        by_pool: Mapping[str, float] | None = None,
     ) -> float:
         """`bridge.policy.timing.lead_s` of a snapshot with these `lend_s`, `lend_load_s`
-        and the run's load times."""
-        return lead_time(self.config, lend_s, lend_load_s or {}, self.slowest)
+        and the run's load times (`by_pool`: each pool's slowest load on the node it
+        would lend, where the nodes' weight caches make it differ: `pool_slowest`)."""
+        return lead_time(self.config, lend_s, lend_load_s or {}, self.slowest, by_pool)
 
     def holds(
         self,
@@ -278,11 +282,13 @@ class QuietProof:
         lend_s: Mapping[str, float],
         snapshot: Callable[[], Snapshot],
         lend_load_s: Mapping[str, float] | None = None,
+        by_pool: Mapping[str, float] | None = None,
     ) -> bool:
         """Whether tick k (ending at `now`) is proven quiet. `structure`: a key that changes
         whenever the replicas, the leases or anything else `assess` reads besides the
         samples and the clock may have; `leases`: the open leases' facts, read when it
-        changed; `snapshot`: the nodes-free snapshot, made only when a certificate is."""
+        changed; `snapshot`: the snapshot assess would read (nodes-free unless the lead
+        reads them: `by_pool`, as `lead_s`), made only when a certificate is."""
         if not self.enabled or k >= self.ticks:
             return False
         policy = self.config.policy
@@ -315,9 +321,9 @@ class QuietProof:
             return True
         if self.llm_idle and any(m in self.llm_idle for key in keys for m in key[0]):
             return False  # a return certificate's token part needs the LLM's lengths
-        pools = (lend_s, lend_load_s or {})
-        if pools != self._lead_of:  # (the lend lead times change only at a lend)
-            self._lead_of = (dict(pools[0]), dict(pools[1]))
+        pools = (lend_s, lend_load_s or {}, by_pool or {})
+        if pools != self._lead_of:  # (the lend lead times change at a lend, or a cache's)
+            self._lead_of = (dict(pools[0]), dict(pools[1]), dict(pools[2]))
             self._lead = self.lead_s(*pools)
         horizon = self._lead
         # each certificate is checked ahead (`_held`): until the tick it first fails, at

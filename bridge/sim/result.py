@@ -102,6 +102,15 @@ class PolicyResult:
     decide_calls: int = 0
     ticks: int = 0
     wall_s: float = 0.0
+    #: requests, and those within SLO, after `Setup.warmup_s` (0: no warm-up asked)
+    warm_requests: float = 0.0
+    warm_within: float = 0.0
+
+    @property
+    def warm_share(self) -> float | None:
+        """The share of the requests after the warm-up that were within SLO (None
+        without a warm-up, or no request after it)."""
+        return self.warm_within / self.warm_requests if self.warm_requests > 0 else None
 
     @property
     def requests(self) -> float:
@@ -143,6 +152,10 @@ class PolicyResult:
         if self.ttft_share is not None:
             out["ttft_share"] = self.ttft_share
             out["tpot_share"] = self.tpot_share
+        if self.warm_share is None:  # a run without a warm-up: its record as before
+            del out["warm_requests"], out["warm_within"]
+        else:
+            out["warm_share"] = self.warm_share
         for name, m in self.models.items():
             out["models"][name]["within_share"] = m.within_share
             out["models"][name]["minutes_share"] = m.minutes_share

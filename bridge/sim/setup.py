@@ -6,13 +6,14 @@ each actuation step takes). Built by `bridge.sim.policies` (and `bridge.sim.labc
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bridge.config import BridgeConfig, ModelConfig
 from bridge.lifecycle import StepTimes
 from bridge.sim.fleet import SimNode
 from bridge.sim.tokens import TokenModel
+from bridge.sim.weights import WeightCache
 from bridge.sim.workload import ArrivalSeries, SimJob
 
 
@@ -32,35 +33,38 @@ class Timing:
     #: site's large models); a lent replica is ready once its slowest model is. Empty by
     #: default: the lab's small models load within `triton_ready_s`
     model_load_s: Mapping[str, float] = field(default_factory=dict, hash=False)
-    #: the node-local weight cache (issue 31): how many models' weights a node keeps
-    #: after serving them (its most recent; 0: no cache, every load from the shared
-    #: repository at `model_load_s`), and per model the seconds a load from that cache
-    #: takes instead (a model not listed loads from the cache at `model_load_s`)
+    #: the node-local weight cache (issue 31, `bridge.sim.weights`): how many models'
+    #: weights a node keeps after serving them (its most recent; 0: no such cache), the
+    #: shorthand for `weights` without staging and every model one unit
     cache_models: int = 0
+    #: per model, the seconds a load from a node's cache takes (a model not listed loads
+    #: from the cache at `model_load_s`)
     local_load_s: Mapping[str, float] = field(default_factory=dict, hash=False)
+    #: the caches in full: sizes, budget, staging (`bridge.sim.weights.WeightCache`);
+    #: None: `cache_models`' cache, or none
+    weights: WeightCache | None = None
 
-    def load_s(self, models: Sequence[str], cached: Sequence[str] = ()) -> float:
+    def cache(self) -> WeightCache | None:
+        """The run's cache: `weights`, else `cache_models`' (each model one unit, that
+        many a node, no staging), else None (every load from the shared repository)."""
+        if self.weights is not None:
+            return self.weights
+        if self.cache_models > 0:
+            return WeightCache(default_bytes=1.0, budget_bytes=float(self.cache_models))
+        return None
+
+    def load_s(self, models: Sequence[str], cached: Collection[str] = ()) -> float:
         """The extra seconds a replica holding `models` takes to be ready, on a node whose
-        cache holds `cached` (a model there loads at its `local_load_s`)."""
+        cache holds `cached` complete (a model there loads at its `local_load_s` where
+        the run has a cache)."""
         loads = self.model_load_s
         if not loads:
             return 0.0
-        local = self.local_load_s if self.cache_models > 0 else {}
+        local = self.local_load_s if self.cache() is not None else {}
         return max(
             (local[m] if m in cached and m in local else loads.get(m, 0.0) for m in models),
             default=0.0,
         )
-
-    def remember(self, cached: list[str], models: Sequence[str]) -> None:
-        """A node's cache after it loaded `models`: they become its most recent, and it
-        keeps `cache_models` of them (the least recently served goes first)."""
-        if self.cache_models <= 0:
-            return
-        for m in models:
-            if m in cached:
-                cached.remove(m)
-            cached.append(m)
-        del cached[: max(0, len(cached) - self.cache_models)]
 
 
 @dataclass
@@ -102,3 +106,7 @@ class Setup:
     #: the LLM models' token workloads (`bridge.sim.tokens`): their TTFT and TPOT
     #: attainment is tallied beside the request SLO's. Empty: no LLM model
     tokens: Mapping[str, TokenModel] = field(default_factory=dict)
+    #: seconds from the start whose requests the result's warm share leaves out
+    #: (`PolicyResult.warm_share`: the run's cold start, an empty forecast and empty
+    #: weight caches, apart); 0: none left out
+    warmup_s: float = 0.0

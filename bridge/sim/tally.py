@@ -44,6 +44,8 @@ class Tally:
     lends_by_pool: dict[str, int] = field(default_factory=dict)
     decide_calls: int = 0
     series: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SERIES})
+    #: (requests, within SLO) at the end of `Setup.warmup_s` (`warm`); None before
+    warm_at: tuple[float, float] | None = None
 
     def sample(self, fleet: Fleet, serving: Serving, lent_nodes: int) -> None:
         """One point of each series, now."""
@@ -111,7 +113,25 @@ class Tally:
             decide_calls=self.decide_calls,
             ticks=ticks,
             wall_s=wall_s,
+            **self._warm(setup, serving),
         )
+
+    def _warm(self, setup: Setup, serving: Serving) -> dict[str, float]:
+        """The requests and those within SLO after `Setup.warmup_s` (`warm_at`)."""
+        if self.warm_at is None or not setup.warmup_s:
+            return {}
+        requests = sum(o.requests for o in serving.outcome.values())
+        within = sum(o.within_slo for o in serving.outcome.values())
+        return {
+            "warm_requests": requests - self.warm_at[0],
+            "warm_within": within - self.warm_at[1],
+        }
+
+    def warm(self, serving: Serving) -> None:
+        """The warm-up ends now: the totals so far are left out of the warm share."""
+        requests = sum(o.requests for o in serving.outcome.values())
+        within = sum(o.within_slo for o in serving.outcome.values())
+        self.warm_at = (requests, within)
 
 
 def _queue(mine: Sequence[JobRun], now: float) -> QueueOutcome:

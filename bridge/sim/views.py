@@ -12,6 +12,8 @@ order, so it compares, hashes and prints as one made by the class
 
 from __future__ import annotations
 
+import dataclasses
+
 from bridge.policy import JobView, ModelSample, NodeView
 
 
@@ -37,10 +39,16 @@ def job_view(
 
 
 def node_view(
-    name: str, pool: str, gpus: int, jobs: tuple[JobView, ...], has_triton: bool
+    name: str,
+    pool: str,
+    gpus: int,
+    jobs: tuple[JobView, ...],
+    has_triton: bool,
+    cached: frozenset[str] = frozenset(),
 ) -> NodeView:
-    """`NodeView(name, pool, True, gpus, jobs, has_triton)`, made as `model_sample` is
-    (a decide call's snapshot makes one for each node whose jobs changed)."""
+    """`NodeView(name, pool, True, gpus, jobs, has_triton, False, cached)`, made as
+    `model_sample` is (a decide call's snapshot makes one for each node whose jobs or
+    weight cache changed)."""
     obj = object.__new__(NodeView)  # (no `__init__`)
     d = obj.__dict__
     d["name"] = name
@@ -50,19 +58,14 @@ def node_view(
     d["jobs"] = jobs
     d["has_triton"] = has_triton
     d["reserved"] = False
+    d["cached"] = cached
     return obj
 
 
-#: `ModelSample`'s token fields, in the class's order (`model_sample` sets them None)
-_TOKEN_FIELDS = (
-    "ttft_p99_ms",
-    "tpot_p99_ms",
-    "prompt_tps",
-    "output_tps",
-    "running",
-    "prompt_lengths",
-    "output_lengths",
-)
+#: `ModelSample`'s fields after the six `model_sample` is given (the token signal), in
+#: the class's order (`model_sample` sets them None): read from the class, so a field
+#: added there is never left out
+_TOKEN_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSample))[6:]
 
 
 def model_sample(

@@ -1,13 +1,26 @@
 """The weight-cache plan (`bridge.policy.weights.plan_cache`) on literal caches and
 forecasts: the first nodes in lend order get the most wanted weights, a held copy counts,
 unwanted copies go least recently used first and only for room, a wanted copy is never
-evicted for another, budgets and the staging limit hold."""
+evicted for another, budgets and the staging limit hold; its inputs, the forecast's
+expected lends (the capacity model's nodes) and the lend order (`choose_nodes`')."""
 
 from __future__ import annotations
 
 import pytest
 
-from bridge.policy.weights import CachedCopy, Evict, NodeCache, Stage, Wanted, plan_cache
+from bridge.config import BridgeConfig, ModelConfig, PolicyConfig, PoolConfig
+from bridge.modelfacts import toml_models
+from bridge.policy import LeaseView, ModelSample, NodeView, ReplicaView, Snapshot
+from bridge.policy.weights import (
+    CachedCopy,
+    Evict,
+    NodeCache,
+    Stage,
+    Wanted,
+    expected_lends,
+    lend_order,
+    plan_cache,
+)
 
 GB = 1_000_000_000
 
@@ -69,3 +82,49 @@ def test_bad_input_is_refused_by_name() -> None:
         Wanted("llm", "3", -5, 1)
     with pytest.raises(ValueError, match="max_staging"):
         plan_cache([], [], max_staging=-1)
+
+
+NOW = 1_800_000_000.0
+CONFIG = BridgeConfig(
+    models={"a": ModelConfig(slo_p99_ms=100, max_replicas=3, instances=1)},
+    pools={
+        "inference": PoolConfig(partition="infer", lend_mode="reserved", cost_rank=0),
+        "elastic": PoolConfig(partition="elastic", lend_mode="preempt", cost_rank=1),
+    },
+    policy=PolicyConfig(max_lent_nodes=8, capacity_headroom=1.25),
+)
+
+
+def _snapshot(*nodes: NodeView, leases: tuple[LeaseView, ...] = ()) -> Snapshot:
+    samples = tuple(ModelSample(NOW - 5 * i, 50.0, 10.0, compute_ms=20.0) for i in range(3))
+    return Snapshot(
+        nodes,
+        (ReplicaView("n0", ("a",), gpus=1),),
+        {"a": samples},
+        leases,
+        models=toml_models(CONFIG),
+    )
+
+
+def test_expected_lends_are_the_capacity_models_nodes_at_the_forecast_rate() -> None:
+    s = _snapshot()
+    # one instance of 20 ms carries under 50 req/s: 10 req/s x 1.25 fits the baseline,
+    # 100 x 1.25 needs more replicas, a flood is capped by max_replicas (3 in all)
+    assert expected_lends(s, CONFIG, {"a": 10.0}) == {}
+    more = expected_lends(s, CONFIG, {"a": 100.0})
+    assert 1 <= more["a"] <= 2
+    assert expected_lends(s, CONFIG, {"a": 1e6}) == {"a": 2}
+    assert expected_lends(s, CONFIG, {}) == {}  # no forecast: nothing expected
+
+
+def test_lend_order_is_choose_nodes_order_then_the_lent_nodes() -> None:
+    lease = LeaseView(1, "e0", "elastic", "preempt", "serving", ("a",), NOW - 99, NOW - 9)
+    s = _snapshot(
+        NodeView("e0", "elastic", True, 1),
+        NodeView("e1", "elastic", True, 1),
+        NodeView("e2", "elastic", True, 1, cached=frozenset({"a"})),
+        NodeView("n0", "inference", True, 1, has_triton=True),
+        leases=(lease,),
+    )
+    assert [n.name for n in lend_order(s, CONFIG, NOW, ["a"])] == ["e2", "e1", "e0"]
+    assert [n.name for n in lend_order(s, CONFIG, NOW, [])] == ["e1", "e2", "e0"]

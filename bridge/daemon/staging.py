@@ -1,0 +1,222 @@
+"""The daemon's staging step (issue 31): keeps the lendable nodes' weight caches holding
+the versions the bridge expects to lend for, as low-priority Slurm jobs. Thin: the plan
+is pure (`bridge.policy.staging.wanted`, `bridge.policy.weights.plan_cache`), the job is
+`bridge.slurm.staging`'s, the catalogue `bridge.leases.weights.WeightStore`'s.
+
+Once every `PLAN_EVERY_S`, on the leader's pass after its actions:
+
+1. Each copy the catalogue has `staging` is looked up among the staging jobs Slurm lists
+   (`stb:staging`): COMPLETED makes it `complete` (its size and digest the shared
+   repository's manifest of the version, which the job verified the copy against);
+   FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE or PREEMPTED
+   (not requeued) make it `failed` with the state; a job Slurm no longer lists (past
+   `MinJobAge`) makes it `failed` ("outcome not seen"), and the next plan stages it
+   again (a stage of a copy already in place verifies it and ends).
+2. The lendable nodes in the order lends of the wanted models would take them
+   (`weights.lend_order`), each with its budget (`[weights] budget_bytes`) and the copies
+   the catalogue has staging or complete there, and the wanted versions
+   (`bridge.policy.staging.wanted` at each model's highest rate the daemon keeps, up to a
+   day; newest version, its manifest's size) make the cache plan;
+   its stages, up to `[weights] max_jobs` staging jobs at once, are submitted and opened
+   in the catalogue (`begin`, with the job id).
+
+`cached()` is what the policy reads (`NodeView.cached`): per node, the models whose
+newest version has a complete copy there. A Triton job verifies a copy again before it
+uses it (`bridge.weights.overlay`), so a catalogue row that is out of date (a copy the
+stage program evicted for room, a disk wiped) costs a load from the shared repository,
+never a wrong model. The plan's evictions are not carried out here: the stage program
+frees room on the node itself (`--budget`), least recently staged first.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from bridge.config import BridgeConfig
+from bridge.daemon.report import TickReport
+from bridge.leases.errors import LeaseError
+from bridge.leases.weights import WeightStore, WeightStoreError
+from bridge.models.repo import ModelRepository
+from bridge.policy.snapshot import Snapshot
+from bridge.policy.staging import wanted
+from bridge.policy.weights import CachedCopy, NodeCache, lend_order, plan_cache
+from bridge.slurm.errors import SlurmError
+from bridge.slurm.model import STAGING_TAG, Job
+from bridge.slurm.protocol import SlurmProtocol
+from bridge.slurm.staging import staging_job, submit_staging
+from bridge.weights import manifest
+
+log = logging.getLogger(__name__)
+
+#: seconds between two staging plans (staging moves at a bandwidth: minutes a copy)
+PLAN_EVERY_S = 60.0
+
+#: the peak rates the plan stages for: each model's highest over this long (as far as
+#: the daemon keeps them, `policy.return_dwell_max_s`)
+PEAK_WINDOW_S = 86400.0
+
+#: Slurm states in which a staging job has ended without its copy
+FAILED_STATES = frozenset(
+    {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+     "DEADLINE", "PREEMPTED"}
+)  # fmt: skip
+
+
+class Stager:
+    """The staging step of one daemon (the module docstring)."""
+
+    def __init__(self, config: BridgeConfig, slurm: SlurmProtocol, store: WeightStore) -> None:
+        if config.weights.cache_root is None:
+            raise ValueError("weights.cache_root is not set: there is no cache to stage into")
+        self.config = config
+        self.slurm = slurm
+        self.store = store
+        self.repo = ModelRepository(config.triton.model_repository)
+        self._planned_at: float | None = None
+        self._sizes: dict[tuple[str, int], int | None] = {}
+        self._cached: dict[str, frozenset[str]] = {}
+
+    def cached(self) -> dict[str, frozenset[str]]:
+        """Per node, the models whose newest version has a complete copy there (as of
+        the last plan)."""
+        return dict(self._cached)
+
+    def tick(self, snap: Snapshot, now: datetime, report: TickReport) -> None:
+        t = now.timestamp()
+        if self._planned_at is not None and t - self._planned_at < PLAN_EVERY_S:
+            return
+        self._planned_at = t
+        try:
+            versions = self._versions(snap)
+            self._poll(versions, now, report)
+            self._plan(snap, versions, now, report)
+            self._cached = self._complete(versions)
+        except (SlurmError, WeightStoreError, LeaseError, SQLAlchemyError) as exc:
+            report.error("stage", exc)
+
+    # ---- the steps --------------------------------------------------------------------
+
+    def _versions(self, snap: Snapshot) -> dict[str, tuple[int, int]]:
+        """Per model the policy scales, its newest version and that version's size (its
+        manifest's; a version without a manifest is left out, logged once)."""
+        out: dict[str, tuple[int, int]] = {}
+        for model in snap.models:
+            version = self.repo.latest(model)
+            if version is None:
+                continue
+            key = (model, version)
+            if key not in self._sizes:
+                try:
+                    found = manifest.read(self.repo.root / model / str(version))
+                    self._sizes[key] = found.total_bytes
+                except manifest.ManifestError as exc:
+                    log.warning("%s version %s is not staged: %s", model, version, exc)
+                    self._sizes[key] = None
+            size = self._sizes[key]
+            if size is not None:
+                out[model] = (version, size)
+        return out
+
+    def _poll(
+        self, versions: dict[str, tuple[int, int]], now: datetime, report: TickReport
+    ) -> None:
+        staging = self.store.copies(states=("staging",))
+        if not staging:
+            return
+        jobs: dict[str, Job] = {j.job_id: j for j in self.slurm.jobs(tag=STAGING_TAG)}
+        for row in staging:
+            if not row.job_id:
+                continue  # staged by hand (`stb weights stage`): its caller finishes it
+            job = jobs.get(row.job_id)
+            state = job.state.upper() if job is not None else None
+            where = f"{row.model} version {row.version} on {row.node}"
+            if state == "COMPLETED":
+                size, digest = self._shared(row.model, row.version)
+                self.store.finish(row.node, row.model, row.version, size, digest, now)
+                report.events.append(f"staged {where} (job {row.job_id})")
+            elif state is None or state in FAILED_STATES:
+                why = f"staging job {row.job_id} " + (
+                    state.lower() if state else "left the queue; its outcome was not seen"
+                )
+                self.store.fail(row.node, row.model, row.version, why, now)
+                report.events.append(f"staging of {where} failed: {why}")
+
+    def _shared(self, model: str, version: int) -> tuple[int, str]:
+        found = manifest.read(self.repo.root / model / str(version))
+        return found.total_bytes, found.digest
+
+    def _plan(
+        self,
+        snap: Snapshot,
+        versions: dict[str, tuple[int, int]],
+        now: datetime,
+        report: TickReport,
+    ) -> None:
+        cfg = self.config.weights
+        assert cfg.cache_root is not None
+        rows = self.store.copies(states=("staging", "complete"))
+        in_flight = sum(1 for r in rows if r.state == "staging")
+        room = cfg.max_jobs - in_flight
+        if room <= 0:
+            return
+        t = now.timestamp()
+        peaks = {m: p.highest_since(t - PEAK_WINDOW_S) for m, p in snap.peaks.items()}
+        sizes = {m: (str(v), size) for m, (v, size) in versions.items()}
+        want = wanted(snap, self.config, peaks, sizes)
+        if not want:
+            return
+        order = lend_order(snap, self.config, t, [w.model for w in want])
+        caches = [
+            NodeCache(
+                n.name,
+                cfg.budget_bytes,
+                tuple(
+                    CachedCopy(
+                        r.model,
+                        str(r.version),
+                        r.size_bytes or versions.get(r.model, (0, 0))[1],
+                        complete=r.state == "complete",
+                        last_used=(r.verified_at or r.staged_at or r.updated_at).timestamp(),
+                    )
+                    for r in rows
+                    if r.node == n.name
+                ),
+            )
+            for n in order
+        ]
+        plan = plan_cache(caches, want, max_staging=room)
+        pools = {n.name: n.pool for n in snap.nodes}
+        source = cfg.source or str(self.config.triton.model_repository)
+        for stage in plan.stage:
+            pool = self.config.pools.get(pools.get(stage.node, ""))
+            spec = staging_job(
+                cfg,
+                node=stage.node,
+                model=stage.model,
+                version=int(stage.version),
+                source=source,
+                account=self.config.triton.account,
+                partition=pool.partition if pool is not None else None,
+                log_dir=self.config.triton.log_dir,
+            )
+            job_id = submit_staging(self.slurm, spec)
+            path = str(cfg.cache_root / stage.model / stage.version)
+            self.store.begin(stage.node, stage.model, int(stage.version), path, now, job_id)
+            report.events.append(
+                f"staging {stage.model} version {stage.version} on {stage.node} "
+                f"({stage.size_bytes / 1e9:.2f} GB, job {job_id})"
+            )
+
+    def _complete(self, versions: dict[str, tuple[int, int]]) -> dict[str, frozenset[str]]:
+        out: dict[str, set[str]] = {}
+        for row in self.store.copies(states=("complete",)):
+            newest = versions.get(row.model)
+            if newest is not None and newest[0] == row.version:
+                out.setdefault(row.node, set()).add(row.model)
+        return {node: frozenset(models) for node, models in out.items()}
+
+
+__all__ = ["FAILED_STATES", "PLAN_EVERY_S", "Stager"]

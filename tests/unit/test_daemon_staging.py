@@ -1,0 +1,187 @@
+"""The daemon's staging step (`bridge.daemon.staging.Stager`) inside the reconciler's
+pass, on the fake Slurm, a real lease database (SQLite) and a real model repository with
+weights manifests: the wanted version staged on the node a lend would take first, the
+job's outcome read back into the catalogue, the node's copy in the policy's view, at most
+`max_jobs` at once, a plan once a minute. (The staging job itself, on real Slurm, is
+tests/lab/test_weights_lab.py's.)"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bridge.config import WeightsConfig
+from bridge.daemon.metrics import BridgeMetrics
+from bridge.daemon.observe import Observer
+from bridge.daemon.reconciler import Reconciler
+from bridge.daemon.staging import PLAN_EVERY_S
+from bridge.leases.requests import RequestQueue
+from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.leases.weights import WeightStore
+from bridge.policy.weights import Wanted
+from bridge.slurm.model import STAGING_TAG
+from bridge.weights import manifest
+from tests.unit.fakes import (
+    BASELINE_JOB,
+    N1,
+    N3,
+    N5,
+    FakeRouter,
+    FakeSlurm,
+    FakeTriton,
+    address_of,
+    at,
+    make_config,
+)
+
+
+def publish(repo: Path, model: str, version: int, size: int) -> manifest.Manifest:
+    folder = repo / model / str(version)
+    folder.mkdir(parents=True)
+    (folder / "weights.bin").write_bytes(b"w" * size)
+    return manifest.write_manifest(folder, model, version)
+
+
+class World:
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_jobs: int) -> None:
+        repo = tmp_path / "repo"
+        self.first = publish(repo, "busy", 1, 1000)
+        publish(repo, "calm", 1, 500)
+        base = make_config(tmp_path)
+        self.config = base.model_copy(
+            update={
+                "triton": base.triton.model_copy(update={"model_repository": repo}),
+                "weights": WeightsConfig(cache_root=tmp_path / "cache", max_jobs=max_jobs),
+            }
+        )
+        self.repo = repo
+        engine = make_engine(self.config.database_url)
+        create_schema(engine)
+        self.slurm = FakeSlurm([N1, N3, N5], [BASELINE_JOB])
+        triton = FakeTriton()
+        triton.server(address_of(N1), models={"busy": "READY", "calm": "READY"})
+        store = LeaseStore(engine)
+        self.weights = WeightStore(engine)
+        self.reconciler = Reconciler(
+            self.config,
+            self.slurm,
+            store,
+            Observer(self.slurm, self.config, triton),
+            triton,
+            FakeRouter(),
+            BridgeMetrics(clock=lambda: 1_000.0),
+            RequestQueue(engine),
+            triton.forget,
+        )
+        #: what the wanted rule says (its own tests are test_cache_policy's); the plan,
+        #: the jobs and the catalogue are the real ones
+        self.want: list[Wanted] = []
+        monkeypatch.setattr("bridge.daemon.staging.wanted", lambda *a: list(self.want))
+
+    def tick(self, seconds: float) -> list[str]:
+        return self.reconciler.run_once(at(seconds)).events
+
+    def staging_jobs(self) -> list[str]:
+        return [j.job_id for j in self.slurm.jobs(tag=STAGING_TAG)]
+
+    def end(self, job_id: str, state: str) -> None:
+        self.slurm.jobs_[job_id] = replace(self.slurm.jobs_[job_id], state=state)
+
+
+def test_the_wanted_version_is_staged_where_a_lend_lands_and_its_copy_reaches_the_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = World(tmp_path, monkeypatch, max_jobs=1)
+    w.want = [Wanted("busy", "1", 1000, 1), Wanted("calm", "1", 500, 1)]
+    events = w.tick(0)
+    (spec,) = [s for s in w.slurm.specs if s.comment == STAGING_TAG]
+    # the elastic node: the first a lend takes (n1 is the reserved baseline's, n5 a
+    # training node, dearer)
+    assert spec.nodelist == ("n3",) and spec.env["STB_WEIGHTS_MODEL"] == "busy"
+    assert spec.name == "stb-staging-busy-1" and spec.nice == w.config.weights.nice
+    assert spec.account == w.config.triton.account
+    assert any("staging busy version 1 on n3" in e for e in events)
+    (row,) = w.weights.copies()
+    assert (row.node, row.model, row.version, row.state) == ("n3", "busy", 1, "staging")
+    (job_id,) = w.staging_jobs()
+    assert row.job_id == job_id
+    # max_jobs = 1: calm waits; and no plan before a minute has passed
+    w.end(job_id, "COMPLETED")
+    w.tick(PLAN_EVERY_S - 1)
+    assert w.weights.copies()[0].state == "staging"
+    events = w.tick(PLAN_EVERY_S)
+    busy = w.weights.copies("n3", ("complete",))
+    assert [(c.model, c.size_bytes, c.digest) for c in busy] == [
+        ("busy", w.first.total_bytes, w.first.digest)
+    ]
+    assert any("staged busy version 1 on n3" in e for e in events)
+    # the same plan stages calm: the one slot is free again
+    assert [c.model for c in w.weights.copies(states=("staging",))] == ["calm"]
+    assert w.reconciler.stager is not None
+    assert w.reconciler.stager.cached()["n3"] == frozenset({"busy"})
+    w.tick(PLAN_EVERY_S + 5)
+    snap = w.reconciler.last_snapshot
+    assert snap is not None
+    assert {n.name: n.cached for n in snap.nodes}["n3"] == frozenset({"busy"})
+
+
+def test_a_failed_or_vanished_staging_job_fails_its_copy_and_a_new_version_is_staged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = World(tmp_path, monkeypatch, max_jobs=2)
+    w.want = [Wanted("busy", "1", 1000, 1)]
+    w.tick(0)
+    (first,) = w.staging_jobs()
+    w.end(first, "FAILED")
+    w.want = []  # nothing wanted: the failure is read, nothing staged again
+    events = w.tick(PLAN_EVERY_S)
+    (row,) = w.weights.copies()
+    assert row.state == "failed" and f"staging job {first} failed" in row.reason
+    assert any("staging of busy version 1 on n3 failed" in e for e in events)
+    # wanted again: a new job, the row back to staging; then the job leaves the queue
+    # with no outcome seen (past MinJobAge while the daemon was away)
+    w.want = [Wanted("busy", "1", 1000, 1)]
+    w.tick(2 * PLAN_EVERY_S)
+    (row,) = w.weights.copies()
+    assert row.state == "staging" and row.job_id != first
+    del w.slurm.jobs_[row.job_id]
+    w.want = []
+    w.tick(3 * PLAN_EVERY_S)
+    (row,) = w.weights.copies()
+    assert row.state == "failed" and "outcome was not seen" in row.reason
+    assert w.reconciler.stager is not None and w.reconciler.stager.cached() == {}
+
+
+def test_without_a_cache_root_the_daemon_has_no_staging_step(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    engine = make_engine(config.database_url)
+    create_schema(engine)
+    slurm = FakeSlurm([N1, N3, N5], [BASELINE_JOB])
+    triton = FakeTriton()
+    reconciler = Reconciler(
+        config, slurm, LeaseStore(engine), Observer(slurm, config, triton), triton
+    )
+    assert reconciler.stager is None
+
+
+def test_the_wanted_rule_takes_the_lends_of_both_capacity_models_beyond_the_baseline(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from bridge.policy import staging
+    from bridge.policy.snapshot import ReplicaView, Snapshot
+
+    snap = Snapshot(
+        nodes=(),
+        replicas=(ReplicaView("n1", ("llm", "busy")), ReplicaView("n3", ("llm",), lease_id=4)),
+        history={},
+        leases=(),
+    )
+    monkeypatch.setattr(staging, "expected_lends", lambda s, c, r: {"busy": 2, "calm": 0})
+    # the token model: llm needs 3 replicas at its peak, one of them the baseline's
+    monkeypatch.setattr(staging.llm, "needs", lambda s, r: {"llm": 3, "tiny": 1})
+    versions = {"busy": ("4", 10), "llm": ("2", 99), "calm": ("1", 5)}
+    got = staging.wanted(snap, make_config(tmp_path), {}, versions)
+    # calm: no lend expected; tiny: no version known (not in the repository)
+    assert got == [Wanted("busy", "4", 10, 2), Wanted("llm", "2", 99, 2)]
