@@ -93,5 +93,12 @@ def test_ttft_and_tpot_reach_the_observation(lab: LabSpec, served: triton.Triton
     assert sample.output_tps is not None and sample.output_tps > 0
     assert sample.prompt_tps is not None and sample.prompt_tps > 0
     assert sample.running == 0.0  # every stream finished before the scrape
+    # the means the capacity model corrects its profile by: every stream timed once, its
+    # TTFT on the server's clock no longer than the client's (which holds the send), a
+    # mean token gap within the client's gaps
+    assert sample.timed == len(PROMPTS)
+    assert sample.ttft_mean_ms is not None and sample.tpot_mean_ms is not None
+    assert 0 < sample.ttft_mean_ms <= sum(ttfts) / len(ttfts) * 1000
+    assert gaps[0] * 1000 * 0.5 <= sample.tpot_mean_ms <= gaps[-1] * 1000
     facts = obs.models.facts[MODEL].model
     assert facts is not None and (facts.slo_ttft_p99_ms, facts.slo_tpot_p99_ms) == (2000, 150)
