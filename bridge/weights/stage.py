@@ -40,6 +40,7 @@ from urllib.parse import quote
 
 import httpx
 
+from bridge.paths import fsync_dir
 from bridge.weights import manifest as mf
 
 #: one progress report every this many seconds (the CLI's)
@@ -280,21 +281,13 @@ def stage(
                 verdict = mf.verify(partial, model, version)
                 if not verdict.ok:
                     raise StageError(f"the staged copy does not verify: {verdict.reason}")
-                _fsync_dir(partial)
+                fsync_dir(partial)
                 os.rename(partial, target)
-                _fsync_dir(target.parent)
+                fsync_dir(target.parent)
             except BaseException:
                 shutil.rmtree(partial, ignore_errors=True)
                 raise
     return Staged(model, version, target, m.total_bytes, m.digest, time.monotonic() - t0, True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove(path: Path) -> None:
