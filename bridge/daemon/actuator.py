@@ -48,6 +48,7 @@ from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.errors import TritonError
 from bridge.triton.ports import METRICS_PORT
 from bridge.triton.protocol import TritonInstance
+from bridge.weights import overlay
 
 S = LeaseState
 #: every error an adapter (or the launcher, or a refused store write) raises as data
@@ -206,16 +207,21 @@ class Actuator:
         b.not_before = now.timestamp() + wait
 
     def apply(self, move: steps.Move, now: datetime, report: TickReport) -> LeaseRecord:
-        """Make one move in the store (compare-and-set on the planned old state)."""
+        """Make one move in the store (compare-and-set on the planned old state). A move
+        to serving says where its models' weights were read from (`weight_sources`)."""
         fields = {"slurm_job_id": move.slurm_job_id} if move.slurm_job_id else {}
-        stored = self.store.set_status(
-            move.lease_id, move.new, now, move.reason, expected=move.old, **fields
-        )
         before = self.leases.get(move.lease_id)
+        reason = move.reason
+        if move.new == S.SERVING and before is not None:
+            said = self.weight_sources(move.slurm_job_id or before.slurm_job_id)
+            reason = f"{reason}; {said}" if said else reason
+        stored = self.store.set_status(
+            move.lease_id, move.new, now, reason, expected=move.old, **fields
+        )
         after = record_of(stored)
         self.leases[after.id] = after
         report.events.append(
-            f"lease {after.id} {after.node}: {move.old.value} -> {move.new.value} ({move.reason})"
+            f"lease {after.id} {after.node}: {move.old.value} -> {move.new.value} ({reason})"
         )
         if move.new == S.SERVING:
             report.served.append((after.pool, now.timestamp() - after.created_at))
@@ -225,6 +231,21 @@ class Actuator:
         if move.new in (S.FAILED, S.RETURNED):
             self.backoff.pop(after.id, None)
         return after
+
+    def weight_sources(self, job_id: str | None) -> str:
+        """Where a lent Triton job read its models' weights (node-local copy or shared
+        repository), as its log's `stb-weights:` lines say (`bridge.weights.overlay`), in
+        the lease history's words; "" without a weight cache, a log folder, or the lines
+        (the log not written yet, or not readable from here: a log folder local to each
+        node)."""
+        log_dir = self.config.triton.log_dir
+        if self.config.weights.cache_root is None or log_dir is None or not job_id:
+            return ""
+        try:
+            text = (log_dir / f"triton-{job_id}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return overlay.in_reason(overlay.sources(text))
 
     def create(
         self,

@@ -7,12 +7,15 @@ lend's lead time (`bridge.policy.timing`). The reconciler holds one `LoadTimes`:
   does not come (the client's timeout), to the pass that sees the model READY;
 - a lend's Triton start, its lease's `starting -> serving` seconds from the lease's
   history, is each of its models' upper bound (`started`, source `lend`: Triton loads a
-  lend's models at its start; the figure holds Triton's own start too);
+  lend's models at its start; the figure holds Triton's own start too), source `local`
+  for a model the move to serving says was read from the node's weight cache (its own
+  estimate, `local_load_s`: `bridge.policy.timing` reads the two apart);
 - each measure is written to the lease database (`bridge.leases.loads.LoadStore`) and
   read back when the daemon starts (`recall`), so the lead time survives a restart.
 
-`load_s` is what the snapshot carries: per model, `bridge.leases.loads.estimate` of its
-measures. A failed write is logged and the measure kept in memory (a pass never fails
+`load_s` and `local_load_s` are what the snapshot carries: per model,
+`bridge.leases.loads.estimate` of its measures from the shared repository and from the
+node-local cache. A failed write is logged and the measure kept in memory (a pass never fails
 for it; a deposed instance's write is refused by the fence and dropped).
 """
 
@@ -27,9 +30,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from bridge.daemon.planner import LeaseRecord
 from bridge.leases.errors import LeaseError
 from bridge.leases.leader import Fenced
-from bridge.leases.loads import KEEP, LoadStore, estimate
+from bridge.leases.loads import KEEP, LOCAL, LoadStore, estimate
 from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
+from bridge.weights import overlay
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +41,10 @@ log = logging.getLogger(__name__)
 class LoadTimes:
     def __init__(self, store: LoadStore | None = None) -> None:
         self.store = store
-        #: per model, its estimated load time in seconds (the snapshot's `load_s`)
+        #: per model, its estimated load time in seconds from the shared repository (the
+        #: snapshot's `load_s`) and from a node's local weight cache (`local_load_s`)
         self.load_s: dict[str, float] = {}
+        self.local_load_s: dict[str, float] = {}
         self._measures: dict[str, list[tuple[str, float]]] = {}
         #: leases whose start was timed (or found untimeable); None until the first pass,
         #: which takes the leases serving then as timed (by the process before a restart)
@@ -95,19 +101,23 @@ class LoadTimes:
                 log.warning("start of lease %s not timed: %s", lease.id, exc)
                 continue
             began = next((e.at for e in events if e.to_state == LeaseState.STARTING), None)
-            ready = next((e.at for e in events if e.to_state == LeaseState.SERVING), None)
-            if began is None or ready is None or ready < began:
+            served = next((e for e in events if e.to_state == LeaseState.SERVING), None)
+            if began is None or served is None or served.at < began:
                 continue
-            seconds = (ready - began).total_seconds()
+            seconds = (served.at - began).total_seconds()
+            # where each model's weights were read from, as the move to serving says
+            local = overlay.from_reason(served.reason)
             for model in dict.fromkeys(lease.models):
-                self.record(model, seconds, at, "lend")
+                self.record(model, seconds, at, LOCAL if local.get(model) == "local" else "lend")
 
     def _estimate(self, model: str) -> None:
-        value = estimate(self._measures.get(model, ()))
-        if value is None:
-            self.load_s.pop(model, None)
-        else:
-            self.load_s[model] = value
+        measures = self._measures.get(model, ())
+        for local, kept in ((False, self.load_s), (True, self.local_load_s)):
+            value = estimate(measures, local=local)
+            if value is None:
+                kept.pop(model, None)
+            else:
+                kept[model] = value
 
 
 __all__ = ["LoadTimes"]

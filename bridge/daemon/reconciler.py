@@ -225,12 +225,13 @@ def policy_snapshot(
     return snap
 
 
-def with_cached(snap: Snapshot, cached: Mapping[str, frozenset[str]]) -> Snapshot:
-    """`snap` with each node's `cached` models (`Stager.cached`)."""
-    if not cached:
-        return snap
+def with_weights(
+    snap: Snapshot, cached: Mapping[str, frozenset[str]], local_load_s: Mapping[str, float]
+) -> Snapshot:
+    """`snap` with each node's `cached` models (`Stager.cached`) and the models' load
+    times from a node's cache (`LoadTimes.local_load_s`)."""
     nodes = tuple(replace(n, cached=cached.get(n.name, frozenset())) for n in snap.nodes)
-    return replace(snap, nodes=nodes)
+    return replace(snap, nodes=nodes, local_load_s=dict(local_load_s))
 
 
 class Reconciler:
@@ -356,7 +357,7 @@ class Reconciler:
             held,
         )
         if self.stager is not None:  # the nodes' weight caches, as of the last plan
-            snap = with_cached(snap, self.stager.cached())
+            snap = with_weights(snap, self.stager.cached(), self.loads.local_load_s)
         self.last_snapshot = snap
         self.seasons.write(now)
         report.actions = decide(snap, self.config, t)

@@ -11,6 +11,10 @@ One row per measurement (model, version, seconds, when, source):
   running to Triton ready with its models loaded). Triton loads a lend's models at its
   start, so the figure bounds each of them from above (it holds Triton's own start too;
   the start of a Triton without models is never observed, so nothing is subtracted).
+- `local`: the same bound of a lend whose model was read from the node's local weight
+  cache (the lease history's move to serving says so: `bridge.weights.overlay`); kept
+  apart, as the snapshot's `local_load_s` (`estimate(..., local=True)`), never mixed
+  into the load from the shared repository.
 
 `estimate`: per model, the median of its newest `KEEP` direct measurements, or of its
 lend bounds when it has none: one slow start (a cold page cache, a busy file system)
@@ -31,8 +35,9 @@ from bridge.db import Transactions, UTCDateTime
 
 #: the measurements of a model the estimate reads (the newest, per source)
 KEEP = 5
-#: the sources, best first
+#: the sources from the shared repository, best first, and the node-local cache's
 SOURCES = ("placement", "lend")
+LOCAL = "local"
 TABLES = ("model_load",)
 
 
@@ -51,12 +56,14 @@ class ModelLoad(SQLModel, table=True):
     source: str = Field(sa_column=Column(String(16), nullable=False))
 
 
-def estimate(measures: Iterable[tuple[str, float]]) -> float | None:
+def estimate(measures: Iterable[tuple[str, float]], local: bool = False) -> float | None:
     """One model's load time from its measurements (source, seconds), oldest first: the
-    median of the newest `KEEP` of the best source it has; None without any."""
+    median of the newest `KEEP` of the best source it has (with `local`, of its loads
+    from the node-local cache alone; without, of the others); None without any."""
     by_source: dict[str, list[float]] = {}
     for source, seconds in measures:
-        by_source.setdefault(source, []).append(seconds)
+        if (source == LOCAL) == local:
+            by_source.setdefault(source, []).append(seconds)
     for source in (*SOURCES, *sorted(set(by_source) - set(SOURCES))):
         values = by_source.get(source)
         if values:
@@ -74,8 +81,9 @@ class LoadStore(Transactions):
         self, model: str, seconds: float, at: datetime, source: str, version: str = ""
     ) -> None:
         """One measured load of `model` (`source`: placement | lend)."""
-        if source not in SOURCES:
-            raise ValueError(f"unknown load source {source!r} (one of {', '.join(SOURCES)})")
+        if source not in (*SOURCES, LOCAL):
+            known = ", ".join((*SOURCES, LOCAL))
+            raise ValueError(f"unknown load source {source!r} (one of {known})")
         with self._write() as session:
             session.add(
                 ModelLoad(
@@ -108,4 +116,4 @@ class LoadStore(Transactions):
         return out
 
 
-__all__ = ["KEEP", "SOURCES", "TABLES", "LoadStore", "ModelLoad", "estimate"]
+__all__ = ["KEEP", "LOCAL", "SOURCES", "TABLES", "LoadStore", "ModelLoad", "estimate"]

@@ -114,6 +114,26 @@ def sources(log_text: str) -> dict[str, tuple[int, str]]:
     return {m.group(1): (int(m.group(2)), m.group(3)) for m in LINE.finditer(log_text)}
 
 
+#: how a lease's move to serving names its models' sources in the lease history
+#: (`in_reason`, read back by `from_reason`): "weights: busy=local calm=shared"
+REASON = re.compile(r"weights: ((?:\S+=(?:local|shared) ?)+)")
+
+
+def in_reason(found: dict[str, tuple[int, str]]) -> str:
+    """The lease history's words for a job's sources (`sources`); "" without any."""
+    if not found:
+        return ""
+    return "weights: " + " ".join(f"{m}={src}" for m, (_, src) in sorted(found.items()))
+
+
+def from_reason(reason: str) -> dict[str, str]:
+    """Per model, its source as a lease history's reason says (`in_reason`)."""
+    m = REASON.search(reason)
+    if m is None:
+        return {}
+    return dict(part.split("=", 1) for part in m.group(1).split())
+
+
 def _prune(jobs: Path, keep: Path) -> None:
     if not jobs.is_dir():
         return

@@ -222,3 +222,54 @@ def test_a_lend_and_a_placement_measure_load_times_that_reach_the_lead(h: Harnes
     again = h.restarted()
     again.run_once(at(6))
     assert again.loads.load_s == rec.loads.load_s
+
+
+def test_local_loads_are_kept_apart_from_the_shared_ones() -> None:
+    measures = [("lend", 300.0), ("local", 4.0), ("placement", 290.0), ("local", 6.0)]
+    assert estimate(measures) == 290.0  # never the cache's
+    assert estimate(measures, local=True) == 5.0
+    assert estimate([("lend", 300.0)], local=True) is None
+
+
+def test_a_lend_from_the_nodes_weight_cache_says_so_and_times_the_local_load(
+    tmp_path: Path,
+) -> None:
+    from bridge.config import WeightsConfig
+    from bridge.daemon.reconciler import Reconciler
+
+    h = make_harness(tmp_path)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    config = h.config.model_copy(
+        update={
+            "triton": h.config.triton.model_copy(update={"log_dir": logs}),
+            "weights": WeightsConfig(cache_root=tmp_path / "cache"),
+        }
+    )
+    rec = Reconciler(
+        config, h.slurm, h.store, h.reconciler.observer, h.triton, h.router, h.metrics, h.requests
+    )
+    h.triton.server(address_of(N3), models={"busy": "READY", "calm": "READY"})
+    h.requests.request_lend("n3", ["busy", "calm"], at(0))
+    rec.run_once(at(0))
+    job = h.store.get(1).slurm_job_id
+    assert job
+    # what the Triton job's overlay printed (bridge.weights.overlay.Choice.line)
+    (logs / f"triton-{job}.log").write_text(
+        "stb-triton: starting\n"
+        "stb-weights: model=busy version=1 source=local path=/c/busy/1 reason=verified\n"
+        "stb-weights: model=calm version=2 source=shared path=/r/calm/2 reason=no copy\n"
+    )
+    for t in (1, 2, 3):
+        rec.run_once(at(t))
+    assert h.store.get(1).state.value == "serving"
+    served = next(e for e in h.store.history(1) if e.to_state.value == "serving")
+    assert "weights: busy=local calm=shared" in served.reason
+    took = served.at - next(e.at for e in h.store.history(1) if e.to_state.value == "starting")
+    assert rec.loads.local_load_s == {"busy": took.total_seconds()}
+    assert rec.loads.load_s == {"calm": took.total_seconds()}
+    stored = LoadStore.beside(h.store).measures()
+    assert [s for s, _ in stored["busy"]] == ["local"]
+    rec.run_once(at(4))
+    assert rec.last_snapshot is not None
+    assert rec.last_snapshot.local_load_s == {"busy": took.total_seconds()}
