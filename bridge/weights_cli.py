@@ -13,13 +13,14 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from sqlalchemy.exc import SQLAlchemyError
 
 from bridge.cli_text import fail, say
 from bridge.config import BridgeConfig
 from bridge.config_cli import ConfigOpt, load_or_exit
 from bridge.db import make_engine
 from bridge.leases.schema import create_schema
-from bridge.leases.weights import WeightStore
+from bridge.leases.weights import WeightStore, WeightStoreError
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.select import open_backend
 from bridge.slurm.staging import staging_job, submit_staging
@@ -116,7 +117,8 @@ def stage_cmd(
     cfg = load_or_exit(config)
     src = _source(cfg, source)
     if job is not None:
-        weights = cfg.weights.model_copy(update={"cache_root": _cache(cfg, cache_root)})
+        root = _cache(cfg, cache_root)
+        weights = cfg.weights.model_copy(update={"cache_root": root})
         try:
             spec = staging_job(
                 weights,
@@ -132,6 +134,16 @@ def stage_cmd(
         except (ValueError, SlurmError) as exc:
             raise fail(exc) from exc
         say(console, f"staging job {job_id} ({spec.name}) on {job}")
+        # in the catalogue, so the daemon reads the job's outcome as it does its own
+        path = version_dir(root, model, version)
+        engine = make_engine(cfg.database_url)
+        try:
+            create_schema(engine)
+            WeightStore(engine).begin(job, model, version, str(path), mf.now(), job_id)
+        except (SQLAlchemyError, WeightStoreError) as exc:
+            say(console, f"warning: not recorded in the catalogue ({exc}); the job runs")
+        finally:
+            engine.dispose()
         return
     root = _cache(cfg, cache_root)
     rate = cfg.weights.bandwidth_bytes_s if bandwidth is None else bandwidth

@@ -282,3 +282,36 @@ def test_bad_weights_settings_name_their_key(tmp_path: Path) -> None:
     text = str(info.value)
     for key in ("weights.bandwidth_bytes_s", "weights.qos", "weights.max_jobs"):
         assert key in text
+
+
+def test_stb_weights_stage_job_submits_and_opens_the_catalogue_row(
+    shared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from bridge.cli import app
+    from bridge.leases.store import create_schema, make_engine
+    from bridge.leases.weights import WeightStore
+    from tests.unit.fakes import N3, FakeSlurm
+
+    slurm = FakeSlurm([N3])
+    monkeypatch.setattr("bridge.weights_cli.open_backend", lambda: slurm)
+    key = tmp_path / "triton.key"
+    key.write_text("k\n")
+    db = f"sqlite:///{tmp_path / 'bridge.db'}"
+    toml = tmp_path / "bridge.toml"
+    toml.write_text(
+        f'database_url = "{db}"\n[triton]\nkey_file = "{key}"\nmodel_repository = "{shared}"\n'
+        f'[weights]\ncache_root = "{tmp_path / "cache"}"\npartition = "elastic"\n'
+    )
+    out = CliRunner().invoke(
+        app, ["weights", "stage", "weighty", "1", "--job", "n3", "-c", str(toml)]
+    )
+    assert out.exit_code == 0, out.output
+    (spec,) = slurm.specs
+    assert spec.comment == STAGING_TAG and spec.nodelist == ("n3",)
+    engine = make_engine(db)
+    create_schema(engine)
+    (row,) = WeightStore(engine).copies()
+    assert (row.node, row.model, row.version, row.state) == ("n3", "weighty", 1, "staging")
+    assert row.job_id == "100" and row.path.endswith("weighty/1")
