@@ -768,6 +768,13 @@ class WeightsConfig(_Strict):
         description="Staging jobs queued or running at once, in the whole cluster: each "
         "reads the shared source at `bandwidth_bytes_s`.",
     )
+    plan_every_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds between two of the daemon's staging plans (each reads the "
+        "staging jobs' outcomes and submits new ones): a copy takes minutes at "
+        "`bandwidth_bytes_s`, so a minute loses little and keeps Slurm's load small.",
+    )
     time_limit_min: int = Field(
         default=120,
         ge=1,

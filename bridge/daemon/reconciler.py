@@ -364,7 +364,7 @@ class Reconciler:
         for action in report.actions:
             self._act(action, obs, now, report)
         if self.stager is not None:
-            self.stager.tick(snap, now, report)
+            self.stager.tick(snap, act.open_leases(), now, report)
         if self.rollouts is not None:
             self.rollouts.tick(obs, _slo_of(obs), now, report, lambda: self._publish(report))
         self._route(report)

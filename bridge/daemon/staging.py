@@ -3,7 +3,7 @@ the versions the bridge expects to lend for, as low-priority Slurm jobs. Thin: t
 is pure (`bridge.policy.staging.wanted`, `bridge.policy.weights.plan_cache`), the job is
 `bridge.slurm.staging`'s, the catalogue `bridge.leases.weights.WeightStore`'s.
 
-Once every `PLAN_EVERY_S`, on the leader's pass after its actions:
+Once every `[weights] plan_every_s`, on the leader's pass after its actions:
 
 1. Each copy the catalogue has `staging` is looked up among the staging jobs Slurm lists
    (`stb:staging`): COMPLETED makes it `complete` (its size and digest the shared
@@ -20,6 +20,11 @@ Once every `PLAN_EVERY_S`, on the leader's pass after its actions:
    its stages, up to `[weights] max_jobs` staging jobs at once, are submitted and opened
    in the catalogue (`begin`, with the job id).
 
+3. A copy the catalogue has `complete` on a node whose serving lease says it read that
+   model from the shared repository (the move to serving's "weights: m=shared": the
+   Triton job refused the copy, or did not find it) is made `failed` with that reason,
+   so the plan stages it again where it is still wanted.
+
 `cached()` is what the policy reads (`NodeView.cached`): per node, the models whose
 newest version has a complete copy there. A Triton job verifies a copy again before it
 uses it (`bridge.weights.overlay`), so a catalogue row that is out of date (a copy the
@@ -31,6 +36,7 @@ frees room on the node itself (`--budget`), least recently staged first.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -39,20 +45,18 @@ from bridge.config import BridgeConfig
 from bridge.daemon.report import TickReport
 from bridge.leases.errors import LeaseError
 from bridge.leases.weights import WeightStore, WeightStoreError
+from bridge.lifecycle import LeaseState
 from bridge.models.repo import ModelRepository
-from bridge.policy.snapshot import Snapshot
+from bridge.policy.snapshot import LeaseView, Snapshot
 from bridge.policy.staging import wanted
 from bridge.policy.weights import CachedCopy, NodeCache, lend_order, plan_cache
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import STAGING_TAG, Job
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.slurm.staging import staging_job, submit_staging
-from bridge.weights import manifest
+from bridge.weights import manifest, overlay
 
 log = logging.getLogger(__name__)
-
-#: seconds between two staging plans (staging moves at a bandwidth: minutes a copy)
-PLAN_EVERY_S = 60.0
 
 #: the peak rates the plan stages for: each model's highest over this long (as far as
 #: the daemon keeps them, `policy.return_dwell_max_s`)
@@ -84,14 +88,17 @@ class Stager:
         the last plan)."""
         return dict(self._cached)
 
-    def tick(self, snap: Snapshot, now: datetime, report: TickReport) -> None:
+    def tick(
+        self, snap: Snapshot, leases: Sequence[LeaseView], now: datetime, report: TickReport
+    ) -> None:
         t = now.timestamp()
-        if self._planned_at is not None and t - self._planned_at < PLAN_EVERY_S:
+        if self._planned_at is not None and t - self._planned_at < self.config.weights.plan_every_s:
             return
         self._planned_at = t
         try:
             versions = self._versions(snap)
             self._poll(versions, now, report)
+            self._refused(leases, versions, now, report)
             self._plan(snap, versions, now, report)
             self._cached = self._complete(versions)
         except (SlurmError, WeightStoreError, LeaseError, SQLAlchemyError) as exc:
@@ -143,6 +150,27 @@ class Stager:
                 )
                 self.store.fail(row.node, row.model, row.version, why, now)
                 report.events.append(f"staging of {where} failed: {why}")
+
+    def _refused(
+        self,
+        leases: Sequence[LeaseView],
+        versions: dict[str, tuple[int, int]],
+        now: datetime,
+        report: TickReport,
+    ) -> None:
+        complete = {(r.node, r.model, r.version) for r in self.store.copies(states=("complete",))}
+        for lease in leases:
+            if lease.state != LeaseState.SERVING:
+                continue
+            for model, source in overlay.from_reason(lease.reason).items():
+                newest = versions.get(model)
+                if source != "shared" or newest is None:
+                    continue
+                if (lease.node, model, newest[0]) not in complete:
+                    continue
+                why = f"the Triton job of lease {lease.id} read the shared repository instead"
+                self.store.fail(lease.node, model, newest[0], why, now)
+                report.events.append(f"copy of {model} version {newest[0]} on {lease.node}: {why}")
 
     def _shared(self, model: str, version: int) -> tuple[int, str]:
         found = manifest.read(self.repo.root / model / str(version))
@@ -219,4 +247,4 @@ class Stager:
         return {node: frozenset(models) for node, models in out.items()}
 
 
-__all__ = ["FAILED_STATES", "PLAN_EVERY_S", "Stager"]
+__all__ = ["FAILED_STATES", "Stager"]

@@ -16,7 +16,6 @@ from bridge.config import WeightsConfig
 from bridge.daemon.metrics import BridgeMetrics
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
-from bridge.daemon.staging import PLAN_EVERY_S
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.leases.weights import WeightStore
@@ -36,6 +35,9 @@ from tests.unit.fakes import (
     make_config,
 )
 
+#: `[weights] plan_every_s`'s default
+EVERY = 60.0
+
 
 def publish(repo: Path, model: str, version: int, size: int) -> manifest.Manifest:
     folder = repo / model / str(version)
@@ -52,17 +54,24 @@ class World:
         base = make_config(tmp_path)
         self.config = base.model_copy(
             update={
-                "triton": base.triton.model_copy(update={"model_repository": repo}),
+                "triton": base.triton.model_copy(
+                    update={"model_repository": repo, "log_dir": tmp_path / "logs"}
+                ),
                 "weights": WeightsConfig(cache_root=tmp_path / "cache", max_jobs=max_jobs),
             }
         )
         self.repo = repo
+        (tmp_path / "logs").mkdir()
+        self.logs = tmp_path / "logs"
         engine = make_engine(self.config.database_url)
         create_schema(engine)
         self.slurm = FakeSlurm([N1, N3, N5], [BASELINE_JOB])
         triton = FakeTriton()
         triton.server(address_of(N1), models={"busy": "READY", "calm": "READY"})
+        self.triton = triton
         store = LeaseStore(engine)
+        self.leases = store
+        self.requests = RequestQueue(engine)
         self.weights = WeightStore(engine)
         self.reconciler = Reconciler(
             self.config,
@@ -72,7 +81,7 @@ class World:
             triton,
             FakeRouter(),
             BridgeMetrics(clock=lambda: 1_000.0),
-            RequestQueue(engine),
+            self.requests,
             triton.forget,
         )
         #: what the wanted rule says (its own tests are test_cache_policy's); the plan,
@@ -109,9 +118,9 @@ def test_the_wanted_version_is_staged_where_a_lend_lands_and_its_copy_reaches_th
     assert row.job_id == job_id
     # max_jobs = 1: calm waits; and no plan before a minute has passed
     w.end(job_id, "COMPLETED")
-    w.tick(PLAN_EVERY_S - 1)
+    w.tick(EVERY - 1)
     assert w.weights.copies()[0].state == "staging"
-    events = w.tick(PLAN_EVERY_S)
+    events = w.tick(EVERY)
     busy = w.weights.copies("n3", ("complete",))
     assert [(c.model, c.size_bytes, c.digest) for c in busy] == [
         ("busy", w.first.total_bytes, w.first.digest)
@@ -121,7 +130,7 @@ def test_the_wanted_version_is_staged_where_a_lend_lands_and_its_copy_reaches_th
     assert [c.model for c in w.weights.copies(states=("staging",))] == ["calm"]
     assert w.reconciler.stager is not None
     assert w.reconciler.stager.cached()["n3"] == frozenset({"busy"})
-    w.tick(PLAN_EVERY_S + 5)
+    w.tick(EVERY + 5)
     snap = w.reconciler.last_snapshot
     assert snap is not None
     assert {n.name: n.cached for n in snap.nodes}["n3"] == frozenset({"busy"})
@@ -136,19 +145,19 @@ def test_a_failed_or_vanished_staging_job_fails_its_copy_and_a_new_version_is_st
     (first,) = w.staging_jobs()
     w.end(first, "FAILED")
     w.want = []  # nothing wanted: the failure is read, nothing staged again
-    events = w.tick(PLAN_EVERY_S)
+    events = w.tick(EVERY)
     (row,) = w.weights.copies()
     assert row.state == "failed" and f"staging job {first} failed" in row.reason
     assert any("staging of busy version 1 on n3 failed" in e for e in events)
     # wanted again: a new job, the row back to staging; then the job leaves the queue
     # with no outcome seen (past MinJobAge while the daemon was away)
     w.want = [Wanted("busy", "1", 1000, 1)]
-    w.tick(2 * PLAN_EVERY_S)
+    w.tick(2 * EVERY)
     (row,) = w.weights.copies()
     assert row.state == "staging" and row.job_id != first
     del w.slurm.jobs_[row.job_id]
     w.want = []
-    w.tick(3 * PLAN_EVERY_S)
+    w.tick(3 * EVERY)
     (row,) = w.weights.copies()
     assert row.state == "failed" and "outcome was not seen" in row.reason
     assert w.reconciler.stager is not None and w.reconciler.stager.cached() == {}
@@ -185,3 +194,38 @@ def test_the_wanted_rule_takes_the_lends_of_both_capacity_models_beyond_the_base
     got = staging.wanted(snap, make_config(tmp_path), {}, versions)
     # calm: no lend expected; tiny: no version known (not in the repository)
     assert got == [Wanted("busy", "4", 10, 2), Wanted("llm", "2", 99, 2)]
+
+
+def test_a_copy_the_triton_job_refused_is_failed_and_staged_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = World(tmp_path, monkeypatch, max_jobs=1)
+    w.want = [Wanted("busy", "1", 1000, 1)]
+    w.tick(0)
+    (job,) = w.staging_jobs()
+    w.end(job, "COMPLETED")
+    w.tick(EVERY)
+    assert [c.state for c in w.weights.copies()] == ["complete"]
+    # a lend of busy on n3; its Triton job's overlay refused the copy (its log says so)
+    w.slurm.jobs_.pop(job)
+    w.triton.server(address_of(N3), models={"busy": "READY"})
+    w.requests.request_lend("n3", ["busy"], at(EVERY + 1))
+    w.tick(EVERY + 1)
+    triton_job = w.leases.get(1).slurm_job_id
+    (w.logs / f"triton-{triton_job}.log").write_text(
+        "stb-weights: model=busy version=1 source=shared path=/r/busy/1 reason=sha256 of "
+        "weights.bin differs from what the manifest says\n"
+    )
+    for t in (EVERY + 2, EVERY + 3):
+        w.tick(t)
+    assert w.leases.get(1).state.value == "serving"
+    assert "weights: busy=shared" in w.leases.get(1).reason
+    events = w.tick(2 * EVERY + 1)
+    copies = [(c.node, c.state, c.reason) for c in w.weights.copies()]
+    # refused: failed with the reason; still wanted: staged again on the first free node
+    # a lend would take (n3 is lent now, last in the lend order)
+    assert copies == [
+        ("n3", "failed", "the Triton job of lease 1 read the shared repository instead"),
+        ("n5", "staging", ""),
+    ], events
+    assert any("staging busy version 1 on n5" in e for e in events), events
