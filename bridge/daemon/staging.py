@@ -6,8 +6,9 @@ is pure (`bridge.policy.staging.wanted`, `bridge.policy.weights.plan_cache`), th
 Once every `[weights] plan_every_s`, on the leader's pass after its actions:
 
 1. Each copy the catalogue has `staging` is looked up among the staging jobs Slurm lists
-   (`stb:staging`): COMPLETED makes it `complete` (its size and digest the shared
-   repository's manifest of the version, which the job verified the copy against);
+   (`stb:staging`): COMPLETED makes it `complete` (its size and digest the staging
+   source's manifest of the version, `[weights] source` or the model repository, which
+   the job verified the copy against);
    FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE or PREEMPTED
    (not requeued) make it `failed` with the state; a job Slurm no longer lists (past
    `MinJobAge`) makes it `failed` ("outcome not seen"), and the next plan stages it
@@ -16,7 +17,8 @@ Once every `[weights] plan_every_s`, on the leader's pass after its actions:
    (`weights.lend_order`), each with its budget (`[weights] budget_bytes`) and the copies
    the catalogue has staging or complete there, and the wanted versions
    (`bridge.policy.staging.wanted` at each model's highest rate the daemon keeps, up to a
-   day; newest version, its manifest's size) make the cache plan;
+   day; the model repository's newest version, its size by the source's manifest) make
+   the cache plan;
    its stages, up to `[weights] max_jobs` staging jobs at once, are submitted and opened
    in the catalogue (`begin`, with the job id).
 
@@ -54,7 +56,8 @@ from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import STAGING_TAG, Job
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.slurm.staging import staging_job, submit_staging
-from bridge.weights import manifest, overlay
+from bridge.weights import overlay
+from bridge.weights.stage import StageError, source_manifest
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +104,7 @@ class Stager:
             self._refused(leases, versions, now, report)
             self._plan(snap, versions, now, report)
             self._cached = self._complete(versions)
-        except (SlurmError, WeightStoreError, LeaseError, SQLAlchemyError) as exc:
+        except (SlurmError, WeightStoreError, LeaseError, SQLAlchemyError, StageError) as exc:
             report.error("stage", exc)
 
     # ---- the steps --------------------------------------------------------------------
@@ -117,9 +120,8 @@ class Stager:
             key = (model, version)
             if key not in self._sizes:
                 try:
-                    found = manifest.read(self.repo.root / model / str(version))
-                    self._sizes[key] = found.total_bytes
-                except manifest.ManifestError as exc:
+                    self._sizes[key] = self._shared(model, version)[0]
+                except StageError as exc:
                     log.warning("%s version %s is not staged: %s", model, version, exc)
                     self._sizes[key] = None
             size = self._sizes[key]
@@ -173,8 +175,12 @@ class Stager:
                 report.events.append(f"copy of {model} version {newest[0]} on {lease.node}: {why}")
 
     def _shared(self, model: str, version: int) -> tuple[int, str]:
-        found = manifest.read(self.repo.root / model / str(version))
+        """The version's size and digest as the staging source's manifest says."""
+        found = source_manifest(self._source(), model, version)
         return found.total_bytes, found.digest
+
+    def _source(self) -> str:
+        return self.config.weights.source or str(self.config.triton.model_repository)
 
     def _plan(
         self,
@@ -217,7 +223,7 @@ class Stager:
         ]
         plan = plan_cache(caches, want, max_staging=room)
         pools = {n.name: n.pool for n in snap.nodes}
-        source = cfg.source or str(self.config.triton.model_repository)
+        source = self._source()
         for stage in plan.stage:
             pool = self.config.pools.get(pools.get(stage.node, ""))
             spec = staging_job(

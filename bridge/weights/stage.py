@@ -162,6 +162,16 @@ def _source_manifest(
         raise StageError(str(exc)) from exc
 
 
+def source_manifest(source: str, model: str, version: int, timeout_s: float = 30.0) -> mf.Manifest:
+    """A version's manifest at the shared repository `source` (a folder, or an http(s)
+    origin serving it): what a copy of it is staged and verified against. StageError
+    when it cannot be read."""
+    if not is_url(source):
+        return _source_manifest(source, model, version, None)
+    with httpx.Client(timeout=timeout_s) as client:
+        return _source_manifest(source, model, version, client)
+
+
 def _url(source: str, model: str, version: int, rel: str) -> str:
     return f"{source.rstrip('/')}/{quote(model)}/{version}/{quote(rel)}"
 
