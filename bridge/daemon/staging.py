@@ -31,8 +31,9 @@ Once every `[weights] plan_every_s`, on the leader's pass after its actions:
 newest version has a complete copy there. A Triton job verifies a copy again before it
 uses it (`bridge.weights.overlay`), so a catalogue row that is out of date (a copy the
 stage program evicted for room, a disk wiped) costs a load from the shared repository,
-never a wrong model. The plan's evictions are not carried out here: the stage program
-frees room on the node itself (`--budget`), least recently staged first.
+never a wrong model. The plan's evictions are carried out by the staging job they make
+room for (`--evict`, before its copy; the catalogue's rows say `evicted` from its
+submission), and the stage program refuses a copy past the node's budget.
 """
 
 from __future__ import annotations
@@ -224,7 +225,11 @@ class Stager:
         plan = plan_cache(caches, want, max_staging=room)
         pools = {n.name: n.pool for n in snap.nodes}
         source = self._source()
+        victims: dict[str, list[tuple[str, int]]] = {}
+        for e in plan.evict:  # carried out by the stage's job on that node, first
+            victims.setdefault(e.node, []).append((e.model, int(e.version)))
         for stage in plan.stage:
+            evict = tuple(victims.pop(stage.node, ()))
             pool = self.config.pools.get(pools.get(stage.node, ""))
             spec = staging_job(
                 cfg,
@@ -235,8 +240,12 @@ class Stager:
                 account=self.config.triton.account,
                 partition=pool.partition if pool is not None else None,
                 log_dir=self.config.triton.log_dir,
+                evict=evict,
             )
             job_id = submit_staging(self.slurm, spec)
+            for model, version in evict:
+                why = f"room for {stage.model} version {stage.version} (job {job_id})"
+                self.store.evict(stage.node, model, version, why, now)
             path = str(cfg.cache_root / stage.model / stage.version)
             self.store.begin(stage.node, stage.model, int(stage.version), path, now, job_id)
             report.events.append(

@@ -13,7 +13,8 @@ The rule, greedy and deterministic:
   holding it), taking the versions by `replicas` (most first), then by name.
 - A node keeps a wanted copy it already holds (complete or still staging) and is given
   the next wanted versions that fit its budget once the copies nobody wants are evicted,
-  least recently used first. A copy that is wanted is never evicted for another; a
+  least recently used first. A copy that is wanted, or still staging (its job holds
+  its room until it ends), is never evicted for another; a
   version too large for a node's whole budget is not placed there.
 - At most `max_staging` new copies per plan (staging is Slurm work throttled to a
   bandwidth: the rest wait for the next plan), the first nodes first.
@@ -143,13 +144,14 @@ def plan_cache(
         used = sum(c.size_bytes for c in cache.copies)
         # copies nobody wants (or beyond what is needed), least recently used first
         spare = sorted(
-            (c for c in cache.copies if c.key not in keep), key=lambda c: (c.last_used, c.key)
+            (c for c in cache.copies if c.key not in keep and c.complete),
+            key=lambda c: (c.last_used, c.key),
         )
         for w in order:
             if need[w.key] <= 0 or w.key in keep or len(stages) >= max_staging:
                 continue
             if w.size_bytes > cache.budget_bytes - sum(
-                c.size_bytes for c in cache.copies if c.key in keep
+                c.size_bytes for c in cache.copies if c.key in keep or not c.complete
             ):
                 continue  # would not fit even with every spare copy gone
             while used + w.size_bytes > cache.budget_bytes and spare:

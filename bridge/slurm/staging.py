@@ -37,10 +37,12 @@ def staging_job(
     partition: str | None = None,
     python: str = sys.executable,
     log_dir: Path | None = None,
+    evict: tuple[tuple[str, int], ...] = (),
 ) -> JobSpec:
     """The JobSpec of one staging job (module docstring). `source` is the shared
     repository (folder or URL), `account` the bridge's (used unless `cfg.account`),
-    `partition` the target node's pool's (used unless `cfg.partition`)."""
+    `partition` the target node's pool's (used unless `cfg.partition`); `evict`: the
+    (model, version) copies the job removes first, for room (the daemon's cache plan)."""
     if cfg.cache_root is None:
         raise ValueError("weights.cache_root is not set: there is no cache to stage into")
     part = cfg.partition or partition
@@ -55,6 +57,8 @@ def staging_job(
         "STB_WEIGHTS_BANDWIDTH": f"{cfg.bandwidth_bytes_s:.0f}",
         "STB_WEIGHTS_BUDGET": str(cfg.budget_bytes),
     }
+    if evict:  # ';' between: sbatch's --export splits on commas
+        env["STB_WEIGHTS_EVICT"] = ";".join(f"{m}/{v}" for m, v in evict)
     return JobSpec(
         partition=part,
         account=cfg.account or account,

@@ -373,7 +373,22 @@ def main(argv: list[str] | None = None) -> int:
         "--bandwidth", type=float, default=0, help="bytes a second at most (0: no limit)"
     )
     p.add_argument("--budget", type=int, default=None, help="bytes the cache may hold in all")
+    p.add_argument(
+        "--evict",
+        action="append",
+        default=[],
+        metavar="MODEL/VERSION",
+        help="a copy to remove first, for room (the daemon's cache plan); repeatable",
+    )
     args = p.parse_args(argv)
+    for item in args.evict:
+        model, _, version = item.rpartition("/")
+        try:
+            freed = evict(args.cache_root, model, int(version))
+        except (StageError, OSError, ValueError) as exc:
+            print(f"stage: error: evicting {item!r}: {exc}", file=sys.stderr)
+            return 2
+        print(f"stb-weights: evicted model={model} version={version} bytes={freed}", flush=True)
     last = [0.0]
     t0 = time.monotonic()
 

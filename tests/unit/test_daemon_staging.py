@@ -229,3 +229,32 @@ def test_a_copy_the_triton_job_refused_is_failed_and_staged_again(
         ("n5", "staging", ""),
     ], events
     assert any("staging busy version 1 on n5" in e for e in events), events
+
+
+def test_room_is_made_by_the_staging_job_that_needs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = World(tmp_path, monkeypatch, max_jobs=1)
+    w.config = w.config.model_copy(
+        update={"weights": w.config.weights.model_copy(update={"budget_bytes": 1500})}
+    )
+    w.reconciler.config = w.config
+    assert w.reconciler.stager is not None
+    w.reconciler.stager.config = w.config
+    w.want = [Wanted("calm", "1", 500, 1)]
+    w.tick(0)
+    (job,) = w.staging_jobs()
+    w.end(job, "COMPLETED")
+    w.want = [Wanted("busy", "1", 1000, 1)]  # calm no longer wanted; 500 + 1000 fit
+    w.tick(EVERY)
+    (busy_job,) = [j for j in w.staging_jobs() if j != job]
+    w.end(busy_job, "COMPLETED")
+    w.want = [Wanted("echo", "1", 400, 1)]  # 1500 used: calm (least recent) must go
+    publish(w.repo, "echo", 1, 400)
+    w.tick(2 * EVERY)
+    spec = w.slurm.specs[-1]
+    assert spec.env["STB_WEIGHTS_MODEL"] == "echo" and spec.nodelist == ("n3",)
+    assert spec.env["STB_WEIGHTS_EVICT"] == "calm/1"
+    states = {c.model: (c.state, c.reason) for c in w.weights.copies("n3")}
+    assert states["calm"][0] == "evicted" and "room for echo version 1" in states["calm"][1]
+    assert states["busy"] == ("complete", "") and states["echo"][0] == "staging"

@@ -179,6 +179,15 @@ def test_budget_evict_and_the_cli(
     assert "stage: smol 3:" in out.err
     assert main([*argv[:-1], "9"]) == 2
     assert "no such version folder" in capsys.readouterr().err
+    # the daemon's plan makes room through the job: --evict goes first
+    assert main([*argv[:-1], "3", "--evict", "smol/3"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("stb-weights: evicted model=smol version=3 bytes=") < out.index(
+        "stb-weights: staged model=smol"
+    )
+    assert "copied=yes" in out  # evicted, so copied again
+    assert main([*argv, "--evict", "smol/x"]) == 2
+    assert "evicting 'smol/x'" in capsys.readouterr().err
 
 
 def test_the_overlay_points_verified_copies_local_and_the_rest_shared(

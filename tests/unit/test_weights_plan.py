@@ -58,6 +58,19 @@ def test_unwanted_copies_go_least_recently_used_first_and_only_for_room() -> Non
     assert plan.stage == (Stage("n1", "llm", "3", 5 * GB),)
 
 
+def test_a_copy_still_staging_is_never_evicted_and_holds_its_room() -> None:
+    flight = CachedCopy("other", "1", 4 * GB, complete=False, last_used=0.0)
+    done = CachedCopy("old", "1", 4 * GB, last_used=500.0)
+    nodes = [NodeCache("n1", 10 * GB, (flight, done))]
+    plan = plan_cache(nodes, [Wanted("llm", "3", 5 * GB, 1)], max_staging=1)
+    # the complete one goes, though the staging one was used longer ago
+    assert plan.evict == (Evict("n1", "old", "1", 4 * GB),)
+    assert plan.stage == (Stage("n1", "llm", "3", 5 * GB),)
+    # and what does not fit beside the copy in flight is not placed
+    big = plan_cache(nodes, [Wanted("big", "1", 7 * GB, 1)], max_staging=1)
+    assert big.stage == () and big.evict == () and big.unplaced == ((("big", "1"), 1),)
+
+
 def test_a_wanted_copy_is_never_evicted_and_too_large_a_version_is_not_placed() -> None:
     held = CachedCopy("llm", "3", 6 * GB, last_used=0.0)
     nodes = [NodeCache("n1", 10 * GB, (held,)), NodeCache("n2", 3 * GB)]
