@@ -20,11 +20,12 @@ import pytest
 from bridge.lab import lab as lab_mod
 from bridge.lab.spec import LabSpec
 from bridge.slurm.cli import SlurmCLI
-from tests.lab.fixtures import bridge, daemon_config, triton_config
+from tests.lab.fixtures import bridge, bridge_update, daemon_config, triton_config
 
 from .tools import DaemonProc, lab_env, restart_lab
 
-__all__ = ["bridge", "daemon_config", "triton_config"]  # the lab's fixtures, re-exported
+# the lab's fixtures, re-exported
+__all__ = ["bridge", "bridge_update", "daemon_config", "triton_config"]
 
 
 @pytest.fixture(autouse=True)

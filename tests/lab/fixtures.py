@@ -57,8 +57,18 @@ def triton_config(lab: LabSpec) -> TritonJobConfig:
 
 
 @pytest.fixture
+def bridge_update() -> dict[str, object]:
+    """More of the `bridge` fixture's configuration, field -> value (e.g. `weights`); a
+    test module may override this fixture."""
+    return {}
+
+
+@pytest.fixture
 def bridge(
-    lab: LabSpec, tmp_path: Path, triton_config: TritonJobConfig
+    lab: LabSpec,
+    tmp_path: Path,
+    triton_config: TritonJobConfig,
+    bridge_update: dict[str, object],
 ) -> Iterator[tuple[Reconciler, str]]:
     base = load_config(project_root() / "deploy" / "lab" / "bridge.toml")
     port = _free_port()
@@ -75,6 +85,7 @@ def bridge(
                     "max_lent_nodes": 1,
                 }
             ),
+            **bridge_update,
         }
     )
     engine = make_engine(config.database_url)

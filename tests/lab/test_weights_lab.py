@@ -4,30 +4,40 @@ a Triton job on the elastic node with an empty cache loads them from the origin 
 10 s); a staging Slurm job (low priority, tagged stb:staging) copies the version into the
 node's cache meanwhile; the next Triton job there reads the verified local copy (its log
 and the model both say local) several times faster; a corrupted copy is refused by the
-job (its log says why) and the model loads from the origin again."""
+job (its log says why) and the model loads from the origin again. Then the daemon's
+path: a staging job recorded in the catalogue is read back as complete by the daemon's
+staging step, and a lend of the model on that node reads the local copy: the lease's
+move to serving says so and the load is timed as a local one."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from bridge.config import WeightsConfig
+from bridge.config import TritonJobConfig, WeightsConfig
+from bridge.daemon.reconciler import Reconciler
 from bridge.lab import triton
 from bridge.lab import weights as labweights
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
+from bridge.leases.weights import WeightStore
+from bridge.lifecycle import LeaseState
+from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.staging import staging_job, submit_staging
 from bridge.weights import manifest as mf
 from bridge.weights.overlay import sources
+from bridge.weights.stage import version_dir
 
-from .helpers import until, wait_state
+from .helpers import tick_until, tick_until_baseline, until, wait_state
 
 pytestmark = pytest.mark.lab
 
@@ -153,3 +163,78 @@ def test_a_staged_copy_serves_fast_and_a_corrupt_one_is_refused(
         f"{cold_s:.1f} s (model load {cold_answer[1]:.1f} s), local {warm_s:.1f} s (model "
         f"load {warm_answer[1]:.2f} s), corrupt copy refused {bad_s:.1f} s"
     )
+
+
+# ---- the daemon's path -----------------------------------------------------------------
+
+
+@pytest.fixture
+def triton_config(lab: LabSpec, origin: tuple[str, Path]) -> TritonJobConfig:
+    """The bridge serves weighty's Triton-facing repository (its weights at the origin,
+    loaded only where placed or lent: `stb.load_at_start` false) and the lab's echo (what
+    the baseline loads)."""
+    url, work = origin
+    repo = work / "daemon-repo"
+    if not repo.exists():
+        labweights.build_repository(repo, url)
+        shutil.copytree(project_root() / "triton_repo" / "echo", repo / "echo")
+    return triton.job_config(lab).model_copy(update={"model_repository": repo})
+
+
+@pytest.fixture
+def bridge_update(origin: tuple[str, Path]) -> dict[str, object]:
+    url, work = origin
+    cache = work / "daemon-cache"
+    cache.mkdir(exist_ok=True)
+    return {
+        "weights": WeightsConfig(
+            cache_root=cache, source=url, bandwidth_bytes_s=0, partition="elastic",
+            plan_every_s=1,
+        )
+    }  # fmt: skip
+
+
+def test_the_daemon_reads_a_staging_back_and_lends_onto_the_local_copy(
+    lab: LabSpec, bridge: tuple[Reconciler, str], origin: tuple[str, Path]
+) -> None:
+    rec, _ = bridge
+    assert rec.stager is not None and rec.requests is not None
+    cfg = rec.config.weights
+    assert cfg.cache_root is not None and cfg.source is not None
+    node = lab.pool_nodes("elastic")[0].name
+    log: list[str] = []
+    tick_until_baseline(rec, lab, log)  # the baseline reads weighty from the origin
+    # what `stb weights stage weighty 1 --job <node>` does: the job, and its catalogue row
+    spec = staging_job(cfg, node=node, model=labweights.MODEL, version=1, source=cfg.source,
+                       account="bridge", partition="elastic", log_dir=lab.log_dir)  # fmt: skip
+    job = submit_staging(SlurmCLI(env=lab.env()), spec)
+    catalogue = WeightStore.beside(rec.store)
+    path = str(version_dir(cfg.cache_root, labweights.MODEL, 1))
+    catalogue.begin(node, labweights.MODEL, 1, path, datetime.now(UTC), job)
+
+    def copy_state() -> str:
+        return next((c.state for c in catalogue.copies(node)), "")
+
+    tick_until(rec, lambda: copy_state() != "staging", 90, log)
+    assert copy_state() == "complete", "\n".join(log)
+    (row,) = catalogue.copies(node)
+    assert row.size_bytes == mf.read(Path(path)).total_bytes >= SIZE
+    tick_until(rec, lambda: rec.stager is not None and bool(rec.stager.cached()), 10, log)
+    assert rec.stager.cached() == {node: frozenset({labweights.MODEL})}
+
+    rec.requests.request_lend(node, [labweights.MODEL], datetime.now(UTC))
+    store = rec.store
+    tick_until(
+        rec, lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()), 90, log
+    )
+    (lease,) = store.open_leases()
+    assert lease.id is not None
+    served = next(e for e in store.history(lease.id) if e.to_state == LeaseState.SERVING)
+    assert f"weights: {labweights.MODEL}=local" in served.reason, "\n".join(log)
+    began = next(e.at for e in store.history(lease.id) if e.to_state == LeaseState.STARTING)
+    took = (served.at - began).total_seconds()
+    assert rec.loads.local_load_s == {labweights.MODEL: took}
+    assert labweights.MODEL not in rec.loads.load_s  # the baseline's start is no lend
+    print(f"\nweights lab, daemon: staged on {node}, lent: starting -> serving {took:.1f} s local")
+    rec.requests.request_return(lease.id, datetime.now(UTC))
+    tick_until(rec, lambda: not store.open_leases(), 90, log)
