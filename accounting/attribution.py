@@ -6,9 +6,12 @@ property tests drive it directly.
 - `job_entries`: one sacct run -> entries per hour bucket and node. A multi-node job's GPUs
   are shared evenly among its nodes (sacct reports the total); each node books to its own
   pool. A running job counts up to the horizon.
-- The workload: `stb:workload=<w>` in the job's comment (written by job_submit.lua),
-  `stb:triton` (a serving job), else the workload of the job's partition, else of the
-  node's pool, else "training".
+- The workload: a staging job of the bridge's (`is_staging`: `stb:staging` in its
+  comment or a name starting `stb-staging`, in the bridge's account) is `staging`, booked
+  to the model its name names (overhead of that model's serving; it asks for no GPU, so it
+  books only where the site gave it some); else `stb:workload=<w>` in the job's comment
+  (written by job_submit.lua), `stb:triton` (a serving job), else the workload of the
+  job's partition, else of the node's pool, else "training".
 - A serving job (workload inference) is split among its models by compute-time share:
   each model gets the GPU time its instances spent computing in that hour (Triton's
   cumulative compute counters; a counter that goes down was reset and counts from zero),
@@ -30,10 +33,18 @@ from types import MappingProxyType
 
 from accounting.buckets import even_split, floor_hour, largest_remainder, split_ms, utc
 from accounting.errors import IngestError
-from accounting.schema import UNATTRIBUTED, WORKLOADS
-from bridge.slurm.model import TRITON_TAG, AccountingRecord
+from accounting.schema import STAGING, UNATTRIBUTED, WORKLOADS
+from bridge.slurm.model import (
+    STAGING_NAME_PREFIX,
+    STAGING_TAG,
+    TRITON_TAG,
+    AccountingRecord,
+    staged_version,
+)
 
 _TAG = re.compile(r"stb:(workload|lease|team)=([A-Za-z0-9_.:-]+)")
+#: the workloads a job may be booked under, for the error that names an unknown one
+_BOOKABLE = ", ".join(w for w in WORKLOADS if w != "idle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +108,9 @@ class Context:
     horizon: datetime | None = None
     #: cluster name for records that carry none
     cluster: str = ""
+    #: the accounts whose staging-marked jobs are booked as `staging` (the bridge's);
+    #: empty: any account's
+    staging_accounts: frozenset[str] = frozenset()
 
 
 def tags(comment: str) -> dict[str, str]:
@@ -112,6 +126,38 @@ def comment_tags(comment: str) -> Mapping[str, str]:
     if TRITON_TAG in re.split(r"[\s,;]+", comment):
         found.setdefault("workload", "inference")
     return MappingProxyType(found)
+
+
+@functools.lru_cache(maxsize=4096)
+def _staging_comment(comment: str) -> bool:
+    return STAGING_TAG in re.split(r"[\s,;]+", comment)
+
+
+def is_staging(rec: AccountingRecord, ctx: Context) -> bool:
+    """A run of one of the bridge's staging jobs (`bridge.slurm.staging`): `stb:staging` in
+    its comment or its name `stb-staging` or `stb-staging-...`, and its account one of
+    `ctx.staging_accounts` (any when empty): another account's job that says so is booked
+    as its own workload."""
+    named = rec.name == STAGING_NAME_PREFIX or rec.name.startswith(STAGING_NAME_PREFIX + "-")
+    if not (named or _staging_comment(rec.comment)):
+        return False
+    return not ctx.staging_accounts or rec.account in ctx.staging_accounts
+
+
+def staged_model(name: str) -> str:
+    """The model a staging job's name names (`stb-staging-<model>-<version>`); "" for any
+    other name."""
+    found = staged_version(name)
+    return found[0] if found else ""
+
+
+def record_workload(rec: AccountingRecord, ctx: Context, tagged: Mapping[str, str]) -> str | None:
+    """The workload the record's tags, name and partition say (None: the node's pool's);
+    `tagged`: `comment_tags(rec.comment)`. A staging job's is `staging` whatever tag
+    job_submit.lua gave its partition."""
+    if is_staging(rec, ctx):
+        return STAGING
+    return tagged.get("workload") or ctx.workload_of_partition.get(rec.partition)
 
 
 def deferred_reason(rec: AccountingRecord) -> str | None:
@@ -155,8 +201,9 @@ def job_entries(
     if not cluster:
         raise IngestError(key, "names no cluster")
     t = tags(rec.comment)
-    workload = t.get("workload") or ctx.workload_of_partition.get(rec.partition)
+    workload = record_workload(rec, ctx, t)
     lease = t.get("lease", "")
+    plain_model = staged_model(rec.name) if workload == STAGING else ""
     per_node = even_split(rec.gpus, len(rec.nodes))
     busy = compute_ms_by_bucket(serving, start, end) if serving else {}
     entries: list[Entry] = []
@@ -172,7 +219,7 @@ def job_entries(
         pool = ctx.pool_of_lease.get(lease) or ctx.pool_of_node.get(node) or rec.partition
         wl = workload or ctx.workload_of_pool.get(pool) or "training"
         if wl not in WORKLOADS or wl == "idle":
-            raise IngestError(key, f"unknown workload {wl!r} (one of training, elastic, inference)")
+            raise IngestError(key, f"unknown workload {wl!r} (one of {_BOOKABLE})")
         team = ctx.team_of_account.get(rec.account, rec.account)
         base = dict(
             cluster=cluster,
@@ -188,7 +235,9 @@ def job_entries(
         for bucket, ms in split_ms(start, end):
             amount = ms * gpus
             if wl != "inference":
-                entries.append(Entry(bucket=bucket, team=team, model="", gpu_ms=amount, **base))
+                entries.append(
+                    Entry(bucket=bucket, team=team, model=plain_model, gpu_ms=amount, **base)
+                )
                 continue
             # A multi-node serving job's compute is shared among its nodes like its GPUs.
             share = {m: v * gpus / rec.gpus for m, v in busy.get(bucket, {}).items()}
@@ -256,8 +305,9 @@ def job_entry_tuples(
     if not cluster:
         raise IngestError(rec.key, "names no cluster")
     t = comment_tags(rec.comment)
-    workload = t.get("workload") or ctx.workload_of_partition.get(rec.partition)
+    workload = record_workload(rec, ctx, t)
     lease = t.get("lease", "")
+    plain_model = staged_model(rec.name) if workload == STAGING else ""
     per_node = even_split(rec.gpus, len(rec.nodes))
     parts = _hour_parts(start, end)
     team = ctx.team_of_account.get(rec.account, rec.account)
@@ -276,11 +326,9 @@ def job_entry_tuples(
         pool = ctx.pool_of_lease.get(lease) or ctx.pool_of_node.get(node) or rec.partition
         wl = workload or ctx.workload_of_pool.get(pool) or "training"
         if wl not in WORKLOADS or wl == "idle":
-            raise IngestError(
-                rec.key, f"unknown workload {wl!r} (one of training, elastic, inference)"
-            )
+            raise IngestError(rec.key, f"unknown workload {wl!r} (one of {_BOOKABLE})")
         # No serving samples: a serving job's time is all its (unattributed) row.
-        model = UNATTRIBUTED if wl == "inference" else ""
+        model = UNATTRIBUTED if wl == "inference" else plain_model
         head = (cluster, pool, rec.partition, wl, rec.account, team, rec.user, model)
         tail = (gpu_type, rec.qos, lease)
         out += [(bucket, *head, *tail, ms * gpus) for bucket, ms in parts]
@@ -453,6 +501,8 @@ def digest(rec: AccountingRecord, ctx: Context, serving: Sequence[ServingPoint] 
         sorted(ctx.pool_of_lease.items()) if "stb:lease=" in rec.comment else None,
     )
     h.update(repr(fields).encode())
+    if is_staging(rec, ctx):  # only then: every other record keeps its digest
+        h.update(repr((STAGING, rec.name)).encode())
     for p in sorted(serving, key=lambda p: (p.instance, p.model, p.version, p.at)):
         # the version only where there is one: samples stored before versions keep their
         # digests (requests and tokens do not change the rows: not hashed)

@@ -38,6 +38,7 @@ from accounting.attribution import (
     digest,
     job_entry_tuples,
     record_end,
+    record_workload,
 )
 from accounting.errors import IngestError
 from accounting.schema import LedgerRow
@@ -205,8 +206,7 @@ def prepare_records(
 
 def _serves(rec: AccountingRecord, ctx: Context) -> bool:
     """A serving job (whose rows depend on its serving samples)."""
-    tagged = comment_tags(rec.comment)
-    return tagged.get("workload", ctx.workload_of_partition.get(rec.partition)) == "inference"
+    return record_workload(rec, ctx, comment_tags(rec.comment)) == "inference"
 
 
 # --- the rows, encoded per database ---------------------------------------------------

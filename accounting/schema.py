@@ -49,7 +49,10 @@ from sqlmodel import Field, SQLModel
 from bridge.db import UTCDateTime
 
 #: what a ledger row's GPU time was used for
-WORKLOADS = ("training", "elastic", "inference", "idle")
+WORKLOADS = ("training", "elastic", "inference", "staging", "idle")
+#: the workload of the bridge's staging jobs (weights copied into a node's cache): overhead
+#: of serving (`accounting.attribution.is_staging`)
+STAGING = "staging"
 #: the model column of a serving job's unattributed remainder
 UNATTRIBUTED = "(unattributed)"
 #: the source of idle rows (capacity minus allocation)

@@ -8,24 +8,29 @@ lengths drawn as the load's, sent straight to one smol replica; each stream's cl
 predicted capacity (the rate at which its slots are always busy), prompt and output
 lengths drawn from the Azure conversation trace's token columns (scaled to the tiny
 model); each rate's client TTFT p99 and TPOT p99 beside the profile's prediction for that
-rate and the lengths the model actually produced (`predict`), as predicted/measured;
+rate and the lengths the model actually produced (`predict`), as predicted/measured,
+measured over the streams sent after `--warmup` seconds of load at that rate (the
+prediction is the queue's steady state; a run from an idle replica starts below it);
 beside it the profile's TTFT p99 with this run's own queue replayed (`replay_ttft_p99`:
 the same service times, the run's arrivals, no steady state), which tells a profile
 that is off from a run too short for the stationary p99 near saturation.
 With --reprofile (the default) the profile is taken again before each rate after the
 first and that rate's prediction uses it: on a shared machine the per-token times drift.
-The issue's target: within 0.75-1.33 at each rate. Ends with a `RESULT key=value ...`
-line. About 4 to 5 minutes of lab time.
+Beside them, the prediction with the profile corrected by the replica's own counters
+over the run (`calibrate`: the backend's TTFT-clock and token-gap means, as the daemon
+corrects it). The issue's target: within 0.75-1.33 at each rate. Ends with a
+`RESULT key=value ...` line. About 6 minutes of lab time.
 
 Usage (lab up, root; `$STB_TRACES_DIR` holding azure_llm_conv_2023.csv; run it under the
 lab's lock where others share the lab):
-    .venv/bin/python bench/llm_capacity.py [--rates 0.3,0.6,0.9] [--seconds 40]
+    .venv/bin/python bench/llm_capacity.py [--rates 0.3,0.6,0.9] [--seconds 40] [--warmup 30]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import sys
 import time
@@ -203,7 +208,9 @@ def diagnostics(records: Sequence[StreamRecord]) -> dict[str, float | None]:
     }
 
 
-def replay_ttft_p99(prof: TokenProfile, records: Sequence[StreamRecord]) -> float | None:
+def replay_ttft_p99(
+    prof: TokenProfile, records: Sequence[StreamRecord], since: float = -math.inf
+) -> float | None:
     """The TTFT p99 the profile gives this run's own streams with their queue replayed,
     not taken at its steady state: each ok stream, at the time it was sent, takes the
     first free of the replica's `sequences` slots (first come, first served) and holds it
@@ -224,7 +231,8 @@ def replay_ttft_p99(prof: TokenProfile, records: Sequence[StreamRecord]) -> floa
         n = 1 + sum(1 for j, f in enumerate(free) if j != slot and f > start)
         pre = prof.slowdown(n) * prof.prefill(r.prompt_tokens)
         free[slot] = start + pre + r.tokens * prof.tpot(n)
-        ttfts.append(start - sent + pre)
+        if r.scheduled_s >= since:  # (the warm-up's streams hold the queue, not the p99)
+            ttfts.append(start - sent + pre)
     p99 = latency_stats(ttfts).p99_ms
     return None if p99 is None else p99 / 1000.0
 
@@ -264,6 +272,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0, help="load per rate, at least")
     parser.add_argument(
         "--min-streams", type=int, default=40, help="per rate: longer than --seconds for these"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=30.0,
+        help="seconds of load at each rate before the streams measured (the queue reaches "
+        "its steady state; 0: measure from an idle replica)",
     )
     parser.add_argument("--prompt-scale", type=float, default=0.05)
     parser.add_argument("--output-scale", type=float, default=0.05)
@@ -328,7 +343,7 @@ def main() -> None:
         for i, share in enumerate(shares):
             rate = share * cap
             seconds = min(MAX_SECONDS, max(args.seconds, args.min_streams / rate))
-            schedule = poisson(rate, seconds, args.seed + i)
+            schedule = poisson(rate, args.warmup + seconds, args.seed + i)
             pairs = lengths.draw_lengths(spec, len(schedule.offsets), args.seed + 100 + i)
             # the profile again just before this rate: on a shared machine the per-token
             # times drift with whatever else runs beside the lab
@@ -338,8 +353,12 @@ def main() -> None:
             before = counters(job)
             result = play(endpoint, schedule, pairs, overhead, seed=10_000 * (i + 1))
             mean_ttft, mean_tpot = window_means(before, counters(job))
+            # the streams sent after the warm-up: the queue in its steady state, which
+            # the stationary prediction is of (a run that starts empty sits below it)
+            first = min((r.scheduled_s for r in result.records), default=0.0)
+            records = [r for r in result.records if r.scheduled_s >= first + args.warmup]
             rep = summarize_streams(result)
-            ok = [r for r in result.records if r.ok]
+            ok = [r for r in records if r.ok]
             if not ok:
                 errors = ", ".join(f"{k} x{v}" for k, v in rep.errors.items())
                 sys.exit(f"no stream ended cleanly at {rate:.2f}/s ({errors}): the server?")
@@ -347,11 +366,11 @@ def main() -> None:
             # lengths (the model may end one before its max_tokens)
             came = TokenDemand.of(rate, [r.prompt_tokens for r in ok], [r.tokens for r in ok])
             pred = predict(prof, came, 1)
-            ttft, tpot = measured_p99s(result.records)
-            diag = diagnostics(result.records)
+            ttft, tpot = measured_p99s(records)
+            diag = diagnostics(records)
             out_share = rep.tokens_out / max(1, sum(r.output_target for r in result.records))
             rt, rp = _ratio(pred.ttft_p99_s, ttft), _ratio(pred.tpot_p99_s, tpot)
-            replayed = replay_ttft_p99(prof, result.records)
+            replayed = replay_ttft_p99(prof, result.records, first + args.warmup)
             rr = _ratio(replayed, ttft) if replayed is not None else float("nan")
             replays.append(rr)
             # the profile corrected by the replica's own counters over the run (the
@@ -387,6 +406,7 @@ def main() -> None:
                 "ttft_calibrated_ratio=" + ",".join(f"{ct:.2f}" for ct, _ in cal_rows),
                 "tpot_calibrated_ratio=" + ",".join(f"{cp:.2f}" for _, cp in cal_rows),
                 "broken=" + str(sum(rep.broken for *_, rep in rows)),
+                f"warmup_s={args.warmup:g}",
                 f"within_{LOW}_{HIGH}={'yes' if within else 'no'}",
                 f"calibrated_within={'yes' if within_cal else 'no'}",
                 f"lab_s={time.monotonic() - started:.0f}",

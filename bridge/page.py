@@ -35,6 +35,7 @@ WORKLOAD_COLOURS: Mapping[str, str] = {
     "training": "#0060df",
     "elastic": "#ff7f00",
     "inference": "#00b140",
+    "staging": "#c0ca33",
     "idle": "#a0a0a0",
 }
 

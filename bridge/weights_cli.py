@@ -1,6 +1,7 @@
 """`stb weights status | stage | verify | evict | manifest`: the node-local weight cache
-by hand. Thin: calls `bridge.weights` (the files), `bridge.slurm.staging` (a staging job,
-`stage --job NODE`) and the catalogue (`bridge.leases.weights`), prints plain lines.
+by hand. Thin: calls `bridge.weights` (the files; `bridge.weights.view`, the per-version
+summary `stb status` also shows), `bridge.slurm.staging` (a staging job, `stage --job
+NODE`) and the catalogue (`bridge.leases.weights`), prints plain lines.
 
 Paths default to `[weights]`: `cache_root` (this host's cache, or the nodes' when run on
 one) and `source` (else `triton.model_repository`).
@@ -26,6 +27,7 @@ from bridge.slurm.select import open_backend
 from bridge.slurm.staging import staging_job, submit_staging
 from bridge.weights import manifest as mf
 from bridge.weights.stage import StageError, copies, evict, stage, version_dir
+from bridge.weights.view import cache_view, read_jobs
 
 console = Console()
 weights_app = typer.Typer(
@@ -63,7 +65,8 @@ def status(
     ] = False,
     config: ConfigOpt = None,
 ) -> None:
-    """The copies in this host's cache (and, with --catalogue, every node's)."""
+    """The copies in this host's cache (and, with --catalogue, every node's: per version
+    the nodes holding it and the staging jobs in flight, then each catalogue row)."""
     cfg = load_or_exit(config)
     root = _cache(cfg, cache_root)
     found = copies(root)
@@ -83,7 +86,11 @@ def status(
         engine = make_engine(cfg.database_url)
         try:
             create_schema(engine)
-            for r in WeightStore(engine).copies():
+            rows = WeightStore(engine).copies()
+            # per version, as `stb status` shows it (bridge.weights.view), then each row
+            for line in cache_view(rows, *read_jobs(open_backend())).lines():
+                say(console, line)
+            for r in rows:
                 say(
                     console,
                     f"{r.node} {r.model} {r.version}: {r.state} {_mb(r.size_bytes)} "

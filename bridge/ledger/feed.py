@@ -12,6 +12,10 @@ configuration, Slurm, the lease store and the model repository, and runs one ing
   elastic, reserved -> inference); `[accounting] workloads` names other partitions.
 - Teams: `[accounting] teams` maps accounts; a served model's team is its `stb.team`.
 - Leases: the lease tag a lent Triton job carries -> the pool the node was lent from.
+- Staging: the bridge's staging jobs (weights copied into a node's cache,
+  `bridge.slurm.staging`) are booked as workload `staging` when they run in the account
+  they are submitted under (`[weights] account`, else `triton.account`): serving's
+  overhead, in the pool of the node, under the model they stage.
 """
 
 from __future__ import annotations
@@ -91,7 +95,13 @@ def context(
         known_gpu_types=frozenset(n.gpu_type or "gpu" for n in nodes if n.gpus > 0),
         horizon=horizon,
         cluster=cluster,
+        staging_accounts=frozenset({staging_account(config)}),
     )
+
+
+def staging_account(config: BridgeConfig) -> str:
+    """The account the bridge submits its staging jobs under (`bridge.slurm.staging`)."""
+    return config.weights.account or config.triton.account
 
 
 def _records(

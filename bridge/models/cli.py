@@ -36,9 +36,11 @@ from bridge.models.status_render import render
 from bridge.models.status_views import ModelStatus
 from bridge.policy.rollout import parse_plan
 from bridge.slurm.errors import SlurmError
+from bridge.slurm.select import open_backend
 from bridge.triton.catalog import ModelCatalog
 from bridge.triton.errors import TritonError
 from bridge.triton.repository import ModelConfigError, check_name
+from bridge.weights.view import read_jobs
 
 console = Console(stderr=True)
 models_app = typer.Typer(
@@ -318,11 +320,13 @@ def model_status(cfg: BridgeConfig, repo: ModelRepository, name: str, now: datet
     """`gather` with the running servers Slurm knows (unknown when Slurm does not answer)."""
     facts = ModelCatalog(repo.root, cfg.models, say=False).facts()
 
+    jobs, jobs_note = read_jobs(open_backend())
+
     def at(servers: list[Server] | None, note: str = "") -> ModelStatus:
         return gather(
             name, repo, facts, database_url=cfg.database_url,
             ledger_url=cfg.accounting.ledger_url, servers=servers, now=now, servers_note=note,
-            observe=cfg.observe,
+            observe=cfg.observe, staging_jobs=jobs, staging_note=jobs_note,
         )  # fmt: skip
 
     try:

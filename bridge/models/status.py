@@ -21,7 +21,10 @@ Where each fact comes from:
   what the hour's p99 is). `last_hour_note` says the source, or why there are no such
   figures (no Prometheus configured, or it did not answer: a note, never an exception);
 - replicas now and lends today: the servers holding the model READY, and the lease store;
-- GPU-hours and cost: the ledger's report for the model, this month and today.
+- GPU-hours and cost: the ledger's report for the model, this month and today;
+- the weight cache: per version, the nodes holding a complete copy (the catalogue in the
+  bridge's database) and the staging jobs in flight (Slurm's `stb:staging` jobs, given
+  by the caller: `bridge.weights.view`).
 The databases, the servers and the repository's archive are read by
 `bridge.models.status_sources`.
 
@@ -49,6 +52,7 @@ from bridge.models.status_sources import (
     read_cost,
     read_database,
     read_servers,
+    read_weights,
     rejected_versions,
     retired_versions,
 )
@@ -63,10 +67,16 @@ from bridge.models.status_views import (
     VersionView,
 )
 from bridge.policy.rollout import PlanError, parse_plan
+from bridge.slurm.model import Job
 from bridge.triton.metrics import ModelSample
+from bridge.weights.view import cache_view
 
 #: the words of the open rollout's states, for the new version
 _NEW_LABEL = {"pending": "pending", "promoting": "promoting", "rolling_back": "rolling back"}
+
+
+#: the weight cache's note where the caller read no staging jobs from Slurm
+STAGING_NOT_READ = "Slurm's staging jobs not read: in flight as the catalogue says"
 
 
 class UnknownModel(LookupError):
@@ -97,12 +107,15 @@ def gather(
     now: datetime,
     servers_note: str = "",
     observe: ObserveConfig | None = None,
+    staging_jobs: Sequence[Job] | None = None,
+    staging_note: str = STAGING_NOT_READ,
 ) -> ModelStatus:
     """`model`'s status now. `servers` None: unknown (say why in `servers_note`);
     `database_url`/`ledger_url` None: none; `observe` (the bridge's `[observe]`) names the
     Prometheus server asked for each version's last hour (None: no Prometheus). The
     last-hour p99 is the highest of Triton's 60 s p99 windows over the hour: an upper
-    bound of the hour's p99. Reads only: creates no database or file."""
+    bound of the hour's p99. `staging_jobs`: Slurm's staging jobs (None: not read,
+    `staging_note` says why). Reads only: creates no database or file."""
     journal = check_known(model, repo)
     notes = []
     if journal.skipped:
@@ -141,11 +154,16 @@ def gather(
         lends_today=db.lends_today,
         note=db.note,
     )
+    copies, copies_note = read_weights(model, database_url)
+    weights_note = "; ".join(
+        n for n in (copies_note, staging_note if staging_jobs is None else "") if n
+    )
+    weights = cache_view(copies, staging_jobs, weights_note).of_model(model)
     return ModelStatus(
         model=model, at=now, facts=slo, versions=versions, rollout=db.rollout,
         last_rollout=db.last_rollout, servers=views, replicas=replicas,
         cost=read_cost(model, ledger_url, now), servers_note=servers_note, notes=tuple(notes),
-        last_hour_note=hour_note,
+        last_hour_note=hour_note, weights=weights,
     )  # fmt: skip
 
 

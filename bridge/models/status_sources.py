@@ -8,7 +8,8 @@ each read for `bridge.models.status.gather` and turned into its part of the stat
   the pages' samples (`live_figures`);
 - the repository's archive: the versions set aside with their `.why`
   (`rejected_versions`) and the retired ones (`retired_versions`);
-- the ledger: the model's GPU-hours and cost this month and today (`read_cost`).
+- the ledger: the model's GPU-hours and cost this month and today (`read_cost`);
+- the weight catalogue: the model's node-local copies (`read_weights`).
 
 Reading never creates a database: a SQLite file that is missing is "no database", and a
 database that does not answer is said, not raised.
@@ -34,6 +35,7 @@ from accounting.report import Window, build_report
 from bridge.db import make_engine
 from bridge.leases.rollouts import DONE, OPEN, Rollout, RolloutStore
 from bridge.leases.store import LeaseStore
+from bridge.leases.weights import WeightCopy, WeightStore
 from bridge.lifecycle import LeaseState
 from bridge.models.repo import ModelRepository
 from bridge.models.status_views import Cost, Live, RolloutView, ServerView
@@ -63,6 +65,18 @@ class DbView:
     lent: int = 0
     lends_today: int = 0
     note: str = ""
+
+
+def read_weights(model: str, url: str | None) -> tuple[list[WeightCopy], str]:
+    """The catalogue's rows of the model's copies, or none and why (no database, no
+    `weight_copy` table: a database older than the cache)."""
+    with _existing(url, "weight_copy", "bridge database") as (engine, why):
+        if engine is None:
+            return [], why
+        try:
+            return [c for c in WeightStore(engine).copies() if c.model == model], ""
+        except SQLAlchemyError as exc:
+            return [], f"the weight catalogue does not answer: {exc.__class__.__name__}"
 
 
 def read_database(model: str, url: str | None, now: datetime) -> DbView:

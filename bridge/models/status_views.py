@@ -1,7 +1,8 @@
 """The parts of a model's status (`bridge.models.status.gather` fills them): its facts,
 each version with its live figures and its last hour, the rollouts, the servers, the
-replicas and the cost, and `ModelStatus.to_json`, the JSON `stb models status --json` and
-`GET /api/models/status` give. Plain frozen values, no I/O; the notes said beside the
+replicas, the cost and the weight cache (`bridge.weights.view.CacheView`), and
+`ModelStatus.to_json`, the JSON `stb models status --json` and `GET /api/models/status`
+give. Plain frozen values, no I/O; the notes said beside the
 figures are here so that the table (`bridge.models.status_render`) and the JSON say the
 same words.
 """
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
+
+from bridge.weights.view import CacheView
 
 #: said beside the live figures, in the table and the JSON
 LIVE_NOTE = (
@@ -201,10 +204,14 @@ class ModelStatus:
     notes: tuple[str, ...] = ()
     #: where the versions' `last_hour` came from ("prometheus <url>, 1h window"), or why not
     last_hour_note: str = NO_PROMETHEUS
+    #: the node-local weight cache: per version, the nodes with a complete copy and the
+    #: staging jobs in flight (`bridge.weights.view`)
+    weights: CacheView = field(default_factory=CacheView)
 
     def to_json(self) -> dict[str, Any]:
         doc = _plain(self)
         assert isinstance(doc, dict)
+        doc["weights"] = self.weights.to_json()
         doc["live_note"] = LIVE_NOTE
         doc["last_hour_p99_note"] = LAST_HOUR_P99_NOTE
         if any(v.tokens is not None or v.tokens_hour is not None for v in self.versions):

@@ -6,8 +6,9 @@ own view (each model's p99, each lease's retries, its last pass's outcome) from 
 exporter; each open lease says whether it is stuck past its state's deadline, and the
 leases that failed in the last day are listed with the reason; each model shows its
 effective SLO and bounds and where each came from (its config.pbtxt in the repository,
-the TOML's override, a default), or why it is not scaled. `--json` prints the same as
-one document.
+the TOML's override, a default), or why it is not scaled; the weight cache shows per
+model version the nodes holding a complete copy and the staging jobs in flight
+(`bridge.weights.view`). `--json` prints the same as one document.
 """
 
 from __future__ import annotations
@@ -39,9 +40,12 @@ from bridge.leases import leader
 from bridge.leases.errors import LeaseError
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.leases.weights import WeightStore
 from bridge.slurm.errors import SlurmError
+from bridge.slurm.model import Job
 from bridge.slurm.select import open_backend
 from bridge.triton.catalog import site_models
+from bridge.weights.view import cache_view, cells, read_jobs
 
 console = Console()
 
@@ -147,16 +151,22 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
         for name, p in cfg.pools.items()
     }
     error = None
+    jobs: list[Job] | None = None
+    jobs_note = ""
     try:
         lent = {lease["node"] for lease in leases}
-        for node in open_backend().nodes():
+        slurm = open_backend()
+        for node in slurm.nodes():
             pool = pool_of(node, cfg)
             if pool:
                 pools[pool]["nodes"].append(f"{node.name}:{node.state}")
                 if node.name in lent:
                     pools[pool]["lent"].append(node.name)
+        jobs, jobs_note = read_jobs(slurm)
     except SlurmError as exc:
         error = str(exc)
+        jobs_note = "Slurm does not answer: staging jobs unknown"
+    weights = cache_view(WeightStore(engine).copies(), jobs, jobs_note)
     facts = site_models(cfg)
     models = {
         name: {
@@ -195,6 +205,7 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
         "leases": leases,
         "failed": failed,
         "models": models,
+        "weights": weights.to_json(),
         "daemon_reachable": daemon is not None,
         "daemon_health": daemon.health if daemon else None,
         "slurm_error": error,
@@ -312,8 +323,21 @@ def status(
     console.print(models)
     for note in notes:
         say(console, f"  {note}")
+    _weights_table(doc["weights"], console)
     if doc["slurm_error"]:
         console.print(f"[yellow]Slurm: {escape(doc['slurm_error'])}[/yellow]", soft_wrap=True)
+
+
+def _weights_table(weights: dict[str, Any], out: Console) -> None:
+    """The weight cache per model version (`bridge.weights.view`): nodes with a complete
+    copy, staging jobs in flight, failures; nothing when there is neither copy nor job."""
+    if weights["versions"]:
+        table = Table("model", "version", "complete on", "staging", "failed", title="weight cache")
+        for version in weights["versions"]:
+            table.add_row(*map(escape, cells(version)))
+        out.print(table)
+    if weights["note"]:
+        out.print(f"[yellow]weight cache: {escape(weights['note'])}[/yellow]", soft_wrap=True)
 
 
 def _slos(m: dict[str, Any]) -> str:

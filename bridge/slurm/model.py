@@ -63,6 +63,18 @@ def checkpoint_of(tags: Sequence[str]) -> float | None:
     return None
 
 
+def staged_version(name: str) -> tuple[str, int] | None:
+    """The model and version a staging job's name names (`stb-staging-<model>-<version>`,
+    `bridge.slurm.staging.staging_name`); None for any other name."""
+    head = STAGING_NAME_PREFIX + "-"
+    if not name.startswith(head):
+        return None
+    model, _, version = name[len(head) :].rpartition("-")
+    if not model or not version.isdigit():
+        return None
+    return model, int(version)
+
+
 @dataclass(frozen=True)
 class Node:
     name: str

@@ -1,6 +1,7 @@
 """The ledger against Slurm's own accounting, on the lab.
 
-Jobs of three teams (one multi-node, one array, one elastic) and a Triton server that
+Jobs of three teams (one multi-node, one array, one elastic), a weight-staging job of the
+bridge's (booked as workload staging) and a Triton server that
 serves two models under load run on the lab; the daemon's ledger feed stores the server's
 scraped compute counters; then `ingest_window` books the window. Checked:
 
@@ -110,6 +111,11 @@ def test_ledger_agrees_with_sacct_and_splits_the_serving_job(
                "--gres=gpu:1", "--wrap", "sleep 4"),
         sbatch(lab, "--partition=elastic", "--account=team-research", "--gres=gpu:3",
                "--requeue", "--wrap", "sleep 5"),
+        # a weight-staging job of the bridge's (bridge.slurm.staging's name and comment),
+        # here given a GPU so that it books GPU time
+        sbatch(lab, "--partition=elastic", "--account=bridge", "--gres=gpu:1",
+               "--job-name=stb-staging-weighty-1", "--comment=stb:staging", "--requeue",
+               "--wrap", "sleep 3"),
     ]  # fmt: skip
     reserved = lab.pool_nodes("infer")[0].name
     serving = triton.submit(lab, node=reserved, gpus=2, models="busy,echo", name="stb-ledger")
@@ -159,7 +165,7 @@ def test_ledger_agrees_with_sacct_and_splits_the_serving_job(
     since = floor_hour(t0)
     until = datetime.now(UTC).replace(microsecond=0)
     first = ingest_window(config, cli, ledger, since, until, now=until)
-    assert first.new >= 6, first.line()  # 4 batch jobs (one with 2 array tasks) + Triton
+    assert first.new >= 7, first.line()  # 5 batch jobs (one with 2 array tasks) + Triton
     assert not first.deferred, first.deferred
 
     # 1. Per account, the ledger equals Slurm's own figures for the window.
@@ -192,6 +198,13 @@ def test_ledger_agrees_with_sacct_and_splits_the_serving_job(
     teams = {r.model: r.team for r in job_rows}
     assert teams["busy"] == "team-vision"  # stb.team in busy's config.pbtxt
     assert teams[UNATTRIBUTED] == "inference-platform"  # [accounting.teams] bridge = ...
+
+    # 2b. The staging job is serving's overhead: workload staging, under the model it stages.
+    stage_rows = [r for r in rows if r.source.startswith(f"{lab.cluster}:{batch[-1]}:")]
+    assert stage_rows, [r.source for r in rows]
+    assert {(r.workload, r.model, r.account, r.pool) for r in stage_rows} == {
+        ("staging", "weighty", "bridge", "elastic")
+    }
 
     # 3. Per pool and hour: allocated + idle = capacity (GPUs x seconds since `since`).
     gpus_of_pool: dict[str, int] = defaultdict(int)
