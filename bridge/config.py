@@ -91,7 +91,10 @@ class ModelConfig(_Strict):
     min_replicas: int = Field(
         default=1,
         ge=0,
-        description="Replicas kept on the reserved nodes at all times (baseline servers).",
+        description="Replicas kept on the reserved nodes at all times (baseline servers). "
+        "0: scale to zero: the baselines do not load it, it is served by lent replicas "
+        "alone, and a request that finds none waits at the activator while one starts "
+        "(`routing.cold_start_timeout_s`).",
     )
     max_replicas: int = Field(
         default=4,
@@ -155,7 +158,8 @@ class ModelOverride(_Strict):
     min_replicas: int | None = Field(
         default=None,
         ge=0,
-        description="Replicas kept on the reserved nodes at all times (baseline servers).",
+        description="Replicas kept on the reserved nodes at all times (baseline servers); "
+        "0: scale to zero (served by lent replicas alone, started by its first request).",
     )
     max_replicas: int | None = Field(
         default=None,
@@ -580,6 +584,24 @@ class RoutingConfig(_Strict):
     )
     nginx_pid_file: Path = Field(
         default=Path("/run/nginx.pid"), description="The site's nginx master pid file."
+    )
+    cold_start_timeout_s: int = Field(
+        default=180,
+        ge=1,
+        le=3600,
+        description="Seconds a request of a model at zero replicas (`min_replicas = 0`) "
+        "waits at the activator for a replica to start before it is answered 503 with "
+        "Retry-After. The lab's cold start is 4.5-7.5 s (docs: Scale to zero); a site's "
+        "large model loads in minutes from a shared file system, about one from a node's "
+        "weight cache: 180 s covers a cached start with room.",
+    )
+    activator_queue: int = Field(
+        default=64,
+        ge=1,
+        le=100000,
+        description="Requests of one model held at once by the activator while it is at "
+        "zero; one more is answered 503 at once. Bounded so a burst at zero cannot hold "
+        "every connection of the daemon's HTTP server (128).",
     )
 
 

@@ -130,6 +130,14 @@ class ModelFacts:
         """The models the policy scales, by name."""
         return {n: f.model for n, f in self.facts.items() if f.model is not None}
 
+    @cached_property
+    def from_zero(self) -> tuple[str, ...]:
+        """The scaled models with `min_replicas` 0 (scale to zero): the baselines do not
+        load them, lent replicas alone serve them, and nginx sends their requests to the
+        activator while none is ready. A model with no SLO is not scaled, so never lent
+        for: it is loaded by the baselines whatever its `min_replicas`."""
+        return tuple(n for n, m in self.scaled.items() if m.min_replicas == 0)
+
     @property
     def names(self) -> tuple[str, ...]:
         """Every model named by the repository or the TOML."""

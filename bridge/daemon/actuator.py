@@ -283,7 +283,10 @@ class Actuator:
             case steps.Requeue(node, job_ids):
                 self._requeue(node, job_ids, now, report)
             case steps.SubmitBaseline(node):
-                job_id = self.slurm.submit(launcher.triton_job(self.config.triton, node=node))
+                # the models served from zero are lent replicas' alone
+                zero = self._obs.models.from_zero if self._obs is not None else ()
+                job = launcher.triton_job(self.config.triton, node=node, skip=zero)
+                job_id = self.slurm.submit(job)
                 report.events.append(f"baseline Triton job {job_id} on {node}")
                 return job_id
             case steps.Cancel(job_id):
@@ -402,7 +405,9 @@ class Actuator:
                     tuple(s.models),
                 )
             )
-        self.router.publish(RoutingTable.build(routes, targets, self.splits))
+        # a model served from zero with no ready replica is routed to the activator
+        zero = self._obs.models.from_zero
+        self.router.publish(RoutingTable.build(routes, targets, self.splits, zero))
         self._withheld(held_back)
 
     def _withheld(self, pairs: frozenset[tuple[str, str]]) -> None:

@@ -14,7 +14,9 @@ and a baseline `stb:baseline`, so the reconciler can tell whose job it sees.
 A server started for no model in particular (a baseline, a lend of no named model) loads
 every model of the repository but those whose config.pbtxt sets `stb.load_at_start` to
 "false" (`start_models`): such a model, an LLM say, is loaded only where a lend, a
-placement or a publish names it (Triton's explicit model control).
+placement or a publish names it (Triton's explicit model control). A baseline also leaves
+out the models served from zero (`min_replicas` 0, `ModelFacts.from_zero`: the caller
+passes them as `skip`): lent replicas alone serve those.
 """
 
 from __future__ import annotations
@@ -66,13 +68,16 @@ def triton_job(
     partition: str | None = None,
     reservation: str | None = None,
     weights_cache: Path | None = None,
+    skip: Sequence[str] = (),
 ) -> JobSpec:
     """The JobSpec of one Triton server. `models` empty: every model that loads at start
     (`start_models`). A lent node
     is taken whole (`exclusive`, `gpus` = all of its GPUs) so sacct books all its GPUs to
     serving and no other job lands beside it. `weights_cache`: the nodes' weight cache
     (`[weights] cache_root`): the job reads each model version from its verified local
-    copy there where it has one (`bridge.weights.overlay`)."""
+    copy there where it has one (`bridge.weights.overlay`). `skip`: models a server
+    started for every model leaves out besides those that do not load at start (a
+    baseline: the models served from zero); ignored when `models` names them."""
     if not cfg.key_file.exists():
         raise LauncherError(f"the Triton API key file {cfg.key_file} does not exist")
     shim = cfg.key_shim_path
@@ -82,7 +87,7 @@ def triton_job(
             "deploy/slurm/stb-keyshim.c), or set triton.key_shim"
         )
     if not models:
-        models = start_models(cfg.model_repository) or ()
+        models = start_models(cfg.model_repository, skip) or ()
     env = {
         "STB_TRITON_RUNTIME": cfg.runtime,
         "STB_MODEL_REPO": str(cfg.model_repository.resolve()),
@@ -112,12 +117,13 @@ def triton_job(
     )
 
 
-def start_models(repository: Path) -> list[str] | None:
+def start_models(repository: Path, skip: Sequence[str] = ()) -> list[str] | None:
     """The models a server started for every model loads: None when that is all of them
     (Triton's `*`, the command line as it always was), else the repository's models
     (non-hidden folders with a config.pbtxt) less those whose `stb.load_at_start` is
-    "false". A config that cannot be read stays in: Triton's load then says what is wrong.
-    LauncherError when no model would be loaded, or the parameter is not true or false."""
+    "false" and those in `skip` (a baseline's models served from zero). A config that
+    cannot be read stays in: Triton's load then says what is wrong. LauncherError when no
+    model would be loaded, or the parameter is not true or false."""
     try:
         dirs = sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
     except OSError:
@@ -135,13 +141,13 @@ def start_models(repository: Path) -> list[str] | None:
             raise LauncherError(
                 f'{d / "config.pbtxt"}: {LOAD_AT_START} must be "true" or "false", not {value!r}'
             )
-        (skipped if value == "false" else models).append(d.name)
+        (skipped if value == "false" or d.name in skip else models).append(d.name)
     if not skipped:
         return None
     if not models:
         raise LauncherError(
-            f"every model of {repository} sets {LOAD_AT_START} false: a server started "
-            "for every model would load none (name the models to load)"
+            f"every model of {repository} sets {LOAD_AT_START} false or min_replicas 0: a "
+            "server started for every model would load none (name the models to load)"
         )
     return models
 

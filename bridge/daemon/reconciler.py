@@ -19,7 +19,8 @@ by tests with an injected clock. Each pass:
    outcome) is answered from the lease its lend made or the move its return made. The
    leases of pools an operator holds (`stb drain POOL`) are returned, and those pools
    lend nothing.
-5. Decide: the pure policy on the observation and the leases as they are now.
+5. Decide: the pure policy on the observation and the leases as they are now, and the
+   requests the activator holds for models at zero (`waiting`).
 6. Act: lend (a lease, then its Triton job), return (out of routing first), place (the
    lease's models recorded, the dropped ones out of routing, the gained ones loaded),
    baselines.
@@ -249,10 +250,15 @@ class Reconciler:
         is_active: Callable[[], bool] | None = None,
         rollouts: RolloutDriver | None = None,
         loads: LoadStore | None = None,
+        waiting: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         """`loads`: where the models' load times are kept (None: beside `store`'s leases,
-        on its engine)."""
+        on its engine); `waiting`: per model served from zero, the requests the activator
+        holds or turned away since it was last asked (`bridge.http.activator.Activator.
+        demand`; None: no activator)."""
         self.config = config
+        #: the activator's waiting requests per model (read once per active pass)
+        self.waiting = waiting
         #: carries the models' gradual rollouts one move a pass (None: no rollouts)
         self.rollouts = rollouts
         #: whether this instance may act (the leader); a standby only observes
@@ -358,6 +364,8 @@ class Reconciler:
         )
         if self.stager is not None:  # the nodes' weight caches, as of the last plan
             snap = with_weights(snap, self.stager.cached(), self.loads.local_load_s)
+        if self.waiting is not None:  # the activator's held requests: lends from zero
+            snap = replace(snap, waiting=dict(self.waiting()))
         self.last_snapshot = snap
         self.seasons.write(now)
         report.actions = decide(snap, self.config, t)

@@ -53,6 +53,7 @@ from bridge.daemon.reconciler import Reconciler
 from bridge.daemon.report import Outcome, TickReport
 from bridge.daemon.rollouts import RolloutDriver
 from bridge.db import SchemaError, redacted
+from bridge.http.activator import Activator
 from bridge.http.app import create_app
 from bridge.http.auth import TokensError, TokenTable
 from bridge.http.routes import finance_routes, operator_routes
@@ -91,6 +92,9 @@ class Bridge:
     #: this instance's side of the leader election (None: SQLite, the file lock)
     leader: LeaderLease | None = None
     requests: RequestQueue | None = None
+    #: holds the requests of models at zero while their first replica starts (None: no
+    #: routing, or an advisory daemon)
+    activator: Activator | None = None
     #: not an advisory daemon (`AdvisoryBridge`): it acts while it leads
     advisory = False
 
@@ -186,7 +190,7 @@ def build(
     if config.accounting.ingest_interval_s > 0:
         feed = LedgerFeed(config, _open_ledger(config.accounting.ledger_url))
         metrics.registry.register(feed.collector)
-    publisher = proc = None
+    publisher = proc = activator = None
     if with_routing:
         r = config.routing
         if r.managed_nginx_prefix is not None:
@@ -195,12 +199,26 @@ def build(
             control = proc.control
         else:
             control = NginxControl(main_conf=r.nginx_main_conf, pid_file=r.nginx_pid_file)
+        settings = nginx.NginxSettings(
+            listen=r.listen,
+            activator=activator_address(config.daemon.exporter_listen),
+            activator_scheme="https" if config.api.tls_cert is not None else "http",
+            cold_start_s=r.cold_start_timeout_s,
+        )
         publisher = RoutingPublisher(
             proc.routing_conf if proc else r.nginx_conf,
             r.http_sd_file,
             control,
-            settings=nginx.NginxSettings(listen=r.listen),
+            settings=settings,
             bridge_metrics=config.daemon.exporter_listen,
+        )
+        published = publisher
+        activator = Activator(
+            lambda: published.table,
+            timeout_s=r.cold_start_timeout_s,
+            queue=r.activator_queue,
+            read_timeout_s=settings.read_timeout_s,
+            max_body_bytes=settings.max_body_mb * 1024 * 1024,
         )
     reconciler = Reconciler(
         config,
@@ -220,8 +238,22 @@ def build(
         clients.forget,
         is_active=(lambda: lease.active) if lease is not None else None,
         rollouts=RolloutDriver(config, RolloutStore(engine, fence), clients),
+        waiting=activator.demand if activator is not None else None,
     )
-    return Bridge(config, reconciler, metrics, publisher, proc, clients, feed, lease, requests)
+    return Bridge(
+        config, reconciler, metrics, publisher, proc, clients, feed, lease, requests, activator
+    )
+
+
+def activator_address(exporter_listen: str) -> str:
+    """Where nginx reaches the daemon's HTTP server (the activator): its listen address,
+    a wildcard one (every interface) reached on loopback."""
+    host, port = _host_port(exporter_listen)
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host in ("::", "[::]"):
+        host = "[::1]"
+    return f"{host}:{port}"
 
 
 def open_database(url: str) -> Engine:
@@ -288,6 +320,8 @@ def api_routes(bridge: Daemon) -> list[APIRouter]:
     ]
     if bridge.ledger is not None:
         routes.append(finance_routes(bridge.ledger.ledger, bridge.config.accounting.idle_cost))
+    if bridge.activator is not None:
+        routes.append(bridge.activator.routes())
     return routes
 
 

@@ -11,6 +11,9 @@ bearer token with the route's role (`bridge.http.guard`).
   saying why (`health(tick_s)` of the daemon's metrics). Async and in memory: it answers
   even while every worker thread waits on a database.
 - `/sd`: the http_sd document of Triton targets, where the daemon publishes routing.
+- `/v2/models/<model>/...` (the daemon's routers, where routing runs): the activator's
+  open routes, where nginx sends the requests of a model served from zero while it has
+  no ready replica (`bridge.http.activator`).
 - `/openapi.json`: every route with its methods, bodies and the role it needs (the
   `bearer` scheme's scopes). Open, like /metrics: it holds no data, only the API's shape,
   which the package and its README publish anyway, and tools read it without a token.

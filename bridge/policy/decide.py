@@ -32,7 +32,14 @@ Rules, in order, each tick:
    other replicas carry at the return's demand is given the late models (`Place`) in
    place of its own, and one fewer node is lent (a return of this tick becomes a place).
    A lease mid-placement is neither placed again nor returned.
-6. Backstop: a model in sustained breach of its measured p99 (`breach_evaluations` ticks,
+6. Scale from zero: a model served from zero (`min_replicas` 0) with requests waiting at
+   the activator (`snapshot.waiting`), no ready replica and no lend or placement of it in
+   flight gets a node of its own at once, before the capacity lends (its requests fail
+   outright while it waits, and the capacity model has no rate of it to size by), within
+   `max_lent_nodes` and, when its node is chosen, the pools' shares and the preemption
+   budget; the most requests waiting first. Its replica returns as any lent one does:
+   calm (no requests is calm) for the dwell, the others carrying its rate of 0.
+7. Backstop: a model in sustained breach of its measured p99 (`breach_evaluations` ticks,
    what the capacity model missed) that no lend of this tick covers, with no lend of it in
    flight and past its `scale_out_cooldown_s`, gets one more node.
 
@@ -98,6 +105,9 @@ class Assessment:
     #: serving leases' replicas given the late models in place of theirs
     #: (`bridge.policy.placement`), each one node fewer to lend
     placements: list[Place] = field(default_factory=list)
+    #: the models lent for from zero (rule 6), each with the requests waiting: each has
+    #: a node of its own in `wanted`
+    from_zero: dict[str, int] = field(default_factory=dict)
 
     @property
     def acts(self) -> bool:
@@ -386,7 +396,6 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
     groups = _groups(count)
     open_leases = sum(1 for lease in snapshot.leases if lease.lease_id not in leaving)
     slots = max(0, policy.max_lent_nodes - open_leases)
-    wanted: list[tuple[str, ...]] = []
     late = capacity.over(groups, demand, policy.service_cv2) if slots or placeable else []
     unconfirmed = _unconfirmed(snapshot, config, groups, demand, late, ahead)
     if unconfirmed:
@@ -424,9 +433,13 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             slots = max(0, slots - len(converted))
         if places:
             groups = _groups(count)
-    if late and slots:
+    zero = _from_zero(snapshot)[:slots] if snapshot.waiting and slots else []
+    wanted: list[tuple[str, ...]] = [(m,) for m, _ in zero]
+    if late and slots > len(wanted):
         gpus = max((r.gpus for r in snapshot.replicas), default=1)
-        wanted = capacity.plan_nodes(groups, demand, [gpus] * slots, room, policy.service_cv2)
+        wanted += capacity.plan_nodes(
+            groups, demand, [gpus] * (slots - len(wanted)), room, policy.service_cv2
+        )
     if slots > len(wanted) and snapshot.token_profiles:
         # an LLM short of the replicas its tokens need gets a node of its own for each
         token_need = llm.needs(snapshot, {m: d.rate for m, d in demand.items()})
@@ -456,7 +469,23 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
                 and not in_flight[name]
             ]
             backstop.sort(key=lambda m: -severity(snapshot.history.get(m, ()), snapshot.models[m]))
-    return Assessment(returns, wanted, backstop, demand, unconfirmed, places)
+    return Assessment(returns, wanted, backstop, demand, unconfirmed, places, dict(zero))
+
+
+def _from_zero(snapshot: Snapshot) -> list[tuple[str, int]]:
+    """Rule 6's models, (model, requests waiting), the most waiting first: served from
+    zero, requests waiting, no ready replica, no lend or placement of it in flight."""
+    ready, in_flight = _replica_counts(snapshot)
+    out = [
+        (m, n)
+        for m, n in snapshot.waiting.items()
+        if n > 0
+        and (model := snapshot.models.get(m)) is not None
+        and model.min_replicas == 0
+        and not ready[m]
+        and not in_flight[m]
+    ]
+    return sorted(out, key=lambda mn: (-mn[1], mn[0]))
 
 
 def _unconfirmed(
@@ -583,6 +612,9 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
     targets = choose_nodes(snapshot, config, now, len(plan.wanted), freed=freed, models=lent_for)
     for node, models in _match(snapshot, targets, plan.wanted):
         reason = "capacity: " + _rates(plan.demand, models)
+        if len(models) == 1 and models[0] in plan.from_zero:
+            n = plan.from_zero[models[0]]
+            reason = f"scale from zero: {models[0]}, {n} request(s) waiting"
         actions.append(
             Lend(node.name, node.pool, config.pools[node.pool].lend_mode, models, reason)
         )

@@ -205,3 +205,7 @@ class Snapshot:
     #: (a start on a node whose `NodeView.cached` holds it); a model not here loads at
     #: its `load_s` wherever it starts (`bridge.policy.timing`)
     local_load_s: Mapping[str, float] = field(default_factory=dict)
+    #: per model served from zero (`min_replicas` 0), the requests the activator holds
+    #: (or turned away since the last pass) for want of a ready replica: the demand a
+    #: lend "from zero" answers (`bridge.policy.decide`); a model not here has none
+    waiting: Mapping[str, int] = field(default_factory=dict)

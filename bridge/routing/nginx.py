@@ -22,6 +22,12 @@ health endpoints, and one `server` on a loopback address that routes Triton's HT
   replica and takes it off when the upstream request ends (the round-robin peer's `conns`,
   freed when the response is done), an idle keep-alive connection counting for nothing;
 - a known model with no ready replica answers 503 with a JSON error and `Retry-After`;
+  a model served from zero (`RoutingTable.zero`: `min_replicas` 0) with none goes to the
+  activator instead (`NginxSettings.activator`, the daemon's HTTP server, upstream
+  `stb-activator`, no idle connections kept), its streams unbuffered as above, with a
+  `proxy_read_timeout` longer by the cold start the activator may hold a request for
+  (`cold_start_s`): the activator holds each request until a replica is ready and routed,
+  then forwards it there (`bridge.http.activator`);
 - a model in a rollout (`Split`): its unversioned `/v2/models/<model>/infer`, `/generate`
   and `/generate_stream` are rewritten to
   `/v2/models/<model>/versions/<old or new>/<the same>`, chosen per request by nginx's
@@ -62,6 +68,9 @@ server's, so X-Stb-Upstream is said again."""
 ANY_UPSTREAM = "stb-any"
 """Upstream of every routed replica. Model upstreams are `stb_<model>`, so no model name
 can collide with it."""
+ACTIVATOR_UPSTREAM = "stb-activator"
+"""Upstream of the activator (the daemon's HTTP server), where the requests of a model
+served from zero wait while it has no ready replica."""
 
 
 @dataclass(frozen=True)
@@ -92,9 +101,24 @@ class NginxSettings:
     max_body_mb: int = 64
     """Largest request body in MiB (nginx `client_max_body_size`). Triton JSON inputs of
     images or long sequences reach tens of MiB; nginx's default 1 MiB would refuse them."""
+    activator: str | None = None
+    """host:port of the activator (the daemon's HTTP server: `[daemon] exporter_listen`),
+    where the requests of a model served from zero go while it has no ready replica.
+    None: they are answered 503 like any model's without a replica."""
+    activator_scheme: str = "http"
+    """How nginx talks to the activator: "https" where the daemon's API serves TLS."""
+    cold_start_s: int = 0
+    """Seconds the activator may hold a request before it forwards it (`[routing]
+    cold_start_timeout_s`): added to `read_timeout_s` on the activator's locations."""
 
     def __post_init__(self) -> None:
         validate_endpoint(self.listen)
+        if self.activator is not None:
+            validate_endpoint(self.activator)
+        if self.activator_scheme not in ("http", "https"):
+            raise InvalidRoute(f"activator_scheme must be http or https: {self.activator_scheme!r}")
+        if not isinstance(self.cold_start_s, int) or self.cold_start_s < 0:
+            raise InvalidRoute(f"cold_start_s must be >= 0: {self.cold_start_s!r}")
         if not isinstance(self.client_keepalive_s, int) or self.client_keepalive_s < 0:
             raise InvalidRoute(f"client_keepalive_s must be >= 0: {self.client_keepalive_s!r}")
         for name in ("keepalive", "connect_timeout_s", "read_timeout_s", "max_body_mb"):
@@ -156,6 +180,11 @@ def render(table: RoutingTable, settings: NginxSettings | None = None) -> str:
     any_endpoints = table.all_endpoints()
     if any_endpoints:
         lines += _upstream(ANY_UPSTREAM, any_endpoints, s.keepalive)
+    activated = frozenset(table.zero) if s.activator is not None else frozenset()
+    if activated:
+        # no `keepalive`: the daemon's server closes idle connections after 5 s, and a
+        # POST sent on one it just closed would not be retried
+        lines += [f"upstream {ACTIVATOR_UPSTREAM} {{", f"    server {s.activator};", "}", ""]
     variables = {sp.model: f"stb_split_{i}" for i, sp in enumerate(table.splits)}
     for sp in table.splits:
         lines += _split_clients(variables[sp.model], sp)
@@ -193,19 +222,26 @@ def render(table: RoutingTable, settings: NginxSettings | None = None) -> str:
         validate_model_name(model)
         if endpoints:
             action = f"proxy_pass http://{upstream_name(model)};"
+        elif model in activated:
+            action = (
+                f"proxy_read_timeout {s.read_timeout_s + s.cold_start_s}s; "
+                f"proxy_pass {s.activator_scheme}://{ACTIVATOR_UPSTREAM};"
+            )
         else:
             action = "add_header Retry-After 1 always; " + _json_return(
                 503, f"model {model} has no ready replica"
             )
         lines.append(f"    location = /v2/models/{model} {{ {action} }}")
         lines.append(f"    location /v2/models/{model}/ {{ {action} }}")
-        if not endpoints:
+        if not endpoints and model not in activated:
             continue
         # a regex location wins over the prefix above; an exact one (the split's) over both
         lines.append(
             f"    location ~ ^/v2/models/{re.escape(model)}/(versions/[0-9]+/)?"
             f"generate(_stream)?$ {{ {STREAM_DIRECTIVES} {action} }}"
         )
+        if not endpoints:
+            continue
         if model in variables:
             for path in ("infer", *STREAM_ENDPOINTS):
                 extra = f" {STREAM_DIRECTIVES}" if path in STREAM_ENDPOINTS else ""

@@ -60,6 +60,9 @@ class RoutingPublisher:
         self._lock = threading.Lock()  # one publish at a time (tick vs operator CLI)
         self._published_nginx: str | None = None
         self._document = http_sd.render(RoutingTable(), bridge_metrics)
+        #: the last table nginx routes (None before the first publish): the activator
+        #: forwards a held request once its model has a ready replica here
+        self.table: RoutingTable | None = None
 
     def document(self) -> bytes:
         """The last published service-discovery document (for the daemon's HTTP server)."""
@@ -82,6 +85,7 @@ class RoutingPublisher:
                 raise RoutingFilesUnwritable(f"cannot write {self.nginx_conf_path}: {exc}") from exc
             reload_s = self.control.reload()
             self._published_nginx = text
+        self.table = table
         data = http_sd.render(table, self.bridge_metrics)
         try:
             sd_changed = http_sd.write(self.sd_path, data)

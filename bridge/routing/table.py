@@ -107,13 +107,18 @@ class RoutingTable:
 
     Use `RoutingTable.build(...)`; fields are stored sorted, so two tables with the same
     content are equal and have the same `version` whatever order they were built in. A
-    model with an empty tuple is known but has no ready replica (nginx answers 503).
+    model with an empty tuple is known but has no ready replica (nginx answers 503, or,
+    for a model of `zero`, sends its requests to the activator, which holds them while a
+    replica starts).
     """
 
     routes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     targets: tuple[MetricsTarget, ...] = ()
     #: rollouts' traffic splits, one per model at most
     splits: tuple[Split, ...] = ()
+    #: the models served from zero (`min_replicas` 0): with no ready replica their
+    #: requests go to the activator
+    zero: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         routes = tuple(
@@ -136,6 +141,8 @@ class RoutingTable:
         object.__setattr__(self, "routes", routes)
         object.__setattr__(self, "targets", targets)
         object.__setattr__(self, "splits", splits)
+        zero = tuple(sorted({validate_model_name(m) for m in self.zero}))
+        object.__setattr__(self, "zero", zero)
 
     @classmethod
     def build(
@@ -143,9 +150,13 @@ class RoutingTable:
         routes: Mapping[str, Iterable[str]],
         targets: Iterable[MetricsTarget] = (),
         splits: Iterable[Split] = (),
+        zero: Iterable[str] = (),
     ) -> RoutingTable:
         return cls(
-            tuple((m, tuple(eps)) for m, eps in routes.items()), tuple(targets), tuple(splits)
+            tuple((m, tuple(eps)) for m, eps in routes.items()),
+            tuple(targets),
+            tuple(splits),
+            tuple(zero),
         )
 
     def split_of(self, model: str) -> Split | None:
@@ -167,7 +178,7 @@ class RoutingTable:
         """This table with `endpoint` removed from every model's routes (the first step of
         a return); metrics targets are kept."""
         routes = tuple((m, tuple(e for e in eps if e != endpoint)) for m, eps in self.routes)
-        return RoutingTable(routes, self.targets, self.splits)
+        return RoutingTable(routes, self.targets, self.splits, self.zero)
 
     def canonical(self) -> str:
         """A canonical JSON text of the content (sorted keys, no whitespace)."""
@@ -189,6 +200,7 @@ class RoutingTable:
                     if self.splits
                     else {}
                 ),
+                **({"zero": list(self.zero)} if self.zero else {}),
             },
             sort_keys=True,
             separators=(",", ":"),

@@ -87,7 +87,7 @@ def test_a_server_for_every_model_leaves_out_those_loaded_only_when_named(
     ("models", "error"),
     [
         ((("llm", "maybe"),), r"llm/config\.pbtxt: stb\.load_at_start must be .*'maybe'"),
-        ((("llm", "false"),), r"every model of .* sets stb\.load_at_start false"),
+        ((("llm", "false"),), r"every model of .* sets stb\.load_at_start false or min_replicas 0"),
     ],
 )
 def test_a_bad_or_empty_start_list_is_named(
