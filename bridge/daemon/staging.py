@@ -14,13 +14,15 @@ Once every `[weights] plan_every_s`, on the leader's pass after its actions:
    `MinJobAge`) makes it `failed` ("outcome not seen"), and the next plan stages it
    again (a stage of a copy already in place verifies it and ends).
 2. The lendable nodes in the order lends of the wanted models would take them
-   (`weights.lend_order`), each with its budget (`[weights] budget_bytes`) and the copies
-   the catalogue has staging or complete there, and the wanted versions
-   (`bridge.policy.staging.wanted` at each model's highest rate the daemon keeps, up to a
-   day; the model repository's newest version, its size by the source's manifest) make
-   the cache plan;
-   its stages, up to `[weights] max_jobs` staging jobs at once, are submitted and opened
-   in the catalogue (`begin`, with the job id).
+   (`weights.lend_order`; new copies only on nodes of preempt-mode pools not lent now,
+   `bridge.policy.staging.stages_on`: never a training node, where a staging job could
+   delay a training job that wants the whole node), each with its budget
+   (`[weights] budget_bytes`) and the copies the catalogue has staging or complete
+   there, and the wanted versions (`bridge.policy.staging.wanted` at each model's
+   highest rate the daemon keeps, up to a day; the model repository's newest version,
+   its size by the source's manifest) make the cache plan; its stages, up to
+   `[weights] max_jobs` staging jobs at once, are submitted and opened in the catalogue
+   (`begin`, with the job id).
 
 3. A copy the catalogue has `complete` on a node whose serving lease says it read that
    model from the shared repository (the move to serving's "weights: m=shared": the
@@ -51,7 +53,7 @@ from bridge.leases.weights import WeightStore, WeightStoreError
 from bridge.lifecycle import LeaseState
 from bridge.models.repo import ModelRepository
 from bridge.policy.snapshot import LeaseView, Snapshot
-from bridge.policy.staging import wanted
+from bridge.policy.staging import stages_on, wanted
 from bridge.policy.weights import CachedCopy, NodeCache, lend_order, plan_cache
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import STAGING_TAG, Job
@@ -207,7 +209,7 @@ class Stager:
         caches = [
             NodeCache(
                 n.name,
-                cfg.budget_bytes,
+                cfg.budget_bytes if stages_on(self.config, snap, n) else 0,
                 tuple(
                     CachedCopy(
                         r.model,

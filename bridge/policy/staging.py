@@ -9,7 +9,8 @@ model adds to the baseline replicas, as decide's capacity lend would); for an LL
 token objective and a profile, the replicas the token capacity model needs at that rate
 (`bridge.policy.llm.needs`) beyond its baseline replicas. Each at its newest version with
 that version's size (`versions`; a model without one is left out). A model with none is
-not wanted: the plan evicts its copies first when room is needed.
+not wanted: the plan evicts its copies first when room is needed. New copies go only
+where `stages_on` says.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Mapping
 
 from bridge.config import BridgeConfig
 from bridge.policy import llm
-from bridge.policy.snapshot import Snapshot
+from bridge.policy.snapshot import NodeView, Snapshot
 from bridge.policy.weights import Wanted, expected_lends
 
 
@@ -46,4 +47,17 @@ def wanted(
     return out
 
 
-__all__ = ["wanted"]
+def stages_on(config: BridgeConfig, snapshot: Snapshot, node: NodeView) -> bool:
+    """Whether a new copy may be staged on `node`: one of a preempt-mode pool (a lend there
+    requeues its work anyway, a staging job with it) that is not lent now (its Triton job
+    holds it whole). Never a drain-mode (training) node, where a staging job running
+    when a whole-node training job wants the node would delay it. The plan gives the
+    other nodes a budget of 0: the copies they hold count, nothing new goes there and
+    nothing is evicted."""
+    pool = config.pools.get(node.pool)
+    if pool is None or pool.lend_mode != "preempt":
+        return False
+    return all(lease.node != node.name for lease in snapshot.leases)
+
+
+__all__ = ["stages_on", "wanted"]

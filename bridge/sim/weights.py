@@ -220,7 +220,7 @@ class NodeCaches:
         caches = [
             NodeCache(
                 n.name,
-                int(spec.budget_bytes),
+                int(spec.budget_bytes) if staging.stages_on(config, snapshot, n) else 0,
                 tuple(
                     CachedCopy(m, "", int(c.size), c.ready_at <= now, c.last_used)
                     for m, c in sorted(by_name[n.name].weights.items())
