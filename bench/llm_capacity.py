@@ -50,12 +50,10 @@ from bridge.load.runner import parse_endpoint
 from bridge.load.stream_report import StreamReport, summarize_streams
 from bridge.load.streams import StreamConfig, StreamRecord, StreamResult, run_streams
 from bridge.paths import default_lab_dir, traces_dir
+from bridge.policy.tokenfit import ProfilePoint, calibrate, fit_profile
 from bridge.policy.tokens import (
-    ProfilePoint,
     TokenDemand,
     TokenProfile,
-    calibrate,
-    fit_profile,
     mean_service,
     predict,
 )

@@ -226,15 +226,6 @@ def policy_snapshot(
     return snap
 
 
-def with_weights(
-    snap: Snapshot, cached: Mapping[str, frozenset[str]], local_load_s: Mapping[str, float]
-) -> Snapshot:
-    """`snap` with each node's `cached` models (`Stager.cached`) and the models' load
-    times from a node's cache (`LoadTimes.local_load_s`)."""
-    nodes = tuple(replace(n, cached=cached.get(n.name, frozenset())) for n in snap.nodes)
-    return replace(snap, nodes=nodes, local_load_s=dict(local_load_s))
-
-
 class Reconciler:
     def __init__(
         self,
@@ -363,7 +354,7 @@ class Reconciler:
             held,
         )
         if self.stager is not None:  # the nodes' weight caches, as of the last plan
-            snap = with_weights(snap, self.stager.cached(), self.loads.local_load_s)
+            snap = self.stager.onto(snap, self.loads.local_load_s)
         if self.waiting is not None:  # the activator's held requests: lends from zero
             snap = replace(snap, waiting=dict(self.waiting()))
         self.last_snapshot = snap

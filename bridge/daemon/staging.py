@@ -29,19 +29,21 @@ Once every `[weights] plan_every_s`, on the leader's pass after its actions:
    Triton job refused the copy, or did not find it) is made `failed` with that reason,
    so the plan stages it again where it is still wanted.
 
-`cached()` is what the policy reads (`NodeView.cached`): per node, the models whose
-newest version has a complete copy there. A Triton job verifies a copy again before it
-uses it (`bridge.weights.overlay`), so a catalogue row that is out of date (a copy the
-stage program evicted for room, a disk wiped) costs a load from the shared repository,
-never a wrong model. The plan's evictions are carried out by the staging job they make
-room for (`--evict`, before its copy; the catalogue's rows say `evicted` from its
-submission), and the stage program refuses a copy past the node's budget.
+`cached()` is what the policy reads (`NodeView.cached`, put on the pass's snapshot by
+`onto`): per node, the models whose newest version has a complete copy there. A Triton
+job verifies a copy again before it uses it (`bridge.weights.overlay`), so a catalogue
+row that is out of date (a copy removed by hand, a disk wiped) costs a load from the
+shared repository, never a wrong model. The plan's evictions are carried out by the
+staging job they make room for (`--evict`, before its copy; the catalogue's rows say
+`evicted` from its submission), and the stage program refuses a copy past the node's
+budget.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -86,13 +88,22 @@ class Stager:
         self.store = store
         self.repo = ModelRepository(config.triton.model_repository)
         self._planned_at: float | None = None
-        self._sizes: dict[tuple[str, int], int | None] = {}
+        #: per (model, version), its (size, digest) by the source's manifest, read once
+        #: (None: none could be read; a published version's manifest never changes)
+        self._manifests: dict[tuple[str, int], tuple[int, str] | None] = {}
         self._cached: dict[str, frozenset[str]] = {}
 
     def cached(self) -> dict[str, frozenset[str]]:
         """Per node, the models whose newest version has a complete copy there (as of
         the last plan)."""
         return dict(self._cached)
+
+    def onto(self, snap: Snapshot, local_load_s: Mapping[str, float]) -> Snapshot:
+        """`snap` with each node's cached models (`cached`) and the models' load times
+        from a node's cache (`bridge.daemon.loadtimes.LoadTimes.local_load_s`): what
+        the policy reads of the caches."""
+        nodes = tuple(replace(n, cached=self._cached.get(n.name, frozenset())) for n in snap.nodes)
+        return replace(snap, nodes=nodes, local_load_s=dict(local_load_s))
 
     def tick(
         self, snap: Snapshot, leases: Sequence[LeaseView], now: datetime, report: TickReport
@@ -121,15 +132,15 @@ class Stager:
             if version is None:
                 continue
             key = (model, version)
-            if key not in self._sizes:
+            if key not in self._manifests:
                 try:
-                    self._sizes[key] = self._shared(model, version)[0]
+                    self._manifests[key] = self._shared(model, version)
                 except StageError as exc:
                     log.warning("%s version %s is not staged: %s", model, version, exc)
-                    self._sizes[key] = None
-            size = self._sizes[key]
-            if size is not None:
-                out[model] = (version, size)
+                    self._manifests[key] = None
+            found = self._manifests[key]
+            if found is not None:
+                out[model] = (version, found[0])
         return out
 
     def _poll(
@@ -178,8 +189,13 @@ class Stager:
                 report.events.append(f"copy of {model} version {newest[0]} on {lease.node}: {why}")
 
     def _shared(self, model: str, version: int) -> tuple[int, str]:
-        """The version's size and digest as the staging source's manifest says."""
+        """The version's size and digest as the staging source's manifest says (read
+        once a version)."""
+        known = self._manifests.get((model, version))
+        if known is not None:
+            return known
         found = source_manifest(self._source(), model, version)
+        self._manifests[(model, version)] = (found.total_bytes, found.digest)
         return found.total_bytes, found.digest
 
     def _source(self) -> str:

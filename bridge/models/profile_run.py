@@ -1,7 +1,7 @@
 """The measuring run of `stb models profile MODEL`: a short, bounded set of token streams
 to one model on a Triton server (or the bridge's nginx), at 1 .. `sequences` streams at
 once and three prompt lengths, fitted into the `TokenProfile` the token capacity model
-sizes the model's replicas by (`bridge.policy.tokens.fit_profile`), with what one replica
+sizes the model's replicas by (`bridge.policy.tokenfit.fit_profile`), with what one replica
 then carries at the model's token SLOs (`predict`).
 
 The plan (`make_plan`, pure): for each concurrency n = 1 .. sequences, closed batches of n
@@ -33,11 +33,10 @@ from bridge.load.arrivals import Schedule
 from bridge.load.lengths import prompt_text
 from bridge.load.runner import Endpoint, LoadConfigError, parse_endpoint
 from bridge.load.streams import StreamConfig, StreamRecord, run_streams
+from bridge.policy.tokenfit import ProfilePoint, fit_profile
 from bridge.policy.tokens import (
-    ProfilePoint,
     TokenDemand,
     TokenProfile,
-    fit_profile,
     infeasible,
     mean_service,
     predict,

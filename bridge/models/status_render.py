@@ -23,7 +23,7 @@ from bridge.models.status_views import (
     RolloutView,
     Tokens,
 )
-from bridge.weights.view import cells
+from bridge.weights.view import print_table
 
 
 def render(status: ModelStatus, console: Console) -> None:
@@ -67,7 +67,7 @@ def render(status: ModelStatus, console: Console) -> None:
     if status.rollout is None and status.last_rollout is None:
         console.print("no rollout", highlight=False)
     console.print(_servers_table(status))
-    _weights(status, console)
+    print_table(status.weights.to_json(), console, per_model=False)
     c = status.cost
     if c.ledger:
         console.print(
@@ -207,21 +207,6 @@ def _servers_table(status: ModelStatus) -> Table:
         ready = ", ".join(f"v{v}" for v in s.versions) or ("yes" if s.holds else "-")
         table.add_row(escape(s.address), state, ready)
     return table
-
-
-def _weights(status: ModelStatus, console: Console) -> None:
-    """The weight cache per version (`bridge.weights.view`): complete copies, staging
-    jobs in flight, failures; one line when there is none."""
-    doc = status.weights.to_json()
-    if doc["versions"]:
-        table = Table("version", "complete on", "staging", "failed", title="weight cache")
-        for version in doc["versions"]:
-            table.add_row(*map(escape, cells(version)[1:]))
-        console.print(table)
-    else:
-        console.print("weight cache: no copy and no staging job", highlight=False)
-    if doc["note"]:
-        console.print(f"[dim]weight cache: {escape(doc['note'])}[/dim]", highlight=False)
 
 
 def _money_text(amount: Decimal | None, currency: str | None) -> str:

@@ -45,7 +45,7 @@ from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import Job
 from bridge.slurm.select import open_backend
 from bridge.triton.catalog import site_models
-from bridge.weights.view import cache_view, cells, read_jobs
+from bridge.weights.view import cache_view, print_table, read_jobs
 
 console = Console()
 
@@ -323,21 +323,9 @@ def status(
     console.print(models)
     for note in notes:
         say(console, f"  {note}")
-    _weights_table(doc["weights"], console)
+    print_table(doc["weights"], console)
     if doc["slurm_error"]:
         console.print(f"[yellow]Slurm: {escape(doc['slurm_error'])}[/yellow]", soft_wrap=True)
-
-
-def _weights_table(weights: dict[str, Any], out: Console) -> None:
-    """The weight cache per model version (`bridge.weights.view`): nodes with a complete
-    copy, staging jobs in flight, failures; nothing when there is neither copy nor job."""
-    if weights["versions"]:
-        table = Table("model", "version", "complete on", "staging", "failed", title="weight cache")
-        for version in weights["versions"]:
-            table.add_row(*map(escape, cells(version)))
-        out.print(table)
-    if weights["note"]:
-        out.print(f"[yellow]weight cache: {escape(weights['note'])}[/yellow]", soft_wrap=True)
 
 
 def _slos(m: dict[str, Any]) -> str:

@@ -31,11 +31,11 @@ from functools import lru_cache
 from bridge.config import ModelConfig
 from bridge.policy import capacity
 from bridge.policy.snapshot import ModelSample, Snapshot
+from bridge.policy.tokenfit import calibrate
 from bridge.policy.tokens import (
     InfeasibleSLO,
     TokenDemand,
     TokenProfile,
-    calibrate,
     replicas_needed,
     ttft_floor_s,
 )
@@ -103,7 +103,7 @@ def calibrated(
     profile: TokenProfile, history: Sequence[ModelSample], replicas: int
 ) -> TokenProfile:
     """`profile` corrected by the replicas' own TTFT clock and token gaps over the samples
-    of `history` that have them (`tokens.calibrate`): their means pooled by the
+    of `history` that have them (`tokenfit.calibrate`): their means pooled by the
     requests each timed, at the pooled request rate spread over `replicas` and the newest
     sample's lengths. The profile as measured with no replica, no means, or fewer than
     CALIBRATE_MIN_REQUESTS timed requests."""

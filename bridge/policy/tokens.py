@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from bridge.policy.capacity import Q, queue, smallest
 
@@ -54,12 +54,12 @@ class InfeasibleSLO(ValueError):
     """No number of replicas meets the SLO: the reason names the SLO and the figures."""
 
 
-def _check_positive(name: str, value: float) -> None:
+def check_positive(name: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
 
 
-def _check_non_negative(name: str, value: float) -> None:
+def check_non_negative(name: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
@@ -93,20 +93,20 @@ class TokenProfile:
     def __post_init__(self) -> None:
         if not isinstance(self.sequences, int) or self.sequences < 1:
             raise ValueError(f"sequences must be an integer >= 1, got {self.sequences!r}")
-        _check_non_negative("prefill_s_per_token", self.prefill_s_per_token)
-        _check_non_negative("prefill_overhead_s", self.prefill_overhead_s)
+        check_non_negative("prefill_s_per_token", self.prefill_s_per_token)
+        check_non_negative("prefill_overhead_s", self.prefill_overhead_s)
         if len(self.tpot_s) != self.sequences:
             raise ValueError(
                 f"tpot_s needs one entry per sequence (sequences={self.sequences}), "
                 f"got {len(self.tpot_s)}"
             )
         for i, t in enumerate(self.tpot_s):
-            _check_positive(f"tpot_s[{i}]", t)
+            check_positive(f"tpot_s[{i}]", t)
         if any(b < a for a, b in zip(self.tpot_s, self.tpot_s[1:], strict=False)):
             raise ValueError(f"tpot_s must be non-decreasing in sequences, got {self.tpot_s}")
         if not (0.0 <= self.prefix_hit < 1.0):
             raise ValueError(f"prefix_hit must be in [0, 1), got {self.prefix_hit!r}")
-        _check_positive("tpot_spread", self.tpot_spread)
+        check_positive("tpot_spread", self.tpot_spread)
         if self.tpot_spread < 1.0:
             raise ValueError(f"tpot_spread must be >= 1, got {self.tpot_spread!r}")
 
@@ -159,7 +159,7 @@ class TokenDemand:
     output_tokens: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        _check_non_negative("rate", self.rate)
+        check_non_negative("rate", self.rate)
         for name, values in (
             ("prompt_tokens", self.prompt_tokens),
             ("output_tokens", self.output_tokens),
@@ -167,7 +167,7 @@ class TokenDemand:
             if not values:
                 raise ValueError(f"{name} needs at least one length")
             for v in values:
-                _check_non_negative(name, v)
+                check_non_negative(name, v)
 
     @classmethod
     def of(
@@ -188,15 +188,15 @@ class TokenDemand:
     def from_rates(cls, rate: float, prompt_tps: float, output_tps: float) -> TokenDemand:
         """A demand from a request rate and its token rates (what a model's counters
         give: every request the mean lengths; no spread, so cv2 = 0)."""
-        _check_non_negative("prompt_tps", prompt_tps)
-        _check_non_negative("output_tps", output_tps)
+        check_non_negative("prompt_tps", prompt_tps)
+        check_non_negative("output_tps", output_tps)
         if rate <= 0:
             return cls(0.0, (0.0,), (1.0,))
         return cls(rate, (prompt_tps / rate,), (output_tps / rate,))
 
     def scaled(self, factor: float) -> TokenDemand:
         """The same lengths at `factor` times the rate (a headroom, a forecast)."""
-        _check_non_negative("factor", factor)
+        check_non_negative("factor", factor)
         return TokenDemand(self.rate * factor, self.prompt_tokens, self.output_tokens)
 
     @property
@@ -360,7 +360,7 @@ def _ttft_quantile(prefills: Sequence[float], wait_p: float, tail: float, q: flo
     exponential with rate `tail`; the prefill each of `prefills` with equal weight."""
     hi_pre = max(prefills)
     if wait_p <= 0 or not math.isfinite(tail) or tail <= 0:
-        return _sample_quantile(prefills, q)
+        return sample_quantile(prefills, q)
 
     def exceed(t: float) -> float:
         total = 0.0
@@ -368,7 +368,7 @@ def _ttft_quantile(prefills: Sequence[float], wait_p: float, tail: float, q: flo
             total += 1.0 if t < p else wait_p * math.exp(-tail * (t - p))
         return total / len(prefills)
 
-    lo = _sample_quantile(prefills, q)
+    lo = sample_quantile(prefills, q)
     if exceed(lo) <= 1.0 - q:
         return lo
     # past the longest prefill, a wait over log(wait_p / (1 - q)) / tail is rarer than
@@ -385,7 +385,7 @@ def _ttft_quantile(prefills: Sequence[float], wait_p: float, tail: float, q: flo
     return hi
 
 
-def _sample_quantile(values: Sequence[float], q: float) -> float:
+def sample_quantile(values: Sequence[float], q: float) -> float:
     """The smallest value with at least a share `q` of `values` at or below it."""
     s = sorted(values)
     k = max(0, math.ceil(q * len(s)) - 1)
@@ -416,74 +416,10 @@ def predict(profile: TokenProfile, demand: TokenDemand, replicas: int) -> TokenP
     return TokenPrediction(ttft, profile.tpot(n99) * profile.tpot_spread, a / c, n, True)
 
 
-#: the furthest `calibrate` moves a profile's prefill or decode times from their profile
-#: (a factor, either way): a counter off by more than this is a broken reading, not drift
-CALIBRATE_LIMIT = 3.0
-
-
-def calibrate(
-    profile: TokenProfile,
-    demand: TokenDemand,
-    mean_ttft_s: float | None,
-    mean_tpot_s: float | None,
-) -> TokenProfile:
-    """`profile` corrected by what one replica measured while it served `demand` (its
-    `rate` the replica's own): the mean of its own TTFT clock (`mean_ttft_s`, from a
-    slot's pick-up: the prefill, no queue wait) and of its token gaps (`mean_tpot_s`),
-    the backend's histograms' sum / count over a window.
-
-    The profile is taken on a quiet replica in a short run; on shared compute its
-    per-token times drift (10-25% on the lab's two cores, run to run) and near
-    saturation the queue's tail follows the service time steeply, so the capacity
-    model sizes on the replica's own counters where it has them. The prefill (overhead
-    and per token) is scaled by measured / predicted mean prefill at the load's mean
-    concurrency (`concurrency`), the TPOT table by measured / predicted TPOT there; the
-    concurrency moves with the times, so the two are solved together (fixed-point steps
-    to a standstill). Slowdown with concurrency keeps the profile's shape. A figure that is None
-    or not positive leaves its part as profiled; each factor is kept within
-    1/CALIBRATE_LIMIT .. CALIBRATE_LIMIT."""
-    if demand.rate <= 0:
-        return profile
-    use_pre = mean_ttft_s is not None and math.isfinite(mean_ttft_s) and mean_ttft_s > 0
-    use_dec = mean_tpot_s is not None and math.isfinite(mean_tpot_s) and mean_tpot_s > 0
-    if not (use_pre or use_dec):
-        return profile
-    base_pre = sum(profile.prefill(p) for p in demand.prompt_tokens) / len(demand.prompt_tokens)
-    k_pre = k_dec = 1.0
-    out = profile
-    for _ in range(50):
-        n, a = concurrency(out, demand.rate, demand)
-        if a >= out.sequences:  # saturated as corrected: every slot always busy
-            n = float(out.sequences)
-        if use_dec:
-            assert mean_tpot_s is not None
-            k_dec = _clamp(mean_tpot_s / profile.tpot(n))
-        if use_pre:
-            assert mean_ttft_s is not None
-            k_pre = _clamp(mean_ttft_s / (profile.slowdown(n) * base_pre))
-        nxt = replace(
-            profile,
-            prefill_s_per_token=profile.prefill_s_per_token * k_pre,
-            prefill_overhead_s=profile.prefill_overhead_s * k_pre,
-            tpot_s=tuple(t * k_dec for t in profile.tpot_s),
-        )
-        moved = abs(nxt.tpot_s[0] - out.tpot_s[0]) / out.tpot_s[0] + abs(
-            nxt.prefill(1.0) - out.prefill(1.0)
-        ) / max(out.prefill(1.0), 1e-12)
-        out = nxt
-        if moved < 1e-12:
-            break
-    return out
-
-
-def _clamp(k: float) -> float:
-    return min(CALIBRATE_LIMIT, max(1.0 / CALIBRATE_LIMIT, k))
-
-
 def ttft_floor_s(profile: TokenProfile, prompt_tokens: Sequence[float]) -> float:
     """The TTFT p99 at no load: the 0.99 quantile of the prefills of these prompt lengths
     at one sequence, no queue wait. No count of replicas gives less."""
-    return _sample_quantile([profile.prefill(p) for p in prompt_tokens], Q)
+    return sample_quantile([profile.prefill(p) for p in prompt_tokens], Q)
 
 
 def infeasible(
@@ -492,8 +428,8 @@ def infeasible(
     """Why no number of replicas meets the SLOs (None: enough replicas do): a TPOT at one
     sequence over the TPOT SLO, or a p99 prefill alone (no wait, one sequence) over the
     TTFT SLO."""
-    _check_positive("slo_ttft_s", slo_ttft_s)
-    _check_positive("slo_tpot_s", slo_tpot_s)
+    check_positive("slo_ttft_s", slo_ttft_s)
+    check_positive("slo_tpot_s", slo_tpot_s)
     if profile.tpot_s[0] > slo_tpot_s:
         return (
             f"TPOT SLO {slo_tpot_s * 1000:.1f} ms is below the model's "
@@ -518,7 +454,7 @@ def replicas_needed(
     """The fewest replicas keeping both predicted p99s within their SLOs for `demand` at
     `headroom` times its rate (0 for no requests). Raises InfeasibleSLO when no count
     does (see `infeasible`), or when more than MAX_REPLICAS would be needed."""
-    _check_positive("headroom", headroom)
+    check_positive("headroom", headroom)
     reason = infeasible(profile, demand, slo_ttft_s, slo_tpot_s)
     if reason is not None:
         raise InfeasibleSLO(reason)
@@ -541,96 +477,6 @@ def replicas_needed(
             )
         hi *= 2
     return smallest(floor, hi, ok)
-
-
-@dataclass(frozen=True, slots=True)
-class ProfilePoint:
-    """One measured request (or an aggregate of like requests): the sequences running at
-    once while it ran, its prompt tokens, its TTFT without queue wait (the model's own
-    clock) and its mean TPOT, in seconds."""
-
-    concurrency: int
-    prompt_tokens: float
-    ttft_s: float
-    tpot_s: float
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.concurrency, int) or self.concurrency < 1:
-            raise ValueError(f"concurrency must be an integer >= 1, got {self.concurrency!r}")
-        _check_non_negative("prompt_tokens", self.prompt_tokens)
-        _check_positive("ttft_s", self.ttft_s)
-        _check_positive("tpot_s", self.tpot_s)
-
-
-def fit_profile(points: Iterable[ProfilePoint], sequences: int | None = None) -> TokenProfile:
-    """A profile from measured points: TPOT per concurrency the median of its points
-    (a concurrency without points linear between its neighbours, the last one held; made
-    non-decreasing); the prefill a least-squares line of TTFT over prompt tokens, each
-    TTFT first divided by its concurrency's slowdown. `sequences` defaults to the
-    largest concurrency measured. The TTFTs must exclude queue wait (the model's clock,
-    or a client's at no more requests than slots)."""
-    pts = list(points)
-    if not pts:
-        raise ValueError("fit_profile needs at least one measured point")
-    seqs = sequences if sequences is not None else max(p.concurrency for p in pts)
-    if not isinstance(seqs, int) or seqs < 1:
-        raise ValueError(f"sequences must be an integer >= 1, got {seqs!r}")
-    by_n: dict[int, list[float]] = {}
-    for p in pts:
-        if p.concurrency <= seqs:
-            by_n.setdefault(p.concurrency, []).append(p.tpot_s)
-    if 1 not in by_n and not by_n:
-        raise ValueError(f"no point has a concurrency within sequences={seqs}")
-    known = {n: _median(v) for n, v in by_n.items()}
-    table: list[float] = []
-    ns = sorted(known)
-    for n in range(1, seqs + 1):
-        if n in known:
-            table.append(known[n])
-            continue
-        below = [k for k in ns if k < n]
-        above = [k for k in ns if k > n]
-        if below and above:
-            lo, hi = below[-1], above[0]
-            table.append(known[lo] + (known[hi] - known[lo]) * (n - lo) / (hi - lo))
-        else:
-            table.append(known[below[-1]] if below else known[above[0]])
-    for i in range(1, len(table)):
-        table[i] = max(table[i], table[i - 1])
-    base = table[0]
-    xs = [p.prompt_tokens for p in pts]
-    ys = [p.ttft_s / (table[min(p.concurrency, seqs) - 1] / base) for p in pts]
-    per_token, overhead = _line(xs, ys)
-    # the tail of each point's TPOT over its concurrency's typical one
-    ratios = [p.tpot_s / table[min(p.concurrency, seqs) - 1] for p in pts]
-    spread = max(1.0, _sample_quantile(ratios, Q))
-    return TokenProfile(seqs, max(0.0, per_token), max(0.0, overhead), tuple(table), 0.0, spread)
-
-
-def _median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    m = len(s) // 2
-    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
-
-
-def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """(slope, intercept) of the least-squares line with both >= 0: slope 0 when every x
-    is the same or the line falls; a line that would cross below the origin is fitted
-    through it instead (least squares with the intercept held at 0), not cut at 0 with
-    its slope kept, which would put every prediction above the points by the cut."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx <= 0:
-        return 0.0, my
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    if slope < 0:
-        return 0.0, my
-    intercept = my - slope * mx
-    if intercept < 0:
-        through = sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
-        return max(0.0, through), 0.0
-    return slope, intercept
 
 
 #: SmolLM2-135M-Instruct (Q4_1, llama-cpp-python, one thread per instance) on the lab's

@@ -408,7 +408,7 @@ class TokenSignal:
     own TTFT clock (from an instance's pick-up: the prefill, no queue wait; never
     Triton's first response, which holds the queue) and of its token gaps over the
     window, with the requests it timed (`timed`): what the token capacity model corrects
-    its profile by (`bridge.policy.tokens.calibrate`)."""
+    its profile by (`bridge.policy.tokenfit.calibrate`)."""
 
     ttft_p99_ms: float | None = None
     tpot_p99_ms: float | None = None

@@ -25,6 +25,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
 from bridge.leases.weights import WeightCopy
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import STAGING_TAG, Job, staged_version
@@ -118,6 +122,22 @@ def cells(version: dict[str, Any]) -> tuple[str, str, str, str, str]:
     staging = ", ".join(_staging_text(s) for s in version["staging"]) or "-"
     failed = ", ".join(f"{f['node']} ({f['reason']})" for f in version["failed"]) or "-"
     return version["model"], str(version["version"]), complete, staging, failed
+
+
+def print_table(doc: dict[str, Any], out: Console, *, per_model: bool = True) -> None:
+    """`CacheView.to_json` as the status commands print it: a "weight cache" table of
+    `cells` (without the model column for one model's status, `per_model` False; there a
+    line says when there is no version), and the view's note."""
+    if doc["versions"]:
+        head = ("model", "version") if per_model else ("version",)
+        table = Table(*head, "complete on", "staging", "failed", title="weight cache")
+        for version in doc["versions"]:
+            table.add_row(*map(escape, cells(version)[0 if per_model else 1 :]))
+        out.print(table)
+    elif not per_model:
+        out.print("weight cache: no copy and no staging job", highlight=False)
+    if doc["note"]:
+        out.print(f"[yellow]weight cache: {escape(doc['note'])}[/yellow]", soft_wrap=True)
 
 
 def _staging_text(s: dict[str, Any]) -> str:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from bridge.config import ModelConfig
 from bridge.policy import llm
 from bridge.policy.snapshot import ModelSample, ReplicaView, Snapshot
-from bridge.policy.tokens import SMOL_LAB, TokenDemand, calibrate
+from bridge.policy.tokenfit import calibrate
+from bridge.policy.tokens import SMOL_LAB, TokenDemand
 
 PROMPTS = (40.0, 60.0, 80.0, 120.0)
 OUTPUTS = (8.0, 12.0, 16.0)

@@ -8,15 +8,13 @@ import math
 
 import pytest
 
+from bridge.policy.tokenfit import ProfilePoint, calibrate, fit_profile
 from bridge.policy.tokens import (
     SMOL_LAB,
     InfeasibleSLO,
-    ProfilePoint,
     TokenDemand,
     TokenProfile,
     busy_cdf,
-    calibrate,
-    fit_profile,
     infeasible,
     predict,
     replicas_needed,
@@ -188,7 +186,7 @@ def test_the_lab_profile_says_its_figures() -> None:
 
 
 def test_the_tpot_tail_of_the_profile_raises_the_predicted_tpot_p99_not_the_service() -> None:
-    from bridge.policy.tokens import ProfilePoint, fit_profile, mean_service
+    from bridge.policy.tokens import mean_service
 
     even = [ProfilePoint(n, 50.0, 0.3, 0.02 * n) for n in (1, 2) for _ in range(5)]
     # at two sequences one stream in five decodes beside a prefill: twice as slow
