@@ -71,11 +71,16 @@ def _gone(spec: LabSpec, job_id: str, timeout_s: float = 90) -> None:
 
 
 def _node_free(spec: LabSpec, node: str, timeout_s: float = 120) -> None:
+    """Until `node` runs no job and Slurm calls it idle (a job's end leaves it completing
+    for a moment, and a job submitted then waits for a later scheduling pass: seconds
+    that would fall on whichever kind came next)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not slurm(spec, "squeue", "-h", "-w", node, "-o", "%i", check=False).strip():
+        jobs = slurm(spec, "squeue", "-h", "-w", node, "-o", "%i", check=False).strip()
+        state = slurm(spec, "sinfo", "-h", "-n", node, "-o", "%T", check=False).strip()
+        if not jobs and state.splitlines() and all(s == "idle" for s in state.splitlines()):
             return
-        time.sleep(1)
+        time.sleep(0.2)
     sys.exit(f"node {node} still runs jobs after {timeout_s:.0f} s: free it first")
 
 

@@ -743,6 +743,14 @@ class WeightsConfig(_Strict):
         "repository as before. The same path on every node; the staging and Triton jobs' "
         "user writes it.",
     )
+    verify: Literal["stamp", "full"] = Field(
+        default="stamp",
+        description="How a Triton job checks a copy before it serves from it: `stamp` takes "
+        "a copy whose files keep the size, mtime, ctime and inode they had when a staging "
+        "job or `stb weights verify` last read every byte (any write or `touch` changes the "
+        "ctime); `full` reads every byte at every start (1.4 s for 2 GB on the lab), which "
+        "also sees a change below the file system (a disk's bit rot).",
+    )
     source: str | None = Field(
         default=None,
         description="Where staging jobs copy versions from: the shared repository as a "

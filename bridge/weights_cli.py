@@ -166,10 +166,19 @@ def stage_cmd(
 def verify_cmd(
     model: Model, version: Version, cache_root: CacheOpt = None, config: ConfigOpt = None
 ) -> None:
-    """Check a copy against its manifest (size and sha256 of every file); exit 1 if refused."""
+    """Check a copy against its manifest (size and sha256 of every file); exit 1 if refused.
+    Renews the copy's stamp (what a Triton job's start checks) when intact, removes it
+    when not, so that a change the file system did not record is refused at start too."""
     cfg = load_or_exit(config)
     path = version_dir(_cache(cfg, cache_root), model, version)
     v = mf.verify(path, model, version)
+    try:
+        if v.ok and v.manifest is not None:
+            mf.write_stamp(path, v.manifest)
+        else:
+            (path / mf.STAMP).unlink(missing_ok=True)
+    except OSError as exc:
+        say(console, f"{model} {version}: its stamp could not be written: {exc}")
     if not v.ok:
         raise fail(f"{model} {version} refused: {v.reason}")
     say(console, f"{model} {version}: intact ({v.reason})")

@@ -352,6 +352,7 @@ class Actuator:
             partition=pool.partition if submit.reservation else None,
             reservation=submit.reservation,
             weights_cache=self.config.weights.cache_root,
+            weights_verify=self.config.weights.verify,
         )
 
     # ---- routing ------------------------------------------------------------------

@@ -68,6 +68,7 @@ def triton_job(
     partition: str | None = None,
     reservation: str | None = None,
     weights_cache: Path | None = None,
+    weights_verify: str = "stamp",
     skip: Sequence[str] = (),
 ) -> JobSpec:
     """The JobSpec of one Triton server. `models` empty: every model that loads at start
@@ -75,7 +76,8 @@ def triton_job(
     is taken whole (`exclusive`, `gpus` = all of its GPUs) so sacct books all its GPUs to
     serving and no other job lands beside it. `weights_cache`: the nodes' weight cache
     (`[weights] cache_root`): the job reads each model version from its verified local
-    copy there where it has one (`bridge.weights.overlay`). `skip`: models a server
+    copy there where it has one (`bridge.weights.overlay`), checked as `weights_verify`
+    says (`[weights] verify`). `skip`: models a server
     started for every model leaves out besides those that do not load at start (a
     baseline: the models served from zero); ignored when `models` names them."""
     if not cfg.key_file.exists():
@@ -97,7 +99,11 @@ def triton_job(
         "STB_MODELS": ";".join(models) if models else "*",
     } | _runtime_env(cfg)
     if weights_cache is not None:
-        env |= {"STB_WEIGHTS_CACHE": str(weights_cache), "STB_PYTHON": sys.executable}
+        env |= {
+            "STB_WEIGHTS_CACHE": str(weights_cache),
+            "STB_WEIGHTS_VERIFY": weights_verify,
+            "STB_PYTHON": sys.executable,
+        }
     tags = [TRITON_TAG, lease_tag(lease) if lease is not None else BASELINE_TAG]
     output = str(cfg.log_dir.resolve() / "triton-%j.log") if cfg.log_dir else None
     return JobSpec(

@@ -80,6 +80,9 @@ def slurm_conf(spec: LabSpec, *, jwt: bool = True) -> str:
         "train": "PriorityTier=1 PreemptMode=OFF",
         "elastic": f"Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime={spec.grace_time_s}",
         "infer": f"PriorityTier=10 PreemptMode=OFF AllowAccounts={infer_accounts}",
+        # the lowest tier: any job of the other partitions preempts a job here at once
+        # (the bridge's staging jobs: bridge.slurm.staging)
+        "scavenger": "PriorityTier=0 PreemptMode=REQUEUE GraceTime=0",
     }
     parts = [
         f"PartitionName={name} Nodes={compress(n.name for n in spec.partition_nodes(name))} "

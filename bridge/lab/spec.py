@@ -112,9 +112,12 @@ class LabSpec:
         return [n for n in self.nodes if n.pool == pool]
 
     def partition_nodes(self, partition: str) -> list[LabNode]:
-        """`infer` spans the reserved nodes and the elastic nodes it may preempt."""
+        """`infer` spans the reserved nodes and the elastic nodes it may preempt;
+        `scavenger` (work that yields to any other: staging) the elastic nodes."""
         if partition == "infer":
             return self.pool_nodes("infer") + self.pool_nodes("elastic")
+        if partition == "scavenger":
+            return self.pool_nodes("elastic")
         return self.pool_nodes(partition)
 
     # Files under the lab directory: the one place each path is named.

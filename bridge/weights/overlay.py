@@ -8,8 +8,9 @@ under `<cache_root>/.jobs/<job id>`), a repository of symbolic links:
   shared model folder (Triton sees it exactly as before, new versions included);
 - a model with one: `out/<model>/` holds a link to the shared `config.pbtxt` and one link
   per version of the shared folder, to `<cache_root>/<model>/<version>` when that copy
-  verifies (`bridge.weights.manifest.verify`: every file's size and sha256), else to the
-  shared version folder. A copy that does not verify is never used, and the reason is
+  verifies (`bridge.weights.manifest.verify`: every file's size and sha256, or with
+  `stamp` its files unchanged since a staging job or `stb weights verify` read them all),
+  else to the shared version folder. A copy that does not verify is never used, and the reason is
   said. A version published after the job started is not in its view (the job is
   restarted, or the version staged, to serve it).
 
@@ -60,9 +61,16 @@ def _versions(model_dir: Path) -> list[int]:
 
 
 def prepare(
-    shared: Path, cache_root: Path, out: Path, models: list[str] | None = None
+    shared: Path,
+    cache_root: Path,
+    out: Path,
+    models: list[str] | None = None,
+    *,
+    stamp: bool = False,
 ) -> list[Choice]:
-    """Build the overlay in `out` (module docstring); one Choice per model."""
+    """Build the overlay in `out` (module docstring); one Choice per model. `stamp`:
+    take a copy unchanged since its last full verification without re-reading it
+    (`bridge.weights.manifest.verify`)."""
     shared = shared.resolve()
     if out.exists():
         shutil.rmtree(out)
@@ -81,14 +89,17 @@ def prepare(
             (out / name).symlink_to(src)  # not loaded at start: as it is
             continue
         local: dict[int, Path] = {}
+        checked: dict[int, str] = {}  # how each local copy was found intact
         refused: dict[int, str] = {}
         for v in versions:
             copy = cache_root / name / str(v)
             if not copy.is_dir():
                 continue
-            verdict = mf.verify(copy, name, v)
+            verdict = mf.verify(copy, name, v, stamp=stamp)
             if verdict.ok:
                 local[v] = copy.resolve()
+                at = verdict.stamped_at
+                checked[v] = "verified" if at is None else f"unchanged since verified at {at}"
             else:
                 refused[v] = verdict.reason
         if not local:
@@ -102,7 +113,7 @@ def prepare(
             (out / name / str(v)).symlink_to(local.get(v, src / str(v)))
         assert served is not None
         if served in local:
-            choices.append(Choice(name, served, "local", local[served], "verified"))
+            choices.append(Choice(name, served, "local", local[served], checked[served]))
         else:
             why = refused.get(served, "no local copy of the served version")
             choices.append(Choice(name, served, "shared", src / str(served), why))
@@ -154,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--models", default="*", help="models loaded at start, ';' or ',' between (*: all)"
     )
+    p.add_argument(
+        "--verify",
+        choices=("stamp", "full"),
+        default="stamp",
+        help="stamp: a copy unchanged since its last full check is not re-read; full: "
+        "every byte read at every start",
+    )
     args = p.parse_args(argv)
     wanted = (
         None
@@ -163,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         _prune(args.out.parent, args.out)
-        choices = prepare(args.shared, args.cache_root, args.out, wanted)
+        choices = prepare(
+            args.shared, args.cache_root, args.out, wanted, stamp=args.verify == "stamp"
+        )
     except OSError as exc:
         print(f"stb-weights: error: could not build {args.out}: {exc}", file=sys.stderr)
         return 2

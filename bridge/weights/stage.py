@@ -254,6 +254,7 @@ def stage(
             verdict = mf.verify(target, model, version)
             if verdict.ok and verdict.manifest is not None:
                 m = verdict.manifest
+                mf.write_stamp(target, m)  # every byte just read: the start's check
                 return Staged(model, version, target, m.total_bytes, m.digest, 0.0, False)
             _remove(target)  # corrupt or partial: staged afresh below
         with (
@@ -291,6 +292,7 @@ def stage(
                 verdict = mf.verify(partial, model, version)
                 if not verdict.ok:
                     raise StageError(f"the staged copy does not verify: {verdict.reason}")
+                mf.write_stamp(partial, m)
                 fsync_dir(partial)
                 os.rename(partial, target)
                 fsync_dir(target.parent)

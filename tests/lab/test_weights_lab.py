@@ -11,6 +11,8 @@ move to serving says so and the load is timed as a local one."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import socket
 import time
@@ -37,7 +39,7 @@ from bridge.weights import manifest as mf
 from bridge.weights.overlay import sources
 from bridge.weights.stage import version_dir
 
-from .helpers import tick_until, tick_until_baseline, until, wait_state
+from .helpers import sbatch, squeue_state, tick_until, tick_until_baseline, until, wait_state
 
 pytestmark = pytest.mark.lab
 
@@ -107,7 +109,7 @@ def test_a_staged_copy_serves_fast_and_a_corrupt_one_is_refused(
     until("the cold job chose its source", lambda: "stb-weights: model=" in (
         cold_log.read_text(errors="replace") if cold_log.exists() else ""), 30)  # fmt: skip
     spec = staging_job(cfg, node=node, model=labweights.MODEL, version=1, source=url,
-                       account="bridge", partition="elastic", log_dir=lab.log_dir)  # fmt: skip
+                       account="bridge", partition="scavenger", log_dir=lab.log_dir)  # fmt: skip
     stage_job = submit_staging(SlurmCLI(env=lab.env()), spec)
     squeue = slurm(lab, "squeue", "-h", "-j", stage_job, "-o", "%j|%k|%y|%a", check=False)
     try:
@@ -143,17 +145,22 @@ def test_a_staged_copy_serves_fast_and_a_corrupt_one_is_refused(
     # 2. warm: the verified local copy
     _, warm_s, warm_answer, warm_log = _serve(lab, repo, cache, node)
     assert sources(warm_log) == {labweights.MODEL: (1, "local")}, warm_log
+    assert "unchanged since verified at" in warm_log  # the staging job's stamp: no re-read
     assert warm_answer[0] == 1.0 and warm_answer[2] == SIZE
     assert warm_answer[1] < 2.0, warm_answer  # the model's own load
     assert warm_s < cold_s / 2, (warm_s, cold_s)
 
     # 3. a corrupted copy (same size, one byte flipped) is refused: the origin again
+    # (and its mtime set back: only the ctime, which no user sets, says it was written)
     blob = copy / labweights.WEIGHTS
+    before = blob.stat()
     with open(blob, "r+b") as f:
         f.seek(SIZE // 2)
         byte = f.read(1)
         f.seek(SIZE // 2)
         f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert blob.stat().st_mtime_ns == before.st_mtime_ns
     _, bad_s, bad_answer, bad_log = _serve(lab, repo, cache, node)
     assert sources(bad_log) == {labweights.MODEL: (1, "shared")}, bad_log
     assert "sha256" in bad_log and "the manifest says" in bad_log
@@ -162,6 +169,67 @@ def test_a_staged_copy_serves_fast_and_a_corrupt_one_is_refused(
         f"\nweights lab: {SIZE / 1e6:.0f} MB at {RATE / 1e6:.0f} MB/s: submit->ready cold "
         f"{cold_s:.1f} s (model load {cold_answer[1]:.1f} s), local {warm_s:.1f} s (model "
         f"load {warm_answer[1]:.2f} s), corrupt copy refused {bad_s:.1f} s"
+    )
+
+
+def _restarts(lab: LabSpec, job_id: str) -> int:
+    out = slurm(lab, "scontrol", "show", "job", "-o", job_id, check=False)
+    m = re.search(r"\bRestarts=(\d+)", out)
+    return int(m.group(1)) if m else -1
+
+
+def _started_after(lab: LabSpec, job_id: str, t0: float) -> float:
+    """Seconds from `t0` to the job's RUNNING, polled every 0.1 s (at most 60 s)."""
+    until(f"job {job_id} running", lambda: squeue_state(lab, job_id)[0] == "RUNNING", 60, 0.1)
+    return time.monotonic() - t0
+
+
+def test_a_staging_job_yields_to_an_elastic_job_that_wants_its_node(
+    lab: LabSpec, origin: tuple[str, Path]
+) -> None:
+    """A staging job in the scavenger partition (the lowest PriorityTier, preempted with
+    no grace) on the elastic node: an elastic job asking for the whole node starts as
+    soon as it would on an idle node, and the staging job is requeued (not failed), to
+    start over later. Baseline: the same elastic job on the idle node."""
+    url, work = origin
+    node = lab.pool_nodes("elastic")[0].name
+    account = lab.accounts[0]
+
+    def whole_node_job() -> tuple[str, float]:
+        t0 = time.monotonic()
+        job = sbatch(lab, "--partition=elastic", f"--account={account}", f"--nodelist={node}",
+                     "--exclusive", "--job-name=wants-the-node", "--wrap=sleep 3")  # fmt: skip
+        return job, _started_after(lab, job, t0)
+
+    alone, alone_s = whole_node_job()
+    wait_state(lab, alone, {""}, 60)
+
+    # staging throttled to 4 MB/s: 200 MB would hold the node's core for about 50 s
+    cfg = WeightsConfig(cache_root=work / "cache-yield", bandwidth_bytes_s=4 * 10**6)
+    spec = staging_job(cfg, node=node, model=labweights.MODEL, version=1, source=url,
+                       account="bridge", partition="scavenger", log_dir=lab.log_dir)  # fmt: skip
+    stage_job = submit_staging(SlurmCLI(env=lab.env()), spec)
+    jobs = [stage_job]
+    try:
+        _started_after(lab, stage_job, time.monotonic())
+        stage_log = lab.log_dir / f"stage-{stage_job}.log"
+        until("the staging job copying", lambda: stage_log.exists() and "stb-staging: job"
+              in stage_log.read_text(errors="replace"), 30)  # fmt: skip
+        beside, beside_s = whole_node_job()
+        jobs.append(beside)
+        assert squeue_state(lab, stage_job)[0] != "RUNNING"  # it gave the node up
+        assert _restarts(lab, stage_job) == 1  # requeued, not failed
+        assert beside_s < alone_s + 5, (alone_s, beside_s)  # no wait for the staging job
+        # requeued, it waits in the queue to start over once the node is free (Slurm
+        # holds a requeued job's start for a while: not waited for here)
+        assert squeue_state(lab, stage_job)[0] in ("PENDING", "RUNNING")
+    finally:
+        slurm(lab, "scancel", *jobs, check=False)
+        for job in jobs:
+            wait_state(lab, job, {""}, 60)
+    print(
+        f"\nweights lab, yield: whole-node elastic job started {alone_s:.1f} s after submit "
+        f"on the idle node, {beside_s:.1f} s with a staging job running there (requeued)"
     )
 
 
@@ -188,7 +256,7 @@ def bridge_update(origin: tuple[str, Path]) -> dict[str, object]:
     cache.mkdir(exist_ok=True)
     return {
         "weights": WeightsConfig(
-            cache_root=cache, source=url, bandwidth_bytes_s=0, partition="elastic",
+            cache_root=cache, source=url, bandwidth_bytes_s=0, partition="scavenger",
             plan_every_s=1,
         )
     }  # fmt: skip
@@ -206,7 +274,7 @@ def test_the_daemon_reads_a_staging_back_and_lends_onto_the_local_copy(
     tick_until_baseline(rec, lab, log)  # the baseline reads weighty from the origin
     # what `stb weights stage weighty 1 --job <node>` does: the job, and its catalogue row
     spec = staging_job(cfg, node=node, model=labweights.MODEL, version=1, source=cfg.source,
-                       account="bridge", partition="elastic", log_dir=lab.log_dir)  # fmt: skip
+                       account="bridge", partition="scavenger", log_dir=lab.log_dir)  # fmt: skip
     job = submit_staging(SlurmCLI(env=lab.env()), spec)
     catalogue = WeightStore.beside(rec.store)
     path = str(version_dir(cfg.cache_root, labweights.MODEL, 1))

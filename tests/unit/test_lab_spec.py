@@ -40,6 +40,14 @@ def test_slurm_conf_partitions_and_preemption(tmp_path: Path) -> None:
     assert parts["elastic"]["PreemptMode"] == "REQUEUE"
     assert int(parts["infer"]["PriorityTier"]) > int(parts["elastic"]["PriorityTier"])
     assert parts["train"]["PreemptMode"] == "OFF"
+    # staging's partition: on the elastic nodes, below every other, preempted at once
+    assert expand(parts["scavenger"]["Nodes"]) == ["n4", "n5"]
+    assert parts["scavenger"]["PreemptMode"] == "REQUEUE"
+    assert parts["scavenger"]["GraceTime"] == "0"
+    assert all(
+        int(parts[p]["PriorityTier"]) > int(parts["scavenger"]["PriorityTier"])
+        for p in ("train", "elastic", "infer")
+    )
     assert "PreemptType=preempt/partition_prio" in conf
     assert "$" not in conf  # every placeholder was filled
     nodes = _conf_lines(conf, "NodeName")

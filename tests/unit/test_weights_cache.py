@@ -190,6 +190,51 @@ def test_budget_evict_and_the_cli(
     assert "evicting 'smol/x'" in capsys.readouterr().err
 
 
+def test_a_stamped_copy_is_taken_unread_until_any_of_its_files_changes(
+    shared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    copy = stage(str(shared), cache, "weighty", 1).path
+    assert (copy / mf.STAMP).is_file()  # the staging job's full check left it
+    assert mf.STAMP not in {f.path for f in mf.read(copy).files}
+    hashed: list[Path] = []
+    real = mf.file_sha256
+    monkeypatch.setattr(mf, "file_sha256", lambda p, *a: hashed.append(p) or real(p, *a))
+    v = mf.verify(copy, "weighty", 1, stamp=True)
+    assert v.ok and "unchanged since verified at" in v.reason and hashed == []
+    assert mf.verify(copy, "weighty", 1).ok and len(hashed) == 2  # without: every file read
+    hashed.clear()
+
+    # one byte changed in place, its mtime set back: the ctime still says it was written
+    blob = copy / "data" / "weights.bin"
+    before = blob.stat()
+    time.sleep(0.01)
+    with open(blob, "r+b") as f:
+        f.seek(7)
+        b = f.read(1)
+        f.seek(7)
+        f.write(bytes([b[0] ^ 1]))
+    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
+    v = mf.verify(copy, "weighty", 1, stamp=True)
+    assert not v.ok and "sha256" in v.reason and hashed  # read in full, refused
+
+    # the overlay: stamp by default, --verify full reads every byte
+    fresh = stage(str(shared), cache, "weighty", 1)  # replaced, stamped again
+    assert fresh.copied
+    hashed.clear()
+    out = tmp_path / "job"
+    (choice,) = overlay.prepare(shared, cache, out, ["weighty"], stamp=True)[:1]
+    assert choice.source == "local" and hashed == []
+    assert overlay.main(["--shared", str(shared), "--cache-root", str(cache), "--out",
+                         str(out), "--models", "weighty", "--verify", "full"]) == 0  # fmt: skip
+    assert len(hashed) == 2
+    # a stamp of another digest (a torn or forged one) is no stamp: read in full
+    data = json.loads((fresh.path / mf.STAMP).read_text())
+    (fresh.path / mf.STAMP).write_text(json.dumps(data | {"digest": "0" * 64}))
+    hashed.clear()
+    assert mf.verify(fresh.path, "weighty", 1, stamp=True).ok and len(hashed) == 2
+
+
 def test_the_overlay_points_verified_copies_local_and_the_rest_shared(
     shared: Path, tmp_path: Path
 ) -> None:
