@@ -369,3 +369,30 @@ def test_stb_weights_stage_job_submits_and_opens_the_catalogue_row(
     (row,) = WeightStore(engine).copies()
     assert (row.node, row.model, row.version, row.state) == ("n3", "weighty", 1, "staging")
     assert row.job_id == "100" and row.path.endswith("weighty/1")
+
+
+def test_stb_weights_verify_renews_the_stamp_or_removes_it(shared: Path, tmp_path: Path) -> None:
+    """A full check by hand: an intact copy's stamp is renewed; a copy refused (a change the
+    stamp could not see, here its stamp rewritten after the bytes changed) loses it, so the
+    next start reads it in full and refuses it too."""
+    from typer.testing import CliRunner
+
+    from bridge.cli import app
+
+    cache = tmp_path / "cache"
+    copy = stage(str(shared), cache, "weighty", 1).path
+    toml = tmp_path / "bridge.toml"
+    toml.write_text(f'[weights]\ncache_root = "{cache}"\n')
+    argv = ["weights", "verify", "weighty", "1", "-c", str(toml)]
+    (copy / mf.STAMP).unlink()
+    out = CliRunner().invoke(app, argv)
+    assert out.exit_code == 0 and "intact" in out.output, out.output
+    assert mf.verify(copy, "weighty", 1, stamp=True).stamped_at is not None  # renewed
+    blob = copy / "data" / "weights.bin"
+    blob.write_bytes(bytes(blob.stat().st_size))  # same size, other bytes
+    mf.write_stamp(copy, mf.read(copy))  # as if the change had been below the file system
+    assert mf.verify(copy, "weighty", 1, stamp=True).ok  # the stamp alone cannot tell
+    out = CliRunner().invoke(app, argv)
+    assert out.exit_code == 1 and "refused" in out.output and "sha256" in out.output
+    assert not (copy / mf.STAMP).exists()
+    assert not mf.verify(copy, "weighty", 1, stamp=True).ok
