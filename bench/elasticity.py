@@ -27,7 +27,8 @@ Usage:
 --load-s), N:S (each node keeps the weights of the N models it served last and loads
 them in S seconds: `Timing.cache_models`), stage:N:S (the same cache, N models of
 --weights-gb each, with the weights staged ahead of the forecast's lends at --stage-mbps
-per node: `bridge.sim.weights`). The policy prefers the nodes holding a lend's weights
+per node: `bridge.sim.weights`), read as `stb simulate --cache` reads it
+(`bridge.sim.cache_option`). The policy prefers the nodes holding a lend's weights
 and plans its lead time on them in both cache rows. `--warmup-s` (default an hour): the
 "warm" column is the requests within SLO after it (every row, separate-peak's too): a
 run starts cold (no forecast, empty caches, the bridge's reserved pool under the load),
@@ -49,11 +50,12 @@ import time
 from bridge.config import PolicyConfig
 from bridge.paths import traces_dir
 from bridge.sim.build import build_scenario, model_rates
+from bridge.sim.cache_option import CacheOption, parse_cache, with_cache
 from bridge.sim.engine import Setup, Timing
 from bridge.sim.measures import lost_share, wait_mean_s
 from bridge.sim.policies import compare
 from bridge.sim.result import PolicyResult
-from bridge.sim.weights import DEFAULT_MODEL_BYTES, DEFAULT_STAGE_BYTES_S, WeightCache
+from bridge.sim.weights import DEFAULT_MODEL_BYTES, DEFAULT_STAGE_BYTES_S
 
 DAY_S = 86400.0
 #: a lend this soon after a return counts as a re-lend (issue 29: 81% on a bursty trace)
@@ -90,57 +92,38 @@ def flapping(r: PolicyResult) -> tuple[float, float | None]:
     return soon / lends, (statistics.median(gaps) if gaps else None)
 
 
-def _cache(text: str) -> tuple[int, float, bool]:
-    """`--cache`'s value: off -> (0, 0.0, False); N:S -> (N, S, False); stage:N:S ->
-    (N, S, True)."""
-    if text == "off":
-        return 0, 0.0, False
-    staging = text.startswith("stage:")
+def _cache(text: str) -> CacheOption:
+    """`--cache`'s value (`bridge.sim.cache_option.parse_cache`; a bad one ends the run
+    naming it)."""
     try:
-        n, sec = text.removeprefix("stage:").split(":")
-        cache = int(n), float(sec), staging
-    except ValueError:
-        sys.exit(
-            f"--cache takes off, N:S or stage:N:S (models kept, local load seconds), got {text!r}"
-        )
-    if cache[0] < 1 or cache[1] < 0:
-        sys.exit(f"--cache N:S needs N >= 1 and S >= 0, got {text!r}")
-    return cache
+        return parse_cache(text)
+    except ValueError as exc:
+        sys.exit(str(exc))
 
 
 def timing(
-    models: list[str], load_s: float, cache: tuple[int, float, bool], gb: float, mbps: float
+    models: list[str], load_s: float, cache: CacheOption, gb: float, mbps: float
 ) -> Timing | None:
     """The run's timing: every model loading in `load_s` from the shared repository, and
-    the cache `--cache` names (None: the default timing, no load time)."""
+    the cache `--cache` names (`bridge.sim.cache_option.with_cache`; None: the default
+    timing, no load time)."""
     if not load_s:
         return None
-    n, local, staging = cache
-    weights = (
-        WeightCache(default_bytes=gb * 1e9, budget_bytes=n * gb * 1e9, stage_bytes_s=mbps * 1e6)
-        if staging
-        else None
-    )
-    return Timing(
-        model_load_s=dict.fromkeys(models, load_s),
-        cache_models=0 if staging else n,
-        local_load_s=dict.fromkeys(models, local),
-        weights=weights,
-    )
+    shared = Timing(model_load_s=dict.fromkeys(models, load_s))
+    local = dict.fromkeys(models, cache.local_s or 0.0)
+    return with_cache(shared, cache, local, model_bytes=gb * 1e9, stage_bytes_s=mbps * 1e6)
 
 
-def _cache_label(cache: tuple[int, float, bool]) -> str:
-    n, local, staging = cache
-    if not n:
+def _cache_label(cache: CacheOption) -> str:
+    if not cache.on:
         return ""
-    return f", {'staged' if staging else 'cache'} {n}:{local:g}"
+    return f", {'staged' if cache.staging else 'cache'} {cache.models}:{cache.local_s or 0.0:g}"
 
 
-def _cache_key(cache: tuple[int, float, bool]) -> str:
-    n, local, staging = cache
-    if not n:
+def _cache_key(cache: CacheOption) -> str:
+    if not cache.on:
         return ""
-    return f"_{'stage' if staging else 'cache'}{n}_{local:g}"
+    return f"_{'stage' if cache.staging else 'cache'}{cache.models}_{cache.local_s or 0.0:g}"
 
 
 def places(r: PolicyResult) -> int:

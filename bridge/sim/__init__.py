@@ -12,5 +12,6 @@ their sizing, and the selection report's trade-off runs), `result` (what a run r
 `render` (table, JSON, HTML), `selection` (shared or separate: the dimensions per set-up,
 the recommendation and its flips), `selection_render` (the selection as tables, markdown
 and a section of the HTML page), `cli` (the command), `labcheck` (the lab scenario's twin
-and the decision-by-decision comparison).
+and the decision-by-decision comparison), `weights` and `cache_option` (the node-local weight
+caches, and `--cache`'s value).
 """

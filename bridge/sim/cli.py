@@ -62,6 +62,7 @@ from bridge.sim.options import GENERATED_ARRIVALS, GENERATED_JOBS, settle
 from bridge.sim.output import emit
 from bridge.sim.policies import POLICIES, known, size, tradeoff_sizes, with_separate
 from bridge.sim.progress import run, run_selection
+from bridge.sim.weights import DEFAULT_MODEL_BYTES, DEFAULT_STAGE_BYTES_S
 
 FORMATS = ("table", "json", "html", "markdown")
 ARRIVALS = (*GENERATED_ARRIVALS, *SITE_ARRIVALS)
@@ -314,15 +315,28 @@ def simulate(
         str,
         typer.Option(
             help="Seconds loading a model adds to a lent replica's start past Triton's own: "
-            "30, or llm=90,small=5 (default 0: the lab's models; --timing leases' "
-            "starting -> serving already holds the loads of the models lent then)."
+            "30, or llm=90,small=5 (default 0: the lab's models). With --timing leases, "
+            "the models it does not give take the loads the daemon stored, less the "
+            "history's Triton start; what it gives overrides them."
         ),
     ] = "",
+    cache: Annotated[
+        str,
+        typer.Option(
+            help="Node-local weight caches: off; N:S (each node keeps the N models it "
+            "served last and loads them in S seconds); stage:N:S (the same, staged ahead "
+            f"of need, {DEFAULT_MODEL_BYTES / 1e9:g} GB a model at "
+            f"{DEFAULT_STAGE_BYTES_S / 1e6:g} MB/s a node); N or stage:N (with --timing "
+            "leases: each model's S the daemon stored for loads from a node's cache). A "
+            "given S overrides the history's."
+        ),
+    ] = "off",
     timing: Annotated[
         str,
         typer.Option(
             help=f"{'|'.join(TIMING_FROM)}: actuation times measured on the lab, or the "
-            "medians of the bridge's own lease history (--config's database_url)."
+            "medians of the bridge's own lease history (--config's database_url), with "
+            "the model load times its daemon stored there."
         ),
     ] = "default",
     policies: Annotated[str, typer.Option(help="Set-ups to compare, comma-separated.")] = ALL,
@@ -420,7 +434,7 @@ def simulate(
         partition_kind=partition_kind, ledger_url=ledger_url, fleet_nodes=fleet_nodes,
         fleet_partitions=fleet_partitions, nodes=nodes, gpus_per_node=gpus_per_node,
         slo_ms=slo_ms, service_ms=service_ms, service_from=service_from,
-        service_json=service_json, load_s=load_s, timing=timing, step_s=STEP_S,
+        service_json=service_json, load_s=load_s, cache=cache, timing=timing, step_s=STEP_S,
     )  # fmt: skip
     try:
         rates = model_rates(models, mean_rps)

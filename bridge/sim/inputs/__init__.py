@@ -25,6 +25,9 @@ One module per source:
   -o` / `show partition -o`.
 - `timing`: actuation times (`Timing`) from the bridge's lease history, medians with the
   count of leases they come from; the bench's defaults for the rest.
+- `loads`: the models' load times and the node-local weight caches (`--load-s`,
+  `--cache`), with `--timing leases` from the loads the daemon measured and stored
+  (`load_timing`, `read_load_measures`).
 
 Bad input raises `InputError` (a ValueError) naming the file or source, the field and
 the line or item that was wrong; the CLI prints it as one line and exits 2.
@@ -44,6 +47,7 @@ from bridge.sim.inputs.jobs import (
     replay_sacct_files,
 )
 from bridge.sim.inputs.ledger_jobs import replay_ledger
+from bridge.sim.inputs.loads import load_timing, read_load_measures
 from bridge.sim.inputs.prometheus import (
     DEFAULT_QUERY,
     arrivals_from_prometheus,
@@ -73,6 +77,7 @@ __all__ = [
     "jobs_from_records",
     "jobs_from_sacct_files",
     "lend_modes",
+    "load_timing",
     "open_database",
     "parse_time",
     "partition_kinds",
@@ -82,6 +87,7 @@ __all__ = [
     "read_fleet",
     "read_lease_timelines",
     "read_ledger_service",
+    "read_load_measures",
     "read_sacct_files",
     "record_span",
     "replay_ledger",

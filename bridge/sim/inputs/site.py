@@ -1,6 +1,7 @@
 """`stb simulate`'s site options resolved into the simulator's inputs: which window,
-which arrivals, jobs, fleet, per-model SLO and service time and actuation times, each
-read by its module of `bridge.sim.inputs`, and one `about` saying where each came from.
+which arrivals, jobs, fleet, per-model SLO and service time, actuation and load times and
+weight caches, each read by its module of `bridge.sim.inputs`, and one `about` saying
+where each came from.
 Called by `bridge.sim.cli` (the typer options; the run is in `bridge.sim.progress`); the clock is a
 parameter (`now`: the end of a live Prometheus query without --until).
 
@@ -21,6 +22,7 @@ from typing import Any
 
 from bridge.config import BridgeConfig
 from bridge.modelfacts import ModelFact
+from bridge.sim.cache_option import parse_cache
 from bridge.sim.engine import Timing
 from bridge.sim.inputs.arrivals import arrivals_from_csv
 from bridge.sim.inputs.common import InputError, iso, parse_time, write_json
@@ -33,6 +35,7 @@ from bridge.sim.inputs.jobs import (
     replay_records,
 )
 from bridge.sim.inputs.ledger_jobs import replay_ledger
+from bridge.sim.inputs.loads import check_cache, load_timing, read_load_measures
 from bridge.sim.inputs.prometheus import (
     DEFAULT_QUERY,
     arrivals_from_prometheus,
@@ -91,6 +94,9 @@ class SiteOptions:
     service_from: str = "options"
     service_json: Path | None = None
     load_s: str = ""
+    #: the node-local weight caches (`bridge.sim.cache_option`: off, N:S, stage:N:S, N,
+    #: stage:N)
+    cache: str = "off"
     timing: str = "default"
     #: the arrival series' step (the bridge's tick)
     step_s: float = 5.0
@@ -210,6 +216,7 @@ def check(opts: SiteOptions, cfg: BridgeConfig | None) -> None:
         raise InputError(f"--until {opts.until} is not after --since {opts.since}")
     per_model(opts.service_ms, "--service-ms")
     per_model(opts.load_s, "--load-s")
+    check_cache(parse_cache(opts.cache, history=True), history=opts.timing == "leases")
     _kinds(opts.partition_kind)
 
 
@@ -362,23 +369,28 @@ def _ledger_url(opts: SiteOptions, cfg: BridgeConfig | None) -> str:
 def _timing(
     opts: SiteOptions, cfg: BridgeConfig | None, names: Sequence[str], now: datetime
 ) -> tuple[Timing, dict[str, object]]:
+    """The run's timing and where it came from: the lab's, or the lease history's
+    (`timing_from_leases`) with the stored model loads (`read_load_measures`); the models'
+    load times and the caches as `bridge.sim.inputs.loads.load_timing` sets them."""
     timing = Timing()
     about: dict[str, object] = {"source": "default (the lab's measured times)"}
+    history = None
     if opts.timing == "leases":
         assert cfg is not None
         leases = read_lease_timelines(cfg.database_url, HISTORY_FROM, now)
         timing, about = timing_from_leases(
             leases, lend_mode_of_pool=lend_modes(cfg), tick_s=cfg.tick_s
         )
+        history = read_load_measures(cfg.database_url)
     default, named = per_model(opts.load_s, "--load-s")
     unknown = sorted(set(named) - set(names))
     if unknown:
         raise InputError(f"--load-s names models the simulation has not: {', '.join(unknown)}")
-    loads = {m: named.get(m, default or 0.0) for m in names}
-    if any(loads.values()):
-        timing = replace(timing, model_load_s={m: v for m, v in loads.items() if v})
-        about = {**about, "model_load_s_from": "--load-s"}
-    return timing, about
+    cache = parse_cache(opts.cache, history=True)
+    timing, notes = load_timing(
+        timing, names, load_s=(default, named), cache=cache, history=history
+    )
+    return timing, {**about, **notes}
 
 
 def resolve(
