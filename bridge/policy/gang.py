@@ -1,0 +1,104 @@
+"""Replicas that span nodes (tensor or pipeline parallel across nodes): how many GPUs and
+nodes one replica takes (`gpus_per_replica`, `nodes_per_replica`), which candidate nodes
+form each replica's gang (`plan_gangs`), and the state of a gang's lease from its
+members' (`gang_state`).
+
+A gang is one Slurm job with `-N n`: all its nodes or none, one replica in routing, lent,
+drained and returned together. Its nodes come from one pool and have the same GPU count:
+a Slurm job runs in one partition (a pool is one partition), and a replica split evenly
+over its nodes needs the same GPUs on each. That also keeps a gang from mixing a preempt
+node, taken now at the cost of its elastic work, with a drain node it would wait hours
+for. Pure."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from bridge.lifecycle import TRANSITIONS, LeaseState
+from bridge.policy.snapshot import NodeView
+
+
+def gpus_per_replica(
+    *,
+    instance_gpus: int | None = None,
+    tensor_parallel: int | None = None,
+    pipeline_parallel: int | None = None,
+) -> int | None:
+    """GPUs one replica of a model takes: the larger of the distinct GPUs its
+    instance_group names (`instance_gpus`) and its parallel world (tensor x pipeline
+    parallel size), for both are the one server's GPUs; None when none of them is said
+    (instances on every GPU of the node, Triton's default: a replica takes whole nodes,
+    as a lease does today). The model facts carry none of these yet: `ModelConfig.
+    instances` counts executions (several may share a GPU, and CPU ones hold none)."""
+    for name, value in (
+        ("instance_gpus", instance_gpus),
+        ("tensor_parallel", tensor_parallel),
+        ("pipeline_parallel", pipeline_parallel),
+    ):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if instance_gpus is None and tensor_parallel is None and pipeline_parallel is None:
+        return None
+    world = (tensor_parallel or 1) * (pipeline_parallel or 1)
+    return max(instance_gpus or 1, world)
+
+
+def nodes_per_replica(gpus: int | None, node_gpus: int) -> int:
+    """Nodes of `node_gpus` GPUs one replica of `gpus` GPUs spans: 1 when it fits on one
+    (None: a whole node), else enough whole nodes for its GPUs."""
+    if node_gpus < 1:
+        raise ValueError(f"a node lent to a replica has GPUs, got {node_gpus}")
+    return 1 if gpus is None else max(1, math.ceil(gpus / node_gpus))
+
+
+def plan_gangs(
+    candidates: Sequence[NodeView], nodes_per_replica: int, replicas: int
+) -> list[tuple[NodeView, ...]]:
+    """Up to `replicas` gangs of exactly `nodes_per_replica` nodes from `candidates`
+    (ordered cheapest first, as `bridge.policy.nodes.choose_nodes` returns them): each
+    gang the first `nodes_per_replica` candidates, in their order, of one pool and GPU
+    count; the gangs in the order they fill, so the first is the one whose dearest node
+    comes earliest. Nodes left over in a group too small for a gang are not taken (all or
+    nothing). `nodes_per_replica` 1 gives each candidate alone, in its order."""
+    if nodes_per_replica < 1:
+        raise ValueError(f"a gang has at least one node, got {nodes_per_replica}")
+    gangs: list[tuple[NodeView, ...]] = []
+    filling: dict[tuple[str, int], list[NodeView]] = {}
+    for node in candidates:
+        if len(gangs) >= replicas:
+            break
+        group = filling.setdefault((node.pool, node.gpus), [])
+        group.append(node)
+        if len(group) == nodes_per_replica:
+            gangs.append(tuple(group))
+            group.clear()
+    return gangs
+
+
+def _steps() -> dict[LeaseState, int]:
+    """Each state's step on the lease's forward path, from the transition table: the
+    longest chain of moves from `requested` (0) to it, `failed` left out (`returned` 6)."""
+    ahead: dict[LeaseState, int] = {s: 0 for s in LeaseState if s != LeaseState.FAILED}
+    for _ in ahead:  # the table without `failed` is acyclic: len(ahead) rounds settle it
+        for old, news in TRANSITIONS.items():
+            if old in ahead:
+                for new in news - {LeaseState.FAILED}:
+                    ahead[new] = max(ahead[new], ahead[old] + 1)
+    return ahead
+
+
+_STEP = _steps()
+
+
+def gang_state(member_states: Iterable[LeaseState]) -> LeaseState:
+    """The state of a gang's lease from its members': `failed` when any member failed
+    (a node of the replica failing fails the replica); otherwise the furthest step every
+    member has reached (the least advanced), so the gang serves only once all serve and
+    is returned only once all are."""
+    states = [LeaseState(s) for s in member_states]
+    if not states:
+        raise ValueError("a gang has at least one member")
+    if LeaseState.FAILED in states:
+        return LeaseState.FAILED
+    return min(states, key=_STEP.__getitem__)

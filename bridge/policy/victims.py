@@ -1,0 +1,136 @@
+"""Which elastic jobs a lease of some of a node's GPUs requeues (`choose_victims`): for a
+one-replica lease of `k` GPUs on a node of a preempt pool, the running jobs whose requeue
+frees enough GPUs, choosing the fewest GPUs of elastic work requeued; among equals the
+least work lost (GPU-seconds since each job's start or last reported checkpoint, as
+`bridge.policy.nodes.work_lost` counts it), then the fewest jobs, then the job ids (as
+strings: no meaning, only a fixed answer). A node whose free GPUs already make `k` needs
+no victim.
+
+The node's GPUs held by Triton jobs (baselines, other leases) are a parameter:
+`NodeView` does not carry them yet (it says only `has_triton`). Which jobs may be
+requeued at all (the requeue guard, the per-job requeue limit) and how many (the hour's
+preemption budget) are the caller's rules, passed in as `keep` and `max_jobs`.
+
+Every subset of the node's running GPU jobs is tried when there are at most
+`EXHAUSTIVE_JOBS` of them (an 8-GPU node runs at most 8); beyond that a greedy choice
+stands in (`_greedy`), which may requeue more than the fewest GPUs.
+
+A drain-mode partial lease would wait for the jobs whose end frees `k` GPUs soonest;
+`JobView` has no end time, so that choice is not made here. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+from itertools import combinations
+
+from bridge.policy.nodes import work_lost
+from bridge.policy.snapshot import JobView, NodeView
+
+#: most running GPU jobs whose subsets are all tried (2^16 subsets: some 50 ms on one
+#: core, and only on a node running that many); more fall back to the greedy choice
+EXHAUSTIVE_JOBS = 16
+
+
+@dataclass(frozen=True)
+class Victims:
+    """The jobs a lease of some of a node's GPUs requeues, and what that costs."""
+
+    #: the job ids to requeue, sorted; empty when the node has the GPUs free
+    jobs: tuple[str, ...]
+    #: GPUs of elastic work requeued (the sum of the jobs' GPUs)
+    gpus: int
+    #: GPU-seconds of work lost (`bridge.policy.nodes.work_lost` of the jobs)
+    lost: float
+
+
+#: a candidate's rank, lower is better: GPUs requeued, work lost, jobs, their ids
+_Rank = tuple[int, float, int, tuple[str, ...]]
+
+
+def choose_victims(
+    node: NodeView,
+    k: int,
+    now: float,
+    *,
+    triton_gpus: int,
+    keep: Collection[str] = (),
+    max_jobs: int | None = None,
+) -> Victims | None:
+    """The running jobs of `node` to requeue so that `k` of its GPUs are free for one
+    replica, or None when no choice frees them (`k` beyond the node's GPUs less
+    `triton_gpus`, or too few GPUs held by jobs that may go).
+
+    `triton_gpus`: GPUs of the node held by Triton jobs. `keep`: ids of jobs never to
+    requeue. `max_jobs`: the most jobs one choice may requeue (the preemption budget
+    left); None: no limit. Pending jobs (`started_at` None) hold no GPUs and are never
+    chosen; nor are jobs without GPUs (requeueing them frees nothing)."""
+    if k < 1:
+        raise ValueError(f"a lease takes at least one GPU, got k={k}")
+    running = [j for j in node.jobs if j.started_at is not None]
+    free = node.gpus - triton_gpus - sum(j.gpus for j in running)
+    if free >= k:
+        return Victims((), 0, 0.0)
+    need = k - free
+    kept = set(keep)
+    movable = sorted(
+        (j for j in running if j.gpus > 0 and j.job_id not in kept), key=lambda j: j.job_id
+    )
+    if sum(j.gpus for j in movable) < need:
+        return None
+    lost = {j.job_id: work_lost(replace(node, jobs=(j,)), now) for j in movable}
+    limit = len(movable) if max_jobs is None else min(max_jobs, len(movable))
+    if limit < 1:
+        return None
+    if len(movable) <= EXHAUSTIVE_JOBS:
+        best = _exhaustive(movable, need, lost, limit)
+    else:
+        best = _greedy(movable, need, lost, limit)
+    if best is None:
+        return None
+    gpus, loss, _, ids = best
+    return Victims(ids, gpus, loss)
+
+
+def _rank(jobs: Sequence[JobView], lost: dict[str, float]) -> _Rank:
+    ids = tuple(sorted(j.job_id for j in jobs))
+    return sum(j.gpus for j in jobs), sum(lost[i] for i in ids), len(ids), ids
+
+
+def _exhaustive(
+    movable: Sequence[JobView], need: int, lost: dict[str, float], limit: int
+) -> _Rank | None:
+    """The best of every subset of at most `limit` jobs whose GPUs make `need`."""
+    best: _Rank | None = None
+    for size in range(1, limit + 1):
+        for subset in combinations(movable, size):
+            gpus = sum(j.gpus for j in subset)
+            if gpus < need or (best is not None and gpus > best[0]):
+                continue
+            rank = _rank(subset, lost)
+            if best is None or rank < best:
+                best = rank
+    return best
+
+
+def _greedy(
+    movable: Sequence[JobView], need: int, lost: dict[str, float], limit: int
+) -> _Rank | None:
+    """For nodes with more than `EXHAUSTIVE_JOBS` GPU jobs: the best of three choices of
+    at most `limit` jobs: the one job that makes `need` alone at the least cost; the
+    smallest jobs taken until they make it; the largest taken until they do (the least
+    work lost first among equals, then each taken job that is not needed given back, the
+    largest first). Not always the fewest GPUs, and may find none under a tight `limit`
+    where some choice exists."""
+    ranks = [_rank((j,), lost) for j in movable if j.gpus >= need]
+    for sign in (1, -1):
+        taken: list[JobView] = []
+        for j in sorted(movable, key=lambda j: (sign * j.gpus, lost[j.job_id], j.job_id)):
+            if sum(t.gpus for t in taken) >= need:
+                break
+            taken.append(j)
+        for j in sorted(taken, key=lambda j: (-j.gpus, -lost[j.job_id], j.job_id)):
+            if sum(t.gpus for t in taken) - j.gpus >= need:
+                taken.remove(j)
+        ranks.append(_rank(taken, lost))
+    return min((r for r in ranks if r[2] <= limit), default=None)
