@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from bridge.db import make_engine
 from bridge.paths import write_whole
@@ -100,6 +101,23 @@ def open_database(url: str, what: str) -> Engine:
         if not db.startswith("file:") and not Path(db).is_file():
             raise InputError(f"{what}: no database file {db}")
     return make_engine(url)
+
+
+T = TypeVar("T")
+
+
+def read_database(url: str, what: str, reading: str, read: Callable[[Engine], T]) -> T:
+    """`read(engine)` on the existing database at `url` (`open_database`), the engine
+    disposed after; a database error becomes `InputError` naming `what` and what was
+    being read (`reading`)."""
+    engine = open_database(url, what)
+    try:
+        return read(engine)
+    except SQLAlchemyError as exc:
+        msg = str(exc).splitlines()[0]
+        raise InputError(f"{what} {shown_db(url)}: cannot read {reading}: {msg}") from None
+    finally:
+        engine.dispose()
 
 
 def shown_db(url: str) -> str:

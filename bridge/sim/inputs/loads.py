@@ -33,11 +33,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from bridge.leases.loads import KEEP, LOCAL, SOURCES, LoadStore, estimate
 from bridge.sim.cache_option import OFF, CacheOption, with_cache
-from bridge.sim.inputs.common import InputError, open_database, shown_db
+from bridge.sim.inputs.common import InputError, read_database
 from bridge.sim.setup import Timing
 
 #: the source whose measure is a model's own load (the others hold Triton's start)
@@ -220,16 +218,9 @@ def _history_notes(
 def read_load_measures(url: str) -> dict[str, list[tuple[str, float]]]:
     """Per model, the load measures stored in the bridge's database at `url`
     (`LoadStore.measures`: the newest of each model, oldest first)."""
-    engine = open_database(url, "lease database")
-    try:
-        return LoadStore(engine).measures()
-    except SQLAlchemyError as exc:
-        msg = str(exc).splitlines()[0]
-        raise InputError(
-            f"lease database {shown_db(url)}: cannot read the model load times: {msg}"
-        ) from None
-    finally:
-        engine.dispose()
+    return read_database(
+        url, "lease database", "the model load times", lambda e: LoadStore(e).measures()
+    )
 
 
 __all__ = ["DIRECT", "LoadFigure", "check_cache", "figures", "load_timing", "read_load_measures"]

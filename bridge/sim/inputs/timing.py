@@ -11,13 +11,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from bridge.config import BridgeConfig
 from bridge.ledger.lending import LeaseTimeline, read_timelines
 from bridge.lifecycle import LeaseState
 from bridge.sim.engine import Timing
-from bridge.sim.inputs.common import InputError, open_database, positive, shown_db
+from bridge.sim.inputs.common import positive, read_database
 
 _S = LeaseState
 
@@ -116,16 +114,9 @@ def read_lease_timelines(url: str, start: datetime, end: datetime) -> list[Lease
     """The leases of the bridge's database at `url` alive in [start, end), with their
     history (`bridge.ledger.lending.read_timelines`: one query for the leases, one per
     500 for their events)."""
-    engine = open_database(url, "lease database")
-    try:
-        return read_timelines(engine, start, end)
-    except SQLAlchemyError as exc:
-        msg = str(exc).splitlines()[0]
-        raise InputError(
-            f"lease database {shown_db(url)}: cannot read the lease history: {msg}"
-        ) from None
-    finally:
-        engine.dispose()
+    return read_database(
+        url, "lease database", "the lease history", lambda e: read_timelines(e, start, end)
+    )
 
 
 def lend_modes(config: BridgeConfig) -> dict[str, str]:
