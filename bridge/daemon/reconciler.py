@@ -280,6 +280,9 @@ class Reconciler:
             else None
         )
         self._recalled = False
+        #: per model, the standbys' wake requests this pass took (`_operator_requests`):
+        #: requests held at their activators, counted as waiting with this one's
+        self._woken: dict[str, int] = {}
         #: the last pass's observation (for tools and tests that want the same view)
         self.last_observation: Observation | None = None
         #: the last active pass's policy view (what `decide` read)
@@ -355,8 +358,12 @@ class Reconciler:
         )
         if self.stager is not None:  # the nodes' weight caches, as of the last plan
             snap = self.stager.onto(snap, self.loads.local_load_s)
-        if self.waiting is not None:  # the activator's held requests: lends from zero
-            snap = replace(snap, waiting=dict(self.waiting()))
+        if self.waiting is not None or self._woken:  # held requests: lends from zero
+            waiting = dict(self.waiting()) if self.waiting is not None else {}
+            for model, n in self._woken.items():  # a standby's activator's (wakes)
+                waiting[model] = waiting.get(model, 0) + n
+            self._woken.clear()
+            snap = replace(snap, waiting=waiting)
         self.last_snapshot = snap
         self.seasons.write(now)
         report.actions = decide(snap, self.config, t)
@@ -379,13 +386,33 @@ class Reconciler:
     def _standby_pass(self, now: datetime, report: TickReport) -> None:
         """A standby's pass: the same observation, routing and metrics as the leader's,
         and nothing else: no lease moves, no request taken, no Slurm or Triton call that
-        changes anything."""
+        changes anything. Requests its activator holds for models at zero are passed to
+        the leader as wake requests (`_wake_leader`)."""
         leases = [record_of(lease) for lease in self.store.open_leases()]
         obs = self.observer.observe(now.timestamp())
         self.last_observation = obs
         self.actuator.begin(obs, leases)
         self._route(report)
+        self._wake_leader(now, report)
         _summarise(report, leases, obs)
+
+    def _wake_leader(self, now: datetime, report: TickReport) -> None:
+        """Each model this standby's activator holds requests for (nginx may send a model
+        at zero's requests to any daemon's activator): a wake request in the queue, which
+        the leader counts as waiting (one pending a model; asked again every pass while
+        the requests wait)."""
+        if self.waiting is None or self.requests is None:
+            return
+        for model, held in sorted(self.waiting().items()):
+            if held <= 0:
+                continue
+            try:
+                by = f"activator of {self.metrics.instance or 'a standby'}"
+                req = self.requests.request_wake(model, now, by)
+            except SQLAlchemyError as exc:
+                report.error("wake", exc)
+                continue
+            report.events.append(f"wake request {req.id}: {model}, {held} request(s) held here")
 
     def _route(self, report: TickReport) -> None:
         try:
@@ -436,6 +463,10 @@ class Reconciler:
             elif req.kind == "place" and req.lease_id is not None:
                 place = Place(req.lease_id, tuple(req.models), req.reason)
                 outcome = self.placer.place(place, obs, now, report)
+            elif req.kind == "wake" and len(req.models) == 1:
+                model = req.models[0]
+                self._woken[model] = self._woken.get(model, 0) + 1
+                outcome = f"{model} waiting at {req.requested_by}: counted at this pass"
             else:
                 outcome = f"refused: malformed {req.kind!r} request"
             new_errors = report.errors[errors_before:]

@@ -1,6 +1,7 @@
 """Operator requests (`stb lend NODE`, `stb return LEASE`, `stb place LEASE MODELS`) on
-their way to the daemon, and
-pool holds (`stb drain POOL` ... `stb resume POOL`).
+their way to the daemon, a standby's wakes (requests for a model at zero held by its
+activator, which only the leader's policy can lend for), and pool holds (`stb drain POOL`
+... `stb resume POOL`).
 
 The CLI or the HTTP API writes a row naming who asked; the running daemon reads the
 pending rows at the start of each tick and carries them out through the same state
@@ -29,7 +30,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 from bridge.db import Transactions, UTCDateTime
 
-KINDS = ("lend", "return", "place")
+KINDS = ("lend", "return", "place", "wake")
 
 
 def lease_key(request_id: int) -> str:
@@ -42,7 +43,8 @@ class OperatorRequest(SQLModel, table=True):
     __tablename__ = "operator_request"
 
     id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
-    #: "lend" (node, models), "return" (lease_id) or "place" (lease_id, models)
+    #: "lend" (node, models), "return" (lease_id), "place" (lease_id, models) or "wake"
+    #: (models: the one model at zero a standby's activator holds requests for)
     kind: str = Field(sa_column=Column(String(16), nullable=False))
     node: str | None = Field(default=None, sa_column=Column(String(255), nullable=True))
     models: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
@@ -122,6 +124,25 @@ class RequestQueue(Transactions):
                 created_at=now,
             )
         )
+
+    def request_wake(self, model: str, now: datetime, requested_by: str) -> OperatorRequest:
+        """A standby daemon's activator holds requests for `model`, served from zero: the
+        leader counts them as waiting at its next pass (decide's rule 6). At most one
+        pending wake a model: a standby asking again while one waits gets that one."""
+        if not model:
+            raise ValueError("a wake request needs a model")
+        with Session(self._writer, expire_on_commit=False) as session, session.begin():
+            query = select(OperatorRequest).where(
+                col(OperatorRequest.done_at).is_(None), OperatorRequest.kind == "wake"
+            )
+            for req in session.exec(query).all():
+                if req.models == [model]:
+                    return req
+            req = OperatorRequest(
+                kind="wake", models=[model], requested_by=requested_by, created_at=now
+            )
+            session.add(req)
+        return req
 
     def pending(self) -> list[OperatorRequest]:
         with Session(self._engine, expire_on_commit=False) as session:
