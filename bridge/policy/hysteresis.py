@@ -5,12 +5,14 @@ sustained breach, a calm, or neither (`evaluate_model`), for the backstop and th
 
 Breach: above high_watermark x SLO for `breach_evaluations` ticks with the tick's mean
 latency above the low watermark (Triton's p99 window lags a minute behind). Calm: below
-low_watermark x SLO for `return_dwell_s`. A tick without data is neither, so missing
-metrics never cause a lend or a return. An LLM's TTFT and TPOT p99s are judged the same
-way against their own objectives (without the mean's confirmation: they do not lag),
-except that an LLM with a profile is calm by the part of its TTFT and TPOT above what it
-has at no load (`calm_ratio`): its longest prompts' prefill holds its TTFT p99 up at any
-load, one sequence's decode its TPOT.
+low_watermark x SLO for `return_dwell_s`, a tick that served no request and had none
+waiting counting as calm whatever the lagging p99 says (`idle`: a replica's first slow
+answers would otherwise hold an idle model's lend for a minute). A tick without data is
+neither, so missing metrics never cause a lend or a return. An LLM's TTFT and TPOT p99s
+are judged the same way against their own objectives (without the mean's confirmation:
+they do not lag), except that an LLM with a profile is calm by the part of its TTFT and
+TPOT above what it has at no load (`calm_ratio`): its longest prompts' prefill holds its
+TTFT p99 up at any load, one sequence's decode its TPOT.
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ def _request_status(
     if last is None or not (
         (last.p99_ms is not None and last.p99_ms > high)
         or (last.request_rate is not None and (last.p99_ms is None or last.p99_ms < low))
+        or idle(last)
     ):
         return ModelStatus.STEADY
     n = len(history)
@@ -172,11 +175,17 @@ def _request_status(
             if s.request_rate is None:
                 break
             p99 = s.p99_ms
-            if p99 is not None and not p99 < low:
+            if p99 is not None and not p99 < low and not idle(s):
                 break
         else:
             return ModelStatus.CALM
     return ModelStatus.STEADY
+
+
+def idle(sample: ModelSample) -> bool:
+    """The tick served no request and had none waiting: its p99 (Triton's, over the last
+    60 s) speaks of requests before it, not of this tick."""
+    return sample.request_rate == 0 and not sample.pending
 
 
 def service_s(history: Sequence[ModelSample]) -> float | None:

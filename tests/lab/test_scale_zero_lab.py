@@ -44,9 +44,6 @@ pytestmark = pytest.mark.lab
 COLD_START_S = 20.0
 #: concurrent first requests
 FIRST = 4
-#: cold's SLO (echo's is 50 ms): its calm line, low_watermark x SLO, far above what a fresh
-#: replica's first requests take (see the `triton_config` fixture)
-COLD_SLO_MS = 1000
 BODY = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
 
 
@@ -64,14 +61,9 @@ def triton_config(lab: LabSpec, tmp_path: Path) -> TritonJobConfig:
         r'(key: "stb.min_replicas"\s*value: \{ string_value: )"1"', r'\1"0"', config
     )
     assert n == 1
-    # A Python-backend instance's first requests take 20-40 ms inside Triton on the lab
-    # (more on a loaded host): over echo's calm line (low_watermark x 50 ms) in some runs,
-    # and then Triton's 60 s p99 window kept the idle model from calm for a minute more
-    # (the test took 17 s or 74 s). The return after the dwell is what is checked here.
-    config, n = re.subn(
-        r'(key: "stb.slo_p99_ms"\s*value: \{ string_value: )"50"', rf'\1"{COLD_SLO_MS}"', config
-    )
-    assert n == 1
+    # (echo's SLO, 50 ms: a fresh instance's first requests take 20-40 ms inside Triton,
+    # over the 25 ms calm line in some runs, and Triton's p99 window keeps them for 60 s;
+    # the idle model is calm all the same: bridge.policy.hysteresis.idle)
     (root / "cold" / "config.pbtxt").write_text(config)
     return triton.job_config(lab).model_copy(update={"model_repository": root})
 
@@ -144,7 +136,11 @@ def test_a_model_at_zero_answers_its_first_requests_and_returns_when_idle(
     assert status == 200 and upstream != activator_address
 
     # idle: its replica returns (the bridge fixture's dwell and cooldown, 6 s each)
+    idle_from = time.monotonic()
     tick_until(rec, lambda: not rec.store.open_leases(), 90, log)
+    print(
+        f"idle model's replica returned {time.monotonic() - idle_from:.1f} s after its last request"
+    )
     assert lease.id is not None
     reasons = [e.reason for e in rec.store.history(lease.id)]
     assert any(r.startswith("return: quiet for") for r in reasons), (reasons, "\n".join(log))

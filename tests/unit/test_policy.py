@@ -435,3 +435,20 @@ def test_a_capacity_lend_needs_the_requests_to_queue() -> None:
     assert [a for a in decide(sized(rising), SIZED, T0) if isinstance(a, Lend)]
     queued = steady(60.0, p99=60.0)
     assert [a for a in decide(sized(queued), SIZED, T0) if isinstance(a, Lend)]
+
+
+def test_an_idle_model_is_calm_whatever_the_lagging_p99() -> None:
+    """Triton's p99 covers its last 60 s: a replica's first slow answers keep it over the
+    low watermark for a minute after the model went idle. A tick that served no request
+    and had none waiting is calm all the same; one with requests waiting is not, nor is
+    one that served requests with that p99."""
+    busy = toml_models(CONFIG)["busy"]
+    dwell = 20 // int(TICK) + 1  # return_dwell_s 20 in ticks, with one to spare
+    assert evaluate_model(samples(*[70.0] * dwell, rate=0.0), busy, CONFIG) == ModelStatus.CALM
+    waiting = samples(*[70.0] * dwell, rate=0.0, pending=2.0)
+    assert evaluate_model(waiting, busy, CONFIG) == ModelStatus.STEADY
+    served = samples(*[70.0] * dwell, rate=0.5)
+    assert evaluate_model(served, busy, CONFIG) == ModelStatus.STEADY
+    # one slow tick with requests in the dwell breaks it
+    mixed = (*samples(*[70.0] * (dwell - 1), rate=0.0, end=T0 - TICK), *samples(70.0, rate=1.0))
+    assert evaluate_model(mixed, busy, CONFIG) == ModelStatus.STEADY
