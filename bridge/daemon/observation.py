@@ -104,6 +104,12 @@ def _ts(job: Job, name: str) -> float | None:
     return value.timestamp() if value is not None else None
 
 
+def _gpus_per_node(job: Job) -> int:
+    """A job's GPUs on each of its nodes: Slurm counts a job's whole allocation
+    (`gres/gpu=16` for two 8-GPU nodes), taken as spread evenly (rounded up)."""
+    return -(-job.gpus // len(job.nodes)) if job.nodes else job.gpus
+
+
 def reserved_nodes(
     reservations: Sequence[Reservation], now: float, lookahead_s: float
 ) -> frozenset[str]:
@@ -143,10 +149,14 @@ def snapshot(
     lease_of = {lease.node: lease.lease_id for lease in leases}
     reserved = reserved_nodes(obs.site_reservations, obs.at, config.policy.reservation_lookahead_s)
     triton_bound: set[str] = set()
+    triton_gpus: dict[str, int] = {}
     for j in obs.jobs:
         if TRITON_TAG in j.tags:
             # a pending Triton job asked for its node: it is on its way there
             triton_bound.update(j.nodes or j.requested_nodes)
+            if j.state != "PENDING":  # running, configuring, completing: GPUs allocated
+                for n in j.nodes:
+                    triton_gpus[n] = triton_gpus.get(n, 0) + _gpus_per_node(j)
     views = []
     for node in obs.nodes.values():
         pool = pool_of(node, config)
@@ -160,6 +170,7 @@ def snapshot(
                 j.restarts,
                 _ts(j, "submit_time"),
                 checkpoint_of(j.tags),
+                ends_at=_ts(j, "end_time"),
             )
             for j in obs.work.get(node.name, ())
         )
@@ -175,6 +186,7 @@ def snapshot(
                 work,
                 has_triton=node.name in triton_bound,
                 reserved=node.name in reserved or pool in held_pools,
+                triton_gpus=triton_gpus.get(node.name, 0),
             )
         )
     gpus = {name: n.gpus for name, n in obs.nodes.items()}

@@ -37,6 +37,9 @@ class JobView:
     #: when the job last reported a checkpoint (`stb:ckpt=<epoch>` in its comment): a
     #: preemption loses only the work since then
     checkpoint_at: float | None = None
+    #: when the running job ends at the latest (Slurm's end time: its start plus its time
+    #: limit); None while pending, without a time limit, or not known
+    ends_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,10 @@ class NodeView:
     #: (issue 31: a lend of them loads from there, at `Snapshot.local_load_s`); empty:
     #: none, or a site without node-local caches
     cached: frozenset[str] = frozenset()
+    #: GPUs of the node held by Triton jobs (baselines and leases, `stb:triton`) that
+    #: Slurm has started (running, configuring, completing); a pending one bound for the
+    #: node holds none yet (`has_triton` says it is coming)
+    triton_gpus: int = 0
 
 
 @dataclass(frozen=True)

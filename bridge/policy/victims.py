@@ -1,28 +1,33 @@
-"""Which elastic jobs a lease of some of a node's GPUs requeues (`choose_victims`): for a
-one-replica lease of `k` GPUs on a node of a preempt pool, the running jobs whose requeue
-frees enough GPUs, choosing the fewest GPUs of elastic work requeued; among equals the
-least work lost (GPU-seconds since each job's start or last reported checkpoint, as
-`bridge.policy.nodes.work_lost` counts it), then the fewest jobs, then the job ids (as
-strings: no meaning, only a fixed answer). A node whose free GPUs already make `k` needs
-no victim.
+"""Which elastic jobs a lease of some of a node's GPUs requeues (`choose_victims`), and
+which a drain-mode one waits for (`drain_wait`).
 
-The node's GPUs held by Triton jobs (baselines, other leases) are a parameter:
-`NodeView` does not carry them yet (it says only `has_triton`). Which jobs may be
-requeued at all (the requeue guard, the per-job requeue limit) and how many (the hour's
-preemption budget) are the caller's rules, passed in as `keep` and `max_jobs`.
+`choose_victims`: for a one-replica lease of `k` GPUs on a node of a preempt pool, the
+running jobs whose requeue frees enough GPUs, choosing the fewest GPUs of elastic work
+requeued; among equals the least work lost (GPU-seconds since each job's start or last
+reported checkpoint, as `bridge.policy.nodes.work_lost` counts it), then the fewest jobs,
+then the job ids (as strings: no meaning, only a fixed answer). A node whose free GPUs
+already make `k` needs no victim. Which jobs may be requeued at all (the requeue guard,
+the per-job requeue limit) and how many (the hour's preemption budget) are the caller's
+rules, passed in as `keep` and `max_jobs`.
 
 Every subset of the node's running GPU jobs is tried when there are at most
 `EXHAUSTIVE_JOBS` of them (an 8-GPU node runs at most 8); beyond that a greedy choice
 stands in (`_greedy`), which may requeue more than the fewest GPUs.
 
-A drain-mode partial lease would wait for the jobs whose end frees `k` GPUs soonest;
-`JobView` has no end time, so that choice is not made here. Pure."""
+`drain_wait`: for a drain-mode lease of `k` GPUs, the running jobs it waits for, those
+that end first (by `JobView.ends_at`, their time limits) until their GPUs make `k`, and
+when that is.
+
+Both take the node's GPUs held by Triton jobs (baselines, other leases) from
+`NodeView.triton_gpus`; a caller that knows better (a pass that has just submitted a
+Triton job the snapshot does not show) passes `triton_gpus`. Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
+from typing import NamedTuple
 
 from bridge.policy.nodes import work_lost
 from bridge.policy.snapshot import JobView, NodeView
@@ -53,7 +58,7 @@ def choose_victims(
     k: int,
     now: float,
     *,
-    triton_gpus: int,
+    triton_gpus: int | None = None,
     keep: Collection[str] = (),
     max_jobs: int | None = None,
 ) -> Victims | None:
@@ -61,12 +66,15 @@ def choose_victims(
     replica, or None when no choice frees them (`k` beyond the node's GPUs less
     `triton_gpus`, or too few GPUs held by jobs that may go).
 
-    `triton_gpus`: GPUs of the node held by Triton jobs. `keep`: ids of jobs never to
-    requeue. `max_jobs`: the most jobs one choice may requeue (the preemption budget
-    left); None: no limit. Pending jobs (`started_at` None) hold no GPUs and are never
-    chosen; nor are jobs without GPUs (requeueing them frees nothing)."""
+    `triton_gpus`: GPUs of the node held by Triton jobs; None: `node.triton_gpus`.
+    `keep`: ids of jobs never to requeue. `max_jobs`: the most jobs one choice may
+    requeue (the preemption budget left); None: no limit. Pending jobs (`started_at`
+    None) hold no GPUs and are never chosen; nor are jobs without GPUs (requeueing them
+    frees nothing)."""
     if k < 1:
         raise ValueError(f"a lease takes at least one GPU, got k={k}")
+    if triton_gpus is None:
+        triton_gpus = node.triton_gpus
     running = [j for j in node.jobs if j.started_at is not None]
     free = node.gpus - triton_gpus - sum(j.gpus for j in running)
     if free >= k:
@@ -90,6 +98,52 @@ def choose_victims(
         return None
     gpus, loss, _, ids = best
     return Victims(ids, gpus, loss)
+
+
+class DrainWait(NamedTuple):
+    """What a drain-mode lease of some of a node's GPUs waits for."""
+
+    #: the running jobs to wait for, in the order they end (then by id); empty when the
+    #: node has the GPUs free
+    jobs: tuple[str, ...]
+    #: when the GPUs are free (epoch seconds): the last of those jobs' ends, `now` when
+    #: none is waited for or all are past their end
+    free_at: float
+
+
+def drain_wait(
+    node: NodeView, k: int, now: float, *, triton_gpus: int | None = None
+) -> DrainWait | None:
+    """The running jobs of `node` a drain-mode lease of `k` GPUs waits for, and when
+    its GPUs are free: the jobs that end first (`JobView.ends_at`; ties by id) taken
+    until the free GPUs and theirs make `k`. None when `k` is beyond the node's GPUs
+    less `triton_gpus`, and None when the wait runs into a job with no end time (no
+    time limit, or none known): when the GPUs are free cannot be said then, though
+    Slurm may still end that job. Jobs without GPUs are never waited for; pending jobs
+    (`started_at` None) hold none.
+
+    `triton_gpus`: GPUs of the node held by Triton jobs; None: `node.triton_gpus`."""
+    if k < 1:
+        raise ValueError(f"a lease takes at least one GPU, got k={k}")
+    if triton_gpus is None:
+        triton_gpus = node.triton_gpus
+    if k > node.gpus - triton_gpus:
+        return None
+    running = [j for j in node.jobs if j.started_at is not None and j.gpus > 0]
+    free = node.gpus - triton_gpus - sum(j.gpus for j in running)
+    waited: list[str] = []
+    free_at = now
+    # jobs with no end sort last: reaching one means the known ends do not make `k`
+    # (and all the jobs' GPUs do: `k` fits beside Triton's)
+    for j in sorted(running, key=lambda j: (j.ends_at is None, j.ends_at or 0.0, j.job_id)):
+        if free >= k:
+            break
+        if j.ends_at is None:
+            return None
+        waited.append(j.job_id)
+        free += j.gpus
+        free_at = max(free_at, j.ends_at)
+    return DrainWait(tuple(waited), free_at)
 
 
 def _rank(jobs: Sequence[JobView], lost: dict[str, float]) -> _Rank:

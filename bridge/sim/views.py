@@ -35,6 +35,7 @@ def job_view(
     d["restarts"] = restarts
     d["submitted_at"] = submitted_at
     d["checkpoint_at"] = checkpoint_at
+    d["ends_at"] = None  # (no time limit is simulated: the policy sees none)
     return obj
 
 
@@ -59,6 +60,7 @@ def node_view(
     d["has_triton"] = has_triton
     d["reserved"] = False
     d["cached"] = cached
+    d["triton_gpus"] = 0  # node-granular: a lent node is taken whole
     return obj
 
 

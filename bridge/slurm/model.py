@@ -127,6 +127,12 @@ class Job:
     start_time: datetime | None
     #: nodes the job asked for (`--nodelist`); where a pending job will run
     requested_nodes: tuple[str, ...] = ()
+    #: when the current run ends at the latest: Slurm's end time of a started job with a
+    #: time limit (its start plus the limit, moved on by a suspension or a new limit;
+    #: the real end once it ended); None while pending (Slurm's is a guess then) and
+    #: without a time limit, ended or not (Slurm says the start plus a year while it
+    #: runs: `bridge.slurm.parse.run_end`)
+    end_time: datetime | None = None
 
     @property
     def tags(self) -> tuple[str, ...]:

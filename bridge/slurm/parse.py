@@ -59,6 +59,16 @@ def timestamp(value: Any) -> datetime | None:
     return datetime.fromtimestamp(n, tz=UTC) if n and n < NO_VAL else None
 
 
+def run_end(end: datetime | None, limit_min: int | None, pending: bool) -> datetime | None:
+    """`Job.end_time` from Slurm's `end` and time limit (minutes; None when unlimited or
+    unset, as 22.05's JSON gives UNLIMITED): None while pending (Slurm's end is then an
+    estimate) and without a limit (slurmctld then sets the end to the start plus a year,
+    `job_end_time_reset`: no real end)."""
+    if pending or limit_min is None or limit_min >= NO_VAL:
+        return None
+    return end
+
+
 def states(value: Any) -> list[str]:
     """`"RUNNING"`, `["RUNNING", "COMPLETING"]` or `{"current": ...}` -> upper-case list."""
     if isinstance(value, dict):

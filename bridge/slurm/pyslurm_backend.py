@@ -55,6 +55,11 @@ def _ts(value: Any) -> datetime | None:
     return parse.timestamp(value) if isinstance(value, int) else None
 
 
+def _minutes(value: Any) -> int | None:
+    """A job's `time_limit` (minutes; pyslurm gives None for UNLIMITED)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 class PySlurm:
     """`SlurmProtocol` on pyslurm. `sacct_env` is given to the sacct calls."""
 
@@ -108,6 +113,7 @@ class PySlurm:
         for j in _call("load jobs", pyslurm.Jobs.load).values():
             nodes = tuple(expand(j.allocated_nodes or ""))
             _, per_node = parse.parse_gres(_gres_string(j.gres_per_node))
+            pending = str(j.state) == "PENDING"
             jobs.append(
                 model.Job(
                     job_id=parse.format_job_id(
@@ -128,8 +134,9 @@ class PySlurm:
                     gpus=per_node * max(1, len(nodes)),
                     restarts=int(j.requeue_count or 0),
                     submit_time=_ts(j.submit_time),
-                    start_time=None if str(j.state) == "PENDING" else _ts(j.start_time),
+                    start_time=None if pending else _ts(j.start_time),
                     requested_nodes=tuple(expand(j.required_nodes or "")),
+                    end_time=parse.run_end(_ts(j.end_time), _minutes(j.time_limit), pending),
                 )
             )
         return squeue.filter_jobs(jobs, **filters)

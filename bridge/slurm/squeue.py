@@ -21,6 +21,7 @@ from bridge.slurm.parse import (
     nodes_of,
     num,
     parse_gres,
+    run_end,
     shown_state,
     states,
     timestamp,
@@ -48,6 +49,7 @@ def parse_squeue_json(text: str) -> list[Job]:
     for j in load_json(text, "squeue --json", "jobs"):
         try:
             st = states(j["job_state"])
+            pending = st[:1] == ["PENDING"]
             _, gpus = gpus_from_tres(as_text(j.get("tres_alloc_str")))
             if not gpus:
                 gpus = parse_gres(as_text(j.get("tres_per_node")).replace("gres:", ""))[1]
@@ -76,9 +78,12 @@ def parse_squeue_json(text: str) -> list[Job]:
                     restarts=num(j.get("restart_cnt")) or 0,
                     submit_time=timestamp(j.get("submit_time")),
                     # For a pending job squeue gives an expected start; that is not a start.
-                    start_time=None if st[:1] == ["PENDING"] else timestamp(j.get("start_time")),
+                    start_time=None if pending else timestamp(j.get("start_time")),
                     requested_nodes=nodes_of(
                         as_text(j.get("required_nodes")), as_text(j.get("required_nodes"))
+                    ),
+                    end_time=run_end(
+                        timestamp(j.get("end_time")), num(j.get("time_limit")), pending
                     ),
                 )
             )

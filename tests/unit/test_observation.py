@@ -1,17 +1,29 @@
 """The policy's view of an observation (bridge.daemon.observation.snapshot): site
 reservations keep nodes off the lend list, a job's reported checkpoint reaches the
-policy, lent nodes' GPUs and a drain lend's wait are filled in."""
+policy, lent nodes' GPUs and a drain lend's wait are filled in, and so are each job's
+end and each node's GPUs held by Triton, from literal jobs and from recorded Slurm
+output (the lab's nodes and each release's squeue)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
 
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig, PoolConfig
 from bridge.daemon.observation import Observation, reserved_nodes, snapshot
+from bridge.daemon.observe import ACTIVE_STATES
 from bridge.policy import LeaseView
+from bridge.policy.victims import DrainWait, drain_wait
 from bridge.slurm.model import Job, Node, Reservation, checkpoint_of
+from bridge.slurm.scontrol import parse_nodes
+from bridge.slurm.squeue import filter_jobs, parse_squeue_json
 
 NOW = 1_800_000_000.0
+DATA = Path(__file__).parent.parent / "data" / "slurm"
+RELEASES = sorted(p.name.removeprefix("squeue-matrix-").removesuffix(".json")
+                  for p in DATA.glob("squeue-matrix-*.json"))  # fmt: skip
 CONFIG = BridgeConfig(
     pools={
         "elastic": PoolConfig(partition="elastic", lend_mode="preempt", cost_rank=1),
@@ -98,3 +110,56 @@ def test_a_held_pools_nodes_are_reserved() -> None:
     assert views["n2"].reserved and not views["n1"].reserved
     free = {v.name: v for v in snapshot(obs, CONFIG, [], {}).nodes}
     assert not free["n2"].reserved
+
+
+def triton(job_id: str, on: tuple[str, ...], gpus: int, state: str = "RUNNING") -> Job:
+    return Job(
+        job_id, "stb-triton", "infer", "bridge", "u", state, "None", on, "stb:triton", gpus, 0,
+        ts(-60), None if state == "PENDING" else ts(-30), () if on else ("n3",),
+    )  # fmt: skip
+
+
+def test_snapshot_fills_job_ends_and_the_gpus_triton_holds() -> None:
+    lab = (node("n1", "train", 8), node("n2", "train", 8), node("n3", "elastic"))
+    nodes = {n.name: n for n in lab}
+    ending = Job(
+        "7", "exp", "elastic", "team-nlp", "u", "RUNNING", "None", ("n3",), "", 2, 0,
+        ts(-700), ts(-600), end_time=ts(3000),
+    )  # fmt: skip
+    jobs = (
+        triton("40", ("n1", "n2"), 16),  # a replica over two nodes: 8 GPUs on each
+        triton("41", ("n3",), 1, "COMPLETING"),  # still holds its GPU
+        triton("42", (), 2, "PENDING"),  # bound for n3 (--nodelist), holds nothing yet
+        ending,
+        job("8", "n3"),  # no time limit: no end
+    )
+    obs = Observation(NOW, nodes, jobs, frozenset(), (), {}, ())
+    views = {v.name: v for v in snapshot(obs, CONFIG, [], {}).nodes}
+    assert views["n1"].triton_gpus == views["n2"].triton_gpus == 8
+    assert views["n3"].triton_gpus == 1 and views["n3"].has_triton
+    ends = {j.job_id: j.ends_at for j in views["n3"].jobs}
+    assert ends == {"7": NOW + 3000, "8": None}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_recorded_slurm_output_gives_ends_and_tritons_gpus(release: str) -> None:
+    """The lab's nodes (4 GPUs each; n1 in `train`, n4 in `infer`) with each release's
+    squeue: a training job of 2 GPUs runs on n1, the bridge's Triton job of 1 on n4."""
+    nodes = {n.name: n for n in parse_nodes((DATA / "scontrol-nodes-22.05.txt").read_text())}
+    everything = parse_squeue_json((DATA / f"squeue-matrix-{release}.json").read_text())
+    jobs = tuple(filter_jobs(everything, states=ACTIVE_STATES))  # as the observer asks
+    obs = Observation(NOW, nodes, jobs, frozenset(), (), {}, ())
+    views = {v.name: v for v in snapshot(obs, CONFIG, [], {}).nodes}
+    assert views["n4"].triton_gpus == 1  # 22.05's ended Triton jobs there hold none
+    assert views["n1"].triton_gpus == views["n3"].triton_gpus == 0
+    (running,) = views["n1"].jobs
+    assert running.gpus == 2 and running.started_at is not None
+    if release == "26.05":  # a year's time limit on that lab; UNLIMITED on the others
+        end = running.started_at + timedelta(minutes=525600).total_seconds()
+        assert running.ends_at == end
+        # a 3-GPU drain lend there (2 free) waits for that job: a year, as Slurm says
+        assert drain_wait(views["n1"], 3, NOW) == DrainWait((running.job_id,), end)
+    else:
+        assert running.ends_at is None
+        assert drain_wait(views["n1"], 3, NOW) is None  # no end: no wait to speak of
+    assert drain_wait(views["n1"], 2, NOW) == DrainWait((), NOW)

@@ -1,15 +1,24 @@
 """Which elastic jobs a lease of k GPUs requeues (`bridge.policy.victims`), on literal
 nodes: the fewest GPUs first, then the least work lost, the fewest jobs, the ids; pending
 jobs, Triton's GPUs, kept jobs and the preemption budget respected; the greedy stand-in
-beyond `EXHAUSTIVE_JOBS`."""
+beyond `EXHAUSTIVE_JOBS`. And which jobs a drain-mode lease of k GPUs waits for: those
+that end first, until their GPUs make k; no answer past a job with no end."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from bridge.policy.nodes import work_lost
 from bridge.policy.snapshot import JobView, NodeView
-from bridge.policy.victims import EXHAUSTIVE_JOBS, Victims, choose_victims
+from bridge.policy.victims import (
+    EXHAUSTIVE_JOBS,
+    DrainWait,
+    Victims,
+    choose_victims,
+    drain_wait,
+)
 
 NOW = 1_800_000_000.0
 HOUR = 3600.0
@@ -135,3 +144,68 @@ def test_beyond_the_exhaustive_cap_the_greedy_choice_still_frees_k() -> None:
     budget = choose_victims(crowded, 3, NOW, triton_gpus=0, max_jobs=2)
     assert budget is not None and budget.gpus == 3 and len(budget.jobs) == 2
     assert "899" in budget.jobs
+
+
+def test_triton_gpus_default_to_the_nodes_own() -> None:
+    beside = replace(MIXED, triton_gpus=1)  # 1 free without Triton; none with it
+    assert choose_victims(beside, 1, NOW) == Victims(("101",), 1, HOUR)
+    # a caller that knows better (nothing of Triton's there after all) says so
+    assert choose_victims(beside, 1, NOW, triton_gpus=0) == Victims((), 0, 0.0)
+    assert choose_victims(MIXED, 1, NOW) == Victims((), 0, 0.0)  # NodeView's default: 0
+
+
+#: the same 8-GPU node (1 free), its jobs ending in 1 h, 2 h and 30 min
+ENDING = node(
+    replace(ONE, ends_at=NOW + HOUR),
+    replace(TWO, ends_at=NOW + 2 * HOUR),
+    replace(FOUR, ends_at=NOW + HOUR / 2),
+)
+
+
+def test_a_drain_waits_for_the_jobs_that_end_first_until_k_gpus_are_free() -> None:
+    assert drain_wait(ENDING, 1, NOW) == DrainWait((), NOW)  # 1 free already
+    # 1 more wanted: the 4-GPU job ends first (not the smallest job, 101)
+    assert drain_wait(ENDING, 2, NOW) == DrainWait(("104",), NOW + HOUR / 2)
+    assert drain_wait(ENDING, 5, NOW) == DrainWait(("104",), NOW + HOUR / 2)
+    assert drain_wait(ENDING, 6, NOW) == DrainWait(("104", "101"), NOW + HOUR)
+    got = drain_wait(ENDING, 8, NOW)
+    assert got is not None
+    jobs, free_at = got  # (a named pair)
+    assert jobs == ("104", "101", "102") and free_at == NOW + 2 * HOUR
+
+
+def test_a_drain_cannot_get_more_than_the_node_has_beside_triton() -> None:
+    assert drain_wait(ENDING, 9, NOW) is None
+    held = replace(ENDING, triton_gpus=2)  # 6 GPUs left beside Triton, none free
+    assert drain_wait(held, 7, NOW) is None
+    assert drain_wait(held, 1, NOW) == DrainWait(("104",), NOW + HOUR / 2)
+    assert drain_wait(held, 1, NOW, triton_gpus=0) == DrainWait((), NOW)  # the caller's word
+
+
+def test_a_needed_job_without_an_end_leaves_the_wait_unknown() -> None:
+    endless = node(
+        replace(ONE, ends_at=NOW + HOUR),
+        TWO,  # no time limit: no end
+        replace(FOUR, ends_at=NOW + HOUR / 2),
+    )
+    assert drain_wait(endless, 6, NOW) == DrainWait(("104", "101"), NOW + HOUR)  # not needed
+    assert drain_wait(endless, 7, NOW) is None  # needed: when is not known
+
+
+def test_pending_jobs_and_jobs_without_gpus_are_not_waited_for() -> None:
+    cpu = JobView("701", 0, NOW - 10.0)  # no GPU and no end: frees nothing, blocks nothing
+    pending = JobView("601", 4, None)
+    on = node(cpu, pending, replace(TWO, ends_at=NOW + HOUR), gpus=4)
+    assert drain_wait(on, 2, NOW) == DrainWait((), NOW)
+    assert drain_wait(on, 4, NOW) == DrainWait(("102",), NOW + HOUR)
+
+
+def test_a_job_past_its_end_frees_its_gpus_now_and_ties_go_by_id() -> None:
+    over = node(
+        JobView("902", 2, NOW - HOUR, ends_at=NOW - 5.0),  # past its limit, still seen
+        JobView("901", 2, NOW - HOUR, ends_at=NOW - 5.0),
+        gpus=4,
+    )
+    assert drain_wait(over, 2, NOW) == DrainWait(("901",), NOW)
+    with pytest.raises(ValueError, match="k=0"):
+        drain_wait(over, 0, NOW)

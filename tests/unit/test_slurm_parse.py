@@ -12,12 +12,14 @@ import pytest
 
 from bridge.slurm import UnparseableOutput
 from bridge.slurm.parse import (
+    NO_VAL,
     JobIdParts,
     format_job_id,
     gpus_from_tres,
     num,
     parse_gres,
     parse_job_id,
+    run_end,
     states,
 )
 from bridge.slurm.sacct import parse_sacct_json
@@ -76,6 +78,25 @@ def test_recorded_squeue_with_a_pending_array() -> None:
         1,
         ("stb:triton",),
     )
+
+
+def test_recorded_squeue_end_times() -> None:
+    jobs = {j.job_id: j for j in parse_squeue_json(_read("squeue-22.05.json"))}
+    # a time limit (525600 min) and ended: Slurm's end_time is its real end
+    assert jobs["1"].end_time == datetime.fromtimestamp(1795961503, tz=UTC)
+    # UNLIMITED (22.05 prints time_limit null): no end, whatever end_time says
+    assert jobs["8"].end_time is None and jobs["12"].end_time is None
+    # pending: squeue's end_time (6090929897) is an estimate, not an end
+    assert jobs["14"].end_time is None and jobs["13_[2-4%2]"].end_time is None
+
+
+def test_run_end_needs_a_started_job_with_a_limit() -> None:
+    end = datetime.fromtimestamp(1795961503, tz=UTC)
+    assert run_end(end, 60, pending=False) == end
+    assert run_end(end, 60, pending=True) is None
+    assert run_end(end, None, pending=False) is None  # UNLIMITED, or unset
+    assert run_end(end, NO_VAL, pending=False) is None
+    assert run_end(None, 60, pending=False) is None
 
 
 def test_recorded_sacct_requeued_runs_and_gpu_counts() -> None:
@@ -200,6 +221,8 @@ def test_newer_openapi_shapes() -> None:
                 "restart_cnt": 2,
                 "submit_time": {"set": True, "number": 1795961502},
                 "start_time": {"set": True, "number": 1795961503},
+                "end_time": {"set": True, "infinite": False, "number": 1795965103},
+                "time_limit": {"set": True, "infinite": False, "number": 60},
             }
         ]
     }
@@ -212,6 +235,11 @@ def test_newer_openapi_shapes() -> None:
         2,
     )
     assert job.start_time == datetime.fromtimestamp(1795961503, tz=UTC)
+    assert job.end_time == datetime.fromtimestamp(1795961503 + 3600, tz=UTC)
+    unlimited = {"set": False, "infinite": True, "number": 0}
+    newer["jobs"][0]["time_limit"] = unlimited
+    (job,) = parse_squeue_json(json.dumps(newer))
+    assert job.end_time is None
 
 
 def test_scontrol_values_with_spaces() -> None:

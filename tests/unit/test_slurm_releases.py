@@ -13,6 +13,7 @@ cancelled while pending (two runs); a training job with its own comment.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,10 @@ def test_squeue_reads_the_same_on_every_release(release: str) -> None:
     (elastic,) = (j for j in jobs if j.partition == "elastic")
     assert (elastic.state, elastic.restarts, elastic.gpus) == ("PENDING", 1, 3)
     assert elastic.start_time is None  # pending: squeue's expected start is not a start
+    # the running jobs' ends: 26.05's lab gives them a year's time limit (525600 min);
+    # the others none (UNLIMITED), where Slurm's end_time is the start plus a year anyway
+    for job in (running, triton):
+        assert job.start_time is not None
+        limited = job.start_time + timedelta(minutes=525600)
+        assert job.end_time == (limited if release == "26.05" else None)
+    assert array.end_time is None and elastic.end_time is None  # pending

@@ -115,6 +115,10 @@ def test_recorded_jobs_read_as_squeue_json() -> None:
     assert jobs["83"].restarts == 1 and jobs["83"].state == "PENDING"
     assert jobs["84_[2-4%2]"].reason == "JobHeldUser"
     assert jobs["85"].gpus == 4 and jobs["85"].start_time is None
+    # UNLIMITED (time_limit null): no end, though Slurm says the start plus a year
+    assert running.end_time is None
+    assert jobs["81"].end_time == datetime.fromtimestamp(1796119693, tz=UTC)  # 10 min limit
+    assert jobs["83"].end_time is None  # pending
 
 
 def test_recorded_accounting_reads_as_sacct_json() -> None:
