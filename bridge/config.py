@@ -77,10 +77,11 @@ def _check_replica_bounds(low: int | None, high: int | None) -> None:
 
 
 class ModelConfig(_Strict):
-    """A served model's effective service-level objective and replica bounds: what the
-    policy scales it by. Not read from the TOML as such: `bridge.modelfacts.merge_models`
-    makes it from the model repository's metadata (config.pbtxt's `stb.*` parameters and
-    its instance_group) and the TOML's `[models.NAME]` overrides (`ModelOverride`)."""
+    """A served model's effective service-level objective, replica bounds and replica
+    size: what the policy scales it by. Not read from the TOML as such:
+    `bridge.modelfacts.merge_models` makes it from the model repository's metadata
+    (config.pbtxt's `stb.*` parameters and its instance_group) and the TOML's
+    `[models.NAME]` overrides (`ModelOverride`)."""
 
     slo_p99_ms: float = Field(
         gt=0,
@@ -108,6 +109,32 @@ class ModelConfig(_Strict):
         description="Parallel executions of the model on one replica: its config.pbtxt "
         "instance_group count. Unset: the model shares its node's GPUs with the other "
         "models there, one execution per GPU. The capacity model sizes replicas by it.",
+    )
+    instance_gpus: int | None = Field(
+        default=None,
+        ge=1,
+        description="GPUs one replica's instances hold: the distinct GPU indices its "
+        "config.pbtxt KIND_GPU instance groups name in their `gpus` lists (groups [0, 1] "
+        "and [1, 2]: 3). Unset: a GPU group names none (Triton puts its instances on every "
+        "GPU of the node) or the model has no GPU group. With tensor_parallel and "
+        "pipeline_parallel it sizes a replica in GPUs (`bridge.policy.gang."
+        "gpus_per_replica`); all three unset, a replica takes whole nodes.",
+    )
+    tensor_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tensor-parallel size of one replica: the GPUs each layer is split "
+        "over (config.pbtxt stb.tensor_parallel_size; vLLM's tensor_parallel_size, "
+        "TensorRT-LLM's tp_size). One replica needs at least tensor x pipeline parallel "
+        "GPUs, on several nodes when one has too few (`bridge.policy.gang`). Unset: 1 "
+        "when pipeline_parallel is set, else not said.",
+    )
+    pipeline_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        description="Pipeline-parallel size of one replica: the stages its layers are "
+        "split into, each on its own tensor-parallel GPUs (config.pbtxt "
+        "stb.pipeline_parallel_size). Unset: 1 when tensor_parallel is set, else not said.",
     )
     slo_ttft_p99_ms: float | None = Field(
         default=None,
@@ -148,9 +175,11 @@ class ModelConfig(_Strict):
 class ModelOverride(_Strict):
     """A site's override of a model's facts, field by field (`[models.NAME]`). A model
     needs no entry: its config.pbtxt in the model repository says its SLO
-    (`stb.slo_p99_ms`), bounds (`stb.min_replicas`, `stb.max_replicas`) and instances
-    (instance_group). A field set here wins over the repository's, and the daemon, `stb
-    config check` and `stb status` say so; unset fields keep the repository's value."""
+    (`stb.slo_p99_ms`), bounds (`stb.min_replicas`, `stb.max_replicas`), instances and
+    their GPUs (instance_group) and parallel sizes (`stb.tensor_parallel_size`,
+    `stb.pipeline_parallel_size`). A field set here wins over the repository's, and the
+    daemon, `stb config check` and `stb status` say so; unset fields keep the
+    repository's value."""
 
     slo_p99_ms: float | None = Field(
         default=None, gt=0, description="Latency objective: p99 in milliseconds."
@@ -172,6 +201,24 @@ class ModelOverride(_Strict):
         ge=1,
         description="Parallel executions of the model on one replica (the repository's: "
         "its instance_group count, when every group is on CPU or names its GPUs).",
+    )
+    instance_gpus: int | None = Field(
+        default=None,
+        ge=1,
+        description="GPUs one replica's instances hold (overrides the repository's: the "
+        "distinct GPUs its KIND_GPU instance groups name in their `gpus` lists).",
+    )
+    tensor_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tensor-parallel size of one replica, in GPUs (overrides config.pbtxt "
+        "stb.tensor_parallel_size).",
+    )
+    pipeline_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        description="Pipeline-parallel size of one replica, in stages (overrides "
+        "config.pbtxt stb.pipeline_parallel_size).",
     )
     slo_ttft_p99_ms: float | None = Field(
         default=None,

@@ -1,7 +1,7 @@
 """`stb config check FILE [--live]`: validate a configuration and say what is wrong, by
-field, show each model's effective SLO and bounds and where each came from (the model
-repository or the TOML's override; exit 1 when a model's metadata is refused), and with
-`--live` what would stop it working on this cluster; `stb init`: a
+field, show each model's effective SLO, bounds and replica size and where each came from
+(the model repository or the TOML's override; exit 1 when a model's metadata is refused),
+and with `--live` what would stop it working on this cluster; `stb init`: a
 starting configuration from the cluster (`bridge.init`). Also what every command that
 reads the configuration shares: the `--config` option and `load_or_exit` (`fail`, the
 error line, is `bridge.cli_text`'s, also importable from here). Everything from the file
@@ -87,9 +87,10 @@ def check(
 
 
 def show_models(cfg: BridgeConfig) -> bool:
-    """Each model's effective SLO and bounds, where each value came from (the
-    repository's config.pbtxt, the TOML's override, a default) or why it is not scaled,
-    then every override, warning and problem; True when a model's facts are refused."""
+    """Each model's effective SLO, bounds, instances and GPUs per replica, where each
+    value came from (the repository's config.pbtxt, the TOML's override, a default) or
+    why it is not scaled, then every override, warning and problem; True when a model's
+    facts are refused."""
     from bridge.triton.catalog import site_models
 
     facts = site_models(cfg)
@@ -111,7 +112,7 @@ def show_models(cfg: BridgeConfig) -> bool:
             console,
             f"  {name}: {request}{token_slos(fact)}, replicas "
             f"{m.min_replicas} ({src('min_replicas')}) to {m.max_replicas} "
-            f"({src('max_replicas')}){instances}",
+            f"({src('max_replicas')}){instances}{replica_gpus(fact)}",
         )
     if facts.repository_note:
         console.print(f"  [yellow]{escape(facts.repository_note)}[/yellow]", soft_wrap=True)
@@ -141,6 +142,32 @@ def token_slos(fact: ModelFact) -> str:
         if value is not None
     ]
     return "".join(f", {p}" for p in parts)
+
+
+def replica_gpus(fact: ModelFact) -> str:
+    """The GPUs one replica of a model needs, as `stb config check` shows them: the
+    policy's rule (`bridge.policy.gang.replica_gpus`) on its instance GPUs and
+    parallel sizes, each with its source (", 8 GPUs per replica: instance GPUs 2
+    (repository), tensor parallel 4 (repository), pipeline parallel 2 (toml)"); "" when
+    none is said (a replica takes whole nodes)."""
+    from bridge.policy.gang import replica_gpus as of_model
+
+    m = fact.model
+    if m is None:
+        return ""
+    gpus = of_model(m)
+    if gpus is None:
+        return ""
+    parts = ", ".join(
+        f"{label} {value} ({fact.source_of(field)})"
+        for label, field, value in (
+            ("instance GPUs", "instance_gpus", m.instance_gpus),
+            ("tensor parallel", "tensor_parallel", m.tensor_parallel),
+            ("pipeline parallel", "pipeline_parallel", m.pipeline_parallel),
+        )
+        if value is not None
+    )
+    return f", {gpus} GPU{'' if gpus == 1 else 's'} per replica: {parts}"
 
 
 def _cluster(

@@ -6,7 +6,9 @@ The repository is the source: each model's config.pbtxt carries `stb.slo_p99_ms`
 `stb.min_replicas`, `stb.max_replicas` (checked by `stb models publish`) and its
 instance_group (the executions one replica runs); an LLM its token objectives,
 `stb.slo_ttft_p99_ms`, `stb.slo_tpot_p99_ms` and optionally `stb.slo_e2e_p99_ms` (ms,
-positive). A model with a TTFT or TPOT objective and no `stb.slo_p99_ms` is scaled by its
+positive); a replica's size in GPUs, the distinct GPUs its instance_group names and
+`stb.tensor_parallel_size`, `stb.pipeline_parallel_size` (whole, >= 1; none said: whole
+nodes). A model with a TTFT or TPOT objective and no `stb.slo_p99_ms` is scaled by its
 tokens (its `slo_p99_ms` is infinite: no request-latency objective). The TOML's
 `[models.NAME]` may override any of these per site, field by field; every override is
 said (`ModelFacts.notes`: the daemon logs each once, `stb config check` and `stb status`
@@ -36,7 +38,10 @@ from bridge.config import BridgeConfig, ModelConfig, ModelOverride
 Source = Literal["repository", "toml", "default"]
 #: the fields of a model's facts, in the order they are shown
 FIELDS = ("slo_p99_ms", "min_replicas", "max_replicas", "instances",
+          "instance_gpus", "tensor_parallel", "pipeline_parallel",
           "slo_ttft_p99_ms", "slo_tpot_p99_ms", "slo_e2e_p99_ms")  # fmt: skip
+#: what one replica's GPUs are made of (`bridge.policy.gang.gpus_per_replica`)
+REPLICA_GPUS = ("instance_gpus", "tensor_parallel", "pipeline_parallel")
 #: an LLM's token objectives: any of the first two makes a model scaled without a
 #: request SLO (`ModelConfig.has_token_slo`)
 TOKEN_SLOS = ("slo_ttft_p99_ms", "slo_tpot_p99_ms")
@@ -46,6 +51,9 @@ PARAMETERS: Mapping[str, str] = {
     "min_replicas": "stb.min_replicas",
     "max_replicas": "stb.max_replicas",
     "instances": "instance_group",
+    "instance_gpus": "instance_group's gpus",
+    "tensor_parallel": "stb.tensor_parallel_size",
+    "pipeline_parallel": "stb.pipeline_parallel_size",
     "slo_ttft_p99_ms": "stb.slo_ttft_p99_ms",
     "slo_tpot_p99_ms": "stb.slo_tpot_p99_ms",
     "slo_e2e_p99_ms": "stb.slo_e2e_p99_ms",
@@ -57,6 +65,9 @@ DEFAULTS: Mapping[str, int | None] = {
     "min_replicas": int(ModelConfig.model_fields["min_replicas"].default),
     "max_replicas": int(ModelConfig.model_fields["max_replicas"].default),
     "instances": None,
+    "instance_gpus": None,
+    "tensor_parallel": None,
+    "pipeline_parallel": None,
     "slo_ttft_p99_ms": None,
     "slo_tpot_p99_ms": None,
     "slo_e2e_p99_ms": None,
@@ -84,6 +95,12 @@ class Published:
     slo_ttft_p99_ms: float | None = None
     slo_tpot_p99_ms: float | None = None
     slo_e2e_p99_ms: float | None = None
+    #: the distinct GPUs its KIND_GPU instance groups name (None: a group names none, so
+    #: runs on every GPU, or there is no GPU group)
+    instance_gpus: int | None = None
+    #: one replica's tensor- and pipeline-parallel sizes
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
     #: field (or `FILE`) -> why its value is refused, naming the parameter and value
     errors: Mapping[str, str] = field(default_factory=dict)
 
@@ -190,7 +207,7 @@ def merge_models(
 ) -> ModelFacts:
     """Every model's effective facts: each field from the TOML when it sets it (said as
     an override when the repository also does), else from the repository, else the
-    default (`min_replicas` 1, `max_replicas` 4, `instances` unset). `published` None: no
+    default (`min_replicas` 1, `max_replicas` 4, the others unset). `published` None: no
     repository was read (the models are the TOML's alone, and nothing is said of models
     it lacks). Pure."""
     facts: dict[str, ModelFact] = {}

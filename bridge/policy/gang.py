@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+from bridge.config import ModelConfig
 from bridge.lifecycle import TRANSITIONS, LeaseState
 from bridge.policy.snapshot import NodeView
 
@@ -29,8 +30,8 @@ def gpus_per_replica(
     instance_group names (`instance_gpus`) and its parallel world (tensor x pipeline
     parallel size), for both are the one server's GPUs; None when none of them is said
     (instances on every GPU of the node, Triton's default: a replica takes whole nodes,
-    as a lease does today). The model facts carry none of these yet: `ModelConfig.
-    instances` counts executions (several may share a GPU, and CPU ones hold none)."""
+    as a lease does today). Not `ModelConfig.instances`, which counts executions
+    (several may share a GPU, and CPU ones hold none). A model's: `replica_gpus`."""
     for name, value in (
         ("instance_gpus", instance_gpus),
         ("tensor_parallel", tensor_parallel),
@@ -42,6 +43,16 @@ def gpus_per_replica(
         return None
     world = (tensor_parallel or 1) * (pipeline_parallel or 1)
     return max(instance_gpus or 1, world)
+
+
+def replica_gpus(model: ModelConfig) -> int | None:
+    """`gpus_per_replica` of a model's facts (`ModelConfig.instance_gpus`,
+    `tensor_parallel`, `pipeline_parallel`: config.pbtxt or the TOML); None: whole nodes."""
+    return gpus_per_replica(
+        instance_gpus=model.instance_gpus,
+        tensor_parallel=model.tensor_parallel,
+        pipeline_parallel=model.pipeline_parallel,
+    )
 
 
 def nodes_per_replica(gpus: int | None, node_gpus: int) -> int:

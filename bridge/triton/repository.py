@@ -8,15 +8,18 @@ ModelConfig protobuf (shipped with tritonclient), and the bridge's metadata kept
     parameters: { key: "stb.max_replicas" value: { string_value: "4" } }   # optional, 4
 
 and, for an LLM, its token objectives in ms (either of the first two stands in for
-`stb.slo_p99_ms`): `stb.slo_ttft_p99_ms`, `stb.slo_tpot_p99_ms`, `stb.slo_e2e_p99_ms`.
+`stb.slo_p99_ms`): `stb.slo_ttft_p99_ms`, `stb.slo_tpot_p99_ms`, `stb.slo_e2e_p99_ms`;
+for a model split over GPUs, one replica's parallel sizes (whole, >= 1):
+`stb.tensor_parallel_size`, `stb.pipeline_parallel_size`.
 
 Read by the ledger's ingest (a served model's team), by `stb models` (publishing
-validates a model with `check_model` before anything is written) and, for the SLO, bounds
-and instances the policy scales a model by, by `PublishedModels` (every model's
-`Published` facts, read again only when its config.pbtxt changed), which
+validates a model with `check_model` before anything is written) and, for the SLO, bounds,
+instances and replica size the policy scales a model by, by `PublishedModels` (every
+model's `Published` facts, read again only when its config.pbtxt changed), which
 `bridge.modelfacts.merge_models` merges with the TOML's overrides. The instances are the
 instance_group's: the sum of the counts when every group runs on CPU or names its GPUs
-(a group on every GPU of its node leaves them unset: the capacity model's default).
+(a group on every GPU of its node leaves them unset: the capacity model's default); the
+instance GPUs are the distinct GPUs its GPU groups name (`instance_group_of`).
 
 A config is read only when it is a regular file of at most `MAX_CONFIG_BYTES` (it is not
 read past that), in UTF-8, nested at most `MAX_CONFIG_DEPTH` messages deep (checked before
@@ -35,7 +38,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from bridge.modelfacts import FILE, Published
+from bridge.modelfacts import FILE, PARAMETERS, Published
 
 TEAM_PARAMETER = "stb.team"
 SLO_PARAMETER = "stb.slo_p99_ms"
@@ -47,6 +50,8 @@ TOKEN_PARAMETERS = {
     "slo_tpot_p99_ms": "stb.slo_tpot_p99_ms",
     "slo_e2e_p99_ms": "stb.slo_e2e_p99_ms",
 }
+#: one replica's parallel sizes, whole and >= 1, field -> parameter
+PARALLEL_PARAMETERS = {f: PARAMETERS[f] for f in ("tensor_parallel", "pipeline_parallel")}
 #: model names: what Triton, nginx routing and a file name all accept; no dots, so no
 #: path games ("..") and no hidden entries
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -166,7 +171,13 @@ def check_model(cfg: model_config_pb2.ModelConfig, name: str, where: str) -> Mod
     facts = published_of(cfg)
     if not facts.team:
         raise ModelConfigError(f"{where}: parameter {TEAM_PARAMETER} (the owning team) is missing")
-    for key in ("slo_p99_ms", "min_replicas", "max_replicas", *TOKEN_PARAMETERS):
+    for key in (
+        "slo_p99_ms",
+        "min_replicas",
+        "max_replicas",
+        *TOKEN_PARAMETERS,
+        *PARALLEL_PARAMETERS,
+    ):
         if key in facts.errors:
             raise ModelConfigError(f"{where}: {facts.errors[key]}")
     tokens = facts.slo_ttft_p99_ms is not None or facts.slo_tpot_p99_ms is not None
@@ -189,7 +200,7 @@ def check_model(cfg: model_config_pb2.ModelConfig, name: str, where: str) -> Mod
 def published_of(cfg: model_config_pb2.ModelConfig) -> Published:
     """The bridge's facts of a parsed config: each `stb.*` parameter read on its own, a
     bad one kept in `errors` under its field (naming the parameter and the value), and
-    the instances of its instance_group."""
+    the instances of its instance_group and the GPUs they name."""
     params = {k: v.string_value for k, v in cfg.parameters.items()}
     errors: dict[str, str] = {}
     team = params.get(TEAM_PARAMETER, "").strip() or None
@@ -212,33 +223,57 @@ def published_of(cfg: model_config_pb2.ModelConfig) -> Published:
             errors[field] = f"{key} must be > 0 ms, got {value:g}"
             value = None
         tokens[field] = value
+    parallel: dict[str, int | None] = {}
+    for field, key in PARALLEL_PARAMETERS.items():
+        size = _parsed(params, key, int, errors, field)
+        if size is not None and size < 1:
+            errors[field] = f"{key} must be >= 1, got {size:g}"
+            size = None
+        parallel[field] = None if size is None else int(size)
+    instances, instance_gpus = instance_group_of(cfg)
     return Published(
         team,
         slo,
         None if low is None else int(low),
         None if high is None else int(high),
-        instances_of(cfg),
+        instances,
         errors=errors,
+        instance_gpus=instance_gpus,
+        tensor_parallel=parallel["tensor_parallel"],
+        pipeline_parallel=parallel["pipeline_parallel"],
         **tokens,
     )
 
 
-def instances_of(cfg: model_config_pb2.ModelConfig) -> int | None:
-    """Executions of the model one replica runs: the instance groups' counts (a count of
-    0 is Triton's 1), when every group is on CPU (or KIND_MODEL) or names its GPUs; None
-    when a group runs on every GPU of its node or there is no group (Triton's default:
-    one per GPU), which the capacity model reads as sharing the node's GPUs."""
+def instance_group_of(cfg: model_config_pb2.ModelConfig) -> tuple[int | None, int | None]:
+    """What one replica's instance groups say: (instances, instance GPUs).
+
+    Instances: the executions of the model one replica runs, the groups' counts (a count
+    of 0 is Triton's 1, a group naming GPUs has its count on each), when every group is
+    on CPU (or KIND_MODEL) or names its GPUs; None when a group runs on every GPU of its
+    node or there is no group (Triton's default: one per GPU), which the capacity model
+    reads as sharing the node's GPUs.
+
+    Instance GPUs: the distinct GPU indices the GPU groups (KIND_GPU, and KIND_AUTO
+    naming GPUs, which Triton makes a GPU group) name in their `gpus` lists; None when a
+    GPU group names none (Triton puts its instances on every GPU) or there is no GPU
+    group (CPU ones hold no GPU)."""
     group = model_config_pb2.ModelInstanceGroup
     total = 0
+    gpus: set[int] = set()
+    every_gpu = False
     for g in cfg.instance_group:
         count = g.count if g.count > 0 else 1
         if g.kind in (group.KIND_CPU, group.KIND_MODEL):
             total += count
         elif g.kind in (group.KIND_GPU, group.KIND_AUTO) and g.gpus:
             total += count * len(g.gpus)
+            gpus.update(g.gpus)
         else:
-            return None
-    return total or None
+            every_gpu = True
+    if every_gpu:
+        return None, None
+    return total or None, len(gpus) or None
 
 
 def read_published(model_dir: Path) -> Published:

@@ -1,7 +1,8 @@
 """One place for each model fact: the merge of the model repository's metadata with the
 TOML's overrides (`bridge.modelfacts.merge_models`) on literal inputs, the repository's
-reading (`published_of`, `PublishedModels`: parsed again only when a config changed), the
-catalog that logs each override once, the observer that reads the repository each tick
+reading (`published_of`, `PublishedModels`: parsed again only when a config changed), a
+replica's GPUs (instance GPUs, tensor and pipeline parallel sizes), the catalog that logs
+each override once, the observer that reads the repository each tick
 (a model published between two ticks is in the second one's policy view), and what `stb
 config check` and `stb status` say of it."""
 
@@ -15,18 +16,43 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
+from pydantic import ValidationError
 from tritonclient.grpc import model_config_pb2
 from typer.testing import CliRunner
 
 from bridge.cli import app
-from bridge.config import BridgeConfig, DaemonConfig, ModelConfig, ModelOverride, TritonJobConfig
+from bridge.config import (
+    BridgeConfig,
+    ConfigError,
+    DaemonConfig,
+    ModelConfig,
+    ModelOverride,
+    TritonJobConfig,
+    load_config,
+)
+from bridge.config_cli import replica_gpus
 from bridge.daemon.observation import snapshot
 from bridge.daemon.observe import Observer
-from bridge.modelfacts import FILE, ModelFactsError, Published, merge_models, toml_models
+from bridge.modelfacts import (
+    FILE,
+    REPLICA_GPUS,
+    ModelFactsError,
+    Published,
+    merge_models,
+    toml_models,
+)
 from bridge.ops.cli import collect
 from bridge.policy import Lend, ModelSample, NodeView, ReplicaView, Snapshot, decide
+from bridge.policy.gang import gpus_per_replica
 from bridge.triton.catalog import ModelCatalog, site_models
-from bridge.triton.repository import PublishedModels, instances_of, published_of, read_published
+from bridge.triton.repository import (
+    ModelConfigError,
+    PublishedModels,
+    check_model,
+    instance_group_of,
+    published_of,
+    read_published,
+)
 
 from .fakes import BASELINE_JOB, N1, N3, FakeSlurm, FakeTriton, address_of
 
@@ -193,17 +219,35 @@ def test_published_of_reads_each_parameter_on_its_own() -> None:
 
 
 @pytest.mark.parametrize(
-    ("groups", "instances"),
+    ("groups", "instances", "gpus"),
     [
-        ("instance_group [ { count: 2 kind: KIND_CPU } ]", 2),
-        ("instance_group [ { kind: KIND_CPU }, { count: 3 kind: KIND_MODEL } ]", 4),
-        ("instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0, 1 ] } ]", 4),
-        ("instance_group [ { count: 2 kind: KIND_GPU } ]", None),  # on every GPU of its node
-        ("", None),  # Triton's default: one per GPU
+        ("instance_group [ { count: 2 kind: KIND_CPU } ]", 2, None),  # CPU: no GPU held
+        ("instance_group [ { kind: KIND_CPU }, { count: 3 kind: KIND_MODEL } ]", 4, None),
+        ("instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0, 1 ] } ]", 4, 2),
+        # two groups naming [0, 1] and [1, 2]: GPU 1 counted once
+        (
+            "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0, 1 ] },"
+            " { count: 2 kind: KIND_GPU gpus: [ 1, 2 ] } ]",
+            6,
+            3,
+        ),
+        ("instance_group [ { kind: KIND_CPU }, { kind: KIND_GPU gpus: [ 5 ] } ]", 2, 1),
+        ("instance_group [ { count: 2 kind: KIND_AUTO gpus: [ 0, 3 ] } ]", 4, 2),
+        ("instance_group [ { count: 2 kind: KIND_GPU } ]", None, None),  # on every GPU
+        (
+            "instance_group [ { kind: KIND_GPU gpus: [ 0 ] }, { kind: KIND_GPU } ]",
+            None,
+            None,  # one group on every GPU: the named ones do not bound the replica
+        ),
+        ("", None, None),  # Triton's default: one per GPU
     ],
 )
-def test_instances_come_from_the_instance_group(groups: str, instances: int | None) -> None:
-    assert instances_of(_config(groups)) == instances
+def test_instances_and_their_gpus_come_from_the_instance_group(
+    groups: str, instances: int | None, gpus: int | None
+) -> None:
+    assert instance_group_of(_config(groups)) == (instances, gpus)
+    pub = published_of(_config(groups))
+    assert (pub.instances, pub.instance_gpus) == (instances, gpus)
 
 
 def test_published_models_parse_a_config_again_only_when_it_changed(tmp_path: Path) -> None:
@@ -251,6 +295,125 @@ def test_the_catalog_logs_each_override_once(
     ]
 
 
+# ---- a replica's GPUs -----------------------------------------------------------------
+
+LLM = """name: "llm" backend: "vllm"
+input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
+instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0, 1 ] } ]
+parameters: { key: "stb.team" value: { string_value: "team-nlp" } }
+parameters: { key: "stb.slo_ttft_p99_ms" value: { string_value: "2000" } }
+"""
+
+
+def _llm(**sizes: str) -> model_config_pb2.ModelConfig:
+    return _config(
+        LLM
+        + "".join(
+            f'parameters: {{ key: "stb.{k}" value: {{ string_value: "{v}" }} }}\n'
+            for k, v in sizes.items()
+        )
+    )
+
+
+def test_a_replicas_gpus_come_from_its_config_pbtxt() -> None:
+    pub = published_of(_llm(tensor_parallel_size="4", pipeline_parallel_size=" 2 "))
+    assert (pub.instance_gpus, pub.tensor_parallel, pub.pipeline_parallel) == (2, 4, 2)
+    assert pub.errors == {}
+    fact = merge_models({"llm": pub}, {}).facts["llm"]
+    m = fact.model
+    assert m is not None and (m.instance_gpus, m.tensor_parallel, m.pipeline_parallel) == (2, 4, 2)
+    assert {f: fact.sources[f] for f in REPLICA_GPUS} == dict.fromkeys(REPLICA_GPUS, "repository")
+    # the policy's rule on the facts: the larger of the instance GPUs and tp x pp
+    assert replica_gpus(fact) == (
+        ", 8 GPUs per replica: instance GPUs 2 (repository), tensor parallel 4 "
+        "(repository), pipeline parallel 2 (repository)"
+    )
+    # publishing takes them
+    assert check_model(_llm(tensor_parallel_size="4"), "llm", "llm/config.pbtxt").team == "team-nlp"
+
+
+def test_a_replica_with_no_gpu_facts_takes_whole_nodes() -> None:
+    plain = merge_models({"busy": BUSY}, {}).facts["busy"]  # CPU instances, no sizes
+    assert plain.model is not None and plain.model.instance_gpus is None
+    assert "tensor_parallel" not in plain.sources and replica_gpus(plain) == ""
+    # instance GPUs alone, the larger of them and a smaller parallel world, one GPU
+    alone = merge_models({"llm": published_of(_llm())}, {}).facts["llm"]
+    assert replica_gpus(alone) == ", 2 GPUs per replica: instance GPUs 2 (repository)"
+    wide = merge_models({"llm": published_of(_llm(pipeline_parallel_size="3"))}, {})
+    assert replica_gpus(wide.facts["llm"]).startswith(", 3 GPUs per replica: instance GPUs 2")
+    one = merge_models({"m": Published("t", 100.0, tensor_parallel=1)}, {}).facts["m"]
+    assert replica_gpus(one) == ", 1 GPU per replica: tensor parallel 1 (repository)"
+
+
+def test_the_toml_overrides_a_replicas_gpus_field_by_field_and_says_so() -> None:
+    pub = published_of(_llm(tensor_parallel_size="4"))
+    over = ModelOverride(tensor_parallel=8, pipeline_parallel=2, instance_gpus=1)
+    fact = merge_models({"llm": pub}, {"llm": over}).facts["llm"]
+    m = fact.model
+    assert m is not None and (m.instance_gpus, m.tensor_parallel, m.pipeline_parallel) == (1, 8, 2)
+    assert fact.sources["tensor_parallel"] == "toml" and fact.sources["instance_gpus"] == "toml"
+    assert fact.overrides == (
+        "model llm: instance_gpus = 1 from the TOML [models.llm] overrides instance_group's "
+        "gpus in its config.pbtxt (2)",
+        "model llm: tensor_parallel = 8 from the TOML [models.llm] overrides "
+        "stb.tensor_parallel_size in its config.pbtxt (4)",
+    )
+    assert (
+        gpus_per_replica(
+            instance_gpus=m.instance_gpus,
+            tensor_parallel=m.tensor_parallel,
+            pipeline_parallel=m.pipeline_parallel,
+        )
+        == 16
+    )
+    assert replica_gpus(fact) == (
+        ", 16 GPUs per replica: instance GPUs 1 (toml), tensor parallel 8 (toml), "
+        "pipeline parallel 2 (toml)"
+    )
+
+
+@pytest.mark.parametrize("parameter", ["tensor_parallel_size", "pipeline_parallel_size"])
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("0", "stb.{p} must be >= 1, got 0"),
+        ("-2", "stb.{p} must be >= 1, got -2"),
+        ("2.5", "parameter stb.{p} must be a number (a whole one), got '2.5'"),
+        ("four", "parameter stb.{p} must be a number (a whole one), got 'four'"),
+    ],
+)
+def test_a_bad_parallel_size_is_refused_naming_the_model_the_parameter_and_the_value(
+    parameter: str, value: str, said: str
+) -> None:
+    field = parameter.removesuffix("_size")
+    pub = published_of(_llm(**{parameter: value}))
+    assert getattr(pub, field) is None
+    fact = merge_models({"llm": pub}, {}).facts["llm"]
+    assert fact.model is None
+    assert fact.problems == (f"model llm: {field}: {said.format(p=parameter)}",)
+    with pytest.raises(ModelConfigError, match=rf"llm/config.pbtxt: .*stb\.{parameter}"):
+        check_model(_llm(**{parameter: value}), "llm", "llm/config.pbtxt")
+    # the TOML's value stands in for the refused one, which is still said
+    over = merge_models({"llm": pub}, {"llm": ModelOverride(**{field: 2})})
+    assert over.problems == [] and getattr(over.scaled["llm"], field) == 2
+    assert any(said.format(p=parameter) in w for w in over.facts["llm"].warnings)
+
+
+def test_the_toml_refuses_a_replica_size_below_one(tmp_path: Path) -> None:
+    for field in REPLICA_GPUS:
+        with pytest.raises(ValidationError, match=field):
+            ModelOverride(**{field: 0})
+        with pytest.raises(ValidationError, match=field):
+            ModelConfig(slo_p99_ms=100, **{field: -1})
+    path = tmp_path / "bridge.toml"
+    path.write_text("[models.llm]\ntensor_parallel = 0\npipeline_parallel = 1.5\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    fields = [f for f, _ in err.value.problems]
+    assert fields == ["models.llm.tensor_parallel", "models.llm.pipeline_parallel"]
+
+
 # ---- the daemon's view and the commands ----------------------------------------------
 
 
@@ -276,8 +439,14 @@ def test_config_check_shows_each_effective_value_and_its_source(tmp_path: Path) 
     repo = tmp_path / "models"
     _write_model(repo, "busy", {"stb.team": "t", "stb.slo_p99_ms": "100", "stb.max_replicas": "3"})
     _write_model(repo, "plain", {"stb.team": "t"})
+    _write_model(
+        repo, "big", {"stb.team": "t", "stb.slo_p99_ms": "900", "stb.tensor_parallel_size": "2"}
+    )
     path = tmp_path / "bridge.toml"
-    path.write_text(f'[models.busy]\nslo_p99_ms = 80\n[triton]\nmodel_repository = "{repo}"\n')
+    path.write_text(
+        "[models.busy]\nslo_p99_ms = 80\n[models.big]\npipeline_parallel = 2\n"
+        f'[triton]\nmodel_repository = "{repo}"\n'
+    )
     res = CliRunner().invoke(app, ["config", "check", str(path)], env={"COLUMNS": "300"})
     out = " ".join(res.output.split())
     assert res.exit_code == 0, res.output
@@ -287,13 +456,21 @@ def test_config_check_shows_each_effective_value_and_its_source(tmp_path: Path) 
     )
     assert "plain: served, not scaled: no stb.slo_p99_ms" in out
     assert "override: model busy: slo_p99_ms = 80 from the TOML" in out
+    assert (
+        "big: SLO p99 900 ms (repository), replicas 1 (default) to 4 (default), instances 1 "
+        "(repository), 4 GPUs per replica: tensor parallel 2 (repository), pipeline parallel 2 "
+        "(toml)" in out
+    )
+    (busy_line,) = [line for line in res.output.splitlines() if line.strip().startswith("busy:")]
+    assert "GPU" not in busy_line  # none of its GPUs said: whole nodes, nothing shown
     # bad metadata: the command names the model and the field, and fails
     _write_model(repo, "plain", {"stb.team": "t", "stb.max_replicas": "many"})
+    _write_model(repo, "wide", {"stb.team": "t", "stb.pipeline_parallel_size": "0"})
     bad = CliRunner().invoke(app, ["config", "check", str(path)], env={"COLUMNS": "300"})
     assert bad.exit_code == 1
-    assert "model plain: max_replicas: parameter stb.max_replicas must be a number" in " ".join(
-        bad.output.split()
-    )
+    said = " ".join(bad.output.split())
+    assert "model plain: max_replicas: parameter stb.max_replicas must be a number" in said
+    assert "model wide: pipeline_parallel: stb.pipeline_parallel_size must be >= 1, got 0" in said
 
 
 def test_status_shows_each_effective_value_and_where_it_came_from(tmp_path: Path) -> None:

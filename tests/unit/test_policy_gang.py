@@ -113,3 +113,13 @@ def test_gang_state(members: tuple[LeaseState, ...], state: LeaseState) -> None:
 def test_a_gang_has_members() -> None:
     with pytest.raises(ValueError, match="at least one member"):
         gang_state([])
+
+
+def test_a_models_replica_gpus_come_from_its_facts() -> None:
+    from bridge.config import ModelConfig
+    from bridge.policy.gang import replica_gpus
+
+    assert replica_gpus(ModelConfig(slo_p99_ms=100)) is None  # whole nodes
+    tp = ModelConfig(slo_p99_ms=100, tensor_parallel=4, pipeline_parallel=2)
+    assert replica_gpus(tp) == 8
+    assert replica_gpus(ModelConfig(slo_p99_ms=100, instance_gpus=3, tensor_parallel=2)) == 3
