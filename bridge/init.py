@@ -8,7 +8,10 @@ through any backend or recorded output), text and problems out. Called by
 How `propose` reads the cluster (each choice is written into the TOML as a comment):
 
 - Only partitions with GPU nodes become pools; a partition without GPUs is skipped, and
-  said.
+  said. So is a partition below others on all its nodes (each of its GPU nodes is in
+  another lendable partition of a higher PriorityTier): work there yields to theirs, a
+  scavenger partition, the one the weight cache's staging jobs belong in (written as a
+  commented `[weights] partition`); its nodes are pooled by the partition above.
 - The reserved inference pool: the partition whose `AllowAccounts` is the bridge's account
   alone (the one `job_submit.lua` and the design keep for Triton jobs); failing that, a
   partition whose name starts with "infer". Its partition is also where the Triton jobs
@@ -79,6 +82,8 @@ class Proposal:
     models: dict[str, str] = field(default_factory=dict)
     #: what was left out, and why
     notes: list[str] = field(default_factory=list)
+    #: a partition below others on all its nodes: staging's (`[weights] partition`)
+    scavenger: str | None = None
 
 
 def _gpu_nodes(partition: Partition, nodes: Mapping[str, Node]) -> list[Node]:
@@ -118,6 +123,14 @@ def propose(
             f"{account!r} alone, with the reserved inference nodes and the lendable ones "
             "and a PriorityTier above theirs (deploy/lab/templates/slurm.conf.in shows one)"
         )
+    scavengers = _scavengers(gpu_partitions, reserved, by_name)
+    for low, above in scavengers.items():
+        notes.append(
+            f"partition {low}: below {', '.join(above)} on all its nodes (a lower PriorityTier): "
+            "work there yields to theirs, not a pool (the weight cache's staging jobs may "
+            "run there: [weights] partition)"
+        )
+    gpu_partitions = [p for p in gpu_partitions if p.name not in scavengers]
     modes: dict[str, tuple[str, str]] = {}
     for p in gpu_partitions:
         if p is reserved:
@@ -171,7 +184,38 @@ def propose(
     for n in nodes:
         if n.gpus > 0:
             gpu_types[n.gpu_type or "gpu"] = gpu_types.get(n.gpu_type or "gpu", 0) + n.gpus
-    return Proposal(pools, reserved.name, account, gpu_types, dict(models or {}), notes)
+    return Proposal(
+        pools,
+        reserved.name,
+        account,
+        gpu_types,
+        dict(models or {}),
+        notes,
+        scavenger=next(iter(scavengers), None),
+    )
+
+
+def _scavengers(
+    partitions: Sequence[Partition], reserved: Partition, nodes: Mapping[str, Node]
+) -> dict[str, list[str]]:
+    """Per partition below others on all its GPU nodes, the partitions above it there:
+    each of its GPU nodes is in another non-reserved partition of a higher PriorityTier."""
+    out: dict[str, list[str]] = {}
+    others = [p for p in partitions if p is not reserved]
+    for p in others:
+        above: list[str] = []
+        for n in _gpu_nodes(p, nodes):
+            over = [
+                q.name
+                for q in others
+                if q is not p and q.priority_tier > p.priority_tier and n.name in q.nodes
+            ]
+            if not over:
+                break
+            above += [q for q in over if q not in above]
+        else:
+            out[p.name] = above
+    return out
 
 
 def render(proposal: Proposal, *, source: str) -> str:
@@ -209,6 +253,15 @@ def render(proposal: Proposal, *, source: str) -> str:
         lines += [f"#   {m}: {where}" for m, where in sorted(proposal.models.items())]
     else:
         lines.append("# No model in the repository yet: publish with `stb models publish`.")
+    if proposal.scavenger is not None:
+        lines += [
+            "# The node-local weight cache (off until cache_root is set): its staging jobs "
+            "yield to any other",
+            "# work in the scavenger partition.",
+            "# [weights]",
+            '# cache_root = "/local/stb-weights"',
+            f'# partition = "{proposal.scavenger}"',
+        ]
     lines += [f"# Left out: {note}" for note in proposal.notes]
     return "\n".join(lines) + "\n"
 

@@ -113,7 +113,7 @@ def test_version_and_inventory(slurm: SlurmProtocol, lab: LabSpec) -> None:
         assert node.addr == spec_node.addr
         assert node.gpus == lab.gpus_per_node
         assert node.gpu_type == lab.gpu_type
-    assert nodes[lab.pool_nodes("elastic")[0].name].partitions == ("elastic", "infer")
+    assert nodes[lab.pool_nodes("elastic")[0].name].partitions == ("elastic", "infer", "scavenger")
     parts = {p.name: p for p in slurm.partitions()}
     assert parts["infer"].priority_tier > parts["elastic"].priority_tier
     assert parts["infer"].allow_accounts == ("bridge",)

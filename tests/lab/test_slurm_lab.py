@@ -15,7 +15,7 @@ pytestmark = pytest.mark.lab
 
 def test_partitions_have_the_designed_nodes_and_tiers(lab: LabSpec) -> None:
     parts = scontrol_show(lab, "partition")
-    assert set(parts) == {"train", "elastic", "infer"}
+    assert set(parts) == {"train", "elastic", "infer", "scavenger"}
     names = {p: set(expand(parts[p]["Nodes"])) for p in parts}
     assert names["train"] == {n.name for n in lab.pool_nodes("train")}
     assert names["elastic"] == {n.name for n in lab.pool_nodes("elastic")}
@@ -25,6 +25,14 @@ def test_partitions_have_the_designed_nodes_and_tiers(lab: LabSpec) -> None:
     assert parts["train"]["PreemptMode"] == "OFF"
     assert int(parts["elastic"]["GraceTime"]) == lab.grace_time_s
     assert parts["infer"]["AllowAccounts"] == "bridge"
+    # staging's: the elastic nodes, below every other partition, preempted with no grace
+    assert names["scavenger"] == names["elastic"]
+    assert all(
+        int(parts[p]["PriorityTier"]) > int(parts["scavenger"]["PriorityTier"])
+        for p in ("train", "elastic", "infer")
+    )
+    assert parts["scavenger"]["PreemptMode"] == "REQUEUE"
+    assert int(parts["scavenger"]["GraceTime"]) == 0
     config = slurm(lab, "scontrol", "show", "config")
     assert "preempt/partition_prio" in config
 

@@ -109,6 +109,32 @@ def test_a_partition_without_gpus_is_left_out_and_said() -> None:
     assert proposal.notes == ["partition cpu: no node with GPUs, not a pool"]
 
 
+def test_a_scavenger_partition_is_no_pool_and_is_proposed_for_staging() -> None:
+    """The lab's staging partition: the elastic node again, PriorityTier 0 (below elastic's
+    1), REQUEUE. It is no pool (its node is the elastic pool's), said, and written as a
+    commented [weights] partition; a partition of a lower tier with a node no partition
+    above it holds stays a pool."""
+    partitions, nodes = cluster()
+    elastic = next(p for p in partitions if p.name == "elastic")
+    scavenger = dataclasses.replace(elastic, name="scavenger", priority_tier=0)
+    proposal = propose([*partitions, scavenger], nodes)
+    assert {p.name for p in proposal.pools} == {"training", "elastic", "inference"}
+    assert proposal.scavenger == "scavenger"
+    assert proposal.notes == [
+        "partition scavenger: below elastic on all its nodes (a lower PriorityTier): work "
+        "there yields to theirs, not a pool (the weight cache's staging jobs may run there: "
+        "[weights] partition)"
+    ]
+    text = render(proposal, source="the lab")
+    assert '# partition = "scavenger"' in text
+    assert BridgeConfig(**tomllib.loads(text)).pools == lab_config().pools
+    # a low partition with a node no lendable partition above it holds (n4: only the
+    # reserved one) stays a pool
+    low = dataclasses.replace(scavenger, name="low", nodes=("n3", "n4"))
+    kept = propose([*partitions, low], nodes)
+    assert kept.scavenger is None and "low" in {p.partition for p in kept.pools}
+
+
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([STB, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
 
