@@ -155,16 +155,19 @@ def scontrol_show(spec: LabSpec, kind: str, *names: str) -> dict[str, dict[str, 
 def tick_until(
     rec: Reconciler, cond: Callable[[], bool], timeout_s: float, log: list[str] | None = None
 ) -> None:
-    """Run the reconciler's pass every second until cond(); fail with its timeline."""
+    """Run the reconciler's pass every second (a pass starting a second after the one
+    before began, as the daemon's scheduler runs them) until cond(); fail with its
+    timeline."""
     log = [] if log is None else log
     deadline = time.monotonic() + timeout_s
     while True:
+        began = time.monotonic()
         report = rec.run_once(datetime.now(UTC))
         log += report.lines()
         if cond():
             return
         assert time.monotonic() < deadline, "\n".join(log)
-        time.sleep(1)
+        time.sleep(max(0.0, began + 1.0 - time.monotonic()))
 
 
 class RecordingRouter:
