@@ -10,8 +10,9 @@ or the cluster prints as it is (escaped: `[triton]` in a message stays)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -126,22 +127,24 @@ def show_models(cfg: BridgeConfig) -> bool:
     return bool(facts.problems)
 
 
+def _sourced(
+    fact: ModelFact, rows: tuple[tuple[str, str], ...], show: Callable[[Any], str]
+) -> list[str]:
+    """Each (label, field) the model has a value for as "label shown-value (its source)"."""
+    return [
+        f"{label} {show(value)} ({fact.source_of(field)})"
+        for label, field in rows
+        if (value := getattr(fact.model, field)) is not None
+    ]
+
+
 def token_slos(fact: ModelFact) -> str:
     """An LLM's token objectives as `stb config check` shows them, each with its source
     (", TTFT p99 2000 ms (repository), TPOT p99 150 ms (toml)"); "" when it has none."""
-    m = fact.model
-    if m is None:
+    if fact.model is None:
         return ""
-    parts = [
-        f"{label} p99 {value:g} ms ({fact.source_of(field)})"
-        for label, field, value in (
-            ("TTFT", "slo_ttft_p99_ms", m.slo_ttft_p99_ms),
-            ("TPOT", "slo_tpot_p99_ms", m.slo_tpot_p99_ms),
-            ("e2e", "slo_e2e_p99_ms", m.slo_e2e_p99_ms),
-        )
-        if value is not None
-    ]
-    return "".join(f", {p}" for p in parts)
+    rows = (("TTFT", "slo_ttft_p99_ms"), ("TPOT", "slo_tpot_p99_ms"), ("e2e", "slo_e2e_p99_ms"))
+    return "".join(f", {p}" for p in _sourced(fact, rows, lambda v: f"p99 {v:g} ms"))
 
 
 def replica_gpus(fact: ModelFact) -> str:
@@ -152,22 +155,17 @@ def replica_gpus(fact: ModelFact) -> str:
     none is said (a replica takes whole nodes)."""
     from bridge.policy.gang import replica_gpus as of_model
 
-    m = fact.model
-    if m is None:
-        return ""
-    gpus = of_model(m)
+    gpus = of_model(fact.model) if fact.model is not None else None
     if gpus is None:
         return ""
-    parts = ", ".join(
-        f"{label} {value} ({fact.source_of(field)})"
-        for label, field, value in (
-            ("instance GPUs", "instance_gpus", m.instance_gpus),
-            ("tensor parallel", "tensor_parallel", m.tensor_parallel),
-            ("pipeline parallel", "pipeline_parallel", m.pipeline_parallel),
-        )
-        if value is not None
+    rows = (
+        ("instance GPUs", "instance_gpus"),
+        ("tensor parallel", "tensor_parallel"),
+        ("pipeline parallel", "pipeline_parallel"),
     )
-    return f", {gpus} GPU{'' if gpus == 1 else 's'} per replica: {parts}"
+    return f", {gpus} GPU{'' if gpus == 1 else 's'} per replica: " + ", ".join(
+        _sourced(fact, rows, str)
+    )
 
 
 def _cluster(

@@ -62,6 +62,7 @@ from bridge.daemon.report import StepError, TickReport, first_line
 from bridge.daemon.rollouts import RolloutDriver
 from bridge.daemon.seasons import SeasonKeeper
 from bridge.daemon.staging import Stager
+from bridge.daemon.wakes import Wakes
 from bridge.leases.errors import LeaseError
 from bridge.leases.leader import Fenced
 from bridge.leases.loads import LoadStore
@@ -280,9 +281,8 @@ class Reconciler:
             else None
         )
         self._recalled = False
-        #: per model, the standbys' wake requests this pass took (`_operator_requests`):
-        #: requests held at their activators, counted as waiting with this one's
-        self._woken: dict[str, int] = {}
+        #: requests for models at zero held at a standby's activator (`bridge.daemon.wakes`)
+        self.wakes = Wakes(self.metrics.instance)
         #: the last pass's observation (for tools and tests that want the same view)
         self.last_observation: Observation | None = None
         #: the last active pass's policy view (what `decide` read)
@@ -358,11 +358,8 @@ class Reconciler:
         )
         if self.stager is not None:  # the nodes' weight caches, as of the last plan
             snap = self.stager.onto(snap, self.loads.local_load_s)
-        if self.waiting is not None or self._woken:  # held requests: lends from zero
-            waiting = dict(self.waiting()) if self.waiting is not None else {}
-            for model, n in self._woken.items():  # a standby's activator's (wakes)
-                waiting[model] = waiting.get(model, 0) + n
-            self._woken.clear()
+        waiting = self.wakes.waiting(self.waiting)  # held requests: lends from zero
+        if waiting is not None:
             snap = replace(snap, waiting=waiting)
         self.last_snapshot = snap
         self.seasons.write(now)
@@ -387,32 +384,15 @@ class Reconciler:
         """A standby's pass: the same observation, routing and metrics as the leader's,
         and nothing else: no lease moves, no request taken, no Slurm or Triton call that
         changes anything. Requests its activator holds for models at zero are passed to
-        the leader as wake requests (`_wake_leader`)."""
+        the leader as wake requests (`bridge.daemon.wakes`)."""
         leases = [record_of(lease) for lease in self.store.open_leases()]
         obs = self.observer.observe(now.timestamp())
         self.last_observation = obs
         self.actuator.begin(obs, leases)
         self._route(report)
-        self._wake_leader(now, report)
+        if self.waiting is not None and self.requests is not None:
+            self.wakes.send(self.waiting(), self.requests, now, report)
         _summarise(report, leases, obs)
-
-    def _wake_leader(self, now: datetime, report: TickReport) -> None:
-        """Each model this standby's activator holds requests for (nginx may send a model
-        at zero's requests to any daemon's activator): a wake request in the queue, which
-        the leader counts as waiting (one pending a model; asked again every pass while
-        the requests wait)."""
-        if self.waiting is None or self.requests is None:
-            return
-        for model, held in sorted(self.waiting().items()):
-            if held <= 0:
-                continue
-            try:
-                by = f"activator of {self.metrics.instance or 'a standby'}"
-                req = self.requests.request_wake(model, now, by)
-            except SQLAlchemyError as exc:
-                report.error("wake", exc)
-                continue
-            report.events.append(f"wake request {req.id}: {model}, {held} request(s) held here")
 
     def _route(self, report: TickReport) -> None:
         try:
@@ -464,9 +444,7 @@ class Reconciler:
                 place = Place(req.lease_id, tuple(req.models), req.reason)
                 outcome = self.placer.place(place, obs, now, report)
             elif req.kind == "wake" and len(req.models) == 1:
-                model = req.models[0]
-                self._woken[model] = self._woken.get(model, 0) + 1
-                outcome = f"{model} waiting at {req.requested_by}: counted at this pass"
+                outcome = self.wakes.take(req)
             else:
                 outcome = f"refused: malformed {req.kind!r} request"
             new_errors = report.errors[errors_before:]
