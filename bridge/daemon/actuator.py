@@ -82,6 +82,7 @@ def record_of(lease: Lease) -> LeaseRecord:
         lease.updated_at.timestamp(),
         lease.slurm_job_id,
         lease.reason,
+        lent_gpus=lease.gpus,
     )
 
 
@@ -256,9 +257,10 @@ class Actuator:
         key: str,
         now: datetime,
         reason: str,
+        gpus: int | None = None,
     ) -> LeaseRecord:
         lease = record_of(
-            self.store.create(node, pool, mode, list(models), key, now, reason=reason)
+            self.store.create(node, pool, mode, list(models), key, now, reason=reason, gpus=gpus)
         )
         self.leases[lease.id] = lease
         return lease
@@ -347,8 +349,9 @@ class Actuator:
             node=submit.node,
             models=submit.models,
             lease=submit.ref,
-            exclusive=True,
-            gpus=node.gpus if node else 1,
+            # a partial lend shares the node with its other jobs: k GPUs, not --exclusive
+            exclusive=submit.gpus is None,
+            gpus=submit.gpus if submit.gpus is not None else node.gpus if node else 1,
             partition=pool.partition if submit.reservation else None,
             reservation=submit.reservation,
             weights_cache=self.config.weights.cache_root,

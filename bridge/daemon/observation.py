@@ -110,6 +110,37 @@ def _gpus_per_node(job: Job) -> int:
     return -(-job.gpus // len(job.nodes)) if job.nodes else job.gpus
 
 
+def job_views(obs: Observation, node: str) -> tuple[JobView, ...]:
+    """The policy's view of the running non-Triton jobs on `node`."""
+    return tuple(
+        JobView(
+            j.job_id,
+            j.gpus,
+            _ts(j, "start_time"),
+            j.restarts,
+            _ts(j, "submit_time"),
+            checkpoint_of(j.tags),
+            ends_at=_ts(j, "end_time"),
+        )
+        for j in obs.work.get(node, ())
+    )
+
+
+def triton_gpus(obs: Observation) -> tuple[set[str], dict[str, int]]:
+    """The nodes a Triton job runs on or is bound for (a pending one asked for its node:
+    it is on its way there), and per node the GPUs Triton jobs Slurm has started hold
+    (running, configuring, completing: GPUs allocated)."""
+    bound: set[str] = set()
+    held: dict[str, int] = {}
+    for j in obs.jobs:
+        if TRITON_TAG in j.tags:
+            bound.update(j.nodes or j.requested_nodes)
+            if j.state != "PENDING":
+                for n in j.nodes:
+                    held[n] = held.get(n, 0) + _gpus_per_node(j)
+    return bound, held
+
+
 def reserved_nodes(
     reservations: Sequence[Reservation], now: float, lookahead_s: float
 ) -> frozenset[str]:
@@ -148,32 +179,13 @@ def snapshot(
     (`bridge.policy.seasonal`)."""
     lease_of = {lease.node: lease.lease_id for lease in leases}
     reserved = reserved_nodes(obs.site_reservations, obs.at, config.policy.reservation_lookahead_s)
-    triton_bound: set[str] = set()
-    triton_gpus: dict[str, int] = {}
-    for j in obs.jobs:
-        if TRITON_TAG in j.tags:
-            # a pending Triton job asked for its node: it is on its way there
-            triton_bound.update(j.nodes or j.requested_nodes)
-            if j.state != "PENDING":  # running, configuring, completing: GPUs allocated
-                for n in j.nodes:
-                    triton_gpus[n] = triton_gpus.get(n, 0) + _gpus_per_node(j)
+    triton_bound, held = triton_gpus(obs)
     views = []
     for node in obs.nodes.values():
         pool = pool_of(node, config)
         if pool is None:
             continue
-        work = tuple(
-            JobView(
-                j.job_id,
-                j.gpus,
-                _ts(j, "start_time"),
-                j.restarts,
-                _ts(j, "submit_time"),
-                checkpoint_of(j.tags),
-                ends_at=_ts(j, "end_time"),
-            )
-            for j in obs.work.get(node.name, ())
-        )
+        work = job_views(obs, node.name)
         usable = not node.state.startswith(_UNUSABLE) and (
             not node.drained or node.fenced_by_bridge
         )
@@ -186,10 +198,12 @@ def snapshot(
                 work,
                 has_triton=node.name in triton_bound,
                 reserved=node.name in reserved or pool in held_pools,
-                triton_gpus=triton_gpus.get(node.name, 0),
+                triton_gpus=held.get(node.name, 0),
             )
         )
     gpus = {name: n.gpus for name, n in obs.nodes.items()}
+    # a partial lease's replica holds its GPUs, not its node's
+    gpus.update({lease.node: lease.lent_gpus for lease in leases if lease.lent_gpus})
     replicas = tuple(
         ReplicaView(s.node, s.models, lease_of.get(s.node), gpus.get(s.node, 1))
         for s in obs.servers

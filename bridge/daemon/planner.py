@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from bridge.config import BridgeConfig, pool_of
-from bridge.daemon.observation import RESERVATION_PREFIX, Observation
+from bridge.daemon.observation import RESERVATION_PREFIX, Observation, job_views, triton_gpus
 from bridge.lifecycle import LeaseState
+from bridge.policy.gang import lend_gpus
 from bridge.policy.leasesync import (
     HELD_REASONS,
     RESERVATION_SLACK_S,
@@ -37,7 +38,8 @@ from bridge.policy.leasesync import (
     return_step,
     sync_lease,
 )
-from bridge.policy.snapshot import LeaseView
+from bridge.policy.nodes import partial
+from bridge.policy.snapshot import LeaseView, NodeView
 from bridge.policy.steps import (
     Adopt,
     Cancel,
@@ -54,6 +56,7 @@ from bridge.policy.steps import (
     Unfence,
     Unload,
 )
+from bridge.policy.victims import choose_victims, guarded
 from bridge.slurm.model import Job, LeaseRef, lease_of
 
 S = LeaseState
@@ -71,10 +74,10 @@ def _job_of(lease: LeaseView, jobs: Mapping[str, Job]) -> Job | None:
     return next((j for j in jobs.values() if lease_of(j.tags) == lease.ref), None)
 
 
-def world_of(lease: LeaseView, obs: Observation) -> LeaseWorld:
+def world_of(lease: LeaseView, obs: Observation, settings: Settings | None = None) -> LeaseWorld:
     """What the observation shows of one lease: its node, its Triton job (by its job id,
     else by the tag naming the lease) and that job's server, its drain fence, and the
-    jobs running on its node."""
+    jobs its submit requeues (`victims_of`)."""
     job = _job_of(lease, obs.triton_jobs())
     reservation = reservation_name(lease.id)
     return LeaseWorld(
@@ -83,13 +86,39 @@ def world_of(lease: LeaseView, obs: Observation) -> LeaseWorld:
         obs.server_of(job.job_id) if job else None,
         reservation,
         reservation in obs.reservations,
-        tuple(sorted(j.job_id for j in obs.work.get(lease.node, ()))),
+        victims_of(lease, obs, settings or Settings()) if lease.state == S.REQUESTED else (),
     )
+
+
+def victims_of(lease: LeaseView, obs: Observation, settings: Settings) -> tuple[str, ...]:
+    """The jobs a preempt-mode lease's submit requeues, sorted: every job running on its
+    node for a whole-node lease; for a partial one (`lent_gpus`), the fewest GPUs of them
+    that free its GPUs (`bridge.policy.victims.choose_victims`, guarded jobs kept), as
+    the policy chose the node by. None found (the node's jobs changed since): none is
+    requeued, and Slurm starts the Triton job when its GPUs are free. At the
+    observation's time."""
+    now = obs.at
+    running = obs.work.get(lease.node, ())
+    if lease.lent_gpus is None:
+        return tuple(sorted(j.job_id for j in running))
+    node = obs.nodes.get(lease.node)
+    if node is None or not running:
+        return ()
+    jobs = job_views(obs, lease.node)
+    view = NodeView(lease.node, lease.pool, True, node.gpus, jobs)
+    keep = [
+        j.job_id
+        for j in jobs
+        if guarded(j, now, settings.preempt_guard_s, settings.max_requeues_per_job)
+    ]
+    held = triton_gpus(obs)[1].get(lease.node, 0)
+    chosen = choose_victims(view, lease.lent_gpus, now, triton_gpus=held, keep=keep)
+    return chosen.jobs if chosen is not None else ()
 
 
 def plan_lease(lease: LeaseView, obs: Observation, now: float, settings: Settings) -> Step | None:
     """The next step of one open lease, or None when it waits (`sync_lease`)."""
-    return sync_lease(lease, world_of(lease, obs), now, settings)
+    return sync_lease(lease, world_of(lease, obs, settings), now, settings)
 
 
 def plan(
@@ -209,6 +238,15 @@ def check_operator_lend(
     return pool, config.pools[pool].lend_mode, tuple(models) or obs.models.served
 
 
+def operator_lend_gpus(node: str, models: Sequence[str], mode: str, obs: Observation) -> int | None:
+    """GPUs of `node` an operator's lend of `models` takes: as the policy's lends, the
+    GPUs a replica of them takes (`bridge.policy.gang.lend_gpus`) where that is a
+    partial lend (`bridge.policy.nodes.partial`); None: the whole node."""
+    k = lend_gpus(obs.models.scaled, models)
+    known = obs.nodes.get(node)
+    return k if known is not None and partial(known.gpus, k, mode) else None
+
+
 # ---- operator requests taken again -----------------------------------------------------
 # After a failover the new leader takes again a request that the old one carried out but
 # did not record (killed in between). The request's work is found in the store (the lease
@@ -268,6 +306,7 @@ __all__ = [
     "deadline",
     "is_stuck",
     "lease_refs_to_check",
+    "operator_lend_gpus",
     "plan",
     "plan_lease",
     "plan_orphans",

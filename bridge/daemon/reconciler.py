@@ -485,7 +485,9 @@ class Reconciler:
         pool, mode, models = checked
         if pool in holds:
             return f"refused: pool {pool} is held by {holds[pool].held_by} (stb resume {pool})"
-        return self._lend(Lend(node, pool, mode, models, req.reason), obs, now, report, key)
+        gpus = planner.operator_lend_gpus(node, models, mode, obs)
+        lend = Lend(node, pool, mode, models, req.reason, gpus)
+        return self._lend(lend, obs, now, report, key)
 
     def _moves(self, lease_id: int) -> list[tuple[LeaseState, str]]:
         """The lease's history as the planner's answers read it: (state entered, reason)."""
@@ -538,12 +540,14 @@ class Reconciler:
                 key or f"{action.key}@{now.isoformat()}",
                 now,
                 action.reason,
+                action.gpus,
             )
         except LeaseError as exc:
             report.error("lend", exc)
             return f"failed: {exc}"
+        share = "" if action.gpus is None else f", {action.gpus} GPU(s)"
         report.events.append(
-            f"lease {lease.id} {action.node}: requested ({action.lend_mode}, models "
+            f"lease {lease.id} {action.node}: requested ({action.lend_mode}{share}, models "
             f"{','.join(action.models)}: {action.reason})"
         )
         report.lent.append(action.pool)

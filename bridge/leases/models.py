@@ -43,8 +43,9 @@ def partial_unique(name: str, column: str, where: str) -> Index:
 
 
 class Lease(SQLModel, table=True):
-    """One node lent to Triton. At most one open (not returned) lease per node: a partial
-    unique index enforces it on SQLite and PostgreSQL, the store checks it everywhere."""
+    """One node, or some of its GPUs, lent to Triton. At most one open (not returned)
+    lease per node: a partial unique index enforces it on SQLite and PostgreSQL, the store
+    checks it everywhere."""
 
     __tablename__ = "lease"
     __table_args__ = (
@@ -61,6 +62,9 @@ class Lease(SQLModel, table=True):
     lend_mode: LendMode = Field(sa_column=Column(_str_enum(LendMode, 16), nullable=False))
     #: the models placed on the node (a JSON list of names)
     models: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    #: GPUs of the node the lease holds (its Triton job's `--gres=gpu:k`, the node's other
+    #: GPUs left to its jobs); None: the whole node (`--exclusive`), as every lease before
+    gpus: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     state: LeaseState = Field(
         sa_column=Column(_str_enum(LeaseState, 16), nullable=False, index=True)
     )

@@ -93,12 +93,16 @@ class LeaseStore(Transactions):
         now: datetime,
         *,
         reason: str = "lend requested",
+        gpus: int | None = None,
     ) -> Lease:
         """Record a lend in state `requested` (with its first history event), or return
         the lease this `request_key` already made, whatever its state now. Raises
         `NodeAlreadyLeased` when `node` has an open lease made under another key, and
-        `RequestKeyConflict` when the key was used for another node, pool or mode."""
+        `RequestKeyConflict` when the key was used for another node, pool or mode. `gpus`:
+        the GPUs of the node the lease holds (None: the whole node)."""
         _require_aware(now)
+        if gpus is not None and gpus < 1:
+            raise ValueError(f"a lease holds at least one GPU, got gpus={gpus}")
         mode = LendMode(lend_mode)
         names = _model_names(models)
         if not request_key:
@@ -113,6 +117,7 @@ class LeaseStore(Transactions):
                     pool=pool,
                     lend_mode=mode,
                     models=names,
+                    gpus=gpus,
                     state=LeaseState.REQUESTED,
                     request_key=request_key,
                     reason=reason,
@@ -128,7 +133,8 @@ class LeaseStore(Transactions):
                         to_state=LeaseState.REQUESTED,
                         at=now,
                         reason=reason,
-                        detail=f"node={node} pool={pool} mode={mode.value} models={names}",
+                        detail=f"node={node} pool={pool} mode={mode.value} models={names}"
+                        + ("" if gpus is None else f" gpus={gpus}"),
                     ),
                 )
             return lease

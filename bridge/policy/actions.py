@@ -8,13 +8,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Lend:
-    """Lend `node` (of `pool`, by `lend_mode`) to Triton and place `models` on it."""
+    """Lend `node` (of `pool`, by `lend_mode`) to Triton and place `models` on it: the
+    whole node, or `gpus` of its GPUs (a partial lend: the node's other GPUs go on
+    running its jobs)."""
 
     node: str
     pool: str
     lend_mode: str
     models: tuple[str, ...]
     reason: str
+    gpus: int | None = None
 
     @property
     def key(self) -> str:

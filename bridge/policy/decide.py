@@ -69,6 +69,7 @@ from bridge.lifecycle import IN_FLIGHT, LeaseState
 from bridge.policy import capacity, llm, placement
 from bridge.policy.actions import Action, Lend, Place, Return, StartBaseline
 from bridge.policy.forecast import forecast_rate
+from bridge.policy.gang import lend_gpus
 from bridge.policy.hysteresis import (
     ModelStatus,
     evaluate_model,
@@ -77,7 +78,7 @@ from bridge.policy.hysteresis import (
     ticks,
     token_ratio,
 )
-from bridge.policy.nodes import choose_nodes, load_on
+from bridge.policy.nodes import choose_nodes, load_on, partial, victims_count
 from bridge.policy.returns import break_even_s, dwell_s
 from bridge.policy.snapshot import NodeView, Snapshot
 from bridge.policy.timing import lead_s
@@ -608,34 +609,55 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
     actions.extend(plan.returns)
     actions.extend(plan.placements)
     freed = frozenset(r.lease_id for r in plan.returns)
-    lent_for = list(dict.fromkeys(m for models in plan.wanted for m in models))
-    targets = choose_nodes(snapshot, config, now, len(plan.wanted), freed=freed, models=lent_for)
-    for node, models in _match(snapshot, targets, plan.wanted):
-        reason = "capacity: " + _rates(plan.demand, models)
-        if len(models) == 1 and models[0] in plan.from_zero:
-            n = plan.from_zero[models[0]]
-            reason = f"scale from zero: {models[0]}, {n} request(s) waiting"
-        actions.append(
-            Lend(node.name, node.pool, config.pools[node.pool].lend_mode, models, reason)
+    taken: set[str] = set()
+    spent = 0  # jobs the lends so far requeue, of the hour's budget
+    # the lends by the GPUs a replica of theirs takes (None: whole nodes), each size's
+    # nodes chosen for it; one size (the usual case) is one choice, as before
+    sizes = [lend_gpus(snapshot.models, models) for models in plan.wanted]
+    for k in dict.fromkeys(sizes):
+        group = [models for models, s in zip(plan.wanted, sizes, strict=True) if s == k]
+        lent_for = list(dict.fromkeys(m for models in group for m in models))
+        targets = choose_nodes(
+            snapshot,
+            config,
+            now,
+            len(group),
+            freed=freed,
+            models=lent_for,
+            gpus=k,
+            taken=frozenset(taken),
+            spent=spent,
         )
-    if plan.backstop and len(targets) == len(plan.wanted):
-        taken = frozenset(n.name for n in targets)
+        for node, models in _match(snapshot, targets, group):
+            mode = config.pools[node.pool].lend_mode
+            reason = "capacity: " + _rates(plan.demand, models)
+            if len(models) == 1 and models[0] in plan.from_zero:
+                n = plan.from_zero[models[0]]
+                reason = f"scale from zero: {models[0]}, {n} request(s) waiting"
+            share = k if partial(node.gpus, k, mode) else None
+            actions.append(Lend(node.name, node.pool, mode, models, reason, share))
+            taken.add(node.name)
+            spent += victims_count(node, k, mode, now, policy)
+    if plan.backstop and len(taken) == len(plan.wanted):
+        k = lend_gpus(snapshot.models, plan.backstop)
         spare = choose_nodes(
             snapshot,
             config,
             now,
             1,
             waiting=True,
-            taken=taken,
+            taken=frozenset(taken),
             freed=freed,
             models=plan.backstop,
+            gpus=k,
+            spent=spent,
         )
         if spare:
             node, models = spare[0], tuple(plan.backstop)
+            mode = config.pools[node.pool].lend_mode
             reason = _breach_reason(snapshot, models[0], policy.breach_evaluations)
-            actions.append(
-                Lend(node.name, node.pool, config.pools[node.pool].lend_mode, models, reason)
-            )
+            share = k if partial(node.gpus, k, mode) else None
+            actions.append(Lend(node.name, node.pool, mode, models, reason, share))
     return actions
 
 

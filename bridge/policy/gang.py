@@ -13,7 +13,7 @@ for. Pure."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from bridge.config import ModelConfig
 from bridge.lifecycle import TRANSITIONS, LeaseState
@@ -53,6 +53,16 @@ def replica_gpus(model: ModelConfig) -> int | None:
         tensor_parallel=model.tensor_parallel,
         pipeline_parallel=model.pipeline_parallel,
     )
+
+
+def lend_gpus(models: Mapping[str, ModelConfig], names: Sequence[str]) -> int | None:
+    """GPUs one replica of the models `names` (one lend's) takes together: the largest of
+    their `replica_gpus`, for they share the one server; None (whole nodes) when any of
+    them does not say its GPUs, or is not among `models`."""
+    sizes = [replica_gpus(models[m]) if m in models else None for m in names]
+    if not sizes or any(s is None for s in sizes):
+        return None
+    return max(s for s in sizes if s is not None)
 
 
 def nodes_per_replica(gpus: int | None, node_gpus: int) -> int:

@@ -116,7 +116,8 @@ class LeaseWorld:
     #: the name of its drain-mode fence (a Slurm reservation), and whether it exists
     reservation: str = ""
     fenced: bool = False
-    #: the jobs running on its node, sorted (a preempt-mode submit requeues them)
+    #: the jobs a preempt-mode submit requeues, sorted: those running on its node, or for
+    #: a partial lend those whose GPUs it needs (`bridge.policy.victims.choose_victims`)
     victims: tuple[str, ...] = ()
 
 
@@ -137,6 +138,10 @@ class Settings:
     unanswered_grace_s: float = 15
     #: a preempt-mode lend requeues its node's jobs itself (`[leases] requeue_victims`)
     requeue_victims: bool = True
+    #: the jobs a partial lend may not requeue (`bridge.policy.victims.guarded`):
+    #: `[policy] preempt_guard_s` and `max_requeues_per_job`
+    preempt_guard_s: float = 900
+    max_requeues_per_job: int = 2
 
     @classmethod
     def of(cls, config: BridgeConfig) -> Settings:
@@ -150,6 +155,8 @@ class Settings:
             drain_wait_s=config.policy.drain_wait_s,
             unanswered_grace_s=leases.unanswered_grace_s,
             requeue_victims=leases.requeue_victims,
+            preempt_guard_s=config.policy.preempt_guard_s,
+            max_requeues_per_job=config.policy.max_requeues_per_job,
         )
 
 
@@ -331,7 +338,9 @@ def _submit_step(lease: LeaseView, world: LeaseWorld, settings: Settings) -> Ste
         if not world.fenced:
             duration = int(settings.drain_wait_s + RESERVATION_SLACK_S)
             commands.append(Fence(reservation, lease.node, duration))
-    commands.append(Submit(lease.node, lease.models, lease.ref, lease.pool, reservation))
+    commands.append(
+        Submit(lease.node, lease.models, lease.ref, lease.pool, reservation, lease.lent_gpus)
+    )
     if lease.lend_mode == "preempt" and settings.requeue_victims and world.victims:
         commands.append(Requeue(lease.node, world.victims))
     return Step(lease.id, tuple(commands), Move(lease.id, S.REQUESTED, S.SUBMITTED, "submitted"))

@@ -13,8 +13,14 @@ shared one; then, among idle nodes, the more of the lend's models held; among bu
 the least work lost), so a lend lands where its weights are staged: a preemption loses
 its victims' work on whichever node it takes, a load from the shared repository costs
 every lend's requests minutes. Without caches every node loads alike and the order is
-the one above. Pure; `decide`, the advisory pass and the weight-cache plan's lend order
-call it."""
+the one above.
+
+A lend of some of a node's GPUs (`gpus`: a model whose replica takes k GPUs, issue 32)
+takes a busy preempt-mode node at the cost of the jobs `partial_victims` picks (the
+fewest GPUs of elastic work that free k, guarded jobs kept, within the hour's budget),
+not all of its jobs; a busy node with k GPUs free already costs nothing and ranks with
+the idle ones. Drain-mode nodes are lent whole. Pure; `decide`, the advisory pass and
+the weight-cache plan's lend order call it."""
 
 from __future__ import annotations
 
@@ -22,8 +28,9 @@ import math
 from collections import Counter
 from collections.abc import Collection, Mapping
 
-from bridge.config import BridgeConfig
+from bridge.config import BridgeConfig, PolicyConfig
 from bridge.policy.snapshot import NodeView, Snapshot
+from bridge.policy.victims import Victims, choose_victims, guarded, work_lost
 
 #: the lend modes of the pools a lend may take nodes from
 LENDABLE = ("preempt", "drain")
@@ -85,16 +92,37 @@ def requeued_recently(node: NodeView, now: float, guard_s: float) -> bool:
     )
 
 
-def work_lost(node: NodeView, now: float) -> float:
-    """GPU-seconds a preemption of the node's jobs would throw away: since each job's start
-    or its last reported checkpoint, whichever is later."""
-    lost = 0.0
-    for j in node.jobs:
-        if j.started_at is None:
-            continue
-        since = max(j.started_at, j.checkpoint_at or j.started_at)
-        lost += j.gpus * max(0.0, now - since)
-    return lost
+def partial_victims(
+    node: NodeView, gpus: int, now: float, policy: PolicyConfig, budget: int
+) -> Victims | None:
+    """The jobs a lend of `gpus` of `node`'s GPUs requeues (`choose_victims`): never a
+    guarded job (`bridge.policy.victims.guarded`), never more than `budget` of them; None
+    when no such choice frees the GPUs."""
+    keep = [
+        j.job_id
+        for j in node.jobs
+        if guarded(j, now, policy.preempt_guard_s, policy.max_requeues_per_job)
+    ]
+    return choose_victims(node, gpus, now, keep=keep, max_jobs=max(0, budget))
+
+
+def partial(node_gpus: int, gpus: int | None, mode: str) -> bool:
+    """A lend of `gpus` GPUs takes only some of a node of `node_gpus`: a preempt-mode node
+    with more (a drain-mode lend fences the whole node; a replica of the whole node or
+    more takes whole nodes)."""
+    return gpus is not None and mode == "preempt" and gpus < node_gpus
+
+
+def victims_count(
+    node: NodeView, gpus: int | None, mode: str, now: float, policy: PolicyConfig
+) -> int:
+    """Jobs a lend of `node` requeues: a partial lend's `partial_victims`, a preempt-mode
+    whole-node lend's every job, none for a drain-mode one."""
+    if partial(node.gpus, gpus, mode):
+        assert gpus is not None
+        victims = partial_victims(node, gpus, now, policy, len(node.jobs))
+        return len(victims.jobs) if victims is not None else 0
+    return len(node.jobs) if mode == "preempt" else 0
 
 
 def choose_nodes(
@@ -107,18 +135,25 @@ def choose_nodes(
     taken: frozenset[str] = frozenset(),
     freed: frozenset[int] = frozenset(),
     models: Collection[str] = (),
+    gpus: int | None = None,
+    spent: int = 0,
 ) -> list[NodeView]:
     """Up to `count` nodes to lend, cheapest first (see the module docstring). A busy
     drain-mode node serves only once its jobs end (hours, maybe): it is a candidate only
     with `waiting` (the backstop), never for a capacity deficit that must be met now.
     `taken`: nodes this tick lends already; `freed`: leases this tick returns (their
     pool's `max_lent_share` room is free again); `models`: the models the lends are for
-    (the idle nodes holding their weights first within a cost rank; none: by name)."""
+    (the idle nodes holding their weights first within a cost rank; none: by name);
+    `gpus`: the GPUs each lend takes of its node (None: whole nodes; see `partial`);
+    `spent`: jobs the pass's other lends requeue already (of the hour's budget)."""
     if count <= 0:
         return []
     policy = config.policy
     leased = {lease.node for lease in snapshot.leases} | taken
-    budget = policy.max_preemptions_per_hour - snapshot.preemptions_last_hour
+    budget = policy.max_preemptions_per_hour - snapshot.preemptions_last_hour - spent
+    modes = {name: pool.lend_mode for name, pool in config.pools.items()}
+    #: a partial lend's cost per busy node: its victims, the work they lose
+    cost: dict[str, tuple[int, float]] = {}
     lendable = {
         name: pool.cost_rank for name, pool in config.pools.items() if pool.lend_mode in LENDABLE
     }
@@ -134,7 +169,17 @@ def choose_nodes(
             continue
         if not node.usable or node.reserved or node.has_triton or node.name in leased:
             continue
-        if not node.jobs:
+        free = False  # a busy node whose free GPUs make a partial lend
+        if node.jobs and gpus is not None and partial(node.gpus, gpus, modes[node.pool]):
+            chosen_jobs = partial_victims(node, gpus, now, policy, budget)
+            if chosen_jobs is None:
+                continue
+            if chosen_jobs.jobs:
+                cost[node.name] = (len(chosen_jobs.jobs), chosen_jobs.lost)
+                busy_nodes.append(node)
+                continue
+            free = True  # as cheap as an idle node, and an idle one stays whole for others
+        if not node.jobs or free:
             if models and node.cached:
                 load = load_on(node, models, load_s, local_load_s)
                 held = sum(1 for m in models if m in node.cached)
@@ -166,7 +211,9 @@ def choose_nodes(
     for node in busy_nodes:
         rank = lendable[node.pool]
         load = load_on(node, models, load_s, local_load_s) if models and node.cached else -1.0
-        if config.pools[node.pool].lend_mode == "preempt":
+        if node.name in cost:  # a partial lend: its victims were checked and counted
+            busy.append((rank, load, cost[node.name][1], node.name, node))
+        elif config.pools[node.pool].lend_mode == "preempt":
             if len(node.jobs) > budget or requeued_recently(node, now, policy.preempt_guard_s):
                 continue
             if any(j.restarts >= policy.max_requeues_per_job for j in node.jobs):
@@ -181,7 +228,10 @@ def choose_nodes(
     for *_, node in busy:
         if len(chosen) == count:
             break
-        victims = len(node.jobs) if config.pools[node.pool].lend_mode == "preempt" else 0
+        if node.name in cost:
+            victims = cost[node.name][0]
+        else:
+            victims = len(node.jobs) if config.pools[node.pool].lend_mode == "preempt" else 0
         if victims > budget or (room is not None and room.get(node.pool, 1) <= 0):
             continue
         budget -= victims

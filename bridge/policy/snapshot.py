@@ -150,6 +150,9 @@ class LeaseView:
     gpus: int = 1
     #: its node still runs jobs it waits for (a drain-mode lend): not capacity soon
     waiting: bool = False
+    #: GPUs of its node it holds (a partial lend: its Triton job's `--gres=gpu:k`, the
+    #: node's other GPUs left to its jobs); None: the whole node
+    lent_gpus: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", LeaseState(self.state))

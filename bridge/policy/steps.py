@@ -38,11 +38,15 @@ class Submit:
     ref: tuple[int, int]
     pool: str
     reservation: str | None
+    #: GPUs of the node the job asks for (`--gres=gpu:k`, the node shared with its other
+    #: jobs); None: the whole node (`--exclusive`, every GPU)
+    gpus: int | None = None
 
 
 @dataclass(frozen=True)
 class Requeue:
-    """Requeue the jobs running on a preempt-mode lend's node, right after its Triton job
+    """Requeue the jobs running on a preempt-mode lend's node (a partial lend's: those
+    `bridge.policy.victims.choose_victims` picks to free its GPUs), right after its Triton job
     is submitted there: Slurm's own requeue (the job gets SIGTERM and KillWait to
     checkpoint, then runs again), without waiting for slurmctld's periodic preemption
     pass (18-33 s on the lab, 3.8 s this way)."""

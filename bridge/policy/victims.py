@@ -4,7 +4,7 @@ which a drain-mode one waits for (`drain_wait`).
 `choose_victims`: for a one-replica lease of `k` GPUs on a node of a preempt pool, the
 running jobs whose requeue frees enough GPUs, choosing the fewest GPUs of elastic work
 requeued; among equals the least work lost (GPU-seconds since each job's start or last
-reported checkpoint, as `bridge.policy.nodes.work_lost` counts it), then the fewest jobs,
+reported checkpoint, as `work_lost` counts it), then the fewest jobs,
 then the job ids (as strings: no meaning, only a fixed answer). A node whose free GPUs
 already make `k` needs no victim. Which jobs may be requeued at all (the requeue guard,
 the per-job requeue limit) and how many (the hour's preemption budget) are the caller's
@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import NamedTuple
 
-from bridge.policy.nodes import work_lost
 from bridge.policy.snapshot import JobView, NodeView
 
 #: most running GPU jobs whose subsets are all tried (2^16 subsets: some 50 ms on one
@@ -45,12 +44,34 @@ class Victims:
     jobs: tuple[str, ...]
     #: GPUs of elastic work requeued (the sum of the jobs' GPUs)
     gpus: int
-    #: GPU-seconds of work lost (`bridge.policy.nodes.work_lost` of the jobs)
+    #: GPU-seconds of work lost (`work_lost` of the jobs)
     lost: float
 
 
 #: a candidate's rank, lower is better: GPUs requeued, work lost, jobs, their ids
 _Rank = tuple[int, float, int, tuple[str, ...]]
+
+
+def work_lost(node: NodeView, now: float) -> float:
+    """GPU-seconds a preemption of the node's jobs would throw away: since each job's start
+    or its last reported checkpoint, whichever is later."""
+    lost = 0.0
+    for j in node.jobs:
+        if j.started_at is None:
+            continue
+        since = max(j.started_at, j.checkpoint_at or j.started_at)
+        lost += j.gpus * max(0.0, now - since)
+    return lost
+
+
+def guarded(job: JobView, now: float, guard_s: float, max_requeues: int) -> bool:
+    """A job no lend may requeue: requeued `max_requeues` times already, or requeued
+    within the last `guard_s` seconds (`[policy] max_requeues_per_job`,
+    `preempt_guard_s`; a whole-node lend skips a node with such a job,
+    `bridge.policy.nodes.choose_nodes`)."""
+    if job.restarts >= max_requeues:
+        return True
+    return job.restarts > 0 and job.submitted_at is not None and now - job.submitted_at < guard_s
 
 
 def choose_victims(

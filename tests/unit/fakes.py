@@ -450,22 +450,34 @@ class Harness:
         )
 
 
-def make_config(tmp_path: Path, *, tick_s: float = 5, **leases: float) -> BridgeConfig:
+def make_config(
+    tmp_path: Path,
+    *,
+    tick_s: float = 5,
+    models: dict[str, ModelConfig] | None = None,
+    **leases: float,
+) -> BridgeConfig:
     key = tmp_path / "triton.key"
     key.write_text("k\n")
     (tmp_path / "libstbkey.so").write_bytes(b"")  # the key shim's place (never loaded here)
     return BridgeConfig(
         tick_s=tick_s,
         database_url=f"sqlite:///{tmp_path / 'db' / 'bridge.db'}",
-        models={"busy": ModelConfig(slo_p99_ms=100), "calm": ModelConfig(slo_p99_ms=200)},
+        models=models or {"busy": ModelConfig(slo_p99_ms=100), "calm": ModelConfig(slo_p99_ms=200)},
         # no model repository: the models are the TOML's alone (not the checkout's)
         triton=TritonJobConfig(key_file=key, model_repository=tmp_path / "no-repository"),
         leases=LeaseConfig(**leases),
     )
 
 
-def make_harness(tmp_path: Path, *, tick_s: float = 5, **leases: float) -> Harness:
-    config = make_config(tmp_path, tick_s=tick_s, **leases)
+def make_harness(
+    tmp_path: Path,
+    *,
+    tick_s: float = 5,
+    models: dict[str, ModelConfig] | None = None,
+    **leases: float,
+) -> Harness:
+    config = make_config(tmp_path, tick_s=tick_s, models=models, **leases)
     engine = make_engine(config.database_url)
     create_schema(engine)
     slurm = FakeSlurm([N1, N3, N5], [BASELINE_JOB])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 
@@ -33,6 +34,7 @@ from bridge.daemon.planner import (
     deadline,
     is_stuck,
     lease_refs_to_check,
+    operator_lend_gpus,
     plan,
     plan_lease,
     plan_orphans,
@@ -194,6 +196,56 @@ def test_requested_preempt_requeues_the_nodes_jobs_after_submitting() -> None:
     assert waits is not None and waits.commands == (
         Submit("n3", ("busy",), (1, int(CREATED)), "elastic", None),
     )
+
+
+def at(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, tz=UTC)
+
+
+def test_requested_partial_lend_asks_for_its_gpus_and_requeues_only_what_frees_them() -> None:
+    # n3 has 4 GPUs; two elastic jobs of 2 GPUs each hold them all. A lease of 1 GPU
+    # requeues one of them (the younger: the least work lost), not both.
+    lse = replace(lease(S.REQUESTED, job_id=None), lent_gpus=1)
+    older = replace(victim("7", "n3"), gpus=2, start_time=at(NOW - 3600))
+    younger = replace(victim("8", "n3"), gpus=2, start_time=at(NOW - 60))
+    step = one(lse, observe(jobs=[older, younger]))
+    assert step is not None and step.commands == (
+        Submit("n3", ("busy",), (1, int(CREATED)), "elastic", None, 1),
+        Requeue("n3", ("8",)),
+    )
+    # a GPU already free: nothing is requeued
+    free = replace(younger, gpus=1)
+    step = one(lse, observe(jobs=[older, free]))
+    assert step is not None and step.commands == (
+        Submit("n3", ("busy",), (1, int(CREATED)), "elastic", None, 1),
+    )
+    # a job requeued twice already is kept: the other goes, whatever its work
+    held = replace(younger, restarts=2, submit_time=at(NOW - 7200))
+    step = one(lse, observe(jobs=[older, held]))
+    assert step is not None and step.commands[1:] == (Requeue("n3", ("7",)),)
+
+
+def test_a_whole_node_lease_still_requeues_every_job() -> None:
+    lse = lease(S.REQUESTED, job_id=None)
+    jobs = [replace(victim("7", "n3"), gpus=2), replace(victim("8", "n3"), gpus=2)]
+    step = one(lse, observe(jobs=jobs))
+    assert step is not None and step.commands[1:] == (Requeue("n3", ("7", "8")),)
+
+
+def test_operator_lend_gpus_follow_the_models_replicas() -> None:
+    config = BridgeConfig(
+        models={
+            "small": ModelConfig(slo_p99_ms=100, instance_gpus=1),
+            "big": ModelConfig(slo_p99_ms=100, tensor_parallel=4),
+            "whole": ModelConfig(slo_p99_ms=100),
+        }
+    )
+    obs = replace(observe(), models=merge_models(None, config.models))
+    assert operator_lend_gpus("n3", ("small",), "preempt", obs) == 1
+    assert operator_lend_gpus("n3", ("small", "big"), "preempt", obs) is None  # 4 of 4
+    assert operator_lend_gpus("n3", ("small", "whole"), "preempt", obs) is None
+    assert operator_lend_gpus("n5", ("small",), "drain", obs) is None  # fenced whole
+    assert operator_lend_gpus("n99", ("small",), "preempt", obs) is None
 
 
 def test_requested_drain_never_requeues() -> None:

@@ -452,3 +452,64 @@ def test_an_idle_model_is_calm_whatever_the_lagging_p99() -> None:
     # one slow tick with requests in the dwell breaks it
     mixed = (*samples(*[70.0] * (dwell - 1), rate=0.0, end=T0 - TICK), *samples(70.0, rate=1.0))
     assert evaluate_model(mixed, busy, CONFIG) == ModelStatus.STEADY
+
+
+# ---- partial lends (issue 32): a replica of k GPUs takes k GPUs of a preempt node -------
+
+#: busy's replica takes one GPU (its instance_group's GPUs)
+ONE_GPU = CONFIG.model_copy(
+    update={
+        "models": {
+            **CONFIG.models,
+            "busy": CONFIG.models["busy"].model_copy(update={"instance_gpus": 1}),
+        }
+    }
+)
+
+
+def test_a_one_gpu_replica_lends_one_gpu_of_an_idle_elastic_node() -> None:
+    (a,) = decide(snap(busy=BREACH), ONE_GPU, T0)
+    assert isinstance(a, Lend) and (a.node, a.gpus) == ("n3", 1)
+    # whole nodes as before when the model does not say its GPUs
+    (a,) = decide(snap(busy=BREACH), CONFIG, T0)
+    assert isinstance(a, Lend) and (a.node, a.gpus) == ("n3", None)
+
+
+def test_a_partial_lend_costs_only_the_jobs_it_requeues() -> None:
+    # e1 runs one 4-GPU job an hour old; e2 runs two 2-GPU jobs, one an hour old, one a
+    # day old. Whole nodes: e1 (the least work lost, 4 GPU-hours against 4 x 1 day).
+    # One GPU: e2, requeueing its hour-old 2-GPU job (2 GPU-hours, not e1's 4).
+    e1 = NodeView("e1", "elastic", True, 4, (JobView("1", 4, T0 - 3600),))
+    day = JobView("2", 2, T0 - 86400)
+    hour = JobView("3", 2, T0 - 3600)
+    e2 = NodeView("e2", "elastic", True, 4, (day, hour))
+    nodes = (e1, e2, RESERVED)
+    (a,) = decide(snap(nodes=nodes, busy=BREACH), CONFIG, T0)
+    assert isinstance(a, Lend) and (a.node, a.gpus) == ("e1", None)
+    (a,) = decide(snap(nodes=nodes, busy=BREACH), ONE_GPU, T0)
+    assert isinstance(a, Lend) and (a.node, a.gpus) == ("e2", 1)
+
+
+def test_a_busy_node_with_a_free_gpu_is_as_cheap_as_an_idle_one() -> None:
+    # e1 has 3 of its 4 GPUs busy: a one-GPU lend there requeues nothing and keeps the
+    # idle node whole; "e1" < "n3" by name among equals
+    e1 = NodeView("e1", "elastic", True, 4, (JobView("1", 3, T0 - 3600),))
+    (a,) = decide(snap(nodes=(e1, ELASTIC_IDLE, RESERVED), busy=BREACH), ONE_GPU, T0)
+    assert isinstance(a, Lend) and (a.node, a.gpus) == ("e1", 1)
+
+
+def test_a_partial_lend_never_requeues_a_guarded_job_nor_a_drain_node_partly() -> None:
+    fresh = JobView("1", 2, T0 - 30, restarts=1, submitted_at=T0 - 100)  # requeued lately
+    old = JobView("2", 2, T0 - 3600)
+    e1 = NodeView("e1", "elastic", True, 4, (fresh, old))
+    # whole nodes: e1 is skipped (a job of it was requeued within the guard): the backstop
+    # waits for the training node instead
+    busy_train = NodeView("n2", "training", True, 4, (JobView("9", 4, T0 - 10),))
+    (a,) = decide(snap(nodes=(e1, busy_train, RESERVED), busy=BREACH), CONFIG, T0)
+    assert isinstance(a, Lend) and (a.node, a.gpus) == ("n2", None)
+    # one GPU: e1, by requeueing the other job only
+    (a,) = decide(snap(nodes=(e1, busy_train, RESERVED), busy=BREACH), ONE_GPU, T0)
+    assert isinstance(a, Lend) and (a.node, a.gpus) == ("e1", 1)
+    # a drain-mode node is fenced whole, whatever the replica's GPUs
+    (a,) = decide(snap(nodes=(TRAIN_IDLE, RESERVED), busy=BREACH), ONE_GPU, T0)
+    assert isinstance(a, Lend) and (a.node, a.lend_mode, a.gpus) == ("n1", "drain", None)

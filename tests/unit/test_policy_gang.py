@@ -123,3 +123,19 @@ def test_a_models_replica_gpus_come_from_its_facts() -> None:
     tp = ModelConfig(slo_p99_ms=100, tensor_parallel=4, pipeline_parallel=2)
     assert replica_gpus(tp) == 8
     assert replica_gpus(ModelConfig(slo_p99_ms=100, instance_gpus=3, tensor_parallel=2)) == 3
+
+
+def test_a_lends_gpus_are_its_largest_replicas_or_whole_nodes() -> None:
+    from bridge.config import ModelConfig
+    from bridge.policy.gang import lend_gpus
+
+    models = {
+        "one": ModelConfig(slo_p99_ms=100, instance_gpus=1),
+        "tp2": ModelConfig(slo_p99_ms=100, tensor_parallel=2),
+        "whole": ModelConfig(slo_p99_ms=100),
+    }
+    assert lend_gpus(models, ["one"]) == 1
+    assert lend_gpus(models, ["one", "tp2"]) == 2  # one server holds both
+    assert lend_gpus(models, ["one", "whole"]) is None
+    assert lend_gpus(models, ["unknown"]) is None
+    assert lend_gpus(models, []) is None

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from bridge.policy.nodes import work_lost
+from bridge.policy.victims import work_lost
 from bridge.policy.snapshot import JobView, NodeView
 from bridge.policy.victims import (
     EXHAUSTIVE_JOBS,
@@ -209,3 +209,13 @@ def test_a_job_past_its_end_frees_its_gpus_now_and_ties_go_by_id() -> None:
     assert drain_wait(over, 2, NOW) == DrainWait(("901",), NOW)
     with pytest.raises(ValueError, match="k=0"):
         drain_wait(over, 0, NOW)
+
+
+def test_guarded_jobs_are_those_requeued_lately_or_too_often() -> None:
+    from bridge.policy.victims import guarded
+
+    fresh = JobView("1", 1, NOW - 60, restarts=1, submitted_at=NOW - 100)
+    assert guarded(fresh, NOW, guard_s=600, max_requeues=2)
+    assert not guarded(fresh, NOW, guard_s=60, max_requeues=2)  # past the guard
+    assert guarded(replace(fresh, restarts=2), NOW, guard_s=60, max_requeues=2)
+    assert not guarded(JobView("2", 1, NOW - 60), NOW, guard_s=600, max_requeues=2)

@@ -24,6 +24,7 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
+from bridge.config import ModelConfig
 from bridge.daemon.report import Outcome, StepError
 from bridge.daemon.service import Bridge, scheduler_for, serve, tick_once
 from bridge.leases import requests as requests_mod
@@ -495,6 +496,24 @@ def test_happy_path_lend_serve_return(h: Harness) -> None:
     assert all(old is None or allowed(old, new) for old, new in moves)
     assert sample(h, "stb_returns_total", outcome="returned") == 1
     assert h.slurm.reservations_ == {}
+
+
+def test_a_partial_lend_asks_slurm_for_its_gpus_and_requeues_one_job(tmp_path: Path) -> None:
+    # busy's replica takes one GPU; n3 (4 GPUs) runs two elastic jobs of 2 GPUs each
+    one_gpu = {"busy": ModelConfig(slo_p99_ms=100, instance_gpus=1)}
+    h = make_harness(tmp_path, models=one_gpu)
+    for job_id, started in (("7", 0.0), ("8", 3000.0)):
+        h.slurm.add_job(
+            Job(job_id, "train", "elastic", "team", "u", "RUNNING", "None", ("n3",),
+                "stb:elastic", 2, 0, at(started), at(started))
+        )  # fmt: skip
+    req = lend(h, "n3", 3600)
+    h.tick(3600)
+    assert outcome_of(h, req) == "lease 1 lending n3"
+    spec = h.slurm.specs[0]
+    assert (spec.nodelist, spec.exclusive, spec.gpus_per_node) == (("n3",), False, 1)
+    assert h.slurm.ops("requeue") == [("8",)]  # the younger job: the least work lost
+    assert h.store.get(1).gpus == 1
 
 
 def test_drain_mode_lend_fences_then_return_unfences(h: Harness) -> None:
