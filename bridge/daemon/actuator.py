@@ -352,7 +352,11 @@ class Actuator:
             # a partial lend shares the node with its other jobs: k GPUs, not --exclusive
             exclusive=submit.gpus is None,
             gpus=submit.gpus if submit.gpus is not None else node.gpus if node else 1,
-            partition=pool.partition if submit.reservation else None,
+            # a drain lend's job runs in its fence; a partial lend's in its pool's own
+            # partition, where it preempts nothing: Slurm would pick its own victims (in
+            # the lab it took the other job too), so the job waits for the GPUs of the
+            # jobs this step requeues (`planner.victims_of`)
+            partition=pool.partition if submit.reservation or submit.gpus is not None else None,
             reservation=submit.reservation,
             weights_cache=self.config.weights.cache_root,
             weights_verify=self.config.weights.verify,

@@ -512,6 +512,7 @@ def test_a_partial_lend_asks_slurm_for_its_gpus_and_requeues_one_job(tmp_path: P
     assert outcome_of(h, req) == "lease 1 lending n3"
     spec = h.slurm.specs[0]
     assert (spec.nodelist, spec.exclusive, spec.gpus_per_node) == (("n3",), False, 1)
+    assert spec.partition == "elastic"  # its pool's: it preempts nothing itself
     assert h.slurm.ops("requeue") == [("8",)]  # the younger job: the least work lost
     assert h.store.get(1).gpus == 1
 
