@@ -29,17 +29,19 @@ What can differ, and the cause each difference is given:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 
 from sqlalchemy import Engine, func, select
 
 from accounting.buckets import HOUR
-from accounting.capacity import event_capacity
+from accounting.capacity import event_capacity, units_of
 from accounting.idle import runs_in_disconnects
 from accounting.schema import DOWN_WORKLOADS, LedgerRow, SourceRecord
 from accounting.slurm_events import load_events, node_attrs
+from bridge.slurm.slices import SliceRules
 
 LEDGER = LedgerRow.__table__  # type: ignore[attr-defined]
 SOURCES = SourceRecord.__table__  # type: ignore[attr-defined]
@@ -131,18 +133,30 @@ class Agreement:
         return not self.differences
 
 
-def ledger_hour(engine: Engine, cluster: str, hour: datetime) -> HourFigures:
-    """The ledger's lines of one hour of one cluster, as sreport's columns."""
+def slurm_ms(ms: int, gpu_type: str, unit: Callable[[str], Fraction]) -> int:
+    """The ledger's GPU-ms of a GPU type as Slurm counts them: a MIG slice's fraction of a
+    GPU back to one `gres/gpu` per slice (sreport's unit); a whole GPU's as they are."""
+    share = unit(gpu_type)
+    return ms if share == 1 else round(Fraction(ms) / share)
+
+
+def ledger_hour(
+    engine: Engine, cluster: str, hour: datetime, slices: SliceRules | None = None
+) -> HourFigures:
+    """The ledger's lines of one hour of one cluster, as sreport's columns: a MIG slice's
+    GPU time counted as Slurm counts it, one `gres/gpu` per slice (`slices`: the rules the
+    ledger booked it by, `[accounting.slices]`; the default's when None)."""
+    unit = units_of(slices or SliceRules())
     q = (
-        select(LEDGER.c.workload, LEDGER.c.account, func.sum(LEDGER.c.gpu_ms))
+        select(LEDGER.c.workload, LEDGER.c.account, LEDGER.c.gpu_type, func.sum(LEDGER.c.gpu_ms))
         .where(LEDGER.c.bucket == hour, LEDGER.c.cluster == cluster)
-        .group_by(LEDGER.c.workload, LEDGER.c.account)
+        .group_by(LEDGER.c.workload, LEDGER.c.account, LEDGER.c.gpu_type)
     )
     out = HourFigures()
     accounts: dict[str, int] = defaultdict(int)
     with engine.connect() as conn:
-        for workload, account, ms in conn.execute(q):
-            ms = int(ms)
+        for workload, account, gpu_type, ms in conn.execute(q):
+            ms = slurm_ms(int(ms), gpu_type, unit)
             if workload == "idle":
                 out.idle += ms
             elif workload == "planned_down":
@@ -213,7 +227,13 @@ def _cause(column: str, delta: int) -> str:
     return "follows from the other columns"
 
 
-def rollup_view(engine: Engine, cluster: str, hour: datetime, now: datetime) -> HourFigures:
+def rollup_view(
+    engine: Engine,
+    cluster: str,
+    hour: datetime,
+    now: datetime,
+    slices: SliceRules | None = None,
+) -> HourFigures:
     """The ledger's hour counted as slurmdbd's rollup counts it (as_mysql_rollup.c,
     `_setup_cluster_usage` and `_setup_cluster_tres_usage`), from the ledger's own inputs
     (slurmdbd's events and the node inventory it stored, its allocation per cell):
@@ -227,9 +247,10 @@ def rollup_view(engine: Engine, cluster: str, hour: datetime, now: datetime) -> 
       one's end, gaps between registrations included.
 
     Equal to `ledger_hour` but for those two rules; the agreement check compares it with
-    sreport where the ledger's own lines differ."""
+    sreport where the ledger's own lines differ. MIG slices count as in `ledger_hour`."""
     lo, hi = hour, hour + HOUR
-    led = ledger_hour(engine, cluster, hour)
+    led = ledger_hour(engine, cluster, hour, slices)
+    unit = units_of(slices or SliceRules())
     with engine.connect() as conn:
         events = load_events(conn, [cluster], lo, hi)
         if not any(e.is_registration for e in events):
@@ -237,11 +258,15 @@ def rollup_view(engine: Engine, cluster: str, hour: datetime, now: datetime) -> 
         runs = runs_in_disconnects(conn, events, lo, hi)
         cap, down = event_capacity(
             events, node_attrs(conn, cluster), lo, min(hi, max(now, lo)),
-            [r for r in runs if r.cell[0] == cluster], hull=True,
+            [r for r in runs if r.cell[0] == cluster], hull=True, unit=unit,
         )  # fmt: skip
-    total = sum(cap.values())
-    raw_down = sum(ms for (_c, line, _u), ms in down.items() if line != "planned_down")
-    raw_pdown = sum(ms for (_c, line, _u), ms in down.items() if line == "planned_down")
+    total = sum(slurm_ms(ms, c[2], unit) for c, ms in cap.items())
+    raw_down = sum(
+        slurm_ms(ms, c[2], unit) for (c, line, _u), ms in down.items() if line != "planned_down"
+    )
+    raw_pdown = sum(
+        slurm_ms(ms, c[2], unit) for (c, line, _u), ms in down.items() if line == "planned_down"
+    )
     alloc = min(led.allocated * 1000, total)
     d = max(0, min(raw_down, total - alloc))
     pd = max(0, min(raw_pdown, total - alloc - d))

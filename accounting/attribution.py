@@ -6,6 +6,12 @@ property tests drive it directly.
 - `job_entries`: one sacct run -> entries per hour bucket and node. A multi-node job's GPUs
   are shared evenly among its nodes (sacct reports the total); each node books to its own
   pool. A running job counts up to the horizon.
+- MIG slices and shards (`allocations`): a run whose TRES names a MIG slice type or
+  shards books each its share of a GPU (`bridge.slurm.slices`, by `Context.slices`) under
+  the slice's own type (`h100_1g.10gb`), whole GPUs at 1; its GPU-ms per hour are the
+  exact share's, floored on the epoch's milliseconds as its capacity is (`Share`), so a
+  slice busy a whole hour books exactly its capacity. Every other run is booked by its
+  `gres/gpu` count, exactly as before.
 - The workload: a staging job of the bridge's (`is_staging`: `stb:staging` in its
   comment or a name starting `stb-staging`, in the bridge's account) is `staging`, booked
   to the model its name names (overhead of that model's serving; it asks for no GPU, so it
@@ -26,10 +32,12 @@ import hashlib
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from types import MappingProxyType
+from typing import NamedTuple
 
 from accounting.buckets import even_split, floor_hour, largest_remainder, split_ms, utc
 from accounting.errors import IngestError
@@ -40,6 +48,15 @@ from bridge.slurm.model import (
     TRITON_TAG,
     AccountingRecord,
     staged_version,
+)
+from bridge.slurm.slices import (
+    SliceError,
+    SliceRules,
+    is_mig_type,
+    needs_shares,
+    parent_gpu_type,
+    shares_from_tres,
+    unit_share,
 )
 
 _TAG = re.compile(r"stb:(workload|lease|team)=([A-Za-z0-9_.:-]+)")
@@ -111,6 +128,9 @@ class Context:
     #: the accounts whose staging-marked jobs are booked as `staging` (the bridge's);
     #: empty: any account's
     staging_accounts: frozenset[str] = frozenset()
+    #: how much of a GPU a MIG slice or shards book (`[accounting.slices]`); also the
+    #: unit of a slice type's capacity (`bridge.slurm.slices.unit_share`)
+    slices: SliceRules = field(default_factory=SliceRules)
 
 
 def tags(comment: str) -> dict[str, str]:
@@ -160,10 +180,121 @@ def record_workload(rec: AccountingRecord, ctx: Context, tagged: Mapping[str, st
     return tagged.get("workload") or ctx.workload_of_partition.get(rec.partition)
 
 
+def holds_gpus(rec: AccountingRecord) -> bool:
+    """Whether the run held any GPU: a `gres/gpu` count, or shards (never in it)."""
+    return rec.gpus != 0 or "gres/shard" in rec.gpu_tres
+
+
+def record_shares(rec: AccountingRecord, ctx: Context) -> dict[str | None, Fraction] | None:
+    """GPU type or slice name (None: the node's type) -> the GPUs it is, for a run on MIG
+    slices or shards (`bridge.slurm.slices.shares_from_tres`, by `ctx.slices`, the shards
+    per GPU of its first node), or on a node whose GPU type is a slice's (its untyped
+    `gres/gpu` where Slurm tracks no type); None for any other run (booked by its count).
+    Raises IngestError naming the record when the rules cannot price it."""
+    node = rec.nodes[0] if rec.nodes else None
+    node_type = ctx.gpu_type_of_node.get(node) if node else None
+    on_slices = bool(rec.gpu_tres) and bool(node_type) and is_mig_type(node_type or "")
+    if not (on_slices or needs_shares(rec.gpu_tres)):
+        return None
+    try:
+        return shares_from_tres(rec.gpu_tres, ctx.slices, node=node, gpu_type=node_type)
+    except SliceError as exc:
+        raise IngestError(rec.key, str(exc)) from exc
+
+
+class Share(NamedTuple):
+    """`units` of `unit` GPUs each on one node: `units` MIG slices of one type
+    (`unit`: the slice's share of its GPU), or one unit of an exact share (shards; a share
+    divided among nodes). An hour [lo, hi) of epoch milliseconds books units x
+    (floor(unit x hi) - floor(unit x lo)) GPU-ms: the floors telescope, so consecutive
+    hours and jobs one after another on a slice sum to what its capacity books
+    (`capacity_ms`), never a millisecond more."""
+
+    units: int
+    unit: Fraction
+
+    def ms(self, lo: int, hi: int) -> int:
+        num, den = self.unit.numerator, self.unit.denominator
+        return self.units * (hi * num // den - lo * num // den)
+
+
+#: GPUs a run holds on one node under one type: a count, or a share of GPUs
+Gpus = int | Share
+
+
+def allocations(rec: AccountingRecord, ctx: Context) -> list[tuple[str, str, Gpus]]:
+    """(node, GPU type, GPUs) the run holds: its `gres/gpu` count shared evenly among its
+    nodes under its type (the first its gres names, else the node's); or, for a run on
+    MIG slices or shards (`record_shares`), each type's share divided evenly among its
+    nodes (a slice's as a count of its slices where that is whole). Raises IngestError for
+    a node with no known GPU type or a type the cluster does not have (a slice of a type
+    it has is known: `h100_1g.10gb` of `h100`)."""
+    shares = record_shares(rec, ctx)
+    pairs: list[tuple[str, str | None, Fraction | int]]
+    if shares is None:
+        split = even_split(rec.gpus, len(rec.nodes))
+        pairs = [(n, rec.gpu_type, g) for n, g in zip(rec.nodes, split, strict=True) if g]
+    else:
+        per = len(rec.nodes)
+        pairs = [(n, name, share / per) for n in rec.nodes for name, share in shares.items()]
+    held: dict[tuple[str, str], Fraction | int] = {}
+    for node, name, gpus in pairs:
+        gpu_type = name or ctx.gpu_type_of_node.get(node) or ""
+        if not gpu_type:
+            raise IngestError(
+                rec.key, f"no GPU type: its gres names none and node {node} is unknown"
+            )
+        if (
+            ctx.known_gpu_types
+            and gpu_type not in ctx.known_gpu_types
+            and parent_gpu_type(gpu_type) not in ctx.known_gpu_types
+        ):
+            known = ", ".join(sorted(ctx.known_gpu_types))
+            raise IngestError(rec.key, f"unknown GPU type {gpu_type!r} (the cluster has: {known})")
+        held[(node, gpu_type)] = held.get((node, gpu_type), 0) + gpus
+    return [(node, t, _as_gpus(g, t, ctx.slices)) for (node, t), g in held.items()]
+
+
+def _as_gpus(gpus: Fraction | int, gpu_type: str, rules: SliceRules) -> Gpus:
+    """A whole number of GPUs as an int (booked as before); a share as slices of the
+    type's unit where it is a whole number of them, else as one unit of itself."""
+    if isinstance(gpus, int) or gpus.denominator == 1:
+        return int(gpus)
+    unit = unit_share(gpu_type, rules)
+    count = gpus / unit
+    if unit != 1 and count.denominator == 1:
+        return Share(int(count), unit)
+    return Share(1, gpus)
+
+
+def scaled_ms(
+    parts: Sequence[tuple[datetime, int]], gpus: Gpus, start_ms: int
+) -> list[tuple[datetime, int]]:
+    """Each hour's milliseconds (`parts`, consecutive from `start_ms`, epoch ms) x
+    `gpus`: exact for a count; for a `Share`, floored on the epoch's milliseconds
+    (`Share.ms`)."""
+    if isinstance(gpus, int):
+        return [(bucket, ms * gpus) for bucket, ms in parts]
+    out = []
+    lo = start_ms
+    for bucket, ms in parts:
+        out.append((bucket, gpus.ms(lo, lo + ms)))
+        lo += ms
+    return out
+
+
+def total_gpus(held: Sequence[tuple[str, str, Gpus]]) -> Fraction:
+    """The GPUs of `allocations` together (a serving job's compute is split by them)."""
+    return sum(
+        (Fraction(g) if isinstance(g, int) else g.units * g.unit for _, _, g in held),
+        Fraction(0),
+    )
+
+
 def deferred_reason(rec: AccountingRecord) -> str | None:
     """Why a record is not ingested yet (None: it is ready). slurmdbd briefly holds a
     short job's final record without partition or nodes; the next ingest gets it whole."""
-    if rec.start is None or rec.gpus == 0:
+    if rec.start is None or not holds_gpus(rec):
         return None
     if not rec.nodes or not rec.partition:
         return "slurmdbd has not written its partition/nodes yet"
@@ -189,7 +320,7 @@ def job_entries(
     if rec.gpus < 0:
         raise IngestError(key, f"negative GPU count {rec.gpus}")
     end = record_end(rec, ctx.horizon)
-    if rec.start is None or rec.gpus == 0 or end is None:
+    if rec.start is None or not holds_gpus(rec) or end is None:
         return []
     start = utc(rec.start)
     end = utc(end)
@@ -204,18 +335,13 @@ def job_entries(
     workload = record_workload(rec, ctx, t)
     lease = t.get("lease", "")
     plain_model = staged_model(rec.name) if workload == STAGING else ""
-    per_node = even_split(rec.gpus, len(rec.nodes))
+    held = allocations(rec, ctx)
+    total = total_gpus(held)
     busy = compute_ms_by_bucket(serving, start, end) if serving else {}
+    parts = split_ms(start, end)
+    start_ms = _ms(start)
     entries: list[Entry] = []
-    for node, gpus in zip(rec.nodes, per_node, strict=True):
-        if gpus == 0:
-            continue
-        gpu_type = rec.gpu_type or ctx.gpu_type_of_node.get(node) or ""
-        if not gpu_type:
-            raise IngestError(key, f"no GPU type: its gres names none and node {node} is unknown")
-        if ctx.known_gpu_types and gpu_type not in ctx.known_gpu_types:
-            known = ", ".join(sorted(ctx.known_gpu_types))
-            raise IngestError(key, f"unknown GPU type {gpu_type!r} (the cluster has: {known})")
+    for node, gpu_type, gpus in held:
         pool = ctx.pool_of_lease.get(lease) or ctx.pool_of_node.get(node) or rec.partition
         wl = workload or ctx.workload_of_pool.get(pool) or "training"
         if wl not in WORKLOADS or wl == "idle":
@@ -232,15 +358,15 @@ def job_entries(
             qos=rec.qos,
             lease=lease,
         )
-        for bucket, ms in split_ms(start, end):
-            amount = ms * gpus
+        weight = gpus if isinstance(gpus, int) else gpus.units * gpus.unit
+        for bucket, amount in scaled_ms(parts, gpus, start_ms):
             if wl != "inference":
                 entries.append(
                     Entry(bucket=bucket, team=team, model=plain_model, gpu_ms=amount, **base)
                 )
                 continue
             # A multi-node serving job's compute is shared among its nodes like its GPUs.
-            share = {m: v * gpus / rec.gpus for m, v in busy.get(bucket, {}).items()}
+            share = {m: float(v * weight / total) for m, v in busy.get(bucket, {}).items()}
             entries.extend(_serving_split(bucket, amount, team, base, ctx, share))
     return entries
 
@@ -291,7 +417,7 @@ def job_entry_tuples(
     if rec.gpus < 0:
         raise IngestError(rec.key, f"negative GPU count {rec.gpus}")
     end = record_end(rec, ctx.horizon)
-    if rec.start is None or rec.gpus == 0 or end is None:
+    if rec.start is None or not holds_gpus(rec) or end is None:
         return []
     start = utc(rec.start)
     end = utc(end)
@@ -308,21 +434,10 @@ def job_entry_tuples(
     workload = record_workload(rec, ctx, t)
     lease = t.get("lease", "")
     plain_model = staged_model(rec.name) if workload == STAGING else ""
-    per_node = even_split(rec.gpus, len(rec.nodes))
     parts = _hour_parts(start, end)
     team = ctx.team_of_account.get(rec.account, rec.account)
     out: list[EntryTuple] = []
-    for node, gpus in zip(rec.nodes, per_node, strict=True):
-        if gpus == 0:
-            continue
-        gpu_type = rec.gpu_type or ctx.gpu_type_of_node.get(node) or ""
-        if not gpu_type:
-            raise IngestError(
-                rec.key, f"no GPU type: its gres names none and node {node} is unknown"
-            )
-        if ctx.known_gpu_types and gpu_type not in ctx.known_gpu_types:
-            known = ", ".join(sorted(ctx.known_gpu_types))
-            raise IngestError(rec.key, f"unknown GPU type {gpu_type!r} (the cluster has: {known})")
+    for node, gpu_type, gpus in allocations(rec, ctx):
         pool = ctx.pool_of_lease.get(lease) or ctx.pool_of_node.get(node) or rec.partition
         wl = workload or ctx.workload_of_pool.get(pool) or "training"
         if wl not in WORKLOADS or wl == "idle":
@@ -331,7 +446,11 @@ def job_entry_tuples(
         model = UNATTRIBUTED if wl == "inference" else plain_model
         head = (cluster, pool, rec.partition, wl, rec.account, team, rec.user, model)
         tail = (gpu_type, rec.qos, lease)
-        out += [(bucket, *head, *tail, ms * gpus) for bucket, ms in parts]
+        if isinstance(gpus, int):
+            out += [(bucket, *head, *tail, ms * gpus) for bucket, ms in parts]
+        else:
+            start_ms = _ms(start)
+            out += [(b, *head, *tail, ms) for b, ms in scaled_ms(parts, gpus, start_ms)]
     return out
 
 
@@ -409,6 +528,7 @@ def capacity_ms(
     spans: Iterable[tuple[str, str, str, int, datetime, datetime | None]],
     start: datetime,
     end: datetime,
+    unit: Callable[[str], Fraction] | None = None,
 ) -> dict[tuple[str, str, str, datetime], int]:
     """(cluster, pool, gpu_type, hour) -> GPU-ms of capacity in [start, end), from node
     spans (cluster, pool, gpu_type, gpus, span start, span end or None = still open).
@@ -416,7 +536,11 @@ def capacity_ms(
     The sum over spans of `split_ms` x GPUs, without a step per node and hour: a span's
     whole hours go into a difference array per (cluster, pool, GPU type), its partial first
     and last hours directly; one sweep over the hours adds them up. A cell is present when
-    some span covers part of it (as with `split_ms`, even with 0 GPUs)."""
+    some span covers part of it (as with `split_ms`, even with 0 GPUs).
+
+    `unit`: the GPUs one unit of a type is (`bridge.slurm.slices.unit_share`: a MIG
+    slice's fraction); a span of a type whose unit is not 1 books, per hour, its count x
+    `Share.ms` of the hour, as a job on those slices does."""
     lo_ms, hi_ms = _ms(utc(start)), _ms(utc(end))
     groups: dict[tuple[str, str, str], _CapacityCells] = {}
     for cluster, pool, gpu_type, gpus, s, e in spans:
@@ -427,6 +551,14 @@ def capacity_ms(
         g = groups.get((cluster, pool, gpu_type))
         if g is None:
             g = groups[(cluster, pool, gpu_type)] = _CapacityCells()
+        share = unit(gpu_type) if unit is not None else 1
+        if share != 1:
+            slices = Share(gpus, Fraction(share))
+            h = lo - lo % _HOUR_MS
+            while h < hi:
+                g.part(h, slices.ms(max(lo, h), min(hi, h + _HOUR_MS)))
+                h += _HOUR_MS
+            continue
         first, last = lo - lo % _HOUR_MS, hi - hi % _HOUR_MS
         if first == last:
             g.part(first, (hi - lo) * gpus)
@@ -503,6 +635,9 @@ def digest(rec: AccountingRecord, ctx: Context, serving: Sequence[ServingPoint] 
     h.update(repr(fields).encode())
     if is_staging(rec, ctx):  # only then: every other record keeps its digest
         h.update(repr((STAGING, rec.name)).encode())
+    shares = record_shares(rec, ctx)
+    if shares is not None:  # only on slices or shards: what their rules made of the TRES
+        h.update(repr(("shares", rec.gpu_tres, sorted(shares.items(), key=str))).encode())
     for p in sorted(serving, key=lambda p: (p.instance, p.model, p.version, p.at)):
         # the version only where there is one: samples stored before versions keep their
         # digests (requests and tokens do not change the rows: not hashed)

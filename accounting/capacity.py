@@ -6,7 +6,8 @@ ingest reads the events and the node inventory from the ledger and writes what t
 - Capacity: a node has capacity only while a "Cluster Registered TRES" event (a cluster
   event with state 0) lists it, so a cluster that did not exist yet, or a node not yet
   added, books nothing. Its pool, GPU type and GPU count come from the ledger's node
-  inventory (`NodeSpan`) at that time, or the nearest record of the node.
+  inventory (`NodeSpan`) at that time, or the nearest record of the node. A MIG slice
+  counts 1 in Slurm's figures and its fraction of a GPU in the ledger's (`units_of`).
 - Down time: each node event (not MAINT) over the time the cluster was registered, the
   node's GPUs from the event's TRES, in one of four lines that together are sreport's Down
   and PLND Down: `down` (DOWN, FAIL, not responding), `drained` (an administrator's drain),
@@ -45,12 +46,14 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from fractions import Fraction
 
 from accounting.attribution import Entry, capacity_ms
 from accounting.buckets import utc
+from accounting.errors import LedgerError
 from accounting.schema import DOWN_TEAM, DOWN_WORKLOADS, IDLE_TEAM
 from bridge.slurm.model import (
     BRIDGE_TAG,
@@ -64,6 +67,7 @@ from bridge.slurm.model import (
     NODE_STATE_POWERED_DOWN,
     SlurmEvent,
 )
+from bridge.slurm.slices import SliceError, SliceRules, unit_share
 
 #: the pool of capacity on a node the inventory never recorded
 UNKNOWN_POOL = "(unknown)"
@@ -80,13 +84,58 @@ HOUR = timedelta(hours=1)
 
 @dataclass(frozen=True, slots=True)
 class NodeAttrs:
-    """What the inventory recorded of a node from `start` (to `end`, None: still)."""
+    """What the inventory recorded of a node from `start` (to `end`, None: still): its
+    pool, GPU type and count, and the node's other GPU types with theirs (`more`: MIG
+    slices of other profiles on the same node)."""
 
     start: datetime
     end: datetime | None
     pool: str
     gpu_type: str
     gpus: int
+    more: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def types(self) -> tuple[tuple[str, int], ...]:
+        """(GPU type, count) of every type on the node, this record's first."""
+        return ((self.gpu_type, self.gpus), *self.more)
+
+
+def units_of(rules: SliceRules) -> Callable[[str], Fraction]:
+    """GPU type -> the GPUs one unit of it is (`bridge.slurm.slices.unit_share`: 1 for a
+    whole GPU, a MIG slice's fraction), cached; a slice the rules cannot price is a
+    LedgerError naming it."""
+    cache: dict[str, Fraction] = {}
+
+    def unit(gpu_type: str) -> Fraction:
+        hit = cache.get(gpu_type)
+        if hit is None:
+            try:
+                hit = cache[gpu_type] = unit_share(gpu_type, rules)
+            except SliceError as exc:
+                raise LedgerError(f"capacity of GPU type {gpu_type!r}: {exc}") from exc
+        return hit
+
+    return unit
+
+
+def _down_parts(attrs: NodeAttrs | None, gpus: int) -> list[tuple[str, int]]:
+    """A node event's GPUs (the node's gres/gpu, a slice counted 1) by the node's GPU
+    types, in the inventory's order: all of them under its one type, as before; on a node
+    of several types each type up to its count."""
+    if attrs is None:
+        return [("gpu", gpus)]
+    if not attrs.more:
+        return [(attrs.gpu_type, gpus)]
+    out, left = [], gpus
+    for gpu_type, count in attrs.types:
+        take = min(count, left)
+        if take > 0:
+            out.append((gpu_type, take))
+            left -= take
+    if left > 0:
+        out.append((attrs.gpu_type, left))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +207,7 @@ def event_capacity(
     allocations: Iterable[RunAlloc] = (),
     *,
     hull: bool = False,
+    unit: Callable[[str], Fraction] | None = None,
 ) -> tuple[dict[Cell, int], dict[tuple[Cell, str, str], int]]:
     """Capacity per cell, and raw (unclamped) down time per (cell, down line, who set it),
     in GPU-ms over [start, end), from the events. Capacity of a node with no inventory
@@ -169,7 +219,10 @@ def event_capacity(
     Node events count while the cluster was registered; `hull` (for one hour, as
     slurmdbd's rollup counts them): from the first registration's start to the last
     one's end in [start, end), gaps between registrations included (as_mysql_rollup.c's
-    `c_usage` spans them)."""
+    `c_usage` spans them).
+
+    `unit` (`units_of`): the GPUs one unit of a type is; a MIG slice type's capacity and
+    down time book its fraction of a GPU per slice (`attribution.capacity_ms`)."""
     lo, hi = utc(start), utc(end)
     inv = _Inventory(attrs)
     spans: list[_Span] = []
@@ -194,15 +247,16 @@ def event_capacity(
                 if a is None:
                     unknown.append((node, s, e))
                     continue
-                known_gpus += a.gpus if s == clip[0] else 0
-                spans.append((ev.cluster, a.pool, a.gpu_type, a.gpus, s, e))
+                for gpu_type, count in a.types:
+                    known_gpus += count if s == clip[0] else 0
+                    spans.append((ev.cluster, a.pool, gpu_type, count, s, e))
         if unknown:
             nodes = sorted({n for n, _, _ in unknown})
             share, extra = divmod(max(0, ev.gpus - known_gpus), len(nodes))
             gpus = {n: share + (1 if i < extra else 0) for i, n in enumerate(nodes)}
             for node, s, e in unknown:
                 spans.append((ev.cluster, UNKNOWN_POOL, "gpu", gpus[node], s, e))
-    capacity = capacity_ms(spans, lo, hi)
+    capacity = capacity_ms(spans, lo, hi, unit)
     registered.sort()
     if hull and registered:
         registered = [(registered[0][0], max(r_hi for _, r_hi in registered))]
@@ -218,11 +272,12 @@ def event_capacity(
             if clip is None:
                 continue
             for s, e, a in inv.pieces(ev.node, *clip):
-                pool, gpu_type = (a.pool, a.gpu_type) if a else (UNKNOWN_POOL, "gpu")
-                down_spans[(line, ev.user)].append((ev.cluster, pool, gpu_type, ev.gpus, s, e))
+                pool = a.pool if a else UNKNOWN_POOL
+                for gpu_type, count in _down_parts(a, ev.gpus):
+                    down_spans[(line, ev.user)].append((ev.cluster, pool, gpu_type, count, s, e))
     down: dict[tuple[Cell, str, str], int] = defaultdict(int)
     for (line, user), pieces in down_spans.items():
-        for cell, ms in capacity_ms(pieces, lo, hi).items():
+        for cell, ms in capacity_ms(pieces, lo, hi, unit).items():
             if ms:
                 down[(cell, line, user)] += ms
     disconnects = [ev for ev in events if ev.is_disconnect]
@@ -230,7 +285,7 @@ def event_capacity(
         runs = list(allocations)
         counted = [ev for ev in node_events if not ev.state_raw & NODE_STATE_MAINT]
         for ev in disconnects:
-            for cell, ms in _disconnect_down(ev, spans, counted, runs, lo, hi).items():
+            for cell, ms in _disconnect_down(ev, spans, counted, runs, lo, hi, unit).items():
                 down[(cell, "down", ev.user or DISCONNECT_USER)] += ms
     return capacity, dict(down)
 
@@ -252,6 +307,7 @@ def _disconnect_down(
     runs: Sequence[RunAlloc],
     lo: datetime,
     hi: datetime,
+    unit: Callable[[str], Fraction] | None = None,
 ) -> dict[Cell, int]:
     """One slurmctld disconnect's down time per cell, as the rollup books it: the
     registered capacity over it, less each node event's overlap with it (the capacity over
@@ -260,14 +316,14 @@ def _disconnect_down(
     if gap is None:
         return {}
     mine = [s for s in spans if s[0] == ev.cluster]
-    raw = capacity_ms(_within(mine, *gap), lo, hi)
+    raw = capacity_ms(_within(mine, *gap), lo, hi, unit)
     cut: dict[Cell, int] = defaultdict(int)
     for nev in node_events:
         if nev.cluster != ev.cluster:
             continue
         over = _clip(nev.start, nev.end, *gap)
         if over is not None:
-            for cell, ms in capacity_ms(_within(mine, *over), lo, hi).items():
+            for cell, ms in capacity_ms(_within(mine, *over), lo, hi, unit).items():
                 cut[cell] += ms
     for run in runs:
         if run.cell not in raw or run.gpu_ms <= 0:

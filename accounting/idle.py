@@ -11,8 +11,9 @@ rewritten: re-ingesting an unchanged window leaves every row as it was.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
+from fractions import Fraction
 from typing import Any
 
 from sqlalchemy import Connection, delete, func, insert, select
@@ -58,10 +59,12 @@ def recompute_idle(
     horizon: datetime,
     summary: IngestSummary,
     days: DayDelta,
+    unit: Callable[[str], Fraction] | None = None,
 ) -> int:
     """Replace the capacity rows (idle, and the down lines of clusters with slurmdbd's
     events) of the touched hours (open months, or closed ones when restating) with what the
-    capacity leaves after allocation (noted in `days`)."""
+    capacity leaves after allocation (noted in `days`). `unit` (`capacity.units_of`): the
+    GPUs one unit of a GPU type is, a MIG slice's fraction (None: every type 1)."""
     todo = sorted(h for h in touched if restate or month_of(h) not in closed)
     if not todo:
         return 0
@@ -84,7 +87,10 @@ def recompute_idle(
             )
         ).all()
         cap = capacity_ms(
-            ((c, p, t, g, utc(s), utc(e) if e else None) for c, p, t, g, s, e in spans), lo, end
+            ((c, p, t, g, utc(s), utc(e) if e else None) for c, p, t, g, s, e in spans),
+            lo,
+            end,
+            unit,
         )
         down: dict[tuple[tuple[str, str, str, datetime], str, str], int] = {}
         if by_events:
@@ -97,6 +103,7 @@ def recompute_idle(
                     lo,
                     end,
                     [r for r in runs if r.cell[0] == cluster],
+                    unit=unit,
                 )
                 cap.update(ev_cap)
                 down.update(ev_down)

@@ -42,6 +42,7 @@ from accounting.attribution import Context
 from accounting.book import Book, IngestSummary
 from accounting.buckets import hours, utc
 from accounting.bulk import Background
+from accounting.capacity import units_of
 from accounting.errors import LedgerError
 from accounting.idle import recompute_idle
 from accounting.inventory import Inventory, record_spans
@@ -208,7 +209,9 @@ def _ingest(
         if since is not None and until is not None:
             touched.update(hours(since, until))
         horizon = ctx.horizon or until or now
-        summary.idle_hours = recompute_idle(conn, touched, closed, restate, horizon, summary, days)
+        summary.idle_hours = recompute_idle(
+            conn, touched, closed, restate, horizon, summary, days, units_of(ctx.slices)
+        )
         days.apply(conn)
         conn.execute(
             insert(IngestRun.__table__),  # type: ignore[attr-defined]

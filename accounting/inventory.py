@@ -2,13 +2,19 @@
 node's pool, GPU type and GPU count, opened and closed as they change. The ledger's
 capacity where slurmdbd keeps no events (`[accounting] capacity = "inventory"`), and the
 pool of every node's capacity where it does (`accounting.capacity`). Written in the
-ingest's own transaction (`accounting.ingest`) or alone (`record_inventory`)."""
+ingest's own transaction (`accounting.ingest`) or alone (`record_inventory`).
+
+A node with GPUs of several types (MIG slices of several profiles:
+`gpu:h100_4g.40gb:1,gpu:h100_1g.10gb:2`) has one span per type, opened and closed
+together: a change to any of them closes them all and opens the new set."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection, Engine, insert, select, update
 
@@ -22,7 +28,9 @@ SPANS = NodeSpan.__table__  # type: ignore[attr-defined]
 
 @dataclass(frozen=True, slots=True)
 class NodeCapacity:
-    """One node in service: its pool, GPU type and GPU count."""
+    """One node in service: its pool, GPU type and GPU count (a node with GPUs of several
+    types, MIG slices of several profiles, is one of these per type, a slice counted 1
+    as Slurm counts it)."""
 
     node: str
     pool: str
@@ -65,33 +73,36 @@ def record_spans(conn: Connection, inv: Inventory) -> int:
     seen_at = {node: min(utc(t), first) for node, t in (inv.first_seen or {}).items()}
     cluster = inv.cluster
     changes = 0
-    open_spans = {
-        r.node: r
-        for r in conn.execute(
-            select(SPANS).where(SPANS.c.cluster == cluster, SPANS.c.end.is_(None))
-        )
-    }
+    open_spans: dict[str, list[Any]] = defaultdict(list)
+    for r in conn.execute(select(SPANS).where(SPANS.c.cluster == cluster, SPANS.c.end.is_(None))):
+        open_spans[r.node].append(r)
     known = set(conn.scalars(select(SPANS.c.node).where(SPANS.c.cluster == cluster).distinct()))
-    seen = set()
+    by_node: dict[str, list[NodeCapacity]] = defaultdict(list)
     for n in inv.nodes:
         if n.gpus < 0:
             raise LedgerError(f"node {n.node}: negative GPU count {n.gpus}")
-        seen.add(n.node)
-        cur = open_spans.get(n.node)
-        if cur is not None and (cur.pool, cur.gpu_type, cur.gpus) == (n.pool, n.gpu_type, n.gpus):
+        by_node[n.node].append(n)
+    for node, parts in by_node.items():
+        cur = open_spans.get(node, [])
+        if sorted((r.pool, r.gpu_type, r.gpus) for r in cur) == sorted(
+            (n.pool, n.gpu_type, n.gpus) for n in parts
+        ):
             continue
-        if cur is not None:
-            conn.execute(update(SPANS).where(SPANS.c.id == cur.id).values(end=at))
+        for r in cur:
+            conn.execute(update(SPANS).where(SPANS.c.id == r.id).values(end=at))
             changes += 1
-        conn.execute(
-            insert(SPANS).values(
-                cluster=cluster, node=n.node, pool=n.pool, gpu_type=n.gpu_type, gpus=n.gpus,
-                start=seen_at.get(n.node, first) if n.node not in known else at, end=None,
-            )
-        )  # fmt: skip
-        changes += 1
+        start = seen_at.get(node, first) if node not in known else at
+        for n in parts:
+            conn.execute(
+                insert(SPANS).values(
+                    cluster=cluster, node=node, pool=n.pool, gpu_type=n.gpu_type, gpus=n.gpus,
+                    start=start, end=None,
+                )
+            )  # fmt: skip
+            changes += 1
     for name, cur in open_spans.items():
-        if name not in seen:
-            conn.execute(update(SPANS).where(SPANS.c.id == cur.id).values(end=at))
-            changes += 1
+        if name not in by_node:
+            for r in cur:
+                conn.execute(update(SPANS).where(SPANS.c.id == r.id).values(end=at))
+                changes += 1
     return changes

@@ -36,6 +36,7 @@ from accounting.attribution import (
     comment_tags,
     deferred_reason,
     digest,
+    holds_gpus,
     job_entry_tuples,
     record_end,
     record_workload,
@@ -196,7 +197,7 @@ def prepare_records(
             out.deferred.append((rec.key, why))
             continue
         end = record_end(rec, ctx.horizon)
-        if rec.start is None or rec.gpus == 0 or end is None:
+        if rec.start is None or not holds_gpus(rec) or end is None:
             out.skipped += 1
             continue
         out.clusters.add(rec.cluster or ctx.cluster)

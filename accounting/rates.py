@@ -4,7 +4,9 @@ over a date range [valid_from, valid_to). Money is Decimal end to end.
 `add_rate` refuses a rate that overlaps another of the same scope (same GPU type, pool and
 QOS) and a second currency; nothing is written then. `RateBook.price` picks the most
 specific rate in force on a day: pool and QOS, then pool, then QOS, then the GPU type
-alone; no rate at all is a RateError naming what was looked up.
+alone; no rate at all is a RateError naming what was looked up. A MIG slice's type with
+no rate of its own (`h100_1g.10gb`) is priced at its GPU's (`h100`): its GPU-hours are its
+fraction of that GPU already.
 
 Rounding (stated in every report): amounts are computed unrounded (GPU-ms x price /
 3,600,000 in Decimal) and rounded once, half-even to the currency's cent, per report line;
@@ -25,6 +27,7 @@ from sqlalchemy import Engine, insert, select
 from accounting.errors import RateError
 from accounting.schema import Rate
 from bridge.db import write_transaction
+from bridge.slurm.slices import is_mig_type, parent_gpu_type
 
 RATES = Rate.__table__  # type: ignore[attr-defined]
 CENT = Decimal("0.01")
@@ -173,11 +176,30 @@ class RateBook:
         return bool(self.rates)
 
     def price(self, gpu_type: str, pool: str, qos: str, day: date) -> Decimal:
+        """Per GPU-hour of `gpu_type`. A MIG slice's type (`h100_1g.10gb`) without a rate
+        of its own takes its GPU's (`h100`): the ledger books a slice's GPU-hours as its
+        fraction of that GPU already (docs/finance/slices.md)."""
         key = (gpu_type, pool, qos, day)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        candidates = [
+        candidates = self._candidates(gpu_type, pool, qos, day)
+        parent = parent_gpu_type(gpu_type) if is_mig_type(gpu_type) else None
+        if not candidates and parent:
+            candidates = self._candidates(parent, pool, qos, day)
+        if not candidates:
+            raise RateError(
+                f"no rate for GPU type {gpu_type!r}"
+                + (f" or its GPU {parent!r}" if parent else "")
+                + f" on {day.isoformat()} (pool {pool!r}, "
+                f"qos {qos!r}); add one with `stb accounting rates add`"
+            )
+        best = max(candidates, key=lambda r: (r.pool is not None, r.qos is not None))
+        self._cache[key] = best.price
+        return best.price
+
+    def _candidates(self, gpu_type: str, pool: str, qos: str, day: date) -> list[RateSpec]:
+        return [
             r
             for r in self.rates
             if r.gpu_type == gpu_type
@@ -185,14 +207,6 @@ class RateBook:
             and r.pool in (None, pool)
             and r.qos in (None, qos)
         ]
-        if not candidates:
-            raise RateError(
-                f"no rate for GPU type {gpu_type!r} on {day.isoformat()} (pool {pool!r}, "
-                f"qos {qos!r}); add one with `stb accounting rates add`"
-            )
-        best = max(candidates, key=lambda r: (r.pool is not None, r.qos is not None))
-        self._cache[key] = best.price
-        return best.price
 
 
 def cost(gpu_ms: int, price: Decimal) -> Decimal:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
 
@@ -113,9 +114,17 @@ def load_events(
 
 def node_attrs(conn: Connection, cluster: str) -> dict[str, list[NodeAttrs]]:
     """Every node's recorded pool, GPU type and GPU count over time."""
+    # a node's spans of one stretch (one per GPU type) open together: one record
+    stretches: dict[tuple[str, datetime], list[Any]] = defaultdict(list)
+    for r in conn.execute(select(SPANS).where(SPANS.c.cluster == cluster).order_by(SPANS.c.id)):
+        stretches[(r.node, utc(r.start))].append(r)
     out: dict[str, list[NodeAttrs]] = defaultdict(list)
-    for r in conn.execute(select(SPANS).where(SPANS.c.cluster == cluster)):
-        out[r.node].append(
-            NodeAttrs(utc(r.start), utc(r.end) if r.end else None, r.pool, r.gpu_type, r.gpus)
-        )
+    for (node, start), rows in stretches.items():
+        r = rows[0]
+        out[node].append(
+            NodeAttrs(
+                start, utc(r.end) if r.end else None, r.pool, r.gpu_type, r.gpus,
+                tuple((x.gpu_type, x.gpus) for x in rows[1:]),
+            )
+        )  # fmt: skip
     return dict(out)

@@ -254,6 +254,13 @@ class PolicyConfig(_Strict):
         gt=0,
         description="A model breaches when p99 > high_watermark x SLO. 1.0: the SLO itself.",
     )
+    partial_lends: bool = Field(
+        default=True,
+        description="Lend a model whose replica says its GPUs (instance_group, tensor x "
+        "pipeline parallel) just those GPUs of a preempt-mode node, requeueing only the "
+        "jobs that hold them; false: whole nodes, as before. Drain-mode lends and models "
+        "that do not say their GPUs take whole nodes either way.",
+    )
     low_watermark: float = Field(
         default=0.5,
         gt=0,
@@ -931,6 +938,60 @@ class ApiConfig(_Strict):
         return self
 
 
+class SliceConfig(_Strict):
+    """`[accounting.slices]`: how much of a GPU a MIG slice or a GPU shard books in the
+    ledger (docs/finance/slices.md). A whole GPU books 1 GPU-hour per hour; a slice its
+    fraction of its GPU; shards their share. Slurm's own counts are kept beside: sacct and
+    sreport count a slice as one `gres/gpu`, and the sreport agreement counts the same."""
+
+    share: Literal["compute", "memory"] = Field(
+        default="compute",
+        description="What a MIG slice's fraction measures: `compute`, its compute slices "
+        "over its GPU's (a 1g.10gb slice of an H100: 1/7; a GPU cut into slices books "
+        "exactly one GPU), or `memory`, its memory over its GPU's (1g.10gb of 80 GB: 1/8; "
+        "needs gpu_memory_gb). Compute by default: the slices of a GPU sum to that GPU.",
+    )
+    compute_slices: int = Field(
+        default=7,
+        ge=1,
+        description="Compute slices per GPU: 7 on A100, H100, H200 and B200 (NVIDIA's MIG "
+        "user guide).",
+    )
+    compute_slices_of: dict[str, int] = Field(
+        default_factory=dict,
+        description="GPU type -> compute slices, for GPUs not cut in compute_slices (A30: 4).",
+    )
+    gpu_memory_gb: dict[str, int] = Field(
+        default_factory=dict,
+        description="GPU type -> its memory in GB as its whole-GPU MIG profile names it "
+        '(h100 = 80 for 7g.80gb). Needed with share = "memory", for every GPU type that '
+        "has slices.",
+    )
+    shards_per_gpu: dict[str, int] = Field(
+        default_factory=dict,
+        description="Node name or GPU type -> shards per GPU (a node's `Gres=gpu:2,"
+        "shard:64`: 32); a node's entry wins. No default: a job on shards of a node not "
+        "listed is an ingest error naming it, never a guess.",
+    )
+
+    @field_validator("compute_slices_of", "gpu_memory_gb", "shards_per_gpu")
+    @classmethod
+    def _whole_numbers(cls, table: dict[str, int]) -> dict[str, int]:
+        bad = {k: v for k, v in table.items() if v < 1}
+        if bad:
+            raise ValueError(f"counts must be whole numbers >= 1, got {bad}")
+        return table
+
+    @model_validator(mode="after")
+    def _memory_needs_sizes(self) -> SliceConfig:
+        if self.share == "memory" and not self.gpu_memory_gb:
+            raise ValueError(
+                'share = "memory" books a slice by its GB over its GPU\'s: set '
+                "gpu_memory_gb (GPU type -> GB, e.g. { h100 = 80 })"
+            )
+        return self
+
+
 class AccountingConfig(_Strict):
     """The GPU-hour ledger: where it is, how the daemon feeds it, how jobs map to teams."""
 
@@ -998,6 +1059,10 @@ class AccountingConfig(_Strict):
         default="line",
         description="Reports: idle cost as its own line, or shared within each pool in "
         "proportion to use.",
+    )
+    slices: SliceConfig = Field(
+        default_factory=SliceConfig,
+        description="MIG slices and GPU shards: the fraction of a GPU each books.",
     )
 
 

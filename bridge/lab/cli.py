@@ -14,7 +14,7 @@ from rich.table import Table
 from bridge.cli_text import fail, say
 from bridge.lab import lab as lab_mod
 from bridge.lab.slurmctl import slurm
-from bridge.lab.spec import LabSpec, LabSpecError
+from bridge.lab.spec import MIG_PROFILES, LabSpec, LabSpecError
 from bridge.paths import default_lab_dir
 
 lab_app = typer.Typer(
@@ -47,6 +47,13 @@ def up(
     gpus: Annotated[int, typer.Option(help="Fake GPUs per node.")] = 4,
     gpu_type: Annotated[str, typer.Option(help="GPU type in gres.")] = "h100",
     no_install: Annotated[bool, typer.Option(help="Do not apt-get missing packages.")] = False,
+    mig: Annotated[
+        bool,
+        typer.Option(
+            help="One more node of fake MIG slices (4g.40gb, 2g.20gb, 1g.10gb) in a hidden "
+            "partition 'mig' (tests/lab/test_ledger_mig_lab.py)."
+        ),
+    ] = False,
 ) -> None:
     """Install what is missing and start the lab cluster (idempotent)."""
     try:
@@ -57,6 +64,7 @@ def up(
             infer_nodes=infer,
             gpus_per_node=gpus,
             gpu_type=gpu_type,
+            mig_profiles=MIG_PROFILES if mig else (),
         )
         start = time.monotonic()
         lab_mod.up(spec, say=_say, install=not no_install)

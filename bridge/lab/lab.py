@@ -183,11 +183,11 @@ def _ensure_associations(spec: LabSpec, say: Say) -> None:
 
 def _nodes_up(spec: LabSpec) -> bool:
     try:
-        out = slurm(spec, "sinfo", "-h", "-N", "-o", "%N %t", timeout_s=10)
+        out = slurm(spec, "sinfo", "-a", "-h", "-N", "-o", "%N %t", timeout_s=10)
     except SlurmCommandError:
         return False
     states = dict(line.split() for line in out.splitlines() if line.strip())
-    wanted = {n.name for n in spec.nodes}
+    wanted = {n.name for n in spec.all_nodes}
     return wanted <= states.keys() and not any(
         states[n].rstrip("*~#!%$@^-").startswith(("down", "unk", "fail", "inval", "no_"))
         or states[n].endswith("*")
@@ -223,7 +223,7 @@ def up(spec: LabSpec, say: Say = print, install: bool = True) -> None:
     if jwt:
         system.make_jwt_key(spec)
     system.make_gpu_devices(spec)
-    for node in spec.nodes:
+    for node in spec.all_nodes:
         (spec.lab_dir / "spool" / f"slurmd-{node.name}").mkdir(parents=True, exist_ok=True)
 
     db = db_settings()
@@ -284,7 +284,7 @@ def up(spec: LabSpec, say: Say = print, install: bool = True) -> None:
         table,
         "slurmctld",
     )
-    for node in spec.nodes:
+    for node in spec.all_nodes:
         _start(
             table,
             _slurmd_name(node.name),
@@ -374,7 +374,7 @@ def down(spec: LabSpec, say: Say = print) -> None:
     table = _table(spec)
     if table.get("slurmctld"):
         _cancel_jobs(spec, say)
-    for node in reversed(spec.nodes):
+    for node in reversed(spec.all_nodes):
         if table.stop(_slurmd_name(node.name)):
             say(f"stopped {_slurmd_name(node.name)}")
     for name in reversed(DAEMONS):
@@ -388,7 +388,7 @@ def down(spec: LabSpec, say: Say = print) -> None:
 
 def status(spec: LabSpec) -> list[DaemonStatus]:
     table = _table(spec)
-    names = [*DAEMONS, *(_slurmd_name(n.name) for n in spec.nodes)]
+    names = [*DAEMONS, *(_slurmd_name(n.name) for n in spec.all_nodes)]
     logs = {
         "mariadb": "mariadb.log",
         "munged": "munged.log",

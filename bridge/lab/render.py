@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from string import Template
 
-from bridge.lab.spec import LabSpec
+from bridge.lab.spec import MIG_POOL, LabSpec
 from bridge.paths import slurm_plugins_dir, templates_dir
 from bridge.slurm.hostlist import compress
 
@@ -26,8 +26,8 @@ class DbSettings:
 
 
 #: Slurm fills lower weights first: Triton lands on reserved inference nodes before it
-#: takes an elastic node.
-_WEIGHT = {"infer": 1, "elastic": 10, "train": 20}
+#: takes an elastic node. The node of MIG slices is in its own partition only.
+_WEIGHT = {"infer": 1, "elastic": 10, "train": 20, MIG_POOL: 30}
 
 
 def _template(name: str) -> Template:
@@ -50,7 +50,22 @@ def _common(spec: LabSpec) -> dict[str, str]:
         "munge_socket": str(spec.munge_socket),
         "slurm_user": "root",
         "gpu_type": spec.gpu_type,
+        "accounting_tres": accounting_tres(spec),
     }
+
+
+def accounting_tres(spec: LabSpec) -> str:
+    """`AccountingStorageTRES`: gres/gpu, and each GPU type, the MIG slices' included
+    (sacct shows a typed `gres/gpu:<type>` only for a type listed here: what the ledger
+    books a slice by)."""
+    types = [spec.gpu_type, *dict.fromkeys(spec.mig_types())]
+    return ",".join(["gres/gpu", *(f"gres/gpu:{t}" for t in types)])
+
+
+def _gres(spec: LabSpec, pool: str) -> str:
+    if pool == MIG_POOL:
+        return spec.mig_gres()
+    return f"gpu:{spec.gpu_type}:{spec.gpus_per_node}"
 
 
 def _auth_alt(spec: LabSpec, jwt: bool) -> str:
@@ -71,9 +86,9 @@ def slurm_conf(spec: LabSpec, *, jwt: bool = True) -> str:
     nodes = [
         f"NodeName={n.name} NodeAddr={n.addr} NodeHostname={spec.ctld_host} Port={n.port} "
         f"CPUs={spec.cpus_per_node} RealMemory={spec.memory_mb} "
-        f"Gres=gpu:{spec.gpu_type}:{spec.gpus_per_node} Feature=pool_{n.pool} "
+        f"Gres={_gres(spec, n.pool)} Feature=pool_{n.pool} "
         f"Weight={_WEIGHT[n.pool]} State=UNKNOWN"
-        for n in spec.nodes
+        for n in spec.all_nodes
     ]
     infer_accounts = "bridge"
     settings = {
@@ -83,6 +98,9 @@ def slurm_conf(spec: LabSpec, *, jwt: bool = True) -> str:
         # the lowest tier: any job of the other partitions preempts a job here at once
         # (the bridge's staging jobs: bridge.slurm.staging)
         "scavenger": "PriorityTier=0 PreemptMode=REQUEUE GraceTime=0",
+        # the node of MIG slices (`stb lab up --mig`), in no pool; hidden from users (not
+        # from root or SlurmUser, so the lab, run as root, sees it)
+        MIG_POOL: "Hidden=YES PriorityTier=1 PreemptMode=OFF",
     }
     parts = [
         f"PartitionName={name} Nodes={compress(n.name for n in spec.partition_nodes(name))} "
@@ -107,6 +125,13 @@ def gres_conf(spec: LabSpec) -> str:
         if spec.gpus_per_node > 1
         else f"NodeName={n.name} Name=gpu Type={spec.gpu_type} File={gpu_device(spec, n.name, 0)}"
         for n in spec.nodes
+    ]
+    # a MIG slice is a gres/gpu of its profile's type, one device each (AutoDetect=off:
+    # slurmd takes the types and files as written)
+    lines += [
+        f"NodeName={n.name} Name=gpu Type={t} File={gpu_device(spec, n.name, i)}"
+        for n in spec.mig_nodes
+        for i, t in enumerate(spec.mig_types())
     ]
     return _template("gres.conf.in").substitute(gres_lines="\n".join(lines))
 

@@ -15,7 +15,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 POOLS = ("train", "elastic", "infer")
+#: the partition (and ledger pool) of the node of MIG slices
+MIG_POOL = "mig"
+#: `stb lab up --mig`: one H100 cut into 4g + 2g + 1g (7 of its 7 compute slices, 70 of
+#: its 80 GB)
+MIG_PROFILES = ("4g.40gb", "2g.20gb", "1g.10gb")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+_PROFILE = re.compile(r"^[1-7]g\.[1-9][0-9]{0,2}gb$")
 
 
 class LabSpecError(ValueError):
@@ -45,6 +51,12 @@ class LabSpec:
     gpus_per_node: int = 4
     #: GPU type named in gres, used by accounting rates
     gpu_type: str = "h100"
+    #: MIG slices of one more node (`mig_nodes`: its own hidden partition `mig`, in no
+    #: pool): one fake device per profile, typed `<gpu_type>_<profile>` in gres. () by
+    #: default: no such node (`stb lab up --mig` gives `MIG_PROFILES`). Off by default
+    #: because Slurm shows a hidden partition to root, and the lab runs as root: `stb
+    #: init` would make it a pool, and the whole-GPU lab tests would see a fifth node
+    mig_profiles: tuple[str, ...] = ()
     #: CPUs and memory (MiB) each node declares; slurmd is told to trust them
     cpus_per_node: int = 8
     memory_mb: int = 8192
@@ -74,6 +86,13 @@ class LabSpec:
             raise LabSpecError(f"the lab holds 1 to 250 nodes, got {self.node_count}")
         if not 1 <= self.gpus_per_node <= 16:
             raise LabSpecError(f"gpus_per_node must be 1..16, got {self.gpus_per_node}")
+        for profile in self.mig_profiles:
+            if not _PROFILE.match(profile):
+                raise LabSpecError(
+                    f"mig_profiles: {profile!r} is not a MIG profile such as 1g.10gb"
+                )
+        if len(self.mig_profiles) > 16:
+            raise LabSpecError(f"mig_profiles: at most 16 slices, got {len(self.mig_profiles)}")
         for name in ("gpu_type", "cluster", "db_name"):
             if not _NAME.match(getattr(self, name)):
                 raise LabSpecError(
@@ -108,6 +127,29 @@ class LabSpec:
             for i, pool in enumerate(pools, start=1)
         ]
 
+    @property
+    def mig_nodes(self) -> list[LabNode]:
+        """The node of MIG slices (after `nodes`; none without `mig_profiles`): pool `mig`,
+        which no configured pool names."""
+        if not self.mig_profiles:
+            return []
+        i = self.node_count + 1
+        return [LabNode(f"n{i}", f"127.0.1.{i}", self.slurmd_port_base + i, MIG_POOL)]
+
+    @property
+    def all_nodes(self) -> list[LabNode]:
+        """Every node Slurm runs: `nodes`, then `mig_nodes`."""
+        return self.nodes + self.mig_nodes
+
+    def mig_types(self) -> list[str]:
+        """The MIG node's gres types, one per slice (`h100_1g.10gb`)."""
+        return [f"{self.gpu_type}_{p}" for p in self.mig_profiles]
+
+    def mig_gres(self) -> str:
+        """The MIG node's `Gres=`: each slice type with its count, in the order given."""
+        types = self.mig_types()
+        return ",".join(f"gpu:{t}:{types.count(t)}" for t in dict.fromkeys(types))
+
     def pool_nodes(self, pool: str) -> list[LabNode]:
         return [n for n in self.nodes if n.pool == pool]
 
@@ -118,6 +160,8 @@ class LabSpec:
             return self.pool_nodes("infer") + self.pool_nodes("elastic")
         if partition == "scavenger":
             return self.pool_nodes("elastic")
+        if partition == MIG_POOL:
+            return self.mig_nodes
         return self.pool_nodes(partition)
 
     # Files under the lab directory: the one place each path is named.
@@ -205,6 +249,7 @@ class LabSpec:
         data = asdict(self)
         data["lab_dir"] = str(self.lab_dir)
         data["accounts"] = list(self.accounts)
+        data["mig_profiles"] = list(self.mig_profiles)
         (self.lab_dir / "lab.json").write_text(json.dumps(data, indent=2) + "\n")
 
     @classmethod
@@ -215,4 +260,6 @@ class LabSpec:
         data = json.loads(path.read_text())
         data["lab_dir"] = Path(data["lab_dir"])
         data["accounts"] = tuple(data["accounts"])
+        if "mig_profiles" in data:
+            data["mig_profiles"] = tuple(data["mig_profiles"])
         return cls(**data)

@@ -179,8 +179,10 @@ def ensure_rest_user() -> str:
 def make_gpu_devices(spec: LabSpec) -> None:
     """Character devices standing in for GPUs: <lab>/dev/<node>-gpu<i>."""
     spec.dev_dir.mkdir(parents=True, exist_ok=True)
-    for n_index, node in enumerate(spec.nodes):
-        for i in range(spec.gpus_per_node):
+    devices = {n.name: spec.gpus_per_node for n in spec.nodes}
+    devices.update({n.name: len(spec.mig_profiles) for n in spec.mig_nodes})
+    for n_index, node in enumerate(spec.all_nodes):
+        for i in range(devices[node.name]):
             path = spec.dev_dir / f"{node.name}-gpu{i}"
             if path.exists():
                 if stat.S_ISCHR(path.stat().st_mode):

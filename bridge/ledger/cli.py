@@ -34,7 +34,7 @@ from accounting.usage import utilization_by_job
 from bridge.config_cli import ConfigOpt, fail, load_or_exit
 from bridge.db import SchemaError, make_engine
 from bridge.leases.store import LeaseStore, create_schema
-from bridge.ledger.feed import ingest_window, ledger_cluster
+from bridge.ledger.feed import ingest_window, ledger_cluster, slice_rules
 from bridge.ledger.sreport import sreport_agreement
 from bridge.ledger.views import VIEWS, build_sections, parse_views
 from bridge.slurm.cli import SlurmCLI
@@ -161,7 +161,9 @@ def agree(
             start = end - timedelta(hours=24)
         ledger = open_ledger(cfg.accounting.ledger_url)
         cluster = ledger_cluster(cfg, ledger, [], SlurmCLI())
-        result = sreport_agreement(SlurmCLI(), ledger, cluster, start, end, reroll=reroll)
+        result = sreport_agreement(
+            SlurmCLI(), ledger, cluster, start, end, reroll=reroll, slices=slice_rules(cfg)
+        )
     except (LedgerError, SlurmError) as exc:
         raise fail(exc) from exc
     table = Table("hour (UTC)", *COLUMNS, "accounts", title=escape(f"ledger vs sreport, {cluster}"))

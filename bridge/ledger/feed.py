@@ -4,14 +4,17 @@ configuration, Slurm, the lease store and the model repository, and runs one ing
 
 - Capacity: from slurmdbd's events (`sacctmgr show event`: the cluster's registered nodes
   over time, each node's down and drain stretches), each node in its pool
-  (`observe.pool_of`), GPUs from its gres as the inventory records them; no registration
-  of the cluster is an error naming the clusters slurmdbd knows. With `[accounting]
-  capacity = "inventory"`: the nodes Slurm lists at each ingest (down or not responding
-  ones out of service), each from its first observation or first job run.
+  (`observe.pool_of`; a GPU node in no pool under its partition), GPUs from its gres as
+  the inventory records them, one line per GPU type (MIG slices of several profiles);
+  no registration of the cluster is an error naming the clusters slurmdbd knows. With
+  `[accounting] capacity = "inventory"`: the nodes Slurm lists at each ingest (down or
+  not responding ones out of service), each from its first observation or first job run.
 - Workloads: a pool's partition gets its pool's workload (drain -> training, preempt ->
   elastic, reserved -> inference); `[accounting] workloads` names other partitions.
 - Teams: `[accounting] teams` maps accounts; a served model's team is its `stb.team`.
 - Leases: the lease tag a lent Triton job carries -> the pool the node was lent from.
+- MIG slices and shards: `[accounting.slices]` (`slice_rules`) says the fraction of a GPU
+  each books (docs/finance/slices.md).
 - Staging: the bridge's staging jobs (weights copied into a node's cache,
   `bridge.slurm.staging`) are booked as workload `staging` when they run in the account
   they are submitted under (`[weights] account`, else `triton.account`): serving's
@@ -23,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
@@ -43,6 +47,7 @@ from bridge.leases.store import LeaseStore
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import LEASE_TAG_PREFIX, AccountingRecord, Node, SlurmEvent, lease_tag
 from bridge.slurm.protocol import SlurmProtocol
+from bridge.slurm.slices import SliceRules, gres_gpu_parts, unit_share
 from bridge.triton.metrics import MetricsPage
 from bridge.triton.repository import model_teams
 
@@ -54,18 +59,59 @@ _OUT_OF_SERVICE = ("down", "fail", "future", "unknown", "inval")
 SACCT_STEP = timedelta(days=1)
 
 
+def ledger_pool(node: Node, config: BridgeConfig) -> str | None:
+    """The pool the ledger books a node's capacity to: its configured pool, else its
+    first partition (where its jobs book too: `attribution` falls back to a run's
+    partition), None for a node in no partition."""
+    return pool_of(node, config) or (node.partitions[0] if node.partitions else None)
+
+
+def gpu_types(node: Node) -> dict[str, int]:
+    """GPU type -> count of a node: every type its gres names (MIG slices of several
+    profiles: `gpu:h100_4g.40gb:1,gpu:h100_1g.10gb:2`), untyped GPUs as its `gpu_type`
+    (else "gpu"); from the count alone where the source gives no gres."""
+    parts = gres_gpu_parts(node.gres) if node.gres else {}
+    if sum(parts.values()) != node.gpus:  # no gres, or one the count disagrees with
+        return {node.gpu_type or "gpu": node.gpus} if node.gpus > 0 else {}
+    out: dict[str, int] = {}
+    for name, count in parts.items():
+        key = name or node.gpu_type or "gpu"
+        out[key] = out.get(key, 0) + count
+    return out
+
+
+def gpu_equivalents(node: Node, rules: SliceRules) -> Fraction:
+    """The GPUs a node's capacity books per second: each whole GPU 1, each MIG slice its
+    fraction (`bridge.slurm.slices.unit_share`); Slurm's count (`node.gpus`) counts a
+    slice 1."""
+    return sum((n * unit_share(t, rules) for t, n in gpu_types(node).items()), Fraction(0))
+
+
 def inventory(
     nodes: Iterable[Node], config: BridgeConfig, *, down_too: bool = False
 ) -> list[NodeCapacity]:
-    """The nodes with GPUs in a pool; without `down_too`, only those in service now."""
+    """The nodes with GPUs (one line per GPU type), each in its pool, else its partition
+    (`ledger_pool`); without `down_too`, only those in service now."""
     out = []
     for node in nodes:
-        pool = pool_of(node, config)
+        pool = ledger_pool(node, config)
         out_of_service = not down_too and node.state.startswith(_OUT_OF_SERVICE)
         if pool is None or node.gpus <= 0 or out_of_service:
             continue
-        out.append(NodeCapacity(node.name, pool, node.gpu_type or "gpu", node.gpus))
+        out += [NodeCapacity(node.name, pool, t, n) for t, n in gpu_types(node).items()]
     return out
+
+
+def slice_rules(config: BridgeConfig) -> SliceRules:
+    """`[accounting.slices]` as the rules the ledger books MIG slices and shards by."""
+    s = config.accounting.slices
+    return SliceRules(
+        share=s.share,
+        compute_slices=s.compute_slices,
+        compute_slices_of=s.compute_slices_of,
+        gpu_memory_gb=s.gpu_memory_gb,
+        shards_per_gpu=s.shards_per_gpu,
+    )
 
 
 def context(
@@ -79,7 +125,7 @@ def context(
     workloads = {p.partition: WORKLOAD_OF_MODE[p.lend_mode] for p in config.pools.values()}
     workloads.update(acc.workloads)
     return Context(
-        pool_of_node={n.name: p for n in nodes if (p := pool_of(n, config)) is not None},
+        pool_of_node={n.name: p for n in nodes if (p := ledger_pool(n, config)) is not None},
         gpu_type_of_node={n.name: n.gpu_type or "gpu" for n in nodes if n.gpus > 0},
         workload_of_partition=workloads,
         workload_of_pool={name: WORKLOAD_OF_MODE[p.lend_mode] for name, p in config.pools.items()},
@@ -92,10 +138,11 @@ def context(
             for lease in leases
             if lease.id is not None
         },
-        known_gpu_types=frozenset(n.gpu_type or "gpu" for n in nodes if n.gpus > 0),
+        known_gpu_types=frozenset(t for n in nodes if n.gpus > 0 for t in gpu_types(n)),
         horizon=horizon,
         cluster=cluster,
         staging_accounts=frozenset({staging_account(config)}),
+        slices=slice_rules(config),
     )
 
 

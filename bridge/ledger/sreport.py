@@ -22,6 +22,7 @@ from accounting.agreement import (
 )
 from accounting.buckets import HOUR, floor_hour, hours
 from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.slices import SliceRules
 
 
 def _sreport_hour(slurm: SlurmCLI, cluster: str, hour: datetime) -> HourFigures | None:
@@ -50,6 +51,7 @@ def sreport_agreement(
     *,
     reroll: bool = False,
     now: datetime | None = None,
+    slices: SliceRules | None = None,
 ) -> Agreement:
     """Compare each hour of [start, end) (on hours) that slurmdbd has rolled up. An hour
     in which slurmdbd had no registration of the cluster (sreport has no line for it) is
@@ -61,11 +63,13 @@ def sreport_agreement(
     change lately is `Pending` (slurmdbd re-rolls it at its next pass), not a
     difference. `reroll`: an hour that differs is first rolled up again (`sacctmgr
     roll`, a Slurm administrator's right) and compared anew; what still differs then is
-    a difference."""
+    a difference. `slices`: the rules the ledger booked MIG slices by
+    (`[accounting.slices]`; the default's when None): sreport counts a slice as one
+    gres/gpu, so the ledger's slice time is counted back to that."""
     now = now or datetime.now(UTC)
     out = Agreement()
     for hour in hours(start, floor_hour(end)):
-        led = ledger_hour(ledger, cluster, hour)
+        led = ledger_hour(ledger, cluster, hour, slices)
         srep = _sreport_hour(slurm, cluster, hour)
         if srep is None:
             # no line: slurmdbd has not rolled the hour up yet, or the cluster was not
@@ -84,7 +88,9 @@ def sreport_agreement(
             out.rerolled.append(hour)
             srep = _sreport_hour(slurm, cluster, hour) or HourFigures()
             diffs = compare(hour, led, srep)
-        if diffs and not compare(hour, view := rollup_view(ledger, cluster, hour, now), srep):
+        if diffs and not compare(
+            hour, view := rollup_view(ledger, cluster, hour, now, slices), srep
+        ):
             out.reconciled[hour] = view  # the lines differ only by sreport's own rules
             diffs = []
         out.hours.append(hour)

@@ -84,7 +84,9 @@ class SlurmCLI:
         return out[1]
 
     def nodes(self) -> list[model.Node]:
-        return scontrol.parse_nodes(self._run("scontrol", "show", "node", "-o"))
+        # --all: a node only in hidden partitions too (scontrol hides it otherwise); its
+        # partitions are not listed by `partitions`, so it is in no pool
+        return scontrol.parse_nodes(self._run("scontrol", "show", "node", "-o", "--all"))
 
     def partitions(self) -> list[model.Partition]:
         return scontrol.parse_partitions(self._run("scontrol", "show", "partition", "-o"))

@@ -88,6 +88,10 @@ class Node:
     gpu_type: str | None
     gpus: int
     gpus_alloc: int
+    #: the node's configured gres as Slurm shows it (`gpu:h100:4`,
+    #: `gpu:h100_4g.40gb:1,gpu:h100_1g.10gb:2`): the ledger's capacity per GPU type reads
+    #: every type, where `gpu_type` is the first; "" where the source gives none
+    gres: str = ""
 
     @property
     def drained(self) -> bool:
@@ -238,6 +242,10 @@ class AccountingRecord:
     #: when not known, or never eligible (held). The simulator replays a job from here
     #: (`bridge.sim.inputs`); the ledger does not read it
     eligible: datetime | None = None
+    #: the gres entries of the run's allocated TRES as sacct gives them
+    #: (`gres/gpu=1,gres/gpu:h100_1g.10gb=1`): what the ledger books a MIG slice or shards
+    #: by (`bridge.slurm.slices`); "" where the source gives none (a count alone)
+    gpu_tres: str = ""
 
     @property
     def key(self) -> str:

@@ -161,14 +161,20 @@ def gpus_from_tres(tres: str) -> tuple[str | None, int]:
     return gpu_type, untyped if untyped is not None else sum(typed.values())
 
 
-def gpus_from_tres_list(items: list[dict[str, Any]]) -> tuple[str | None, int]:
-    """The same rule for sacct JSON's `tres.allocated` list."""
-    as_text = ",".join(
+def tres_list_text(items: list[dict[str, Any]]) -> str:
+    """sacct JSON's `tres.allocated` list as the TRES string its gres entries make
+    (`[{"type": "gres", "name": "gpu:a100_3g.20gb", "count": 1}]` ->
+    `gres/gpu:a100_3g.20gb=1`); counts in either OpenAPI shape."""
+    return ",".join(
         f"{t.get('type')}/{t.get('name')}={num(t.get('count')) or 0}"
         for t in items
         if t.get("type") == "gres" and t.get("name")
     )
-    return gpus_from_tres(as_text)
+
+
+def gpus_from_tres_list(items: list[dict[str, Any]]) -> tuple[str | None, int]:
+    """The same rule for sacct JSON's `tres.allocated` list."""
+    return gpus_from_tres(tres_list_text(items))
 
 
 # --- job ids --------------------------------------------------------------------------

@@ -86,6 +86,7 @@ class PySlurm:
                     gpu_type=gpu_type,
                     gpus=gpus,
                     gpus_alloc=alloc,
+                    gres=_gres_string(n.configured_gres),
                 )
             )
         return nodes

@@ -153,6 +153,7 @@ def parse_nodes(text: str) -> list[Node]:
                     gpu_type=gpu_type or alloc_type,
                     gpus=gpus,
                     gpus_alloc=alloc,
+                    gres=_text(n.get("gres")),
                 )
             )
         except (KeyError, ValueError, TypeError, AttributeError) as exc:

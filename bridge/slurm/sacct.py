@@ -35,6 +35,7 @@ from bridge.slurm.parse import (
     shown_state,
     states,
     timestamp,
+    tres_list_text,
 )
 
 
@@ -73,7 +74,8 @@ def parse_sacct_json_plain(text: str) -> list[AccountingRecord]:
             array = j.get("array") or {}
             array_job = num(array.get("job_id")) or None
             task = num(array.get("task_id"))
-            gpu_type, gpus = gpus_from_tres_list(j.get("tres", {}).get("allocated", []))
+            allocated = j.get("tres", {}).get("allocated", [])
+            gpu_type, gpus = gpus_from_tres_list(allocated)
             t = j.get("time", {})
             nodes = as_text(j.get("nodes"))
             comment = j.get("comment")
@@ -100,6 +102,7 @@ def parse_sacct_json_plain(text: str) -> list[AccountingRecord]:
                     comment=_sacct_comment(comment),
                     restarts=num(j.get("restart_cnt")) or 0,
                     eligible=timestamp(t.get("eligible")),
+                    gpu_tres=tres_list_text(allocated),
                 )
             )
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
@@ -222,7 +225,8 @@ def _sacct_record(j: _SacctJob) -> AccountingRecord:
         for t in j.tres.allocated
         if t.type == "gres" and t.name
     ]
-    gpu_type, gpus = _gpus_cached(",".join(gres)) if gres else (None, 0)
+    gpu_tres = ",".join(gres)
+    gpu_type, gpus = _gpus_cached(gpu_tres) if gres else (None, 0)
     t = j.time
     submit = _tstamp(t.submission)
     # most jobs are eligible when submitted: the same instant, one datetime made
@@ -258,4 +262,5 @@ def _sacct_record(j: _SacctJob) -> AccountingRecord:
         comment=comment_text,
         restarts=_tnum(j.restart_cnt) or 0,
         eligible=eligible,
+        gpu_tres=gpu_tres,
     )

@@ -73,6 +73,7 @@ def _node(r: dict[str, str]) -> Node:
         gpu_type=gpu_type or alloc_type,
         gpus=gpus,
         gpus_alloc=alloc,
+        gres=r.get("Gres", "") if r.get("Gres", "") not in NULLS else "",
     )
 
 

@@ -35,7 +35,7 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Literal
 
-from bridge.slurm.parse import num
+from bridge.slurm.parse import NULLS, tres_list_text
 
 ShareMode = Literal["compute", "memory"]
 SHARE_MODES: tuple[ShareMode, ...] = ("compute", "memory")
@@ -83,6 +83,20 @@ class SliceRules:
         # read-only copies: frozen means frozen
         for name in ("compute_slices_of", "gpu_memory_gb", "shards_per_gpu"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+
+    def __reduce__(self) -> tuple[type[SliceRules], tuple[Any, ...]]:
+        """Pickled as plain dicts (a read-only view does not pickle): the ingest's worker
+        processes get the rules with its context."""
+        return (
+            SliceRules,
+            (
+                self.share,
+                self.compute_slices,
+                dict(self.compute_slices_of),
+                dict(self.gpu_memory_gb),
+                dict(self.shards_per_gpu),
+            ),
+        )
 
 
 # --- MIG profile names ------------------------------------------------------------------
@@ -291,17 +305,6 @@ def gpu_share_from_tres(
     return name, float(sum(shares.values(), Fraction(0)))
 
 
-def tres_list_text(items: list[dict[str, Any]]) -> str:
-    """sacct JSON's `tres.allocated` list as the TRES string its gres entries make
-    (`[{"type": "gres", "name": "gpu:a100_3g.20gb", "count": 1}]` ->
-    `gres/gpu:a100_3g.20gb=1`); counts in either OpenAPI shape."""
-    return ",".join(
-        f"{t.get('type')}/{t.get('name')}={num(t.get('count')) or 0}"
-        for t in items
-        if t.get("type") == "gres" and t.get("name")
-    )
-
-
 def gpu_share_from_tres_list(
     items: list[dict[str, Any]],
     rules: SliceRules,
@@ -311,3 +314,58 @@ def gpu_share_from_tres_list(
 ) -> tuple[str | None, float]:
     """`gpu_share_from_tres` of sacct JSON's `tres.allocated` list."""
     return gpu_share_from_tres(tres_list_text(items), rules, node=node, gpu_type=gpu_type)
+
+
+# --- node gres and ledger units -----------------------------------------------------------
+
+
+def gres_gpu_parts(gres: str) -> dict[str | None, int]:
+    """A node's configured gres (`gpu:h100:4`, `gpu:h100_4g.40gb:1,gpu:h100_1g.10gb:2`,
+    `gpu:2,shard:64`, `gpu:h100:2(S:0-1)`) -> GPU type (None: untyped) -> count, in the
+    order the string names them; shards are not GPUs and are left out. What the ledger's
+    capacity counts per node and GPU type."""
+    out: dict[str | None, int] = {}
+    for entry in _split_gres(gres):
+        parts = entry.split("(", 1)[0].split(":")
+        if parts[0] not in ("gpu", "gres/gpu"):
+            continue
+        if len(parts) == 1:
+            name, count = None, 1
+        elif len(parts) == 2:
+            name, count = (None, int(parts[1])) if parts[1].isdigit() else (parts[1], 1)
+        else:
+            name, count = parts[1], int(parts[2]) if parts[2].isdigit() else 0
+        if count:
+            out[name] = out.get(name, 0) + count
+    return out
+
+
+def _split_gres(gres: str) -> list[str]:
+    """Split on commas outside parentheses (`gpu:h100:2(IDX:0,2)`)."""
+    out, depth, cur = [], 0, ""
+    for ch in gres:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return [e.strip() for e in out if e.strip() and e.strip() not in NULLS]
+
+
+def unit_share(gpu_type: str | None, rules: SliceRules) -> Fraction:
+    """The GPUs one unit of a ledger GPU type is: 1 for a whole GPU's type (`h100`, `gpu`,
+    None), a MIG slice's fraction for a slice's (`h100_1g.10gb`: 1/7 by compute). What
+    the ledger's capacity multiplies a node's count of that type by, and what the sreport
+    agreement divides a slice's GPU time by (sreport counts a slice as one gres/gpu)."""
+    if not gpu_type or not is_mig_type(gpu_type):
+        return Fraction(1)
+    return slice_share(parse_mig_profile(gpu_type), rules)
+
+
+def needs_shares(tres: str) -> bool:
+    """Whether a TRES string's GPU share may differ from its `gres/gpu` count: it names
+    a MIG slice type or shards. Every other record is booked by its count, as before."""
+    return "gres/shard" in tres or bool(_LOOKS_MIG.search(tres))

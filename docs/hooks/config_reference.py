@@ -54,6 +54,13 @@ def reference() -> str:
         elif section.__doc__:
             out += [_cell(section.__doc__), ""]
         out += _table(section, toml_prefix=heading, env_prefix=env)
+        for sub_name, sub in section.model_fields.items():  # a table inside the section
+            sub_model = _model_of(sub.annotation)
+            if sub_model is None or not env:
+                continue
+            out += ["", f"### `[{name}.{sub_name}]`", ""]
+            out += [_cell(sub.description or sub_model.__doc__ or ""), ""]
+            out += _table(sub_model, f"[{name}.{sub_name}]", f"{env}{sub_name.upper()}__")
     return "\n".join(out) + "\n"
 
 
@@ -65,6 +72,10 @@ def _table(model: type[BaseModel], toml_prefix: str, env_prefix: str) -> list[st
         ):
             continue  # a section of its own
         setting = f"`{name}`"
+        if _model_of(field.annotation):  # a table inside the section: its own table below
+            where = f"{toml_prefix[:-1]}.{name}]"
+            rows.append(f"| {setting} | table | | {_cell(field.description or '')} (`{where}`) |")
+            continue
         if env_prefix:
             setting += f"<br>`{env_prefix}{name.upper()}`"
         rows.append(

@@ -46,9 +46,10 @@ from bridge.lab import procs
 from bridge.lab.demo import lab_config
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
-from bridge.ledger.feed import ingest_window
+from bridge.ledger.feed import gpu_equivalents, ingest_window
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import SlurmEvent
+from bridge.slurm.slices import SliceRules
 
 from .helpers import gpu_count, sacct_records, sbatch, until, wait_sacct_final, wait_state
 
@@ -190,9 +191,11 @@ def test_slurmctld_down_is_booked_as_sreport_books_it(lab: LabSpec, tmp_path: Pa
     registered = [e for e in events if e.is_registration and e.cluster == lab.cluster]
     reg_at_gap = [e for e in registered if e.start <= gap[0] and (e.end is None or e.end >= gap[1])]
     assert reg_at_gap, f"no registration of {lab.cluster} spans the gap: {registered}"
-    node_gpus = {n.name: n.gpus for n in cli.nodes()}
+    slurm_gpus = {n.name: n.gpus for n in cli.nodes()}
+    assert ev.gpus == sum(slurm_gpus.get(n, 0) for n in reg_at_gap[0].nodes), ev.gpus
+    # the ledger's GPUs: a MIG slice its fraction of a GPU, not one gres/gpu
+    node_gpus = {n.name: float(gpu_equivalents(n, SliceRules())) for n in cli.nodes()}
     cluster_gpus = sum(node_gpus.get(n, 0) for n in reg_at_gap[0].nodes)
-    assert ev.gpus == cluster_gpus, (ev.gpus, cluster_gpus)
 
     url = f"sqlite:///{tmp_path / 'ctld.db'}"
     engine = open_ledger(url)

@@ -27,6 +27,7 @@ import subprocess
 import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +44,10 @@ from bridge.cli import app
 from bridge.lab import triton
 from bridge.lab.demo import lab_config
 from bridge.lab.slurmctl import slurm
-from bridge.lab.spec import LabSpec
-from bridge.ledger.feed import LedgerFeed, ingest_window
+from bridge.lab.spec import MIG_POOL, LabSpec
+from bridge.ledger.feed import LedgerFeed, gpu_equivalents, ingest_window
 from bridge.slurm.cli import SlurmCLI
+from bridge.slurm.slices import SliceRules, needs_shares, shares_from_tres
 from bridge.triton.client import TritonHttpClient
 from bridge.triton.metrics import parse_page
 
@@ -67,13 +69,15 @@ def _sacct_gpu_ms(lab: LabSpec, since: datetime, until: datetime) -> dict[str, i
     totals: dict[str, int] = defaultdict(int)
     for line in out.splitlines():
         _job, account, tres, elapsed, _state = line.split("|")
-        gpus = 0
+        gpus: int | Fraction = 0
         for item in tres.split(","):
             key, _, value = item.partition("=")
             if key == "gres/gpu":
                 gpus = int(value)
+        if needs_shares(tres):  # a MIG slice: its fraction of a GPU (a lab up with --mig)
+            gpus = sum(shares_from_tres(tres, SliceRules()).values(), Fraction(0))
         if gpus:
-            totals[account] += gpus * int(elapsed) * 1000
+            totals[account] += int(gpus * int(elapsed) * 1000)
     return dict(totals)
 
 
@@ -207,25 +211,38 @@ def test_ledger_agrees_with_sacct_and_splits_the_serving_job(
     }
 
     # 3. Per pool and hour: allocated + idle = capacity (GPUs x seconds since `since`).
-    gpus_of_pool: dict[str, int] = defaultdict(int)
+    gpus_of_pool: dict[str, float] = defaultdict(float)
     for node in cli.nodes():
         pool = (
             "inference"
             if node.partitions == ("infer",)
             else ("elastic" if "elastic" in node.partitions else "training")
         )
-        gpus_of_pool[pool] += node.gpus
+        if node.partitions == (MIG_POOL,):  # in no pool: under its partition
+            pool = MIG_POOL
+        # a MIG slice books its fraction of a GPU
+        gpus_of_pool[pool] += float(gpu_equivalents(node, SliceRules()))
     cells: dict[tuple[str, datetime], int] = defaultdict(int)
     for r in rows:
         cells[(r.pool, r.bucket)] += r.gpu_ms
     # capacity counts from slurmdbd's registration of the cluster (a lab younger than the
     # hour has less of it)
-    registered = min(e.start for e in cli.events(since, until) if e.is_registration)
+    registrations = [e for e in cli.events(since, until) if e.is_registration]
+    registered = min(e.start for e in registrations)
+    # the node of MIG slices from the first registration that lists it (a lab made before
+    # it had one registered it later)
+    mig_names = {n.name for n in lab.mig_nodes}
+    mig_registered = min(
+        (e.start for e in registrations if mig_names & set(e.nodes)), default=registered
+    )
     for (pool, bucket), ms in cells.items():
-        lo = max(bucket, since, registered)
+        lo = max(bucket, since, mig_registered if pool == MIG_POOL else registered)
         hi = min(bucket + timedelta(hours=1), until)
         expected = gpus_of_pool[pool] * int((hi - lo).total_seconds() * 1000)
-        assert ms == expected, (pool, bucket, ms, expected)
+        # whole GPUs exactly; slices floored to the millisecond, one per slice
+        assert abs(ms - expected) <= (len(lab.mig_profiles) if pool == MIG_POOL else 0), (
+            pool, bucket, ms, expected,
+        )  # fmt: skip
 
     # 4. Re-ingest: nothing changes.
     again = ingest_window(config, cli, ledger, since, until, now=until)

@@ -39,12 +39,32 @@ NODES = [
 
 def test_capacity_counts_in_service_gpu_nodes_in_their_pool() -> None:
     got = {(c.node, c.pool, c.gpu_type, c.gpus) for c in inventory(NODES, BridgeConfig())}
-    # n2 is down, n5 is in no pool, c1 has no GPU; n3 belongs to elastic, not inference.
+    # n2 is down, c1 has no GPU; n3 belongs to elastic, not inference; n5 is in no pool: its
+    # capacity is booked under its partition, where its jobs book theirs
     assert got == {
         ("n1", "training", "h100", 4),
         ("n3", "elastic", "h100", 4),
         ("n4", "inference", "h100", 4),
+        ("n5", "debug", "h100", 4),
     }
+
+
+def test_a_node_of_mig_slices_has_capacity_per_slice_type() -> None:
+    mig = Node(
+        "m1", "127.0.1.9", ("mig",), "idle", frozenset(), "", "h100_4g.40gb", 3, 0,
+        gres="gpu:h100_4g.40gb:1(S:0),gpu:h100_2g.20gb:1(S:0),gpu:h100_1g.10gb:1(S:0)",
+    )  # fmt: skip
+    got = [(c.node, c.pool, c.gpu_type, c.gpus) for c in inventory([mig], BridgeConfig())]
+    assert got == [
+        ("m1", "mig", "h100_4g.40gb", 1),
+        ("m1", "mig", "h100_2g.20gb", 1),
+        ("m1", "mig", "h100_1g.10gb", 1),
+    ]
+    ctx = context(BridgeConfig(), [*NODES, mig], [], horizon=NOW, cluster="lab")
+    assert ctx.known_gpu_types == {"h100", "h100_4g.40gb", "h100_2g.20gb", "h100_1g.10gb"}
+    # a gres the count disagrees with (or none) falls back to the count under the first type
+    odd = Node("m2", "a", ("mig",), "idle", frozenset(), "", "h100_1g.10gb", 2, 0, gres="")
+    assert [(c.gpu_type, c.gpus) for c in inventory([odd], BridgeConfig())] == [("h100_1g.10gb", 2)]
 
 
 def test_context_maps_partitions_teams_models_and_leases() -> None:
@@ -62,7 +82,7 @@ def test_context_maps_partitions_teams_models_and_leases() -> None:
     assert ctx.workload_of_partition == {
         "train": "training", "elastic": "elastic", "infer": "inference", "debug": "elastic",
     }  # fmt: skip
-    assert ctx.pool_of_node["n3"] == "elastic" and "n5" not in ctx.pool_of_node
+    assert ctx.pool_of_node["n3"] == "elastic" and ctx.pool_of_node["n5"] == "debug"
     assert ctx.team_of_account == {"bridge": "platform"}
     assert ctx.team_of_model["busy"] == "team-vision"  # from triton_repo/busy/config.pbtxt
     assert ctx.pool_of_lease == {f"7.{int(NOW.timestamp())}": "training"}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bridge.lab import render
-from bridge.lab.spec import LabSpec, LabSpecError
+from bridge.lab.spec import MIG_PROFILES, LabSpec, LabSpecError
 from bridge.slurm.hostlist import expand
 
 
@@ -58,6 +58,32 @@ def test_slurm_conf_partitions_and_preemption(tmp_path: Path) -> None:
     assert weight["n6"] < weight["n4"]
 
 
+def test_one_node_of_mig_slices_in_a_hidden_partition_of_its_own(tmp_path: Path) -> None:
+    assert LabSpec(lab_dir=tmp_path).mig_nodes == []  # only when asked (stb lab up --mig)
+    spec = LabSpec(lab_dir=tmp_path, mig_profiles=MIG_PROFILES)
+    assert [(n.name, n.pool, n.addr) for n in spec.mig_nodes] == [("n5", "mig", "127.0.1.5")]
+    assert [n.name for n in spec.all_nodes] == ["n1", "n2", "n3", "n4", "n5"]
+    assert "n5" not in {n.name for n in spec.nodes}  # every whole-GPU node, as before
+    conf = render.slurm_conf(spec)
+    node = next(n for n in _conf_lines(conf, "NodeName") if n["NodeName"] == "n5")
+    assert node["Gres"] == "gpu:h100_4g.40gb:1,gpu:h100_2g.20gb:1,gpu:h100_1g.10gb:1"
+    part = next(p for p in _conf_lines(conf, "PartitionName") if p["PartitionName"] == "mig")
+    assert (part["Nodes"], part["Hidden"]) == ("n5", "YES")
+    tres = next(line for line in conf.splitlines() if line.startswith("AccountingStorageTRES="))
+    assert tres == (
+        "AccountingStorageTRES=gres/gpu,gres/gpu:h100,gres/gpu:h100_4g.40gb,"
+        "gres/gpu:h100_2g.20gb,gres/gpu:h100_1g.10gb"
+    )
+    gres = render.gres_conf(spec)
+    assert f"NodeName=n5 Name=gpu Type=h100_1g.10gb File={tmp_path}/dev/n5-gpu2" in gres
+    # none asked for: no such node, and the lab is the whole-GPU one
+    plain = LabSpec(lab_dir=tmp_path, mig_profiles=())
+    plain_parts = _conf_lines(render.slurm_conf(plain), "PartitionName")
+    assert plain.mig_nodes == [] and "mig" not in {p["PartitionName"] for p in plain_parts}
+    with pytest.raises(LabSpecError, match="mig_profiles"):
+        LabSpec(lab_dir=tmp_path, mig_profiles=("3g",))
+
+
 def test_gres_conf_points_at_the_lab_devices(tmp_path: Path) -> None:
     spec = LabSpec(lab_dir=tmp_path, gpus_per_node=2)
     gres = render.gres_conf(spec)
@@ -90,7 +116,9 @@ def test_bad_settings_name_the_field(tmp_path: Path, kwargs: dict[str, object], 
 
 
 def test_spec_round_trips_through_lab_json(tmp_path: Path) -> None:
-    spec = LabSpec(lab_dir=tmp_path, train_nodes=1, gpus_per_node=8, gpu_type="a100")
+    spec = LabSpec(
+        lab_dir=tmp_path, train_nodes=1, gpus_per_node=8, gpu_type="a100", mig_profiles=("1g.5gb",)
+    )
     spec.save()
     assert LabSpec.load(tmp_path) == spec
     assert LabSpec.load(tmp_path / "missing") is None
