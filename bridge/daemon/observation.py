@@ -121,6 +121,7 @@ def job_views(obs: Observation, node: str) -> tuple[JobView, ...]:
             _ts(j, "submit_time"),
             checkpoint_of(j.tags),
             ends_at=_ts(j, "end_time"),
+            gpus_here=_gpus_per_node(j) if len(j.nodes) > 1 else None,
         )
         for j in obs.work.get(node, ())
     )

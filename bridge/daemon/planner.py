@@ -238,10 +238,15 @@ def check_operator_lend(
     return pool, config.pools[pool].lend_mode, tuple(models) or obs.models.served
 
 
-def operator_lend_gpus(node: str, models: Sequence[str], mode: str, obs: Observation) -> int | None:
+def operator_lend_gpus(
+    node: str, models: Sequence[str], mode: str, obs: Observation, config: BridgeConfig
+) -> int | None:
     """GPUs of `node` an operator's lend of `models` takes: as the policy's lends, the
     GPUs a replica of them takes (`bridge.policy.gang.lend_gpus`) where that is a
-    partial lend (`bridge.policy.nodes.partial`); None: the whole node."""
+    partial lend (`bridge.policy.nodes.partial`, `[policy] partial_lends`); None: the
+    whole node."""
+    if not config.policy.partial_lends:
+        return None
     k = lend_gpus(obs.models.scaled, models)
     known = obs.nodes.get(node)
     return k if known is not None and partial(known.gpus, k, mode) else None

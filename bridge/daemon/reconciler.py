@@ -485,7 +485,7 @@ class Reconciler:
         pool, mode, models = checked
         if pool in holds:
             return f"refused: pool {pool} is held by {holds[pool].held_by} (stb resume {pool})"
-        gpus = planner.operator_lend_gpus(node, models, mode, obs)
+        gpus = planner.operator_lend_gpus(node, models, mode, obs, self.config)
         lend = Lend(node, pool, mode, models, req.reason, gpus)
         return self._lend(lend, obs, now, report, key)
 

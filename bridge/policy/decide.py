@@ -613,7 +613,8 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
     spent = 0  # jobs the lends so far requeue, of the hour's budget
     # the lends by the GPUs a replica of theirs takes (None: whole nodes), each size's
     # nodes chosen for it; one size (the usual case) is one choice, as before
-    sizes = [lend_gpus(snapshot.models, models) for models in plan.wanted]
+    partly = policy.partial_lends
+    sizes = [lend_gpus(snapshot.models, models) if partly else None for models in plan.wanted]
     for k in dict.fromkeys(sizes):
         group = [models for models, s in zip(plan.wanted, sizes, strict=True) if s == k]
         lent_for = list(dict.fromkeys(m for models in group for m in models))
@@ -639,7 +640,7 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
             taken.add(node.name)
             spent += victims_count(node, k, mode, now, policy)
     if plan.backstop and len(taken) == len(plan.wanted):
-        k = lend_gpus(snapshot.models, plan.backstop)
+        k = lend_gpus(snapshot.models, plan.backstop) if partly else None
         spare = choose_nodes(
             snapshot,
             config,

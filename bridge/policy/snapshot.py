@@ -40,6 +40,14 @@ class JobView:
     #: when the running job ends at the latest (Slurm's end time: its start plus its time
     #: limit); None while pending, without a time limit, or not known
     ends_at: float | None = None
+    #: its GPUs on the node it is seen on (a job on several nodes holds `gpus` in all;
+    #: a requeue loses all, frees these here); None: all of `gpus` (one node)
+    gpus_here: int | None = None
+
+    @property
+    def held_here(self) -> int:
+        """The GPUs a requeue of it frees on the node it is seen on."""
+        return self.gpus if self.gpus_here is None else self.gpus_here
 
 
 @dataclass(frozen=True)

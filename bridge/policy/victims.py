@@ -97,15 +97,15 @@ def choose_victims(
     if triton_gpus is None:
         triton_gpus = node.triton_gpus
     running = [j for j in node.jobs if j.started_at is not None]
-    free = node.gpus - triton_gpus - sum(j.gpus for j in running)
+    free = node.gpus - triton_gpus - sum(j.held_here for j in running)
     if free >= k:
         return Victims((), 0, 0.0)
     need = k - free
     kept = set(keep)
     movable = sorted(
-        (j for j in running if j.gpus > 0 and j.job_id not in kept), key=lambda j: j.job_id
+        (j for j in running if j.held_here > 0 and j.job_id not in kept), key=lambda j: j.job_id
     )
-    if sum(j.gpus for j in movable) < need:
+    if sum(j.held_here for j in movable) < need:
         return None
     lost = {j.job_id: work_lost(replace(node, jobs=(j,)), now) for j in movable}
     limit = len(movable) if max_jobs is None else min(max_jobs, len(movable))
@@ -150,8 +150,8 @@ def drain_wait(
         triton_gpus = node.triton_gpus
     if k > node.gpus - triton_gpus:
         return None
-    running = [j for j in node.jobs if j.started_at is not None and j.gpus > 0]
-    free = node.gpus - triton_gpus - sum(j.gpus for j in running)
+    running = [j for j in node.jobs if j.started_at is not None and j.held_here > 0]
+    free = node.gpus - triton_gpus - sum(j.held_here for j in running)
     waited: list[str] = []
     free_at = now
     # jobs with no end sort last: reaching one means the known ends do not make `k`
@@ -162,7 +162,7 @@ def drain_wait(
         if j.ends_at is None:
             return None
         waited.append(j.job_id)
-        free += j.gpus
+        free += j.held_here
         free_at = max(free_at, j.ends_at)
     return DrainWait(tuple(waited), free_at)
 
@@ -179,8 +179,10 @@ def _exhaustive(
     best: _Rank | None = None
     for size in range(1, limit + 1):
         for subset in combinations(movable, size):
+            if sum(j.held_here for j in subset) < need:
+                continue
             gpus = sum(j.gpus for j in subset)
-            if gpus < need or (best is not None and gpus > best[0]):
+            if best is not None and gpus > best[0]:
                 continue
             rank = _rank(subset, lost)
             if best is None or rank < best:
@@ -197,15 +199,15 @@ def _greedy(
     work lost first among equals, then each taken job that is not needed given back, the
     largest first). Not always the fewest GPUs, and may find none under a tight `limit`
     where some choice exists."""
-    ranks = [_rank((j,), lost) for j in movable if j.gpus >= need]
+    ranks = [_rank((j,), lost) for j in movable if j.held_here >= need]
     for sign in (1, -1):
         taken: list[JobView] = []
-        for j in sorted(movable, key=lambda j: (sign * j.gpus, lost[j.job_id], j.job_id)):
-            if sum(t.gpus for t in taken) >= need:
+        for j in sorted(movable, key=lambda j: (sign * j.held_here, lost[j.job_id], j.job_id)):
+            if sum(t.held_here for t in taken) >= need:
                 break
             taken.append(j)
-        for j in sorted(taken, key=lambda j: (-j.gpus, -lost[j.job_id], j.job_id)):
-            if sum(t.gpus for t in taken) - j.gpus >= need:
+        for j in sorted(taken, key=lambda j: (-j.held_here, -lost[j.job_id], j.job_id)):
+            if sum(t.held_here for t in taken) - j.held_here >= need:
                 taken.remove(j)
         ranks.append(_rank(taken, lost))
     return min((r for r in ranks if r[2] <= limit), default=None)

@@ -23,6 +23,7 @@ from bridge.sim import workload
 from bridge.sim.engine import Timing
 from bridge.sim.inputs import JobReplay
 from bridge.sim.inputs.site import SITE_ARRIVALS, SITE_JOBS
+from bridge.sim.lending import GRANULARITIES
 from bridge.sim.policies import LEND_CAPS, Scenario, parse_lend_cap, setup_for, size
 from bridge.sim.tokens import TokenModel
 from bridge.sim.workload import ArrivalSeries, SimJob
@@ -180,6 +181,8 @@ def build_scenario(
     timing: Timing | None = None,
     tokens: Mapping[str, TokenModel] | None = None,
     replica_servers: int | None = None,
+    granularity: str = "node",
+    replica_gpus: Mapping[str, int] | None = None,
 ) -> Scenario:
     """The scenario the options describe. The fleet is sized first without jobs (the peak
     inference pool), so the job load can be a share of the GPUs outside it; every policy's
@@ -190,9 +193,17 @@ def build_scenario(
     came: `load` does not scale them); `models` gives each model's (SLO ms, service ms)
     (default: `slo_ms`, `service_ms` for every model of `rates`), `timing` the actuation
     times (default: the lab's), `tokens` the LLM models' token workloads and
-    `replica_servers` their sequences per replica (`Scenario`'s). Raises ValueError
-    (BadInput for the options) naming the problem."""
+    `replica_servers` their sequences per replica (`Scenario`'s); `granularity` and
+    `replica_gpus` what a lend takes (`Scenario`'s, `bridge.sim.lending`). Raises
+    ValueError (BadInput for the options) naming the problem."""
     horizon = days * DAY_S
+    if granularity not in GRANULARITIES:
+        raise BadInput(f"--granularity {granularity!r}: choose from {', '.join(GRANULARITIES)}")
+    for model, gpus in (replica_gpus or {}).items():
+        if model not in rates and (models is None or model not in models):
+            raise BadInput(f"--replica-gpus: no model {model!r} in this run")
+        if gpus < 1:
+            raise BadInput(f"--replica-gpus {model}={gpus}: a replica takes at least 1 GPU")
     try:
         parse_lend_cap(lend_cap)
     except ValueError:
@@ -220,6 +231,8 @@ def build_scenario(
         timing=timing or Timing(),
         tokens=dict(tokens or {}),
         replica_servers=replica_servers,
+        granularity=granularity,
+        replica_gpus=dict(replica_gpus or {}),
     )
     sizing = size(probe)
     rest = nodes - sizing.peak_nodes

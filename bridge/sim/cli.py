@@ -58,6 +58,7 @@ from bridge.sim.inputs.site import (
     per_model,
     resolve,
 )
+from bridge.sim.lending import GRANULARITIES, parse_replica_gpus
 from bridge.sim.options import GENERATED_ARRIVALS, GENERATED_JOBS, settle
 from bridge.sim.output import emit
 from bridge.sim.policies import POLICIES, known, size, tradeoff_sizes, with_separate
@@ -103,6 +104,7 @@ def _check(
     jobs: str,
     fmt: str,
     output: Path | None,
+    granularity: str = "node",
 ) -> None:
     """Every option that can be checked before reading a trace; BadInput naming it.
     `service_ms`: --service-ms' value for every model (None: it names models only)."""
@@ -131,6 +133,7 @@ def _check(
         "--arrivals": (arrivals, ARRIVALS),
         "--jobs": (jobs, JOBS),
         "--format": (fmt, FORMATS),
+        "--granularity": (granularity, GRANULARITIES),
     }
     for option, (choice, allowed) in choices.items():
         if choice not in allowed:
@@ -366,6 +369,23 @@ def simulate(
             "(max_lent_nodes)."
         ),
     ] = "peak",
+    granularity: Annotated[
+        str,
+        typer.Option(
+            help="What a lend takes: node (whole nodes, as the bridge lends today) or gpu "
+            "(the GPUs of its replica, --replica-gpus: the jobs requeued are the fewest GPUs "
+            "of elastic work, the node's other GPUs run on). The same where no model states "
+            "its replica's GPUs."
+        ),
+    ] = "node",
+    replica_gpus: Annotated[
+        str,
+        typer.Option(
+            help="GPUs one replica of each model takes: 1,2,4,8,16 (the models in order, "
+            "cycled), m0=4,m1=16 per model, or both. More than a node's: a gang of whole "
+            "nodes, lent and returned together, all or nothing. Default: whole nodes."
+        ),
+    ] = "",
     separate_nodes: Annotated[
         int,
         typer.Option(
@@ -412,7 +432,7 @@ def simulate(
             nodes=256 if nodes is None else nodes,
             gpus_per_node=8 if gpus_per_node is None else gpus_per_node, models=models,
             mean_rps=mean_rps, slo_ms=slo_ms, service_ms=service_default, load=load,
-            arrivals=arrivals, jobs=jobs, fmt=fmt, output=output,
+            arrivals=arrivals, jobs=jobs, fmt=fmt, output=output, granularity=granularity,
         )  # fmt: skip
         settled = settle(*_options(ctx))  # an option that would go unread: refused
         arrivals, jobs = str(settled.values["--arrivals"]), str(settled.values["--jobs"])
@@ -439,6 +459,7 @@ def simulate(
     try:
         rates = model_rates(models, mean_rps)
         site = resolve(site_options, cfg, list(rates), now=datetime.now(UTC))
+        sizes_of = parse_replica_gpus(replica_gpus, list(site.models or rates))
         scenario = build_scenario(
             days=site.days, nodes=site.nodes, gpus_per_node=site.gpus_per_node,
             rates=rates, slo_ms=slo_ms, service_ms=service_default or 20.0,
@@ -452,6 +473,7 @@ def simulate(
                 **({"implied": settled.implied} if settled.implied else {}),
             },
             series=site.series, site_jobs=site.jobs, models=site.models, timing=site.timing,
+            granularity=granularity, replica_gpus=sizes_of,
         )  # fmt: skip
         thresholds = parse_criteria(criteria, Criteria(target=slo_target))
         sizes = tradeoff_sizes(tradeoff_at, size(scenario), scenario.nodes)

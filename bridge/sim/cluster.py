@@ -7,6 +7,13 @@ jobs requeued then; a drain-mode lend's job waits until its node is free), its s
 ready `triton_ready_s` later (plus its models' load, from its node's weight cache or the
 shared repository: `bridge.sim.weights`), and it ends `cancel_s` after its cancel.
 
+A lease holds whole nodes (node-granular: its node, and for a replica that spans nodes
+the gang's others, `SimLease.more`) or some GPUs of nodes (GPU-granular:
+`SimLease.claims`, `bridge.sim.lending`): a claim takes the node's free GPUs at the
+lend, and the rest from the jobs `bridge.policy.victims.choose_victims` picks when the
+Triton job starts (preempt) or as the node's jobs end (drain); the node's other GPUs keep
+running batch work. Work lost to a requeue is counted by `Fleet.preempt` in both.
+
 `Cluster` is the engine's base (`bridge.sim.engine.Engine`, which adds the bridge: its
 ticks, leases and policy); `SimLease` is a simulated lease, its modelled times those of
 its Triton job here. The hot loop (`_advance`: a job's arrival, start and end) is
@@ -25,11 +32,29 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from bridge.lifecycle import LeaseState
-from bridge.policy import LeaseView
+from bridge.policy import LeaseView, NodeView
 from bridge.policy.leasesync import ModelledLease
+from bridge.policy.victims import choose_victims
 from bridge.sim.fleet import Fleet, JobRun, SimNode
 from bridge.sim.setup import Setup
+from bridge.sim.views import job_view, node_view
 from bridge.sim.weights import NodeCaches
+
+
+@dataclass(eq=False, slots=True)
+class Claim:
+    """GPU-granular: the GPUs of one node a lease holds (`gpus`), of which `claimed` are
+    taken from the node's free GPUs so far; `served` once its Triton job runs on them."""
+
+    node: SimNode
+    gpus: int
+    claimed: int = 0
+    served: bool = False
+
+    @property
+    def owed(self) -> int:
+        """GPUs still held by the node's jobs."""
+        return self.gpus - self.claimed
 
 
 @dataclass(eq=False)
@@ -48,6 +73,29 @@ class SimLease(ModelledLease):
     #: the seconds its models' load took on its node (from its cache or the shared
     #: repository: `bridge.sim.weights`), set when its Triton job runs
     held_load_s: float = field(default=0.0, kw_only=True)
+    #: node-granular, a replica that spans nodes: the gang's nodes besides `node`
+    more: tuple[SimNode, ...] = field(default=(), kw_only=True)
+    #: GPU-granular: the GPUs it holds, per node (`node` the first's); empty: whole nodes
+    claims: tuple[Claim, ...] = field(default=(), kw_only=True)
+
+    @property
+    def nodes(self) -> tuple[SimNode, ...]:
+        """Every node it holds GPUs of."""
+        if self.claims:
+            return tuple(c.node for c in self.claims)
+        return (self.node, *self.more)
+
+    def gpus(self) -> int:
+        """The GPUs it holds (or will): its claims', or its nodes' whole."""
+        if self.claims:
+            return sum(c.gpus for c in self.claims)
+        return sum(n.gpus for n in self.nodes)
+
+    def owes(self) -> bool:
+        """Its Triton job cannot run yet: some GPUs it needs are held by jobs."""
+        if self.claims:
+            return any(c.owed for c in self.claims)
+        return any(n.jobs for n in self.nodes)
 
     @classmethod
     def born(
@@ -202,12 +250,14 @@ class Cluster:
             if lease.view.state != LeaseState.SUBMITTED or lease.running_at is not None:
                 return
             node = lease.node
-            for run in list(self.fleet.running_on(node)):
-                self._touch(self.fleet.preempt(run, self.now))
-                self.victims.append(self.now)
-                self._at(self.now + self.s.timing.requeue_delay_s, "eligible", None)
-            self.fleet.take(node, self.now)
-            self._touch([node])
+            if lease.claims:
+                self._serve_claims(lease)
+            else:
+                for held in lease.nodes:
+                    for run in list(self.fleet.running_on(held)):
+                        self._requeue(run)
+                    self.fleet.take(held, self.now)
+                self._touch(lease.nodes)
             lease.running_at = self.now
             timing = self.s.timing
             models = lease.view.models
@@ -224,10 +274,83 @@ class Cluster:
         elif kind == "triton_gone":
             lease = payload
             assert isinstance(lease, SimLease)
-            if lease.node.triton:
-                self.fleet.give_back(lease.node, self.now)
-                self._touch([lease.node])
+            if lease.claims:
+                self._release_claims(lease)
                 self.dirty_sched = True
+                return
+            for node in lease.nodes:
+                if node.triton:
+                    self.fleet.give_back(node, self.now)
+                    self._touch([node])
+                    self.dirty_sched = True
+
+    def _requeue(self, run: JobRun) -> None:
+        """A Triton job's start requeues `run` (its work lost: `Fleet.preempt`)."""
+        self._touch(self.fleet.preempt(run, self.now))
+        self.victims.append(self.now)
+        self._at(self.now + self.s.timing.requeue_delay_s, "eligible", None)
+
+    # ---- GPU-granular leases -----------------------------------------------------------
+
+    def _claim_free(self, lease: SimLease) -> None:
+        """Each claim of the lease takes what it still owes of its node's free GPUs."""
+        for claim in lease.claims:
+            n = min(claim.owed, claim.node.free)
+            if n > 0:
+                self.fleet.claim(claim.node, n, self.now)
+                claim.claimed += n
+                self._touch([claim.node])
+
+    def _serve_claims(self, lease: SimLease) -> None:
+        """The lease's Triton job starts: what its claims still owe is freed by requeueing
+        the jobs `choose_victims` picks on each node (the fewest GPUs of batch work; the
+        policy's limits were applied when the node was chosen), and it runs on them."""
+        self._claim_free(lease)
+        for claim in lease.claims:
+            if claim.owed:
+                view = self.victim_view(claim.node)
+                victims = choose_victims(view, claim.owed, self.now, triton_gpus=claim.node.held)
+                assert victims is not None, f"{claim.node.name}: {claim.owed} GPUs not freed"
+                for job_id in victims.jobs:
+                    self._requeue(claim.node.jobs[job_id])
+                self._claim_free(lease)
+            assert not claim.owed, f"{claim.node.name}: {claim.owed} GPUs still owed"
+            self.fleet.serve(claim.node, claim.gpus, self.now)
+            claim.served = True
+        self._touch(lease.nodes)
+
+    def _release_claims(self, lease: SimLease) -> None:
+        """The GPUs the lease holds are Slurm's again (its job gone, or never run)."""
+        for claim in lease.claims:
+            self.fleet.unclaim(claim.node, claim.claimed, self.now, served=claim.served)
+            claim.claimed = 0
+            claim.served = False
+            self._touch([claim.node])
+
+    def victim_view(self, node: SimNode) -> NodeView:
+        """The node as `bridge.policy.victims` reads it: its running jobs, each with its
+        GPUs on this node, and the GPUs leases hold there as `triton_gpus`."""
+        every = self.s.checkpoint_s
+        jobs = []
+        for job_id in sorted(node.jobs):
+            run = node.jobs[job_id]
+            job = run.job
+            at = run.checkpoint_at(self.now, every) if every and job.kind == "elastic" else None
+            here = job.gpus_per_node if job.nodes > 1 else None
+            jobs.append(
+                job_view(
+                    job_id,
+                    job.gpus_per_node * job.nodes,
+                    run.started_at,
+                    run.restarts,
+                    run.submitted_at,
+                    at,
+                    here,
+                )
+            )
+        return node_view(
+            node.name, node.pool, node.gpus, tuple(jobs), node.triton, triton_gpus=node.held
+        )
 
     def _drain_ready(self) -> None:
         """Drain-mode leases whose node just became free start their Triton job. Only the
@@ -239,7 +362,9 @@ class Cluster:
             if not pending or lease.queued:
                 gone.append(lease_id)
                 continue
-            if not lease.node.jobs:
+            if lease.claims:
+                self._claim_free(lease)
+            if not lease.owes():
                 lease.queued = True
                 gone.append(lease_id)
                 self._at(self.now + self.s.timing.slurm_start_s, "triton_run", lease)

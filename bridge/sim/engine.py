@@ -17,6 +17,9 @@ jobs starting and ending); at each tick, in the reconciler's order:
    the models its lease's replica drops out of its replica group at once, and routes the
    models it gains on the first tick their load (`Timing.load_s`) is over (`_loaded`;
    meanwhile the replica's view holds the models it kept: the lease is mid-placement).
+   A lend takes whole nodes, or with `Setup.granularity` "gpu" the GPUs of its replica
+   (`bridge.sim.lending`: where, and which jobs go); a replica that spans nodes is a gang
+   of whole nodes in both, or refused when no gang is free (all or nothing).
 
 Ticks at which decide can only answer "nothing" skip the call (`_quiet`: no lease to
 abandon or return, no lend possible); the tests check that this changes no decision. Most
@@ -63,6 +66,7 @@ from bridge.policy import (
     history_depth,
 )
 from bridge.policy.forecast import next_lead
+from bridge.policy.gang import lend_gpus, nodes_per_replica
 from bridge.policy.leasesync import (
     LeaseWorld,
     modelled_settings,
@@ -73,8 +77,9 @@ from bridge.policy.returns import PeakLog, ReturnLog
 from bridge.policy.seasonal import SeasonLog
 from bridge.policy.steps import Cancel, RouteIn, RouteOut, Step
 from bridge.policy.timing import pool_slowest
-from bridge.sim.cluster import Cluster, SimLease
+from bridge.sim.cluster import Claim, Cluster, SimLease
 from bridge.sim.fleet import SimNode
+from bridge.sim.lending import Rules, check_granularity, place_gang
 from bridge.sim.quiet import LeaseFacts, QuietProof
 from bridge.sim.result import Decision, PolicyResult
 from bridge.sim.serving import Serving
@@ -97,6 +102,8 @@ class Engine(Cluster):
         self.s = setup
         cfg = setup.config
         self.tick_s = cfg.tick_s
+        #: "node" or "gpu": what a lend takes (`bridge.sim.lending`)
+        self.granularity = check_granularity(setup.granularity)
         #: the models the policy scales (the snapshot's `models`)
         self.specs: dict[str, ModelConfig] = (
             dict(setup.models) if setup.models is not None else toml_models(cfg)
@@ -288,12 +295,15 @@ class Engine(Cluster):
             held = lease.held_load_s  # (from its node's cache or the shared repository)
             self.lend_load_s[view.pool] = next_lead(self.lend_load_s.get(view.pool), held)
         elif move.new == LeaseState.RETURNED:
-            node = lease.node
-            if node.fenced:
-                self.fleet.unfence(node, self.now)
+            for node in lease.nodes:
+                if node.fenced:
+                    self.fleet.unfence(node, self.now)
+                    self.dirty_sched = True
+            if lease.claims:  # (claimed, its job never run: released here)
+                self._release_claims(lease)
                 self.dirty_sched = True
             del self.leases[view.id]
-            self._touch([node])
+            self._touch(lease.nodes)
 
     def _move(self, lease: SimLease, state: LeaseState) -> None:
         """The one place a simulated lease changes state: a move the lifecycle table
@@ -324,13 +334,23 @@ class Engine(Cluster):
         now = self.now
         tally = self.tally
         if isinstance(action, Lend):
-            node = self.by_name[action.node]
             mode = action.lend_mode
+            taken = self._taken(action)
+            if taken is None:  # no room for its replica (a gang): nothing lent
+                if len(tally.decisions) < self.s.max_decisions:
+                    why = f"refused, no room for its replica in {action.pool}: {action.reason}"
+                    tally.decisions.append(
+                        Decision(now, "refused", action.node, action.models, why)
+                    )
+                return
+            nodes, claims = taken
+            node = nodes[0]
             lease = SimLease.born(
                 self.next_lease, node, action.pool, mode, action.models, now, self.replica_gpus
             )
+            lease.more, lease.claims = (nodes[1:], ()) if not claims else ((), claims)
             self.next_lease += 1
-            lease.waited = mode == "drain" and bool(node.jobs)
+            lease.waited = mode == "drain" and lease.owes()
             self.leases[lease.id] = lease
             self.unsettled.add(lease.id)
             if mode == "drain":
@@ -338,13 +358,17 @@ class Engine(Cluster):
             for m in action.models:
                 self.last_lend_at[m] = now
             self.returns.lent(action.models, now)
-            self.fleet.fence(node, now)
-            self._touch([node])
+            if claims:
+                self._claim_free(lease)
+            else:
+                for held in nodes:
+                    self.fleet.fence(held, now)
+            self._touch(nodes)
             tally.lends += 1
             tally.lends_by_pool[action.pool] = tally.lends_by_pool.get(action.pool, 0) + 1
             timing = self.s.timing
             if mode == "preempt":
-                delay = timing.preempt_start_s if node.jobs else timing.slurm_start_s
+                delay = timing.preempt_start_s if lease.owes() else timing.slurm_start_s
                 self._at(now + delay, "triton_run", lease)
             else:
                 self._drain_ready()
@@ -358,12 +382,21 @@ class Engine(Cluster):
         elif isinstance(action, Place):
             lease = self.leases[action.lease_id]
             assert action.lease_id not in self.loading, f"placed again: {action}"
+            need = lend_gpus(self.specs, action.models)
+            if need is not None and need > lease.gpus():  # its replica would not fit
+                if len(tally.decisions) < self.s.max_decisions:
+                    why = f"refused, needs {need} GPUs, holds {lease.gpus()}: {action.reason}"
+                    node_name = lease.view.node
+                    tally.decisions.append(Decision(now, "refused", node_name, action.models, why))
+                return
             self._place(lease, action.models)
         elif isinstance(action, StartBaseline):  # the sim starts with every baseline up
             raise AssertionError(f"baseline requested for {action.node}")
         if len(tally.decisions) < self.s.max_decisions:
             kind = {Lend: "lend", Return: "return", Place: "place"}.get(type(action), "baseline")
-            node_name = action.node if isinstance(action, (Lend, StartBaseline)) else ""
+            node_name = action.node if isinstance(action, StartBaseline) else ""
+            if isinstance(action, Lend):  # (GPU-granular: the node its GPUs are on)
+                node_name = self.leases[self.next_lease - 1].view.node
             models: tuple[str, ...] = action.models if isinstance(action, (Lend, Place)) else ()
             if isinstance(action, Place):
                 node_name = self.leases[action.lease_id].view.node
@@ -371,6 +404,37 @@ class Engine(Cluster):
                 view = self.leases[action.lease_id].view
                 node_name, models = view.node, view.models
             tally.decisions.append(Decision(now, kind, node_name, models, action.reason))
+
+    def _taken(self, lend: Lend) -> tuple[tuple[SimNode, ...], tuple[Claim, ...]] | None:
+        """What the lend takes. A replica that fits a node: the policy's choice, its node
+        whole, or with `Lend.gpus` (a partial lend: `bridge.policy.nodes.choose_nodes`
+        with `[policy] partial_lends`, GPU-granular runs) those GPUs of it, one claim. A
+        replica that spans nodes, which the bridge does not lend yet: a gang of whole
+        nodes placed here (`bridge.sim.lending.place_gang`), or None when none is free
+        (all or nothing); None too for the policy's node when a gang placed earlier in
+        the pass took it (the policy did not choose the gang's nodes)."""
+        node = self.by_name[lend.node]
+        k = lend_gpus(self.specs, lend.models)
+        n = 1 if k is None else nodes_per_replica(k, node.gpus)
+        leased = {held.name for lease in self.leases.values() for held in lease.nodes}
+        if n == 1:
+            if node.name in leased:  # a gang placed earlier in this pass took it
+                return None
+            return ((node,), ()) if lend.gpus is None else ((node,), (Claim(node, lend.gpus),))
+        candidates = [
+            self.victim_view(m)
+            for m in self.nodes
+            if m.pool == lend.pool and not m.triton and not m.fenced and m.name not in leased
+        ]
+        rules = Rules.of(self.s.config.policy, len(self.victims))
+        preempt = lend.lend_mode == "preempt"
+        gang = place_gang(candidates, n, self.now, rules, preempt=preempt, prefer=node.name)
+        if gang is None:
+            return None
+        nodes = tuple(self.by_name[v.name] for v in gang)
+        if self.granularity == "node":
+            return nodes, ()
+        return nodes, tuple(Claim(m, m.gpus) for m in nodes)
 
     # ---- weight caches -----------------------------------------------------------------
 
@@ -440,7 +504,7 @@ class Engine(Cluster):
         (`bridge.policy.timing.pool_slowest`); None without caches."""
         if self.caches is None:
             return None
-        leased = {lease.node.name for lease in self.leases.values()}
+        leased = self._leased()
         local = self.s.timing.local_load_s
         return pool_slowest(self.s.config, nodes, leased, self.models, self.load_s, local)
 
@@ -472,16 +536,24 @@ class Engine(Cluster):
                 r.restarts,
                 r.submitted_at,
                 at,
+                job.gpus_per_node if job.nodes > 1 else None,
             )
             if at is None:
                 r.view, r.view_run = view, r.run
             jobs.append(view)
         if leased is None:
-            held = any(lease.node is node for lease in self.leases.values())
+            held = any(node in lease.nodes for lease in self.leases.values())
         else:
             held = node.name in leased
         cached = frozenset() if self.caches is None else self.caches.cached(node, now)
-        return _node_view(node.name, node.pool, node.gpus, tuple(jobs), node.triton or held, cached)
+        has_triton = node.triton or held
+        return _node_view(
+            node.name, node.pool, node.gpus, tuple(jobs), has_triton, cached, node.held
+        )
+
+    def _leased(self) -> set[str]:
+        """The names of the nodes an open lease holds (whole, or GPUs of)."""
+        return {node.name for lease in self.leases.values() for node in lease.nodes}
 
     def snapshot(self) -> Snapshot:
         return self._snapshot(self._nodes())
@@ -491,7 +563,7 @@ class Engine(Cluster):
         if self.s.checkpoint_s:  # checkpoints move with time: a node with jobs is stale
             self.stale.update(n.index for n in self.policy_nodes if n.jobs)
         if self.stale:
-            leased = {lease.node.name for lease in self.leases.values()}
+            leased = self._leased()
             view_at, views, nodes = self.view_at, self.views, self.policy_nodes
             for index in self.stale:
                 at = view_at.get(index)
@@ -529,7 +601,7 @@ class Engine(Cluster):
         """The lease's view as the policy reads it: with `waiting` as its node is now (a
         drain lend whose Triton job has not run while the node runs jobs)."""
         view = lease.view
-        waiting = view.lend_mode == "drain" and lease.running_at is None and bool(lease.node.jobs)
+        waiting = view.lend_mode == "drain" and lease.running_at is None and lease.owes()
         if view.waiting != waiting:
             view = lease.view = replace(view, waiting=waiting)
         return view

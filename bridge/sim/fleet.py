@@ -13,7 +13,10 @@ The queue is Slurm's behaviour in the parts the bridge touches:
   when `checkpoint_s` is set; else all of it), it may start again after
   `requeue_delay_s` (Slurm 22.05: 121 s, measured on the lab);
 - a drain fence (the bridge's reservation) keeps new jobs off a node, running ones go on;
-- a node lent to Triton holds no batch job.
+- a node lent to Triton holds no batch job;
+- GPU-granular lending (`bridge.sim.lending`) holds some of a node's GPUs instead
+  (`SimNode.held`: claimed by leases, `claim`, `serve`, `unclaim`): they leave the node's
+  free GPUs, and its other GPUs keep running and starting batch work.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ class SimNode:
     fenced: bool = False
     #: the node's local weight cache: model -> its copy (`bridge.sim.weights`)
     weights: dict[str, SimCopy] = field(default_factory=dict)
+    #: GPUs held by GPU-granular leases (claimed, or serving): not in `free`, and no
+    #: batch job runs on them (`Fleet.claim`); 0 in node-granular runs
+    held: int = 0
 
     @property
     def schedulable(self) -> bool:
@@ -518,6 +524,38 @@ class Fleet:
         """The Triton job ended; the node is Slurm's again."""
         node.triton = False
         self.usage.move(node.pool, "inference", "idle", node.gpus, now)
+        self._index(node)
+
+    # ---- GPU-granular leases: some GPUs of a node ---------------------------------------
+
+    def claim(self, node: SimNode, n: int, now: float) -> None:
+        """A lease claims `n` of the node's free GPUs: they leave `free` (no batch job
+        starts on them) and are booked fenced until its Triton job runs (`serve`)."""
+        if not 0 <= n <= node.free:
+            raise ValueError(f"{node.name}: claim of {n} GPUs, {node.free} free")
+        if n == 0:
+            return
+        self._unindex(node)
+        node.free -= n
+        node.held += n
+        self.usage.move(node.pool, "idle", "fenced", n, now)
+        self._index(node)
+
+    def serve(self, node: SimNode, n: int, now: float) -> None:
+        """A Triton job starts on `n` GPUs the lease has claimed on the node."""
+        self.usage.move(node.pool, "fenced", "inference", n, now)
+
+    def unclaim(self, node: SimNode, n: int, now: float, *, served: bool) -> None:
+        """`n` GPUs a lease held on the node are Slurm's again (`served`: its Triton job
+        ran on them; else they were claimed only)."""
+        if not 0 <= n <= node.held:
+            raise ValueError(f"{node.name}: unclaim of {n} GPUs, {node.held} held")
+        if n == 0:
+            return
+        self._unindex(node)
+        node.held -= n
+        node.free += n
+        self.usage.move(node.pool, "inference" if served else "fenced", "idle", n, now)
         self._index(node)
 
     def running_on(self, node: SimNode) -> Iterator[JobRun]:

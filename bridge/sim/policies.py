@@ -18,6 +18,10 @@ Every set-up has the same number of nodes; what differs is who owns them and who
 - `separate-N` (N a node count, e.g. `separate-24`, the site's inference partition as it
   is): separate pools, inference owns N nodes; nothing is lent.
 
+A lend takes whole nodes, or with `Scenario.granularity` "gpu" the GPUs of its replica
+(`bridge.sim.lending`); a model's replica GPUs (`Scenario.replica_gpus`) reach the policy
+and the engine as its `tensor_parallel` size.
+
 The nodes outside peak inference are split between training and elastic in proportion
 to their offered GPU-hours, the same in every set-up (training's guarantee); the nodes a
 set-up reserves below the peak go to elastic (the bridge lends from there first). Every
@@ -137,6 +141,12 @@ class Scenario:
     replica_servers: int | None = None
     #: `Setup.warmup_s`: the result's warm share leaves out the requests before it
     warmup_s: float = 0.0
+    #: `Setup.granularity`: what a lend takes, "node" (whole nodes) or "gpu" (its
+    #: replica's GPUs)
+    granularity: str = "node"
+    #: per model, the GPUs one replica takes (more than a node's: a gang of whole nodes);
+    #: a model not here takes whole nodes
+    replica_gpus: Mapping[str, int] = field(default_factory=dict)
 
 
 #: what `Scenario.lend_cap` (`stb simulate --lend-cap`) takes, as a message says it
@@ -307,10 +317,13 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
         cap = {"max_lent_nodes": int(value)}
     most = max(lendable, cap["max_lent_nodes"])
     models = {
-        m: _model_config(m, slo, scenario.tokens, infer + most + 1)
+        m: _model_config(m, slo, scenario.tokens, infer + most + 1, scenario.replica_gpus.get(m))
         for m, (slo, _) in scenario.models.items()
     }
-    policy_config = scenario.policy.model_copy(update=cap)
+    # GPU-granular lending is the policy's partial lends (`[policy] partial_lends`)
+    policy_config = scenario.policy.model_copy(
+        update={**cap, "partial_lends": scenario.granularity == "gpu"}
+    )
     config = BridgeConfig(tick_s=scenario.tick_s, pools=pools, policy=policy_config)
     return Setup(
         name=policy,
@@ -329,20 +342,29 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
         tokens=scenario.tokens,
         replica_servers=scenario.replica_servers,
         warmup_s=scenario.warmup_s,
+        granularity=scenario.granularity,
     )
 
 
 def _model_config(
-    model: str, slo_ms: float, tokens: Mapping[str, TokenModel], most: int
+    model: str,
+    slo_ms: float,
+    tokens: Mapping[str, TokenModel],
+    most: int,
+    gpus: int | None = None,
 ) -> ModelConfig:
     """The model as the daemon's facts give it to the policy: its request SLO, or for an
     LLM (`Scenario.tokens`) its TTFT and TPOT objectives and no request SLO (as the lab's
     `smol`: `ModelConfig.has_request_slo` false, scaled by its tokens; `slo_ms` its
-    end-to-end bound, the request column's objective)."""
+    end-to-end bound, the request column's objective); `gpus`, its replica's GPUs, as its
+    tensor-parallel size (None: not said, whole nodes)."""
     tm = tokens.get(model)
     if tm is None:
-        return ModelConfig(slo_p99_ms=slo_ms, min_replicas=1, max_replicas=most)
+        return ModelConfig(
+            slo_p99_ms=slo_ms, min_replicas=1, max_replicas=most, tensor_parallel=gpus
+        )
     return ModelConfig(
+        tensor_parallel=gpus,
         slo_p99_ms=math.inf,
         min_replicas=1,
         max_replicas=most,
@@ -384,6 +406,8 @@ def compare(
         inference_nodes_reserved=sizing.reserved_nodes,
         reserve=scenario.reserve,
         **({"lend_cap": scenario.lend_cap} if scenario.lend_cap != "peak" else {}),
+        **({"granularity": scenario.granularity} if scenario.granularity != "node" else {}),
+        **({"replica_gpus": dict(scenario.replica_gpus)} if scenario.replica_gpus else {}),
         timing=asdict(scenario.timing),
         checkpoint_s=scenario.checkpoint_s,
     )

@@ -106,6 +106,10 @@ class Setup:
     #: the LLM models' token workloads (`bridge.sim.tokens`): their TTFT and TPOT
     #: attainment is tallied beside the request SLO's. Empty: no LLM model
     tokens: Mapping[str, TokenModel] = field(default_factory=dict)
+    #: what a lend takes (`bridge.sim.lending`): "node", whole nodes (as the bridge lends
+    #: today), or "gpu", the GPUs of its replica (its models' `replica_gpus`), the
+    #: node's other GPUs running batch work on. The same where no model states its GPUs
+    granularity: str = "node"
     #: seconds from the start whose requests the result's warm share leaves out
     #: (`PolicyResult.warm_share`: the run's cold start, an empty forecast and empty
     #: weight caches, apart); 0: none left out

@@ -24,6 +24,7 @@ def job_view(
     restarts: int,
     submitted_at: float | None,
     checkpoint_at: float | None,
+    gpus_here: int | None = None,
 ) -> JobView:
     """`JobView(job_id, gpus, ...)`, made as `model_sample` is (a snapshot makes one
     for each job on the nodes whose jobs changed: thousands)."""
@@ -36,6 +37,7 @@ def job_view(
     d["submitted_at"] = submitted_at
     d["checkpoint_at"] = checkpoint_at
     d["ends_at"] = None  # (no time limit is simulated: the policy sees none)
+    d["gpus_here"] = gpus_here
     return obj
 
 
@@ -46,10 +48,12 @@ def node_view(
     jobs: tuple[JobView, ...],
     has_triton: bool,
     cached: frozenset[str] = frozenset(),
+    triton_gpus: int = 0,
 ) -> NodeView:
-    """`NodeView(name, pool, True, gpus, jobs, has_triton, False, cached)`, made as
-    `model_sample` is (a decide call's snapshot makes one for each node whose jobs or
-    weight cache changed)."""
+    """`NodeView(name, pool, True, gpus, jobs, has_triton, False, cached, triton_gpus)`,
+    made as `model_sample` is (a decide call's snapshot makes one for each node whose jobs
+    or weight cache changed). `triton_gpus`: the GPUs GPU-granular leases hold (a
+    node-granular lease takes its node whole: 0)."""
     obj = object.__new__(NodeView)  # (no `__init__`)
     d = obj.__dict__
     d["name"] = name
@@ -60,7 +64,7 @@ def node_view(
     d["has_triton"] = has_triton
     d["reserved"] = False
     d["cached"] = cached
-    d["triton_gpus"] = 0  # node-granular: a lent node is taken whole
+    d["triton_gpus"] = triton_gpus
     return obj
 
 

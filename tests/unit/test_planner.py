@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bridge.config import BridgeConfig, ModelConfig
+from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
 from bridge.daemon.observation import Observation, TritonServer
 from bridge.daemon.planner import (
     RESERVATION_SLACK_S,
@@ -241,11 +241,13 @@ def test_operator_lend_gpus_follow_the_models_replicas() -> None:
         }
     )
     obs = replace(observe(), models=merge_models(None, config.models))
-    assert operator_lend_gpus("n3", ("small",), "preempt", obs) == 1
-    assert operator_lend_gpus("n3", ("small", "big"), "preempt", obs) is None  # 4 of 4
-    assert operator_lend_gpus("n3", ("small", "whole"), "preempt", obs) is None
-    assert operator_lend_gpus("n5", ("small",), "drain", obs) is None  # fenced whole
-    assert operator_lend_gpus("n99", ("small",), "preempt", obs) is None
+    assert operator_lend_gpus("n3", ("small",), "preempt", obs, config) == 1
+    assert operator_lend_gpus("n3", ("small", "big"), "preempt", obs, config) is None  # 4 of 4
+    assert operator_lend_gpus("n3", ("small", "whole"), "preempt", obs, config) is None
+    assert operator_lend_gpus("n5", ("small",), "drain", obs, config) is None  # fenced whole
+    assert operator_lend_gpus("n99", ("small",), "preempt", obs, config) is None
+    whole = config.model_copy(update={"policy": PolicyConfig(partial_lends=False)})
+    assert operator_lend_gpus("n3", ("small",), "preempt", obs, whole) is None
 
 
 def test_requested_drain_never_requeues() -> None:

@@ -473,6 +473,12 @@ def test_a_one_gpu_replica_lends_one_gpu_of_an_idle_elastic_node() -> None:
     # whole nodes as before when the model does not say its GPUs
     (a,) = decide(snap(busy=BREACH), CONFIG, T0)
     assert isinstance(a, Lend) and (a.node, a.gpus) == ("n3", None)
+    # and when the site keeps whole nodes
+    whole = ONE_GPU.model_copy(
+        update={"policy": ONE_GPU.policy.model_copy(update={"partial_lends": False})}
+    )
+    (a,) = decide(snap(busy=BREACH), whole, T0)
+    assert isinstance(a, Lend) and (a.node, a.gpus) == ("n3", None)
 
 
 def test_a_partial_lend_costs_only_the_jobs_it_requeues() -> None:

@@ -10,7 +10,6 @@ from dataclasses import replace
 
 import pytest
 
-from bridge.policy.victims import work_lost
 from bridge.policy.snapshot import JobView, NodeView
 from bridge.policy.victims import (
     EXHAUSTIVE_JOBS,
@@ -18,6 +17,7 @@ from bridge.policy.victims import (
     Victims,
     choose_victims,
     drain_wait,
+    work_lost,
 )
 
 NOW = 1_800_000_000.0
@@ -219,3 +219,18 @@ def test_guarded_jobs_are_those_requeued_lately_or_too_often() -> None:
     assert not guarded(fresh, NOW, guard_s=60, max_requeues=2)  # past the guard
     assert guarded(replace(fresh, restarts=2), NOW, guard_s=60, max_requeues=2)
     assert not guarded(JobView("2", 1, NOW - 60), NOW, guard_s=600, max_requeues=2)
+
+
+def test_a_job_on_several_nodes_frees_its_gpus_here_and_loses_them_all() -> None:
+    # a 16-GPU job on two nodes holds 8 here (it frees 8), a requeue loses all 16
+    wide = JobView("201", 16, NOW - HOUR, gpus_here=8)
+    small = JobView("202", 4, NOW - HOUR, gpus_here=None)
+    full = node(wide, gpus=12)
+    assert choose_victims(full, 4, NOW, triton_gpus=0) == Victims((), 0, 0.0)  # 4 free
+    both = node(wide, small, gpus=12)
+    # 4 GPUs: the small job (4 lost) beats the wide one (16 lost, though it frees 8)
+    assert choose_victims(both, 4, NOW, triton_gpus=0).jobs == ("202",)
+    # 8: only the wide one frees that many here
+    assert choose_victims(both, 8, NOW, triton_gpus=0) == Victims(
+        ("201",), 16, work_lost(node(wide), NOW)
+    )
