@@ -25,7 +25,7 @@ from bridge.cli_text import say
 from bridge.config import BridgeConfig, load_config
 from bridge.daemon.service import build, single_instance
 from bridge.lab import triton
-from bridge.lab.showcase import Scenario, ScenarioResult
+from bridge.lab.showcase import OnPass, Scenario, ScenarioResult
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.lab.stepfigures import describe
@@ -147,7 +147,10 @@ def run(
     *,
     wait_requeued: bool = True,
     pools_from: Path | None = None,
+    on_pass: OnPass | None = None,
 ) -> ScenarioResult:
+    """The demo (the module's docstring); `on_pass` sees each of the scenario's passes
+    (`bridge.lab.showcase.Scenario`)."""
     config = lab_config(spec, pools_from)
     started = datetime.now(UTC)
     with single_instance(config.daemon.lock_file):
@@ -164,6 +167,7 @@ def run(
                 bridge.reconciler,
                 config.routing.listen,
                 say=lambda line: say(console, line),
+                on_pass=on_pass,
             ).run(wait_requeued=wait_requeued)
             lease_job = bridge.reconciler.store.get(res.lease_id or 0).slurm_job_id
         finally:

@@ -6,6 +6,12 @@ on `busy` (through nginx) makes p99 breach; the reconciler lends the elastic nod
 requeues the elastic job), Triton starts there and enters routing, p99 recovers; load
 falls to a trickle, the lease is returned with no failed request, and (if asked) the
 requeued elastic job runs again. Every step goes on a timeline.
+
+The reconciler's passes run on a fixed grid, as the daemon's scheduler and the simulator
+run them: from the step's start t0, a pass at t0 + k x TICK_S (one that overran a whole
+tick goes back onto the grid). `on_pass` sees each pass (the reconciler, the pass's time
+and its report): tests/lab/test_sim_vs_lab.py compares the run with its simulated twin
+from what it records there and from `ScenarioResult.offsets`, the load's own schedule.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from bridge.daemon.reconciler import Reconciler
+from bridge.daemon.report import TickReport
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.lab.stepfigures import StepFigures, step_figures
@@ -27,6 +34,9 @@ from bridge.load.report import Report, summarize
 from bridge.load.runner import RequestRecord, RunConfig, parse_endpoint, run
 
 TICK_S = 2.0
+
+#: what `Scenario` calls after each pass: the reconciler, the pass's time, its report
+OnPass = Callable[[Reconciler, datetime, TickReport], None]
 
 
 class ScenarioError(RuntimeError):
@@ -77,6 +87,12 @@ class ScenarioResult:
     #: the load step's requests, and when it began (epoch s): latency over time
     heavy_records: list[RequestRecord] = field(default_factory=list)
     step_at: float | None = None
+    #: t0, the passes' grid from the step on (epoch s, just before the step's sender
+    #: started: a pass at t0 + k x TICK_S)
+    tick_origin: float | None = None
+    #: every request the load generator scheduled on busy, step and trickle, as seconds
+    #: from `tick_origin`, up to when the trickle stopped sending
+    offsets: list[float] = field(default_factory=list)
     #: when the first lease was decided and began serving (epoch s)
     lend_at: float | None = None
     serving_at: float | None = None
@@ -101,12 +117,35 @@ class ScenarioResult:
 
 class Scenario:
     def __init__(
-        self, lab: LabSpec, rec: Reconciler, endpoint: str, say: Callable[[str], None] = print
+        self,
+        lab: LabSpec,
+        rec: Reconciler,
+        endpoint: str,
+        say: Callable[[str], None] = print,
+        on_pass: OnPass | None = None,
     ) -> None:
         self.lab, self.rec, self.endpoint, self.say = lab, rec, endpoint, say
+        self.on_pass = on_pass
         self.result = ScenarioResult()
         self.t0 = time.monotonic()
         self._last_p99_note = -1e9
+        # the passes' grid: origin (epoch s) and the last pass's k (the first pass at once)
+        self._grid_origin = time.time()
+        self._k = -1
+
+    def _restart_grid(self) -> float:
+        """The grid from now (the next pass one tick later); its origin (epoch s)."""
+        self._grid_origin, self._k = time.time(), 0
+        return self._grid_origin
+
+    def _wait_for_grid(self) -> None:
+        """Sleep until the next pass's grid time; a pass that overran a whole tick goes
+        back onto the grid (the daemon's scheduler skips the missed ticks likewise)."""
+        self._k += 1
+        late = time.time() - (self._grid_origin + self._k * TICK_S)
+        if late > TICK_S:
+            self._k += int(late // TICK_S)
+        time.sleep(max(0.0, self._grid_origin + self._k * TICK_S - time.time()))
 
     def note(self, line: str) -> None:
         entry = f"{time.monotonic() - self.t0:6.1f}s  {line}"
@@ -114,12 +153,17 @@ class Scenario:
         self.say(entry)
 
     def tick_until(self, what: str, done: Callable[[], bool], timeout_s: float) -> None:
+        """Run the reconciler's pass on the grid until `done()`, at most `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while True:
-            report = self.rec.run_once(datetime.now(UTC))
+            self._wait_for_grid()
+            now = datetime.now(UTC)
+            report = self.rec.run_once(now)
             for line in report.lines():
                 self.note(line)
             self._note_p99()
+            if self.on_pass is not None:
+                self.on_pass(self.rec, now, report)
             if done():
                 return
             if time.monotonic() > deadline:
@@ -127,7 +171,6 @@ class Scenario:
                     f"{what} did not happen within {timeout_s:.0f}s:\n"
                     + "\n".join(self.result.timeline)
                 )
-            time.sleep(TICK_S)
 
     def _note_p99(self) -> None:
         """Every 10 s, the p99 the bridge sees for busy (Triton's 60 s window) and the
@@ -144,6 +187,12 @@ class Scenario:
 
     def _sbatch(self, *args: str) -> str:
         return slurm(self.lab, "sbatch", "--parsable", "-o", "/dev/null", *args).strip()
+
+    def _running(self, jobs: list[str]) -> bool:
+        """Every one of `jobs` running (squeue)."""
+        out = slurm(self.lab, "squeue", "-h", "-j", ",".join(jobs), "-o", "%i %T", check=False)
+        states = dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+        return all(states.get(j) == "RUNNING" for j in jobs)
 
     def run(self, wait_requeued: bool = False) -> ScenarioResult:
         lab, res, store = self.lab, self.result, self.rec.store
@@ -170,21 +219,29 @@ class Scenario:
             f"{' '.join(n.name for n in lab.pool_nodes('train'))}; elastic job "
             f"{res.victim} on {lab.pool_nodes('elastic')[0].name}"
         )
+        batch = [*res.training_jobs, res.victim]
         try:
             rec = self.rec
-            self.tick_until(
-                "the baseline Triton serving",
-                lambda: (
-                    rec.last_observation is not None
-                    and any(s.ready for s in rec.last_observation.servers)
-                ),
-                120,
-            )
+
+            def ready() -> bool:
+                """The baseline Triton serving and read twice (so that the step's first
+                pass has counter deltas: busy has a rate), every batch job running."""
+                seen, sample = rec.last_observation, rec.observer.latest("busy")
+                return (
+                    seen is not None
+                    and any(s.ready for s in seen.servers)
+                    and sample is not None
+                    and sample.request_rate is not None
+                    and self._running(batch)
+                )
+
+            self.tick_until("the baseline Triton serving, the batch jobs running", ready, 120)
             self.note(
                 "baseline Triton ready; load step: busy at 70 req/s through nginx "
                 "(one replica, 20 ms a request, answers under 50/s)"
             )
             heavy = Load(self.endpoint, rate=70, duration=50, seed=11)
+            res.tick_origin = origin = self._restart_grid()
             heavy.start()
             self.tick_until(
                 "a lease serving",
@@ -208,8 +265,16 @@ class Scenario:
             light.start()
             self.tick_until("every lease returned", lambda: not store.open_leases(), 200)
             light.stop_sending.set()
+            stopped = time.time()
             self.tick_until("the trickle to end", lambda: not light.is_alive(), 120)
             res.light = light.report
+            res.offsets = [
+                t - origin
+                for load in (heavy, light)
+                if load.started_at is not None
+                for t in (load.started_at + o for o in load.schedule.offsets)
+                if t < stopped
+            ]
             res.lease_states = [e.to_state.value for e in store.history(lease.id or 0)]
             fields = slurm(lab, "scontrol", "show", "job", res.victim)
             res.victim_restarts = int(fields.split("Restarts=")[1].split()[0])

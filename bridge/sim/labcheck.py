@@ -1,8 +1,9 @@
 """The simulator checked against the lab: the simulated twin of a lab scenario, and the
 side-by-side comparison of what each run decided.
 
-A lab scenario (tests/lab/test_sim_vs_lab.py runs one) drives the real reconciler on the
-lab cluster; this module builds the `Setup` that mirrors it and compares the two runs:
+A lab scenario (tests/lab/test_sim_vs_lab.py reads one: the README's demo,
+`bridge.lab.showcase`) drives the real reconciler on the lab cluster; this module builds
+the `Setup` that mirrors it and compares the two runs:
 
 - `lab_models`: the models the reconciler scales (the repository's with the TOML's
   overrides);

@@ -2,11 +2,12 @@
 --advise`'s pass records a lend and changes nothing in Slurm, Triton or routing; then the
 same step with the active reconciler lends, and the advised lend is the active one.
 
-The scenario (test_sim_vs_lab's, shortened): training on the training nodes, an elastic
-job on the elastic node, the baseline Triton up on the reserved node (started by the
-active reconciler: the advisory starts nothing); then a step of 60 req/s on busy for at
-most 30 s (its one 20 ms instance serves 50/s) through the fixture's nginx. Both passes
-tick on a grid t0 + k x tick_s from the step's start t0, as test_sim_vs_lab does.
+The scenario (the demo's, which test_sim_vs_lab compares, shortened): training on the
+training nodes, an elastic job on the elastic node, the baseline Triton up on the reserved
+node (started by the active reconciler: the advisory starts nothing); then a step of 60
+req/s on busy for at most 30 s (its one 20 ms instance serves 50/s) through the fixture's
+nginx. Both passes tick on a grid t0 + k x tick_s from the step's start t0, as the demo's
+passes do.
 
 - Phase A, advisory (wired by `service.build_advisory`, as `stb daemon --advise` wires it,
   with the fixture's routing files in its configuration, so routing published by mistake

@@ -10,24 +10,22 @@ unloaded, cancelled) with no failed request, and the node is back with Slurm. Th
 cost in the ledger is the Triton job's GPU time (sacct).
 
 (`test_init_lab.py` checks `stb init`'s file against the cluster; this test proves the
-demo runs with its pools.)
+demo runs with its pools.) The demo runs once a session (`demo_run`, tests/lab/demo_run.py):
+tests/lab/test_sim_vs_lab.py compares the same run with its simulated twin.
 """
 
 from __future__ import annotations
 
-import io
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from accounting.buckets import floor_hour
 from accounting.db import open_ledger
 from accounting.report import Window, build_report
 from bridge.db import make_engine
-from bridge.lab import demo
 from bridge.lab.spec import LabSpec
 from bridge.leases.store import LeaseStore
 from bridge.ledger.feed import ingest_window
@@ -36,22 +34,18 @@ from bridge.lifecycle import LeaseState
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import TRITON_TAG
 
-from .helpers import stb, wait_sacct_final
+from .demo_run import DemoRun
+from .helpers import wait_sacct_final
 
 pytestmark = pytest.mark.lab
 
 
 def test_the_demo_on_inits_configuration_lends_the_elastic_node_and_returns_it_cleanly(
-    lab: LabSpec, tmp_path: Path
+    lab: LabSpec, demo_run: DemoRun, tmp_path: Path
 ) -> None:
-    toml = tmp_path / "bridge.toml"
-    made = stb(lab, "init", "-o", str(toml))
-    assert made.returncode == 0, made.stdout + made.stderr
-    t0 = datetime.now(UTC)
-    out = io.StringIO()
-    res = demo.run(lab, Console(file=out, width=160), wait_requeued=False, pools_from=toml)
-    printed = out.getvalue()
+    t0, res, printed = demo_run.started, demo_run.result, demo_run.printed
     print(printed)
+    print(f"the demo took {demo_run.wall_s:.0f}s")
     assert res.heavy is not None and res.light is not None
     assert res.lease_node == lab.pool_nodes("elastic")[0].name
     assert res.lease_states == [
@@ -79,7 +73,7 @@ def test_the_demo_on_inits_configuration_lends_the_elastic_node_and_returns_it_c
     # What the lend cost, from the same lease history and the ledger of the window: the
     # lent GPU time is the Triton job's (sacct), the startup is starting -> serving on the
     # node's GPUs, and the transitions are a part of the lent time.
-    config = demo.lab_config(lab, toml)
+    config = demo_run.config  # the reconciler's: demo.lab_config(lab, init's toml)
     engine = make_engine(config.database_url)
     store = LeaseStore(engine)
     (lease,) = [ls for ls in store.touched_since(t0) if ls.node == res.lease_node]
