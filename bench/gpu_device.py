@@ -18,6 +18,11 @@ What it does, as a Slurm job on a GPU node would see it:
 4. `gpu_sampler.py epilog`, and its JSON record checked: one GPU, samples taken, the
    highest memory NVML saw on the GPU at least what torch had allocated there, and a
    utilization above zero while the model generated.
+Before all that, the epilog's release check (no process may hold the job's GPUs when the
+node goes back), while this process has no CUDA context yet: a child process holds 1 GiB
+of GPU 0, the epilog of a job on GPU 0 must name it and drain the node (through an
+`scontrol` stand-in on PATH that records its arguments: there is no Slurm here); the
+child killed, the same epilog must find the GPU free and drain nothing.
 
 Ends with `RESULT ...`: the load time, tokens per second on GPU and CPU and their ratio,
 the record's figures, and `nvml_path=ok` when every check held. Exit status 1 when a
@@ -81,6 +86,58 @@ def hook(name: str, env: dict[str, str]) -> str:
     return (done.stdout + done.stderr).strip()
 
 
+HOLDER = """
+import sys, time, torch
+x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def release_checks(base_env: dict[str, str], folder: Path) -> dict[str, bool]:
+    """The epilog's release check with GPU 0 held by a child process, then free."""
+    bindir = folder / "bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    calls = folder / "scontrol-calls.txt"
+    fake = bindir / "scontrol"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    fake.chmod(0o755)
+    env = dict(
+        base_env,
+        PATH=f"{bindir}:{base_env.get('PATH', '')}",
+        SLURM_JOB_ID="4243",
+        STB_GPU_RELEASE_WAIT_S="2",
+        STB_GPU_RELEASE_CHECK="drain",
+    )
+    child = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        ready = child.stdout.readline().strip()
+        held_line = hook("epilog", env) if ready == "holding" else ""
+        log = (Path(env["STB_GPU_SPOOL"]) / "epilog.log").read_text()
+    finally:
+        child.kill()
+        child.wait()
+    time.sleep(1.0)
+    free_env = dict(env, SLURM_JOB_ID="4244")
+    hook("epilog", free_env)
+    log = (Path(env["STB_GPU_SPOOL"]) / "epilog.log").read_text()
+    lines = log.splitlines()
+    held = next((x for x in lines if "job 4243" in x), "")
+    free = next((x for x in lines if "job 4244" in x), "")
+    recorded = calls.read_text() if calls.exists() else ""
+    print(f"release check, held: {held}")
+    print(f"release check, free: {free}")
+    print(f"scontrol stand-in called with: {recorded.strip()!r}")
+    del held_line
+    return {
+        "release_held_named": f"pid {child.pid}" in held and "drained" in held,
+        "release_drain_asked": "State=DRAIN" in recorded and "NodeName=gpu0" in recorded,
+        "release_free": "GPUs 0 free" in free and recorded.count("State=DRAIN") == 1,
+    }
+
+
 def generate(model, tokenizer, device: str, tokens: int) -> tuple[float, int]:  # type: ignore[no-untyped-def]
     """Seconds for greedy generation of `tokens` new tokens, and how many came."""
     import torch
@@ -131,7 +188,10 @@ def main() -> int:
         SLURM_JOB_GPUS="0",
         STB_GPU_SPOOL=str(spool),
         STB_GPU_SAMPLE_S="0.5",
+        # this process is the "job" and still holds its model at its epilog: say so only
+        STB_GPU_RELEASE_CHECK="log",
     )
+    released = release_checks(env, spool / "release")
     print("prolog:", hook("prolog", env))
 
     folder, name = str(args.gguf.parent), args.gguf.name
@@ -179,6 +239,7 @@ def main() -> int:
         "memory_seen": (record.get("max_mem_bytes") or 0) >= allocated > 0,
         "busy_seen": (record.get("mean_util_pct") or 0) > 0,
         "tokens": gpu_n == args.tokens and cpu_n == args.tokens,
+        **released,
     }
     failed = [k for k, ok in checks.items() if not ok]
     gpu_tps, cpu_tps = gpu_n / gpu_s, cpu_n / cpu_s
@@ -190,6 +251,7 @@ def main() -> int:
         f"allocated_mib={allocated / 2**20:.0f} peak_mib={peak / 2**20:.0f} "
         f"nvml_max_mem_mib={(record.get('max_mem_bytes') or 0) / 2**20:.0f} "
         f"nvml_mean_util_pct={record.get('mean_util_pct')} samples={record.get('samples')} "
+        f"release_check={'ok' if all(released.values()) else 'failed'} "
         f"nvml_path={'ok' if not failed else 'failed:' + ','.join(failed)}"
     )
     return 1 if failed else 0

@@ -13,6 +13,14 @@ that has nvidia-ml-py (`pynvml`):
   STB_GPU_EPILOG_WAIT_S seconds) and writes one JSON record for the job on this node:
   {cluster, job_id, node, gpus, samples, mean_util_pct, max_mem_bytes, start, end}.
 
+- after the epilog's record, the **release check**: the job's GPUs must hold no process
+  before the node goes back to Slurm (the next job, or a lent node's return, must not
+  find the last one's memory there). It asks NVML for the compute and graphics processes
+  on each GPU, waits up to STB_GPU_RELEASE_WAIT_S seconds (default 10) for them to go,
+  and if any stays drains the node with a reason naming the GPU, the process and its
+  memory (`scontrol update NodeName=<node> State=DRAIN Reason="stb: ..."`).
+  STB_GPU_RELEASE_CHECK: `drain` (default), `log` (say it, drain nothing) or `off`.
+
 Files live in the spool directory STB_GPU_SPOOL (default /var/spool/stb/gpu-usage):
 `job-<id>-<node>.state` and `.samples` while the job runs, `job-<id>-<node>-<start>.json`
 after, and `prolog.log`, `epilog.log`, `sampler.log` with one line per job and hook.
@@ -352,6 +360,88 @@ def epilog(env: Mapping[str, str], now: Callable[[], float] = time.time) -> str:
     )
 
 
+# --- the release check ---------------------------------------------------------------
+
+RELEASE_MODES = ("drain", "log", "off")
+DEFAULT_RELEASE_WAIT_S = 10.0
+
+
+def gpu_holders(nvml: Any, handles: Sequence[tuple[str, Any]]) -> list[str]:
+    """Each process NVML lists on the GPUs (compute and graphics), as `GPU <id>: pid
+    <pid> (<MiB> MiB)`; its memory "?" where NVML does not say it (some drivers, MIG)."""
+    held: list[str] = []
+    for gpu, handle in handles:
+        seen: set[int] = set()
+        for lister in (
+            "nvmlDeviceGetComputeRunningProcesses",
+            "nvmlDeviceGetGraphicsRunningProcesses",
+        ):
+            procs = getattr(nvml, lister, None)
+            if procs is None:
+                continue
+            for p in procs(handle):
+                if p.pid in seen:
+                    continue
+                seen.add(p.pid)
+                used = getattr(p, "usedGpuMemory", None)
+                mib = "?" if used is None else str(int(used) // 2**20)
+                held.append(f"GPU {gpu}: pid {p.pid} ({mib} MiB)")
+    return held
+
+
+def release_check(
+    env: Mapping[str, str],
+    load: Callable[[], Any] = load_nvml,
+    run: Callable[[list[str]], subprocess.CompletedProcess[str]] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> str:
+    """The release check of the job's GPUs on this node (see the module docstring): the
+    line logged; "" when there is nothing to say (no GPU, no NVML, the check off)."""
+    mode = (env.get("STB_GPU_RELEASE_CHECK") or "drain").strip().lower()
+    if mode == "off":
+        return ""
+    if mode not in RELEASE_MODES:
+        return (
+            f"release check: STB_GPU_RELEASE_CHECK={mode!r} is none of {', '.join(RELEASE_MODES)}"
+        )
+    job = JobOnNode.from_env(env)
+    if not job.gpus:
+        return ""
+    try:
+        nvml = load()
+        nvml.nvmlInit()
+    except Exception as exc:
+        return f"release check: no NVML ({type(exc).__name__})"
+    wait_s = float(env.get("STB_GPU_RELEASE_WAIT_S") or DEFAULT_RELEASE_WAIT_S)
+    try:
+        handles = open_gpus(nvml, job.gpus)
+        deadline = clock() + wait_s
+        held = gpu_holders(nvml, handles)
+        while held and clock() < deadline:
+            sleep(min(0.5, max(0.0, deadline - clock())))
+            held = gpu_holders(nvml, handles)
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+    if not held:
+        return f"release check: GPUs {','.join(job.gpus)} free"
+    what = "; ".join(held)
+    if mode == "log":
+        return f"release check: still held after {wait_s:g} s: {what} (not drained: mode log)"
+    reason = f"stb: GPU memory held after job {job.job_id}: {what}"[:200]
+    argv = ["scontrol", "update", f"NodeName={job.node}", "State=DRAIN", f"Reason={reason}"]
+    runner = run or (lambda a: subprocess.run(a, capture_output=True, text=True, timeout=30))
+    try:
+        done = runner(argv)
+    except Exception as exc:
+        return f"release check: {what}; drain failed ({type(exc).__name__}: {exc})"
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout or "").strip()
+        return f"release check: {what}; drain failed (exit {done.returncode}: {why})"
+    return f"release check: {what}; node {job.node} drained"
+
+
 class _Stop(Exception):
     """SIGTERM reached the sampler."""
 
@@ -420,6 +510,9 @@ def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
             text = prolog(env)
         elif hook == "epilog":
             text = epilog(env)
+            released = release_check(env)
+            if released:
+                text = f"{text}; {released}"
         elif hook == "sample":
             text = sample_main(argv[1:], env)
         else:

@@ -158,6 +158,15 @@ class FakeNVML:
     def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
         return SimpleNamespace(used=(h + 1) * 1_000_000, total=10**11)
 
+    #: GPU index -> processes on it, as NVML lists them (the release check)
+    procs: dict[int, list[SimpleNamespace]]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+        return list(getattr(self, "procs", {}).get(h, []))
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: int) -> list[SimpleNamespace]:
+        return []
+
 
 def _env(spool: Path, **extra: str) -> dict[str, str]:
     return {
@@ -501,3 +510,108 @@ def test_lua_script_compiles() -> None:
     script = slurm_plugins_dir() / "job_submit.lua"
     done = subprocess.run([luac, "-p", str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+# --- the release check: no process may hold the job's GPUs when the node goes back ------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def _release(tmp_path: Path, nvml: FakeNVML, ran: list[list[str]], **env: str) -> str:
+    clock = Clock()
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    return gs.release_check(
+        _env(tmp_path, SLURM_JOB_GPUS="0,1", STB_GPU_RELEASE_WAIT_S="3", **env),
+        lambda: nvml,
+        run,
+        clock.sleep,
+        clock,
+    )
+
+
+def test_release_check_drains_a_node_whose_gpu_stays_held(tmp_path: Path) -> None:
+    nvml = FakeNVML()
+    nvml.procs = {1: [SimpleNamespace(pid=4242, usedGpuMemory=3 * 2**30)]}
+    ran: list[list[str]] = []
+    line = _release(tmp_path, nvml, ran)
+    assert line == "release check: GPU 1: pid 4242 (3072 MiB); node n1 drained"
+    assert ran == [
+        [
+            "scontrol", "update", "NodeName=n1", "State=DRAIN",
+            "Reason=stb: GPU memory held after job 7: GPU 1: pid 4242 (3072 MiB)",
+        ]
+    ]  # fmt: skip
+    assert nvml.inits == nvml.shutdowns == 1
+
+
+def test_release_check_waits_for_a_process_that_leaves(tmp_path: Path) -> None:
+    nvml = FakeNVML()
+    leaving = [SimpleNamespace(pid=1, usedGpuMemory=None)]
+    nvml.procs = {0: leaving}
+    calls = {"n": 0}
+    listed = nvml.nvmlDeviceGetComputeRunningProcesses
+
+    def going(h: int) -> list[SimpleNamespace]:
+        calls["n"] += 1
+        return listed(h) if calls["n"] <= 2 else []  # gone at the second look at GPU 0
+
+    nvml.nvmlDeviceGetComputeRunningProcesses = going  # type: ignore[method-assign]
+    ran: list[list[str]] = []
+    assert _release(tmp_path, nvml, ran) == "release check: GPUs 0,1 free"
+    assert ran == []
+
+
+def test_release_check_modes_and_nothing_to_check(tmp_path: Path) -> None:
+    nvml = FakeNVML()
+    nvml.procs = {0: [SimpleNamespace(pid=9, usedGpuMemory=None)]}
+    ran: list[list[str]] = []
+    logged = _release(tmp_path, nvml, ran, STB_GPU_RELEASE_CHECK="log")
+    assert (
+        logged
+        == "release check: still held after 3 s: GPU 0: pid 9 (? MiB) (not drained: mode log)"
+    )
+    assert _release(tmp_path, nvml, ran, STB_GPU_RELEASE_CHECK="off") == ""
+    assert "is none of drain, log, off" in _release(
+        tmp_path, nvml, ran, STB_GPU_RELEASE_CHECK="sometimes"
+    )
+    assert ran == []
+    no_gpu = gs.release_check(_env(tmp_path), lambda: nvml, None)
+    assert no_gpu == ""
+
+    def no_nvml() -> Any:
+        raise ImportError("pynvml")
+
+    assert gs.release_check(_env(tmp_path, SLURM_JOB_GPUS="0"), no_nvml) == (
+        "release check: no NVML (ImportError)"
+    )
+
+
+def test_release_check_says_when_the_drain_fails(tmp_path: Path) -> None:
+    nvml = FakeNVML()
+    nvml.procs = {0: [SimpleNamespace(pid=9, usedGpuMemory=2**20)]}
+
+    def refused(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 1, "", "Invalid user id")
+
+    clock = Clock()
+    line = gs.release_check(
+        _env(tmp_path, SLURM_JOB_GPUS="0", STB_GPU_RELEASE_WAIT_S="0"),
+        lambda: nvml,
+        refused,
+        clock.sleep,
+        clock,
+    )
+    assert line == "release check: GPU 0: pid 9 (1 MiB); drain failed (exit 1: Invalid user id)"
