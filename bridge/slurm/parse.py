@@ -109,7 +109,7 @@ def parse_gres(gres: str) -> tuple[str | None, int]:
     several comma-separated entries (GPU counts summed, first type kept)."""
     gpu_type: str | None = None
     count = 0
-    for entry in _split_gres(gres):
+    for entry in split_gres(gres):
         entry = entry.split("(", 1)[0]
         parts = entry.split(":")
         if parts[0] not in ("gpu", "gres/gpu"):
@@ -126,7 +126,7 @@ def parse_gres(gres: str) -> tuple[str | None, int]:
     return gpu_type, count
 
 
-def _split_gres(gres: str) -> list[str]:
+def split_gres(gres: str) -> list[str]:
     """Split on commas outside parentheses (`gpu:h100:2(IDX:0,2)`)."""
     out, depth, cur = [], 0, ""
     for ch in gres:

@@ -35,7 +35,7 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Literal
 
-from bridge.slurm.parse import NULLS, tres_list_text
+from bridge.slurm.parse import split_gres, tres_list_text
 
 ShareMode = Literal["compute", "memory"]
 SHARE_MODES: tuple[ShareMode, ...] = ("compute", "memory")
@@ -325,7 +325,7 @@ def gres_gpu_parts(gres: str) -> dict[str | None, int]:
     order the string names them; shards are not GPUs and are left out. What the ledger's
     capacity counts per node and GPU type."""
     out: dict[str | None, int] = {}
-    for entry in _split_gres(gres):
+    for entry in split_gres(gres):
         parts = entry.split("(", 1)[0].split(":")
         if parts[0] not in ("gpu", "gres/gpu"):
             continue
@@ -338,21 +338,6 @@ def gres_gpu_parts(gres: str) -> dict[str | None, int]:
         if count:
             out[name] = out.get(name, 0) + count
     return out
-
-
-def _split_gres(gres: str) -> list[str]:
-    """Split on commas outside parentheses (`gpu:h100:2(IDX:0,2)`)."""
-    out, depth, cur = [], 0, ""
-    for ch in gres:
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            out.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    out.append(cur)
-    return [e.strip() for e in out if e.strip() and e.strip() not in NULLS]
 
 
 def unit_share(gpu_type: str | None, rules: SliceRules) -> Fraction:
