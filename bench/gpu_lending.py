@@ -15,8 +15,10 @@ The scenario: the models m0..m4 (`--models`) at `--mean-rps` / (i + 1), every se
 time 20 ms, SLOs 100, 150, 200, 250, 300 ms (`MIX_SLO_MS`): models that differ, so a
 lend carries the models late at that time (identical models are late together, and
 every lend would carry all five: one replica the size of the largest, a gang, in both
-modes). A replica serves alike in both modes (the simulator's replica: one execution
-per GPU of a node, whatever its GPUs); the modes differ only in what a lend takes.
+modes). A replica runs one execution per GPU it holds: a whole node's 8 (node mode, or a
+replica of 8 or more GPUs), a partial lease's own k (`Lend.gpus`), as the daemon's view of
+it says (`ReplicaView.gpus` = `LeaseView.lent_gpus`). Under each pair of rows, each
+model's share of requests within SLO per mode (`models`).
 Placement (`Place`) is off: a placement would give a replica models larger than its
 GPUs. The lend cap is `--lend-cap`, one pair of rows per cap (default 100 and 200
 leases: the "peak" cap counts nodes that hold every model, which single-model lends run
@@ -141,6 +143,10 @@ def main() -> None:
         node, gpu = got["node"], got["gpu"]
         for mode in MODES:
             print(row(label, mode, got[mode]))
+        for mode in MODES:
+            per = got[mode].models
+            shares = " ".join(f"{m} {100 * o.within_share:.3f}" for m, o in per.items())
+            print(f"{label:<10} {mode:<5} models: {shares}")
         ratio = gpu.gpu_hours_lost / node.gpu_hours_lost if node.gpu_hours_lost > 0 else None
         lost_ok = gpu.gpu_hours_lost <= 0.5 * node.gpu_hours_lost
         wait_ok = wait_mean_s(gpu) <= wait_mean_s(node) and wait_p95_s(gpu) <= wait_p95_s(node)

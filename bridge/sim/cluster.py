@@ -91,6 +91,14 @@ class SimLease(ModelledLease):
             return sum(c.gpus for c in self.claims)
         return sum(n.gpus for n in self.nodes)
 
+    def partial_gpus(self) -> int | None:
+        """The GPUs its replica holds when they are some of one node's (a partial lease,
+        `Lend.gpus`); None when it holds nodes whole (a gang's claims are whole nodes)."""
+        claims = self.claims
+        if len(claims) == 1 and claims[0].gpus < claims[0].node.gpus:
+            return claims[0].gpus
+        return None
+
     def owes(self) -> bool:
         """Its Triton job cannot run yet: some GPUs it needs are held by jobs."""
         if self.claims:

@@ -19,15 +19,20 @@ jobs starting and ending); at each tick, in the reconciler's order:
    meanwhile the replica's view holds the models it kept: the lease is mid-placement).
    A lend takes whole nodes, or with `Setup.granularity` "gpu" the GPUs of its replica
    (`bridge.sim.lending`: where, and which jobs go); a replica that spans nodes is a gang
-   of whole nodes in both, or refused when no gang is free (all or nothing).
+   of whole nodes in both, or refused when no gang is free (all or nothing). A partial
+   lease's replica serves on its own GPUs (`Serving.servers`: one execution per GPU it
+   holds, not per GPU of its node), and the policy sees it so (`ReplicaView.gpus`,
+   `LeaseView.gpus` and `lent_gpus` its GPUs), as the daemon's observation shows it.
 
 Ticks at which decide can only answer "nothing" skip the call (`_quiet`: no lease to
 abandon or return, no lend possible); the tests check that this changes no decision. Most
 such ticks are proven quiet by `bridge.sim.quiet` without running `assess` at all
 (`Setup.prove_quiet`; `Setup.check_quiet` runs assess on them too and fails if it would
-act). The rest is incremental: replica groups' layout, lease views and the free-GPU
-index are kept up to date rather than rebuilt each tick; results are those of the plain
-loop (`tests/unit/test_sim_golden.py` compares them with a recording made before). The
+act; not in GPU-granular runs, whose partial leases' replicas the proof, which keys every
+replica by the node's GPUs, does not model: there assess runs on every tick). The rest
+is incremental: replica groups' layout, lease views and the free-GPU index are kept up
+to date rather than rebuilt each tick; results are those of the plain loop
+(`tests/unit/test_sim_golden.py` compares them with a recording made before). The
 hot paths (a job's arrival, start and end; the latency model's tick) are written out
 rather than layered (a job that comes alone at its instant, with no job waiting, is
 started without entering the queue: `Fleet.start_alone`; the latency model's tick is
@@ -164,7 +169,7 @@ class Engine(Cluster):
                 setup.timing.model_load_s,
                 llms={m: setup.tokens[m] for m in self.token_profiles},
             )
-            if setup.prove_quiet and not setup.always_decide
+            if setup.prove_quiet and not setup.always_decide and self.granularity == "node"
             else None
         )
         #: NodeViews of the nodes in the policy's pools, rebuilt only when a node changes
@@ -209,9 +214,10 @@ class Engine(Cluster):
         """The lease's replica into routing (n = 1) or out of it (n = -1)."""
         view = lease.view
         loading = self.loading.pop(view.id, None)  # (out mid-placement: what it holds)
-        self.serving.join(view.models if loading is None else loading[1], n, self.now)
+        held = lease.partial_gpus()
+        self.serving.join(view.models if loading is None else loading[1], n, self.now, held)
         if n > 0:
-            replica = ReplicaView(view.node, view.models, view.id, self.replica_gpus)
+            replica = ReplicaView(view.node, view.models, view.id, self.serving.servers(held))
             self.replica_views.append(replica)
         else:
             self.replica_views = [r for r in self.replica_views if r.lease_id != view.id]
@@ -220,12 +226,13 @@ class Engine(Cluster):
     def _relayout(self, lease: SimLease, old: tuple[str, ...], new: tuple[str, ...]) -> None:
         """The lease's replica, in routing, moves from the group of `old` to that of `new`
         (its view holds `new`)."""
+        held = lease.partial_gpus()
         if old:
-            self.serving.join(old, -1, self.now)
+            self.serving.join(old, -1, self.now, held)
         if new:
-            self.serving.join(new, 1, self.now)
+            self.serving.join(new, 1, self.now, held)
         view = lease.view
-        replica = ReplicaView(view.node, new, view.id, self.replica_gpus)
+        replica = ReplicaView(view.node, new, view.id, self.serving.servers(held))
         self.replica_views = [replica if r.lease_id == view.id else r for r in self.replica_views]
         self.replica_version += 1
 
@@ -349,6 +356,10 @@ class Engine(Cluster):
                 self.next_lease, node, action.pool, mode, action.models, now, self.replica_gpus
             )
             lease.more, lease.claims = (nodes[1:], ()) if not claims else ((), claims)
+            share = lease.partial_gpus()
+            if share is not None:  # as the daemon sees a partial lease: its GPUs
+                servers = self.serving.servers(share)
+                lease.view = replace(lease.view, gpus=servers, lent_gpus=share)
             self.next_lease += 1
             lease.waited = mode == "drain" and lease.owes()
             self.leases[lease.id] = lease

@@ -40,10 +40,14 @@ AGE_BUCKETS = 5
 
 @dataclass(eq=False)
 class Group:
-    """Ready replicas holding the same models: they see the same load."""
+    """Ready replicas holding the same models on as many GPUs: they see the same load."""
 
     models: tuple[str, ...]
     nodes: int = 0
+    #: the parallel executions of each replica (`Serving.servers`), and the GPUs each
+    #: holds (its node's whole; a partial lease's, `Lend.gpus`)
+    servers: int = 1
+    gpus: int = 1
     backlog_s: float = 0.0
     #: the ticks in Triton's summary window, oldest first: their (quantile
     #: `wait_quantile()`, requests), their requests alone and their end times. A tick
@@ -95,7 +99,8 @@ class Serving:
         self.rate_window: dict[str, deque[float]] = {
             m: deque(maxlen=self.window_ticks) for m in self.models
         }
-        self.groups: dict[tuple[str, ...], Group] = {}
+        #: by (models, the GPUs each replica holds: None, its node whole)
+        self.groups: dict[tuple[tuple[str, ...], int | None], Group] = {}
         #: `_lay_out()` of the groups as they are (None: to be made again)
         self._layout: Layout | None = None
         #: GPUs of a node, and parallel model instances on one replica
@@ -145,13 +150,26 @@ class Serving:
         self.tick_requests = 0.0
         self.tick_worst = 0.0
 
-    def join(self, models: tuple[str, ...], n: int, now: float) -> None:
-        """`n` replicas holding `models` come into routing at `now` (n < 0: go out)."""
-        group = self.groups.get(models)
+    def servers(self, gpus: int | None) -> int:
+        """Parallel executions of a replica on `gpus` GPUs of a node (None: the node whole,
+        `replica_gpus`): one per GPU, or with `Setup.replica_servers` its share of them
+        (1 at least). A partial lease's replica serves on its own GPUs, as the daemon's
+        view of it (`ReplicaView.gpus` = `LeaseView.lent_gpus`) says."""
+        if gpus is None or gpus >= self.node_gpus:
+            return self.replica_gpus
+        return max(1, self.replica_gpus * gpus // self.node_gpus)
+
+    def join(self, models: tuple[str, ...], n: int, now: float, gpus: int | None = None) -> None:
+        """`n` replicas holding `models` come into routing at `now` (n < 0: go out), each
+        on `gpus` GPUs of its node (None: the node whole)."""
+        key = (models, None if gpus is None or gpus >= self.node_gpus else gpus)
+        group = self.groups.get(key)
         if group is None:
             size = self.window_ticks + 1
-            group = self.groups[models] = Group(
+            group = self.groups[key] = Group(
                 models,
+                servers=self.servers(key[1]),
+                gpus=self.node_gpus if key[1] is None else key[1],
                 window=deque(maxlen=size),
                 window_n=deque(maxlen=size),
                 window_at=deque(maxlen=size),
@@ -161,7 +179,7 @@ class Serving:
             group.backlog_s *= group.nodes / (group.nodes + n)
         group.nodes += n
         if group.nodes <= 0:
-            del self.groups[models]
+            del self.groups[key]
         self._layout = None
 
     def _lay_out(self) -> Layout:
@@ -194,7 +212,6 @@ class Serving:
         per_group, per_model_at = self._layout
         rates = [series[k] for series in self._rate_series]
         cv2 = self.s.service_cv2
-        servers = self.replica_gpus
         advance, wait_quantile = latency.advance, latency.wait_quantile
         for group, members in per_group:
             node_rate = 0.0
@@ -205,10 +222,11 @@ class Serving:
                 node_load += share * service
             # `latency.step`, as plain numbers
             lo = group.backlog_s
+            servers = group.servers
             hi, p, tail, queued = advance(servers, node_load, node_rate, lo, dt, cv2)
             group.backlog_s = hi
             busy = min(node_load, servers) / servers
-            self.inference_used_s += busy * self.node_gpus * group.nodes * dt
+            self.inference_used_s += busy * group.gpus * group.nodes * dt
             window, window_n, window_at = group.window, group.window_n, group.window_at
             requests = node_rate * dt
             window.append((wait_quantile(lo, hi, p, tail), requests))
@@ -298,7 +316,7 @@ class Serving:
                     now, p99, lam, pending, mean, compute_ms if mean is not None else None
                 )
             else:  # an LLM: its token signal too (`bridge.triton.llm_metrics`' figures)
-                slots = sum(servers * g.nodes for _, g in parts)
+                slots = sum(g.servers * g.nodes for _, g in parts)
                 ttft_ms, tpot_ms = (None, None) if token_p99s is None else token_p99s
                 sample = _token_sample(
                     now,

@@ -202,3 +202,29 @@ def test_the_options_are_checked() -> None:
     specs = {m: ModelConfig(slo_p99_ms=100, tensor_parallel=g) for m, g in SIZES.items()}
     assert lend_gpus(specs, ("small", "whole")) == 8  # models on one replica share it
     assert lend_gpus(specs, ("other",)) is None
+
+
+@pytest.mark.parametrize(("granularity", "servers"), [("node", 8), ("gpu", 2)])
+def test_a_partial_leases_replica_serves_on_its_own_gpus(granularity: str, servers: int) -> None:
+    # the 2-GPU replica lent 2 GPUs of el0 runs 2 executions, not one per GPU of the
+    # node; the policy sees it as the daemon's observation does (`ReplicaView.gpus` and
+    # `LeaseView.gpus` its lent GPUs), so neither side counts capacity the lease lacks
+    engine = Engine(_setup(granularity))
+    _at(engine, 10.0)
+    _lend(engine, "el0", "small")
+    lease = next(iter(engine.leases.values()))
+    view = engine._lease_view(lease)
+    assert (view.gpus, view.lent_gpus) == (servers, None if granularity == "node" else 2)
+    t = 10.0
+    while lease.view.state != LeaseState.SERVING:
+        t += TICK
+        _at(engine, t)
+    (replica,) = [r for r in engine.snapshot().replicas if r.lease_id == lease.id]
+    assert replica.gpus == servers
+    group = next(g for g in engine.serving.groups.values() if g.models == ("small",))
+    assert (group.nodes, group.servers, group.gpus) == (1, servers, servers)
+    engine._act(Return(lease.id, "test"))
+    while lease.id in engine.leases:
+        t += TICK
+        _at(engine, t)
+    assert all(g.models != ("small",) for g in engine.serving.groups.values())
