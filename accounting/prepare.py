@@ -29,6 +29,7 @@ from typing import Any
 
 from sqlalchemy.dialects import sqlite
 
+from accounting.allocation import holds_gpus
 from accounting.attribution import (
     Context,
     EntryTuple,
@@ -36,7 +37,6 @@ from accounting.attribution import (
     comment_tags,
     deferred_reason,
     digest,
-    holds_gpus,
     job_entry_tuples,
     record_end,
     record_workload,
