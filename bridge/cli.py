@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "drain": ("bridge.ops.cli", "drain"),
     "resume": ("bridge.ops.cli", "resume"),
     "token": ("bridge.ops.cli", "token"),
+    "audit": ("bridge.audit.cli", "audit_app"),
+    "fleet": ("bridge.fleet.cli", "fleet_app"),
     "simulate": ("bridge.sim.cli", "simulate"),
     "init": ("bridge.config_cli", "init"),
 }

@@ -536,6 +536,22 @@ class TritonJobConfig(_Strict):
         "`nvcr.io#nvidia/tritonserver:<yy.mm>-py3` ('#' between registry and image). "
         "A relative file path is taken from the working directory, like the other paths.",
     )
+    python: Path | None = Field(
+        default=None,
+        description="The Python whose packages the Python backend's models import (the "
+        "backend's stub takes the first python3 on the job's PATH, and this one's folder "
+        "goes first); default: the bridge's own. With run_as, one that user can run.",
+    )
+    run_as: str | None = Field(
+        default=None,
+        description="The Unix user the server runs as, apart from the site's jobs (issue "
+        "33's hand-over hygiene; wheel runtime, a job that starts as root: a bridge run "
+        "as root, or the lab). The job then serves in a mount namespace of its own with "
+        "a private /tmp and /dev/shm: it sees nothing the node's earlier jobs left there, "
+        "and what it writes there is gone when it ends. None: the server runs as the "
+        "job's user, the bridge's (run the bridge as a service account of its own, and "
+        "Slurm's job_container/tmpfs for every job's /tmp).",
+    )
     binds: tuple[str, ...] = Field(
         default=(),
         description="Extra host paths the container sees, each `SRC[:DST][:ro|rw]` "
@@ -559,8 +575,20 @@ class TritonJobConfig(_Strict):
     def _bind_specs(cls, binds: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(_bind_spec(b) for b in binds)
 
+    @field_validator("run_as")
+    @classmethod
+    def _user_name(cls, user: str | None) -> str | None:
+        if user is not None and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user):
+            raise ValueError(f"run_as {user!r} is not a Unix user name ([a-z_][a-z0-9_-]*)")
+        return user
+
     @model_validator(mode="after")
     def _runtime_needs(self) -> TritonJobConfig:
+        if self.run_as is not None and self.runtime != "wheel":
+            raise ValueError(
+                f'triton.run_as is for runtime = "wheel"; a {self.runtime} container '
+                "runs as the job's user (run the bridge as a service account of its own)"
+            )
         if self.runtime == "wheel":
             if self.image is not None or self.binds:
                 raise ValueError(

@@ -83,6 +83,7 @@ def record_of(lease: Lease) -> LeaseRecord:
         lease.slurm_job_id,
         lease.reason,
         lent_gpus=lease.gpus,
+        members=tuple(lease.members or ()),
     )
 
 
@@ -258,9 +259,12 @@ class Actuator:
         now: datetime,
         reason: str,
         gpus: int | None = None,
+        members: tuple[str, ...] = (),
     ) -> LeaseRecord:
         lease = record_of(
-            self.store.create(node, pool, mode, list(models), key, now, reason=reason, gpus=gpus)
+            self.store.create(
+                node, pool, mode, list(models), key, now, reason=reason, gpus=gpus, members=members
+            )
         )
         self.leases[lease.id] = lease
         return lease
@@ -269,17 +273,18 @@ class Actuator:
 
     def _execute(self, command: steps.Command, now: datetime, report: TickReport) -> str | None:
         match command:
-            case steps.Fence(reservation, node, duration_s):
+            case steps.Fence(reservation, node, duration_s, members):
                 self.slurm.create_reservation(
                     ReservationSpec(
                         reservation,
-                        (node,),
+                        (node, *members),
                         duration_s=duration_s,
                         users=("root",),
                         flags=("IGNORE_JOBS",),
                     )
                 )
-                report.events.append(f"{node}: fenced by reservation {reservation}")
+                held = ",".join((node, *members))
+                report.events.append(f"{held}: fenced by reservation {reservation}")
             case steps.Submit():
                 return self.slurm.submit(self._lease_job(command))
             case steps.Requeue(node, job_ids):
@@ -308,8 +313,10 @@ class Actuator:
                 self.route(report, include=lease_id)
             case steps.RouteOut(lease_id):
                 self.route(report, exclude=lease_id)
-            case steps.Adopt(job_id, node, pool, mode):
-                lease = self.create(node, pool, mode, (), f"adopt:{job_id}", now, "adopted")
+            case steps.Adopt(job_id, node, pool, mode, members):
+                lease = self.create(
+                    node, pool, mode, (), f"adopt:{job_id}", now, "adopted", members=members
+                )
                 self.apply(
                     steps.Move(lease.id, S.REQUESTED, S.SUBMITTED, f"adopted job {job_id}", job_id),
                     now,
@@ -347,6 +354,8 @@ class Actuator:
         return launcher.triton_job(
             self.config.triton,
             node=submit.node,
+            # a gang: one job on all its nodes (-N n), whole
+            members=submit.members,
             models=submit.models,
             lease=submit.ref,
             # a partial lend shares the node with its other jobs: k GPUs, not --exclusive

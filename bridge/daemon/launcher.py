@@ -60,6 +60,7 @@ def triton_job(
     cfg: TritonJobConfig,
     *,
     node: str | None,
+    members: Sequence[str] = (),
     models: Sequence[str] = (),
     lease: LeaseRef | None = None,
     exclusive: bool = False,
@@ -72,7 +73,8 @@ def triton_job(
     skip: Sequence[str] = (),
 ) -> JobSpec:
     """The JobSpec of one Triton server. `models` empty: every model that loads at start
-    (`start_models`). A lent node
+    (`start_models`). `members`: a gang's other nodes (one job with `-N n` on `node` and
+    them, its server on `node`, the batch host, each node taken whole). A lent node
     is taken whole (`exclusive`, `gpus` = all of its GPUs) so sacct books all its GPUs to
     serving and no other job lands beside it. `weights_cache`: the nodes' weight cache
     (`[weights] cache_root`): the job reads each model version from its verified local
@@ -98,6 +100,8 @@ def triton_job(
         # ';' not ',' between models: sbatch's --export splits on commas
         "STB_MODELS": ";".join(models) if models else "*",
     } | _runtime_env(cfg)
+    if cfg.run_as is not None:  # its own user and a private /tmp and /dev/shm
+        env["STB_TRITON_RUN_AS"] = cfg.run_as
     if weights_cache is not None:
         env |= {
             "STB_WEIGHTS_CACHE": str(weights_cache),
@@ -113,7 +117,8 @@ def triton_job(
         name=name
         or (f"stb-triton-lease-{lease[0]}" if lease is not None else "stb-triton-baseline"),
         comment=",".join(tags),
-        nodelist=(node,) if node else (),
+        nodelist=(node, *members) if node else (),
+        nodes=1 + len(members) if members else None,
         gpus_per_node=gpus,
         exclusive=exclusive,
         requeue=False,
@@ -167,8 +172,10 @@ def _runtime_env(cfg: TritonJobConfig) -> dict[str, str]:
         return {
             "STB_TRITON_HOME": str(home),
             "STB_TRITON_BACKENDS": str((cfg.backend_directory or home / "backends").resolve()),
-            # The Python backend's stub finds numpy through the python3 first on PATH.
-            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            # The Python backend's stub runs the python3 first on PATH (isolated: no
+            # PYTHONPATH) and imports the models' packages from its environment.
+            "PATH": f"{(cfg.python or Path(sys.executable)).parent}:"
+            f"{os.environ.get('PATH', '/usr/bin:/bin')}",
         }
     image = cfg.image_reference
     if image is None:  # TritonJobConfig's own validation refuses this

@@ -99,6 +99,11 @@ class Observation:
         return {n: tuple(js) for n, js in out.items()}
 
 
+def usable(node: Node) -> bool:
+    """The bridge may lend the node: up, and not drained but by the bridge's own fence."""
+    return not node.state.startswith(_UNUSABLE) and (not node.drained or node.fenced_by_bridge)
+
+
 def _ts(job: Job, name: str) -> float | None:
     value = getattr(job, name)
     return value.timestamp() if value is not None else None
@@ -187,14 +192,11 @@ def snapshot(
         if pool is None:
             continue
         work = job_views(obs, node.name)
-        usable = not node.state.startswith(_UNUSABLE) and (
-            not node.drained or node.fenced_by_bridge
-        )
         views.append(
             NodeView(
                 node.name,
                 pool,
-                usable,
+                usable(node),
                 node.gpus,
                 work,
                 has_triton=node.name in triton_bound,
@@ -203,8 +205,11 @@ def snapshot(
             )
         )
     gpus = {name: n.gpus for name, n in obs.nodes.items()}
-    # a partial lease's replica holds its GPUs, not its node's
+    # a partial lease's replica holds its GPUs, not its node's; a gang's, all its nodes'
     gpus.update({lease.node: lease.lent_gpus for lease in leases if lease.lent_gpus})
+    gpus.update(
+        {lease.node: sum(gpus.get(n, 0) for n in lease.nodes) for lease in leases if lease.members}
+    )
     replicas = tuple(
         ReplicaView(s.node, s.models, lease_of.get(s.node), gpus.get(s.node, 1))
         for s in obs.servers

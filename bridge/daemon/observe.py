@@ -199,7 +199,7 @@ class Observer:
             for job in jobs
             if TRITON_TAG in job.tags
             and job.state == "RUNNING"
-            and len(job.nodes) == 1
+            and job.nodes  # a gang's server runs on its first node, the batch host
             and job.nodes[0] in nodes
         ]
         direct = self._prometheus is None

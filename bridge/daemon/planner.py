@@ -24,9 +24,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from bridge.config import BridgeConfig, pool_of
-from bridge.daemon.observation import RESERVATION_PREFIX, Observation, job_views, triton_gpus
+from bridge.daemon.observation import (
+    RESERVATION_PREFIX,
+    Observation,
+    job_views,
+    triton_gpus,
+    usable,
+)
 from bridge.lifecycle import LeaseState
-from bridge.policy.gang import lend_gpus
+from bridge.policy.gang import lend_gpus, nodes_per_replica
 from bridge.policy.leasesync import (
     HELD_REASONS,
     RESERVATION_SLACK_S,
@@ -39,7 +45,7 @@ from bridge.policy.leasesync import (
     sync_lease,
 )
 from bridge.policy.nodes import partial
-from bridge.policy.snapshot import LeaseView, NodeView
+from bridge.policy.snapshot import LeaseView, NodeView, held_nodes
 from bridge.policy.steps import (
     Adopt,
     Cancel,
@@ -81,7 +87,7 @@ def world_of(lease: LeaseView, obs: Observation, settings: Settings | None = Non
     job = _job_of(lease, obs.triton_jobs())
     reservation = reservation_name(lease.id)
     return LeaseWorld(
-        lease.node in obs.nodes,
+        all(n in obs.nodes for n in lease.nodes),
         job,
         obs.server_of(job.job_id) if job else None,
         reservation,
@@ -99,8 +105,8 @@ def victims_of(lease: LeaseView, obs: Observation, settings: Settings) -> tuple[
     observation's time."""
     now = obs.at
     running = obs.work.get(lease.node, ())
-    if lease.lent_gpus is None:
-        return tuple(sorted(j.job_id for j in running))
+    if lease.lent_gpus is None:  # whole nodes: every job on any of them
+        return tuple(sorted({j.job_id for n in lease.nodes for j in obs.work.get(n, ())}))
     node = obs.nodes.get(lease.node)
     if node is None or not running:
         return ()
@@ -164,7 +170,7 @@ def plan_orphans(
     open_refs = {lease.ref for lease in open_leases}
     open_jobs = {lease.slurm_job_id for lease in open_leases if lease.slurm_job_id}
     open_ids = {lease.id for lease in open_leases}
-    open_nodes = {lease.node for lease in open_leases}
+    open_nodes = held_nodes(open_leases)
     steps: list[Step] = []
     for job in obs.triton_jobs().values():
         ref = lease_of(job.tags)
@@ -179,13 +185,14 @@ def plan_orphans(
                         note=f"cancel job {job.job_id} of finished lease {ref[0]}",
                     )
                 )
-        elif job.state == "RUNNING" and len(job.nodes) == 1:
+        elif job.state == "RUNNING" and job.nodes:
             node = obs.nodes.get(job.nodes[0])
             pool = pool_of(node, config) if node else None
             if pool is None or config.pools[pool].lend_mode == "reserved":
                 continue
             mode = config.pools[pool].lend_mode
-            steps.append(Step(None, (Adopt(job.job_id, job.nodes[0], pool, mode),)))
+            first, *others = job.nodes  # a gang's server runs on its first node
+            steps.append(Step(None, (Adopt(job.job_id, first, pool, mode, tuple(others)),)))
     for name in sorted(obs.reservations):
         suffix = name.removeprefix(RESERVATION_PREFIX)
         if name.startswith(RESERVATION_PREFIX) and suffix.isdigit() and int(suffix) not in open_ids:
@@ -230,7 +237,7 @@ def check_operator_lend(
     pool = pool_of(known, config)
     if pool is None or config.pools[pool].lend_mode not in ("preempt", "drain"):
         return f"refused: {node} is in no lendable pool (pool {pool})"
-    if any(lease.node == node and lease.state != S.RETURNED for lease in leases):
+    if any(node in lease.nodes and lease.state != S.RETURNED for lease in leases):
         return f"refused: {node} is already lent"
     unknown = sorted(set(models) - set(obs.models.names))
     if unknown:
@@ -250,6 +257,45 @@ def operator_lend_gpus(
     k = lend_gpus(obs.models.scaled, models)
     known = obs.nodes.get(node)
     return k if known is not None and partial(known.gpus, k, mode) else None
+
+
+def operator_gang(
+    node: str,
+    models: Sequence[str],
+    obs: Observation,
+    leases: Sequence[LeaseView],
+    config: BridgeConfig,
+) -> tuple[str, ...] | str:
+    """The other nodes of an operator's lend of `node` whose replica spans nodes (its
+    models' `bridge.policy.gang.lend_gpus` more than `node` has): as many nodes as
+    `nodes_per_replica` says, of `node`'s pool and GPU count, usable, with no Triton job
+    and in no open lease, the idle first, then in Slurm's order; () for a replica that
+    fits `node`; the refusal's text when too few are free (all or nothing)."""
+    known = obs.nodes.get(node)
+    k = lend_gpus(obs.models.scaled, models)
+    if known is None or k is None or k <= known.gpus:
+        return ()
+    n = nodes_per_replica(k, known.gpus)
+    pool = pool_of(known, config)
+    held = held_nodes(lease for lease in leases if lease.state != S.RETURNED)
+    bound = triton_gpus(obs)[0]
+    free = [
+        other
+        for other in obs.nodes.values()
+        if other.name != node
+        and pool_of(other, config) == pool
+        and other.gpus == known.gpus
+        and usable(other)
+        and other.name not in held
+        and other.name not in bound
+    ]
+    free.sort(key=lambda other: bool(obs.work.get(other.name)))  # the idle first (stable)
+    if len(free) < n - 1:
+        return (
+            f"refused: a replica of {','.join(models)} takes {k} GPUs, {n} nodes of "
+            f"{known.gpus} in pool {pool}; {len(free) + 1} free"
+        )
+    return tuple(other.name for other in free[: n - 1])
 
 
 # ---- operator requests taken again -----------------------------------------------------
@@ -311,6 +357,7 @@ __all__ = [
     "deadline",
     "is_stuck",
     "lease_refs_to_check",
+    "operator_gang",
     "operator_lend_gpus",
     "plan",
     "plan_lease",

@@ -49,6 +49,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from bridge.audit.trail import AuditError, Trail, daemon
 from bridge.config import BridgeConfig
 from bridge.daemon import planner
 from bridge.daemon.actuator import Actuator, Router, record_of
@@ -63,7 +64,10 @@ from bridge.daemon.rollouts import RolloutDriver
 from bridge.daemon.seasons import SeasonKeeper
 from bridge.daemon.staging import Stager
 from bridge.daemon.wakes import Wakes
+from bridge.fleet import mode as fleet_mode
+from bridge.leases.audit import AuditStore
 from bridge.leases.errors import LeaseError
+from bridge.leases.fleet import FleetStore
 from bridge.leases.leader import Fenced
 from bridge.leases.loads import LoadStore
 from bridge.leases.rates import RateStore
@@ -243,12 +247,19 @@ class Reconciler:
         rollouts: RolloutDriver | None = None,
         loads: LoadStore | None = None,
         waiting: Callable[[], Mapping[str, int]] | None = None,
+        audit: Trail | None = None,
     ) -> None:
         """`loads`: where the models' load times are kept (None: beside `store`'s leases,
         on its engine); `waiting`: per model served from zero, the requests the activator
         holds or turned away since it was last asked (`bridge.http.activator.Activator.
-        demand`; None: no activator)."""
+        demand`; None: no activator); `audit`: the trail its lends, returns and operator
+        requests are recorded in (None: beside `store`, behind its fence, as
+        `daemon@host`)."""
         self.config = config
+        #: where each lend, return and operator request carried out is recorded
+        self.audit = audit or Trail(AuditStore.beside(store), daemon())
+        #: the fleet's mode as `stb fleet mode` switched it (read each active pass)
+        self.fleet = FleetStore.beside(store)
         #: the activator's waiting requests per model (read once per active pass)
         self.waiting = waiting
         #: carries the models' gradual rollouts one move a pass (None: no rollouts)
@@ -345,25 +356,32 @@ class Reconciler:
         self.loads.started(act.open_leases(), self.store, now)
         self.placer.sync(obs, now, report)
         self._orphans(obs, now, report)
-        holds = self.requests.holds() if self.requests is not None else {}
+        site = self.requests.holds() if self.requests is not None else {}
+        fleet = self.fleet.current()  # the fleet's mode (`stb fleet mode`): its holds
+        holds = {**fleet_mode.holds(fleet, self.config), **site}
         self._operator_requests(obs, now, report, holds)
         held = self._return_held(holds, obs, now, report)
-        snap = policy_snapshot(
-            obs,
-            self.config,
-            act.open_leases(),
-            self.memory,
-            act.preemptions_since(t - 3600.0),
-            held,
-        )
-        if self.stager is not None:  # the nodes' weight caches, as of the last plan
-            snap = self.stager.onto(snap, self.loads.local_load_s)
+        preempted = act.preemptions_since(t - 3600.0)
+
+        def view(held_pools: frozenset[str]) -> Snapshot:
+            snap = policy_snapshot(
+                obs, self.config, act.open_leases(), self.memory, preempted, held_pools
+            )
+            if self.stager is not None:  # the nodes' weight caches, as of the last plan
+                snap = self.stager.onto(snap, self.loads.local_load_s)
+            if waiting is not None:
+                snap = replace(snap, waiting=waiting)
+            return snap
+
         waiting = self.wakes.waiting(self.waiting)  # held requests: lends from zero
-        if waiting is not None:
-            snap = replace(snap, waiting=waiting)
+        snap = view(held)
         self.last_snapshot = snap
         self.seasons.write(now)
-        report.actions = decide(snap, self.config, t)
+        config = fleet_mode.configured(fleet, self.config)
+        report.actions = decide(snap, config, t)
+        if fleet is not None and fleet.mode == "advisory":  # what shared would do, said
+            shared = view(frozenset(site))
+            report.events.extend(fleet_mode.advice(decide(shared, config, t)))
         for action in report.actions:
             self._act(action, obs, now, report)
         if self.stager is not None:
@@ -456,6 +474,9 @@ class Reconciler:
                     outcome = f"failed: {last.message} ({outcome})"
             self.requests.finish(req.id, now, outcome)
             report.events.append(f"operator request {req.id} ({req.kind}): {outcome}")
+            if req.kind != "wake":  # a standby's wake is no operator's action
+                target = f"node {req.node}" if req.kind == "lend" else f"lease {req.lease_id}"
+                self._audit(req.kind, target, f"{outcome} ({req.reason})", report)
 
     def _operator_lend(
         self,
@@ -484,9 +505,14 @@ class Reconciler:
             return checked
         pool, mode, models = checked
         if pool in holds:
-            return f"refused: pool {pool} is held by {holds[pool].held_by} (stb resume {pool})"
-        gpus = planner.operator_lend_gpus(node, models, mode, obs, self.config)
-        lend = Lend(node, pool, mode, models, req.reason, gpus)
+            by = holds[pool].held_by
+            undo = "stb fleet mode shared" if by.startswith("fleet mode") else f"stb resume {pool}"
+            return f"refused: pool {pool} is held by {by} ({undo})"
+        members = planner.operator_gang(node, models, obs, self.actuator.open_leases(), self.config)
+        if isinstance(members, str):
+            return members
+        gpus = None if members else planner.operator_lend_gpus(node, models, mode, obs, self.config)
+        lend = Lend(node, pool, mode, models, req.reason, gpus, members)
         return self._lend(lend, obs, now, report, key)
 
     def _moves(self, lease_id: int) -> list[tuple[LeaseState, str]]:
@@ -501,25 +527,36 @@ class Reconciler:
             hold = holds.get(lease.pool)
             if hold is None or lease.state in (S.DRAINING, S.RELEASING, S.FAILED, S.RETURNED):
                 continue
-            outcome = self._return(
-                Return(lease.id, f"pool {lease.pool} held by {hold.held_by}"), obs, now, report
-            )
-            report.events.append(f"pool {lease.pool} held by {hold.held_by}: {outcome}")
+            why = f"pool {lease.pool} held by {hold.held_by}"
+            outcome = self._return(Return(lease.id, why), obs, now, report)
+            report.events.append(f"{why}: {outcome}")
+            self._audit("return", f"lease {lease.id}", f"{outcome} ({why})", report)
         return frozenset(holds)
 
     # ---- act ----------------------------------------------------------------------
 
     def _act(self, action: object, obs: Observation, now: datetime, report: TickReport) -> None:
         if isinstance(action, Lend):
-            self._lend(action, obs, now, report)
+            outcome = self._lend(action, obs, now, report)
+            self._audit("lend", f"node {action.node}", f"{outcome} ({action.reason})", report)
         elif isinstance(action, Return):
-            self._return(action, obs, now, report)
+            outcome = self._return(action, obs, now, report)
+            target = f"lease {action.lease_id}"
+            self._audit("return", target, f"{outcome} ({action.reason})", report)
         elif isinstance(action, Place):
             outcome = self.placer.place(action, obs, now, report)
             if outcome.startswith("refused"):
                 report.events.append(f"place lease {action.lease_id}: {outcome}")
         elif isinstance(action, StartBaseline):
             self.actuator.run(Step(None, (SubmitBaseline(action.node),)), now, report)
+
+    def _audit(self, action: str, target: str, text: str, report: TickReport) -> None:
+        """Record what this pass did in the audit trail; one that cannot be written is
+        the pass's `audit` error (what Slurm did is not undone), a fenced one stops it."""
+        try:
+            self.audit.record_text(action, target, text)
+        except AuditError as exc:
+            report.error("audit", exc)
 
     def _lend(
         self,
@@ -541,14 +578,15 @@ class Reconciler:
                 now,
                 action.reason,
                 action.gpus,
+                action.members,
             )
         except LeaseError as exc:
             report.error("lend", exc)
             return f"failed: {exc}"
         share = "" if action.gpus is None else f", {action.gpus} GPU(s)"
         report.events.append(
-            f"lease {lease.id} {action.node}: requested ({action.lend_mode}{share}, models "
-            f"{','.join(action.models)}: {action.reason})"
+            f"lease {lease.id} {','.join(action.nodes)}: requested ({action.lend_mode}{share}, "
+            f"models {','.join(action.models)}: {action.reason})"
         )
         report.lent.append(action.pool)
         self.memory.lent(action.models, now.timestamp())
@@ -558,7 +596,7 @@ class Reconciler:
         after = self.actuator.leases[lease.id]
         if after.state in (S.FAILED, S.RETURNED):
             return f"failed: lease {lease.id}: {after.reason}"
-        return f"lease {lease.id} lending {action.node}"
+        return f"lease {lease.id} lending {','.join(action.nodes)}"
 
     def _return(self, action: Return, obs: Observation, now: datetime, report: TickReport) -> str:
         lease = self.actuator.leases.get(action.lease_id)

@@ -35,10 +35,13 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
+from bridge.audit.trail import AuditError, Trail, daemon
 from bridge.config import BridgeConfig
 from bridge.daemon.observation import Observation
 from bridge.daemon.report import TickReport
+from bridge.leases.audit import AuditStore
 from bridge.leases.rollouts import Rollout, RolloutStore, State
 from bridge.models import rollout as steps
 from bridge.models.publish import PublishError, Server
@@ -51,8 +54,17 @@ from bridge.triton.metrics import parse_page
 from bridge.triton.protocol import TritonInstance
 
 log = logging.getLogger(__name__)
-#: a move that meets one of these is reported and tried again next tick
-_ERRORS = (TritonError, PublishError, RepositoryError, RoutingError, OSError)
+#: a move that meets one of these is reported and tried again next tick (an audit entry
+#: that cannot be written is reported so; the stored move it records stands)
+_ERRORS = (TritonError, PublishError, RepositoryError, RoutingError, OSError, AuditError)
+#: the audit trail's action for a move into each state
+_AUDIT: dict[str, str] = {
+    "running": "rollout.step",
+    "promoting": "rollout.promote",
+    "rolling_back": "rollout.rollback",
+    "promoted": "rollout.end",
+    "rolled_back": "rollout.end",
+}
 
 
 def share(row: Rollout) -> float:
@@ -79,8 +91,12 @@ class RolloutDriver:
         store: RolloutStore,
         triton_for: Callable[[str], TritonInstance],
         repo: ModelRepository | None = None,
+        audit: Trail | None = None,
     ) -> None:
+        """`audit`: where each move is recorded (None: beside `store`, behind its fence,
+        as `daemon@host`)."""
         self.store = store
+        self.audit = audit or Trail(AuditStore.beside(store), daemon())
         self.repo = repo or ModelRepository(config.triton.model_repository)
         self.triton_for = triton_for
         r = config.rollout
@@ -138,14 +154,14 @@ class RolloutDriver:
         if row.state == "pending":
             if not lacking and servers:  # seen holding both: the split may start
                 where = ", ".join(s.address for s in servers)
-                self.store.move(rid, "running", now, f"both versions on {where}", step=0)
+                self._step(rid, "running", now, f"both versions on {where}", step=0)
                 return
             route()  # every unversioned request to the old version before the new loads
             try:
                 steps.activate(self.repo, row, servers, log.info)
             except (TritonError, PublishError) as exc:
                 why = f"version {row.new_version} did not load and answer: {exc}"
-                row = self.store.move(rid, "rolling_back", now, why)
+                row = self._step(rid, "rolling_back", now, why)
                 self._finish(row, servers, now, route, promote=False)
             return
         if row.state == "running" and lacking:
@@ -174,21 +190,42 @@ class RolloutDriver:
         figures = _figures_json(new, old, held_s, step)
         if verdict.verdict == "rollback":
             why = f"rolled back at {step.percent:g}%: {verdict.why}"
-            row = self.store.move(rid, "rolling_back", now, why, figures=figures)
+            row = self._step(rid, "rolling_back", now, why, figures=figures)
             log.warning("%s version %d %s", row.model, row.new_version, why)
             self._finish(row, servers, now, route, promote=False)
         elif row.step + 1 < len(plan):
             nxt = plan[row.step + 1]
             counts = self._counts[rid]  # the next step counts from what this tick read
             counts.step, counts.base = row.step + 1, dict(counts.seen)
-            self.store.move(
+            self._step(
                 rid, "running", now,
                 f"{nxt.percent:g}% after {verdict.why}", step=row.step + 1, figures=figures,
             )  # fmt: skip
         else:
-            row = self.store.move(rid, "promoting", now, f"promoted: {verdict.why}",
+            row = self._step(rid, "promoting", now, f"promoted: {verdict.why}",
                                   figures=figures)  # fmt: skip
             self._finish(row, servers, now, route, promote=True)
+
+    def _step(
+        self,
+        rollout_id: int,
+        state: State,
+        now: datetime,
+        reason: str,
+        *,
+        step: int | None = None,
+        figures: dict[str, Any] | None = None,
+    ) -> Rollout:
+        """`RolloutStore.move`, then its audit entry."""
+        row = self.store.move(rollout_id, state, now, reason, step=step, figures=figures)
+        at = f" step {row.step}" if state == "running" else ""
+        self.audit.record(
+            _AUDIT[state],
+            f"model {row.model} version {row.new_version}",
+            "ok",
+            f"rollout {rollout_id} -> {state}{at}: {reason}",
+        )
+        return row
 
     def _finish(
         self,
@@ -206,7 +243,7 @@ class RolloutDriver:
         finish = steps.promote if promote else steps.abandon
         route()  # every unversioned request to the version that stays before the other unloads
         finish(self.repo, row, servers, row.reason)
-        self.store.move(row.id, end, now, row.reason)
+        self._step(row.id, end, now, row.reason)
         if promote:
             log.info("%s version %d %s", row.model, row.new_version, row.reason)
 

@@ -24,6 +24,7 @@ also serves the operator commands and tests.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import os
 import signal
@@ -40,10 +41,12 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.schedulers.blocking import BlockingScheduler
 from fastapi import APIRouter
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from accounting.db import LEDGER
 from accounting.db import ensure as ensure_ledger
 from accounting.errors import LedgerError
+from bridge.audit.trail import AuditError, Trail, daemon
 from bridge.config import BridgeConfig
 from bridge.daemon.clients import TritonClients
 from bridge.daemon.keyshim import KeyShimError, ensure_key_shim
@@ -55,10 +58,11 @@ from bridge.daemon.rollouts import RolloutDriver
 from bridge.db import SchemaError, redacted
 from bridge.http.activator import Activator
 from bridge.http.app import create_app
-from bridge.http.auth import TokensError, TokenTable
+from bridge.http.auth import Principal, TokensError, TokenTable
 from bridge.http.routes import finance_routes, operator_routes
 from bridge.http.server import HttpServer, tls_context
 from bridge.leases import leader
+from bridge.leases.audit import AuditStore
 from bridge.leases.leader import LeaderLease
 from bridge.leases.requests import RequestQueue
 from bridge.leases.rollouts import RolloutStore
@@ -73,6 +77,9 @@ from bridge.triton.metrics import MetricsPage
 from bridge.triton.prometheus import PrometheusSignal
 
 log = logging.getLogger(__name__)
+
+#: a token as the tokens file's re-read tells of it: its digest and who holds it
+Tentry = tuple[bytes, Principal]
 
 
 class DaemonError(RuntimeError):
@@ -329,8 +336,11 @@ def exporter_for(bridge: Daemon) -> HttpServer:
     """The exporter and API as configured (`[daemon] exporter_listen`, `[api]`)."""
     config = bridge.config
     host, port = _host_port(config.daemon.exporter_listen)
+    on_change = None
+    if isinstance(bridge, Bridge):
+        on_change = token_changes(own_trail(bridge))
     try:
-        tokens = TokenTable(config.api.tokens_file)
+        tokens = TokenTable(config.api.tokens_file, on_change)
     except TokensError as exc:
         raise DaemonError(str(exc)) from exc
     tls = None
@@ -347,6 +357,58 @@ def exporter_for(bridge: Daemon) -> HttpServer:
         return HttpServer(app, (host, port), tls=tls)
     except OSError as exc:
         raise DaemonError(f"daemon.exporter_listen {host}:{port}: {exc.strerror}") from exc
+
+
+def own_trail(bridge: Bridge) -> Trail:
+    """The audit trail as this instance records its own facts (unfenced: a standby's
+    configuration is its own)."""
+    return Trail(AuditStore.beside(bridge.reconciler.store, fenced=False), daemon())
+
+
+def record_config(trail: Trail, config: BridgeConfig) -> None:
+    """Record the configuration this daemon loaded: the SHA-256 of its effective values
+    (the file with the environment's overrides), and whether it changed since the last
+    load recorded; `DaemonError` if the trail cannot be written (the daemon does not
+    start unrecorded)."""
+    digest = hashlib.sha256(config.model_dump_json().encode()).hexdigest()
+    try:
+        last = trail.store.find(action="config.load", limit=1)
+        since = (
+            "first load recorded"
+            if not last
+            else f"unchanged since entry {last[0].seq}"
+            if digest in last[0].detail
+            else f"changed since entry {last[0].seq}"
+        )
+        trail.record("config.load", "configuration", "ok", f"sha256 {digest}: {since}")
+    except (AuditError, SQLAlchemyError) as exc:
+        raise DaemonError(f"the audit trail cannot be written: {exc}") from exc
+
+
+def token_changes(trail: Trail) -> Callable[[list[Tentry], list[Tentry]], None]:
+    """What the daemon records when the tokens file changes: each token gone as revoked,
+    each new one as issued unless `stb token` recorded its issue (by its fingerprint).
+    Every instance notices the change; each fingerprint is recorded once. A failure is
+    logged as an error (the API goes on with the file's tokens)."""
+
+    def changed(added: list[Tentry], removed: list[Tentry]) -> None:
+        try:
+            done = {
+                (e.action, e.detail.rsplit("fingerprint ", 1)[-1][:12])
+                for e in trail.store.find(action="token")
+            }
+            for action, entries in (("token.issue", added), ("token.revoke", removed)):
+                for digest, who in entries:
+                    fp = digest.hex()[:12]
+                    if (action, fp) not in done:
+                        why = "found in" if action == "token.issue" else "gone from"
+                        roles = ",".join(sorted(who.roles))
+                        detail = f"{why} the tokens file, roles {roles}, fingerprint {fp}"
+                        trail.record(action, f"token {who.name}", "ok", detail)
+        except (AuditError, SQLAlchemyError) as exc:
+            log.error("the tokens file changed and the audit trail could not record it: %s", exc)
+
+    return changed
 
 
 def tick_once(bridge: Daemon) -> TickReport | None:
@@ -421,6 +483,7 @@ def run_daemon(config: BridgeConfig) -> None:
     elect = leader.supported(make_engine(config.database_url))
     with nullcontext() if elect else single_instance(config.daemon.lock_file):
         bridge = build(config, elect=elect)
+        record_config(own_trail(bridge), config)
         exporter = exporter_for(bridge).start()
         scheduler = scheduler_for(bridge)
         election = bridge.leader

@@ -23,6 +23,7 @@ import os
 import secrets
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,11 +105,18 @@ def add_token(path: Path, name: str, roles: frozenset[str] | set[str]) -> str:
     return token
 
 
-class TokenTable:
-    """The tokens of `path`, re-read when the file changes (size or mtime)."""
+#: told what a re-read of the tokens file changed: the (digest, principal) of each token
+#: added, then of each removed (the daemon records them in its audit trail)
+Changes = Callable[[list[tuple[bytes, Principal]], list[tuple[bytes, Principal]]], None]
 
-    def __init__(self, path: Path | None) -> None:
+
+class TokenTable:
+    """The tokens of `path`, re-read when the file changes (size or mtime); `on_change`
+    is told what each re-read after the first added and removed."""
+
+    def __init__(self, path: Path | None, on_change: Changes | None = None) -> None:
         self.path = path
+        self.on_change = on_change
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self._entries: list[tuple[bytes, Principal]] = []
@@ -129,8 +137,15 @@ class TokenTable:
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp == self._stamp:
             return
-        self._entries = parse_tokens(self.path.read_text(), f"api.tokens_file {self.path}")
-        self._stamp = stamp
+        entries = parse_tokens(self.path.read_text(), f"api.tokens_file {self.path}")
+        first, before = self._stamp is None, self._entries
+        self._entries, self._stamp = entries, stamp
+        if not first and self.on_change is not None:
+            old, new = {d for d, _ in before}, {d for d, _ in entries}
+            added = [e for e in entries if e[0] not in old]
+            removed = [e for e in before if e[0] not in new]
+            if added or removed:
+                self.on_change(added, removed)
 
     def entries(self) -> list[tuple[bytes, Principal]]:
         """The current tokens; a file that became unusable keeps the last good ones (and

@@ -12,7 +12,9 @@ Role `operator`:
 Role `finance`: `GET /api/report?...` (`accounting.api`).
 
 Each request is recorded under the token's name, so operators need no access to the
-bridge's database and every lend, return and hold says who asked. Bodies are JSON
+bridge's database and every lend, return and hold says who asked; each is written with
+its audit trail entry in one transaction (`bridge.audit`), and a resume of a pool that
+is not held is recorded as refused. Bodies are JSON
 objects checked field by field (`bridge.http.guard`: extra keys, wrong types, bad names:
 400 naming the field); nothing is written for a refused request. Requests go through the
 same queue as `stb lend`/`stb return` (`bridge.leases.requests`): the active daemon
@@ -33,6 +35,7 @@ from pydantic import BaseModel, Field, StringConstraints
 from sqlalchemy import Engine
 
 from accounting.api import report_response
+from bridge.audit.trail import Trail, api_caller, daemon
 from bridge.config import BridgeConfig
 from bridge.http.guard import (
     ApiError,
@@ -43,6 +46,7 @@ from bridge.http.guard import (
     json_body,
     json_response,
 )
+from bridge.leases.audit import AuditStore
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore
 from bridge.modelfacts import ModelFacts
@@ -141,11 +145,20 @@ def operator_routes(
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     models: Callable[[], ModelFacts] | None = None,
     servers: Servers | None = None,
+    audit: Trail | None = None,
 ) -> APIRouter:
     """The operator routes on `queue` (writes no lease: the daemon does). `models`: the
     models' facts now (the daemon's observer's; default: the repository read for each
-    lend); `servers`: the running Triton servers a model status reads."""
+    lend); `servers`: the running Triton servers a model status reads; `audit`: the
+    trail each request and hold is recorded in, in its own transaction, under the
+    caller's token name (default: the trail in `queue`'s database)."""
     facts = models or (lambda: site_models(config))
+    # unfenced, as the requests are: a standby's API takes them for the leader
+    trail = audit or Trail(AuditStore.beside(queue, fenced=False), daemon())
+
+    def by(call: Caller) -> Trail:
+        return trail.as_(api_caller(call.principal.name))
+
     find = servers or (lambda: running_servers(config))
     router = APIRouter(tags=["operator"])
     post = _refusals(404, 411, 413)
@@ -161,7 +174,9 @@ def operator_routes(
         unknown = sorted(set(body.models) - set(facts().names))
         if unknown:
             raise ApiError(400, f"models: unknown {', '.join(unknown)}")
-        row = queue.request_lend(body.node, body.models, clock(), call.principal.name)
+        what = f"models {','.join(body.models)}" if body.models else "every model"
+        audit = by(call).within("lend.request", f"node {body.node}", what)
+        row = queue.request_lend(body.node, body.models, clock(), call.principal.name, audit)
         return json_response(202, {"request": row.id, "kind": "lend", "node": body.node})
 
     @router.post(
@@ -176,7 +191,8 @@ def operator_routes(
         """Ask the active daemon to return an open lease."""
         if body.lease not in {lease.id for lease in store.open_leases()}:
             raise ApiError(404, f"lease: {body.lease} is not an open lease")
-        row = queue.request_return(body.lease, clock(), call.principal.name)
+        audit = by(call).within("return.request", f"lease {body.lease}")
+        row = queue.request_return(body.lease, clock(), call.principal.name, audit)
         return json_response(202, {"request": row.id, "kind": "return", "lease": body.lease})
 
     @router.post(
@@ -188,7 +204,8 @@ def operator_routes(
             raise ApiError(404, f"pool: no pool {body.pool!r}")
         if config.pools[body.pool].lend_mode == "reserved":
             raise ApiError(400, f"pool: {body.pool} is the reserved pool; it is never lent")
-        hold = queue.hold(body.pool, clock(), call.principal.name, body.reason)
+        audit = by(call).within("pool.drain", f"pool {body.pool}")
+        hold = queue.hold(body.pool, clock(), call.principal.name, body.reason, audit)
         return json_response(
             200, {"pool": hold.pool, "held_by": hold.held_by, "reason": hold.reason}
         )
@@ -200,8 +217,10 @@ def operator_routes(
     )
     def resume(call: Operator, body: Annotated[PoolBody, Depends(json_body(PoolBody))]) -> Response:
         """Lift a pool's hold."""
-        hold = queue.release(body.pool, clock(), call.principal.name)
+        audit = by(call).within("pool.resume", f"pool {body.pool}")
+        hold = queue.release(body.pool, clock(), call.principal.name, audit)
         if hold is None:
+            by(call).record("pool.resume", f"pool {body.pool}", "refused", "not held")
             raise ApiError(404, f"pool: {body.pool} is not held")
         return json_response(200, {"pool": hold.pool, "released_by": call.principal.name})
 

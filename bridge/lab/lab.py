@@ -223,6 +223,7 @@ def up(spec: LabSpec, say: Say = print, install: bool = True) -> None:
     if jwt:
         system.make_jwt_key(spec)
     system.make_gpu_devices(spec)
+    system.ensure_system_user(system.TRITON_USER)  # for `[triton] run_as` (issue 33)
     for node in spec.all_nodes:
         (spec.lab_dir / "spool" / f"slurmd-{node.name}").mkdir(parents=True, exist_ok=True)
 
@@ -298,6 +299,10 @@ def up(spec: LabSpec, say: Say = print, install: bool = True) -> None:
     else:
         say("slurmrestd or the auth/jwt plugin is not installed: no REST API in this lab")
     triton.prepare(spec)
+    try:  # the Python a Triton job of `[triton] run_as = "stb-triton"` serves with
+        triton.server_python(spec)
+    except triton.TritonLabError as exc:
+        say(f"no Python for the Triton user ({exc}): tests of [triton] run_as skip")
 
 
 @dataclass(frozen=True)

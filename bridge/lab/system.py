@@ -1,6 +1,6 @@
 """Host preparation for the lab: Debian packages, fake GPU devices, the munge and JWT
-keys, slurmrestd's unprivileged user, and finding (or providing) a MariaDB for slurmdbd.
-Each step is idempotent.
+keys, slurmrestd's and the Triton servers' unprivileged users, and finding (or
+providing) a MariaDB for slurmdbd. Each step is idempotent.
 
 Called by `bridge.lab.lab.up`. Needs root: it installs packages and makes device nodes.
 """
@@ -45,6 +45,8 @@ PLUGIN_DIRS = (
 #: The unprivileged user (and group) slurmrestd runs as: it refuses root and SlurmUser
 #: (slurmrestd(8), -u and -g), and needs no file of the lab's after it starts
 REST_USER = "stb-rest"
+#: the user a lab Triton job with `[triton] run_as` serves as (made by `stb lab up`)
+TRITON_USER = "stb-triton"
 GPU_MAJOR = 195  # the NVIDIA character-device major number, for realism only
 
 Say = Callable[[str], None]
@@ -164,16 +166,22 @@ def make_jwt_key(spec: LabSpec) -> None:
 def ensure_rest_user() -> str:
     """The system user and group slurmrestd drops to (`REST_USER`), made when missing:
     no home, no login shell, no other rights."""
-    done = subprocess.run(["id", "-u", REST_USER], capture_output=True, text=True)
+    return ensure_system_user(REST_USER)
+
+
+def ensure_system_user(name: str) -> str:
+    """The system user and group `name`, made when missing: no home, no login shell, no
+    other rights (slurmrestd's `REST_USER`; the Triton servers' `TRITON_USER`)."""
+    done = subprocess.run(["id", "-u", name], capture_output=True, text=True)
     if done.returncode != 0:
         useradd = shutil.which("useradd") or "/usr/sbin/useradd"
         argv = [useradd, "--system", "--user-group", "--no-create-home",
                 "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
-                REST_USER]  # fmt: skip
+                name]  # fmt: skip
         made = subprocess.run(argv, capture_output=True, text=True)
         if made.returncode != 0:
             raise LabSystemError(f"{' '.join(argv)} failed: {made.stderr.strip()}")
-    return REST_USER
+    return name
 
 
 def make_gpu_devices(spec: LabSpec) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -33,6 +35,50 @@ class TritonLabError(RuntimeError):
 
 def backends_dir(spec: LabSpec) -> Path:
     return spec.triton_dir / "backends"
+
+
+def server_python_path(spec: LabSpec) -> Path:
+    """Where `server_python` makes its environment."""
+    return spec.triton_dir / "py" / "bin" / "python3"
+
+
+def server_python(spec: LabSpec, base: str = "/usr/bin/python3") -> Path:
+    """A Python the lab's Triton user (`[triton] run_as`) can run, for the Python
+    backend's models: a virtual environment of the system's `base` (this host's own
+    Python may sit under a home others cannot enter) with this Python's numpy, made once.
+    TritonLabError when `base` is missing or not this Python's X.Y (the backend's stub is
+    built for one)."""
+    python = server_python_path(spec)
+    if python.exists():
+        return python
+    ours = f"{sys.version_info.major}.{sys.version_info.minor}"
+    try:
+        theirs = subprocess.run(
+            [base, "-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise TritonLabError(f"no usable {base} for the Triton user's Python: {exc}") from exc
+    if theirs != ours:
+        raise TritonLabError(f"{base} is Python {theirs}, the backend's stub is for {ours}")
+    import numpy  # the version the lab's models run with
+
+    folder = python.parent.parent
+    try:
+        subprocess.run(
+            [base, "-m", "venv", str(folder)], check=True, capture_output=True, timeout=120
+        )
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", f"numpy=={numpy.__version__}"],
+            check=True, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        said = getattr(exc, "stderr", "") or exc
+        raise TritonLabError(
+            f"could not make the Triton user's Python at {folder}: {said}"
+        ) from exc
+    return python
 
 
 def prepare(spec: LabSpec) -> None:

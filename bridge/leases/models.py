@@ -43,9 +43,9 @@ def partial_unique(name: str, column: str, where: str) -> Index:
 
 
 class Lease(SQLModel, table=True):
-    """One node, or some of its GPUs, lent to Triton. At most one open (not returned)
-    lease per node: a partial unique index enforces it on SQLite and PostgreSQL, the store
-    checks it everywhere."""
+    """One node, some of its GPUs, or a gang of nodes lent to Triton. At most one open
+    (not returned) lease per node: a partial unique index enforces it for `node` on SQLite
+    and PostgreSQL, the store checks it everywhere, a gang's `members` included."""
 
     __tablename__ = "lease"
     __table_args__ = (
@@ -65,6 +65,10 @@ class Lease(SQLModel, table=True):
     #: GPUs of the node the lease holds (its Triton job's `--gres=gpu:k`, the node's other
     #: GPUs left to its jobs); None: the whole node (`--exclusive`), as every lease before
     gpus: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    #: a gang's other nodes (a JSON list: a replica that spans nodes is one Slurm job with
+    #: `-N n`, its server on `node`); None: the lease holds `node` alone, as every lease
+    #: before. The open-lease-per-node rule covers them too (`LeaseStore.create`)
+    members: list[str] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     state: LeaseState = Field(
         sa_column=Column(_str_enum(LeaseState, 16), nullable=False, index=True)
     )

@@ -23,6 +23,7 @@ the audit of who drained what.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy import JSON, Column, Integer, String, Text
@@ -31,6 +32,10 @@ from sqlmodel import Field, Session, SQLModel, col, select
 from bridge.db import Transactions, UTCDateTime
 
 KINDS = ("lend", "return", "place", "wake")
+
+#: records a write in its own transaction, told what was written ("request 7"): the
+#: request or hold and its audit entry commit together or not at all (`bridge.audit`)
+Audit = Callable[[Session, str], None]
 
 
 def lease_key(request_id: int) -> str:
@@ -83,33 +88,48 @@ class RequestQueue(Transactions):
     locked") when another process inserted a request in between, instead of waiting its
     busy timeout. Only the active bridge (the leader's fence) records outcomes."""
 
-    def _add(self, req: OperatorRequest) -> OperatorRequest:
+    def _add(self, req: OperatorRequest, audit: Audit | None = None) -> OperatorRequest:
         with Session(self._writer, expire_on_commit=False) as session, session.begin():
             session.add(req)
+            if audit is not None:
+                session.flush()
+                audit(session, f"request {req.id}")
         return req
 
     def request_lend(
-        self, node: str, models: list[str], now: datetime, requested_by: str = ""
+        self,
+        node: str,
+        models: list[str],
+        now: datetime,
+        requested_by: str = "",
+        audit: Audit | None = None,
     ) -> OperatorRequest:
         if not node:
             raise ValueError("a lend request needs a node")
         return self._add(
             OperatorRequest(
                 kind="lend", node=node, models=models, requested_by=requested_by, created_at=now
-            )
+            ),
+            audit,
         )
 
     def request_return(
-        self, lease_id: int, now: datetime, requested_by: str = ""
+        self, lease_id: int, now: datetime, requested_by: str = "", audit: Audit | None = None
     ) -> OperatorRequest:
         return self._add(
             OperatorRequest(
                 kind="return", lease_id=lease_id, requested_by=requested_by, created_at=now
-            )
+            ),
+            audit,
         )
 
     def request_place(
-        self, lease_id: int, models: list[str], now: datetime, requested_by: str = ""
+        self,
+        lease_id: int,
+        models: list[str],
+        now: datetime,
+        requested_by: str = "",
+        audit: Audit | None = None,
     ) -> OperatorRequest:
         """Ask the daemon to give serving lease `lease_id` the models `models` in place of
         those it holds (`bridge.daemon.placer`)."""
@@ -122,7 +142,8 @@ class RequestQueue(Transactions):
                 models=models,
                 requested_by=requested_by,
                 created_at=now,
-            )
+            ),
+            audit,
         )
 
     def request_wake(self, model: str, now: datetime, requested_by: str) -> OperatorRequest:
@@ -164,21 +185,36 @@ class RequestQueue(Transactions):
 
     # ---- pool holds -----------------------------------------------------------------
 
-    def hold(self, pool: str, now: datetime, held_by: str, reason: str = "") -> PoolHold:
+    def hold(
+        self,
+        pool: str,
+        now: datetime,
+        held_by: str,
+        reason: str = "",
+        audit: Audit | None = None,
+    ) -> PoolHold:
         """Hold `pool` (no lends, its leases returned); holding a held pool returns the
-        hold in force."""
+        hold in force. `audit` records either in the same transaction."""
         with Session(self._writer, expire_on_commit=False) as session, session.begin():
             current = session.exec(
                 select(PoolHold).where(PoolHold.pool == pool, col(PoolHold.released_at).is_(None))
             ).first()
             if current is not None:
+                if audit is not None:
+                    audit(session, f"already held by {current.held_by} (hold {current.id})")
                 return current
             hold = PoolHold(pool=pool, held_by=held_by, held_at=now, reason=reason)
             session.add(hold)
+            if audit is not None:
+                session.flush()
+                audit(session, f"hold {hold.id}" + (f": {reason}" if reason else ""))
         return hold
 
-    def release(self, pool: str, now: datetime, released_by: str) -> PoolHold | None:
-        """Lift the hold on `pool`; None when it was not held."""
+    def release(
+        self, pool: str, now: datetime, released_by: str, audit: Audit | None = None
+    ) -> PoolHold | None:
+        """Lift the hold on `pool`; None when it was not held (`audit` is then not
+        called: the caller records the refusal)."""
         with Session(self._writer, expire_on_commit=False) as session, session.begin():
             current = session.exec(
                 select(PoolHold).where(PoolHold.pool == pool, col(PoolHold.released_at).is_(None))
@@ -186,6 +222,8 @@ class RequestQueue(Transactions):
             if current is not None:
                 current.released_at = now
                 current.released_by = released_by
+                if audit is not None:
+                    audit(session, f"hold {current.id} by {current.held_by} lifted")
         return current
 
     def holds(self) -> dict[str, PoolHold]:

@@ -1,10 +1,10 @@
 """The bridge's own tables in its database (leases and their events, operator requests,
 pool holds, the advisory record, rollouts, the models' load times and rate history, the
-catalogue of node-local weight copies, the leader row): their Alembic migrations
-(`bridge/leases/migrations/`, version table `bridge_alembic_version`, beside the ledger's
-`ledger_alembic_version`), always run under the database's schema lock
-(`bridge.db.schema_lock`), so however many bridges start at once on a new database the
-tables are made exactly once.
+catalogue of node-local weight copies, the audit trail, the fleet's mode, the leader
+row): their Alembic migrations (`bridge/leases/migrations/`, version table
+`bridge_alembic_version`, beside the ledger's `ledger_alembic_version`), always run under
+the database's schema lock (`bridge.db.schema_lock`), so however many bridges start at
+once on a new database the tables are made exactly once.
 
 - `open_schema`: the daemon's. A new database is created at head; an older schema is
   refused with the command that upgrades it (`stb db upgrade`), a newer one with its own
@@ -27,7 +27,7 @@ import logging
 from sqlalchemy import Connection, Engine, inspect
 
 from bridge.db import Migrations, SchemaChange, SchemaError, redacted
-from bridge.leases import advice, loads, rates, rollouts, weights
+from bridge.leases import advice, audit, fleet, loads, rates, rollouts, weights
 from bridge.leases.migrations import baseline
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ TABLES = frozenset(
     | set(loads.TABLES)
     | set(rates.TABLES)
     | set(weights.TABLES)
+    | set(audit.TABLES)
+    | set(fleet.TABLES)
 )
 
 

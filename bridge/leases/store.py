@@ -94,22 +94,29 @@ class LeaseStore(Transactions):
         *,
         reason: str = "lend requested",
         gpus: int | None = None,
+        members: Sequence[str] = (),
     ) -> Lease:
         """Record a lend in state `requested` (with its first history event), or return
         the lease this `request_key` already made, whatever its state now. Raises
-        `NodeAlreadyLeased` when `node` has an open lease made under another key, and
-        `RequestKeyConflict` when the key was used for another node, pool or mode. `gpus`:
-        the GPUs of the node the lease holds (None: the whole node)."""
+        `NodeAlreadyLeased` when `node` (or one of `members`) has an open lease made under
+        another key, and `RequestKeyConflict` when the key was used for another node, pool
+        or mode. `gpus`: the GPUs of the node the lease holds (None: the whole node).
+        `members`: a gang's other nodes (whole nodes, so with `gpus` None)."""
         _require_aware(now)
         if gpus is not None and gpus < 1:
             raise ValueError(f"a lease holds at least one GPU, got gpus={gpus}")
+        gang = list(dict.fromkeys(members))
+        if node in gang or len(gang) != len(members) or not all(gang):
+            raise ValueError(f"a gang's members are other nodes, each once: {node} + {members}")
+        if gang and gpus is not None:
+            raise ValueError(f"a gang holds whole nodes, got gpus={gpus}")
         mode = LendMode(lend_mode)
         names = _model_names(models)
         if not request_key:
             raise ValueError("request_key must not be empty")
         try:
             with self._write() as session:
-                existing = self._check_create(session, node, pool, mode, request_key)
+                existing = self._check_create(session, node, pool, mode, request_key, gang)
                 if existing is not None:
                     return existing
                 lease = Lease(
@@ -118,6 +125,7 @@ class LeaseStore(Transactions):
                     lend_mode=mode,
                     models=names,
                     gpus=gpus,
+                    members=gang or None,
                     state=LeaseState.REQUESTED,
                     request_key=request_key,
                     reason=reason,
@@ -134,31 +142,48 @@ class LeaseStore(Transactions):
                         at=now,
                         reason=reason,
                         detail=f"node={node} pool={pool} mode={mode.value} models={names}"
-                        + ("" if gpus is None else f" gpus={gpus}"),
+                        + ("" if gpus is None else f" gpus={gpus}")
+                        + (f" members={','.join(gang)}" if gang else ""),
                     ),
                 )
             return lease
         except IntegrityError:
             # A concurrent create committed first (same key, or same node): its row decides.
             with self._read() as session:
-                existing = self._check_create(session, node, pool, mode, request_key)
+                existing = self._check_create(session, node, pool, mode, request_key, gang)
             if existing is None:
                 raise
             return existing
 
     def _check_create(
-        self, session: Session, node: str, pool: str, mode: LendMode, request_key: str
+        self,
+        session: Session,
+        node: str,
+        pool: str,
+        mode: LendMode,
+        request_key: str,
+        members: Sequence[str] = (),
     ) -> Lease | None:
         # One statement, so one snapshot: under READ COMMITTED two separate queries could
-        # miss a concurrent create's key and then see its node.
-        rows = session.exec(
-            select(Lease).where(
-                or_(
-                    Lease.request_key == request_key,
-                    and_(Lease.node == node, col(Lease.state) != LeaseState.RETURNED),
+        # miss a concurrent create's key and then see its node. A gang's members live in a
+        # JSON list no index covers: the open leases that have members are read too (few:
+        # gangs are the large models' replicas) and matched here.
+        wanted = {node, *members}
+        rows = [
+            lease
+            for lease in session.exec(
+                select(Lease).where(
+                    or_(
+                        Lease.request_key == request_key,
+                        and_(
+                            col(Lease.state) != LeaseState.RETURNED,
+                            or_(col(Lease.node).in_(wanted), col(Lease.members).is_not(None)),
+                        ),
+                    )
                 )
-            )
-        ).all()
+            ).all()
+            if lease.request_key == request_key or wanted & {lease.node, *(lease.members or ())}
+        ]
         for lease in rows:
             assert lease.id is not None
             if lease.request_key != request_key:
@@ -172,10 +197,11 @@ class LeaseStore(Transactions):
                     f"asked for node {node}, pool {pool}, mode {mode}",
                 )
             return lease
-        if rows:  # no row has our key, so each is an open lease of the node (at most one)
+        if rows:  # no row has our key, so each is an open lease of one of our nodes
             holder = rows[0]
             assert holder.id is not None
-            raise NodeAlreadyLeased(node, holder.id, holder.state.value)
+            taken = sorted(wanted & {holder.node, *(holder.members or ())})
+            raise NodeAlreadyLeased(",".join(taken), holder.id, holder.state.value)
         return None
 
     def set_status(

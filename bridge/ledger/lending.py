@@ -85,13 +85,20 @@ class LeaseTimeline:
     #: the pool the node was lent from
     pool: str
     changes: tuple[tuple[datetime, LeaseState], ...]
+    #: a gang's other nodes (their GPUs count with `node`'s)
+    members: tuple[str, ...] = ()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return (self.node, *self.members)
 
     @staticmethod
     def of(lease: Lease, events: Iterable[LeaseEvent]) -> LeaseTimeline:
         """From the store's rows (events in the order they happened)."""
         assert lease.id is not None
         changes = tuple((utc(e.at), LeaseState(e.to_state)) for e in events)
-        return LeaseTimeline(lease.id, lease.node, lease.pool, changes)
+        members = tuple(lease.members or ())
+        return LeaseTimeline(lease.id, lease.node, lease.pool, changes, members)
 
 
 @dataclass(frozen=True)
@@ -151,10 +158,10 @@ def phase_gpu_ms(
             continue
         pool = out.setdefault(lease.pool, PoolPhases())
         pool.leases += 1
-        node = nodes.get(lease.node)
-        if node is None:
-            pool.unknown_nodes.add(lease.node)
-            node = NodeGpus(0, "")
+        known = [nodes[n] for n in lease.nodes if n in nodes]
+        pool.unknown_nodes.update(n for n in lease.nodes if n not in nodes)
+        # (a gang's nodes together: the GPUs of each, the type of its first known)
+        node = NodeGpus(sum(k.gpus for k in known), known[0].gpu_type if known else "")
         started = False
         stops = [at for at, _ in lease.changes[1:]] + [end]
         for (at, state), until in zip(lease.changes, stops, strict=True):
@@ -252,7 +259,7 @@ def lending_section(
     now = utc(now) if now is not None else datetime.now(UTC)
     until = max(window.start, min(window.end, now))
     timelines = read_timelines(leases, window.start, until)
-    nodes = _node_gpus(ledger, sorted({t.node for t in timelines}), window, cluster)
+    nodes = _node_gpus(ledger, sorted({n for t in timelines for n in t.nodes}), window, cluster)
     phases = phase_gpu_ms(timelines, nodes, window.start, until)
     lent, teams = _lent(ledger, window, cluster)
     columns = (

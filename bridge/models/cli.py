@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
+from bridge.audit.trail import AuditError, Trail, open_trail
 from bridge.cli_text import fail, say
 from bridge.config import BridgeConfig
 from bridge.config_cli import ConfigOpt, load_or_exit
@@ -69,6 +70,18 @@ def _model(
     except RepositoryError as exc:
         raise fail(exc) from exc
     return cfg, repo
+
+
+#: a change of the repository refused before it was made, as the audit trail says it
+_REFUSED = (RolloutError, RepositoryError, ModelConfigError)
+
+
+def _trail(cfg: BridgeConfig) -> Trail:
+    """The audit trail, written as this command's user (and Slurm job)."""
+    try:
+        return open_trail(cfg)
+    except SQLAlchemyError as exc:
+        raise fail(f"the audit trail cannot be reached: {exc}") from exc
 
 
 def _rollouts(cfg: BridgeConfig) -> RolloutStore:
@@ -120,14 +133,20 @@ def publish_cmd(
     try:
         check_name(name)
         check_source(src)
+        trail = _trail(cfg)
         store = _rollouts(cfg)
         if canary is not None:
             if version is not None:
                 raise PublishError("--canary takes the next version: leave out --version")
-            row = rollout.start(
-                _repo(cfg, repository), store, src, name, canary, cfg.rollout.hold_s,
-                why=reason, checks_file=checks,
-            )  # fmt: skip
+            with trail.audited("model.canary", f"model {name}", _REFUSED) as note:
+                row = rollout.start(
+                    _repo(cfg, repository), store, src, name, canary, cfg.rollout.hold_s,
+                    why=reason, checks_file=checks,
+                )  # fmt: skip
+                note.detail = (
+                    f"version {row.new_version} beside {row.old_version}, plan {row.plan}"
+                    + (f": {reason}" if reason else "")
+                )
             steps = ", ".join(
                 f"{s.percent:g}% for {s.hold_s:g} s" for s in parse_plan(row.plan, row.hold_s)
             )
@@ -140,14 +159,17 @@ def publish_cmd(
             return
         if checks is not None:
             raise PublishError("--checks goes with --canary")
-        _no_open_rollout(store, name)
-        with running_servers(cfg) as servers:
-            out = publish(
-                _repo(cfg, repository), src, name, servers, version=version,
-                say=lambda m: say(console, m), why=reason,
-            )  # fmt: skip
+        with trail.audited("model.publish", f"model {name}", _REFUSED) as note:
+            _no_open_rollout(store, name)
+            with running_servers(cfg) as servers:
+                out = publish(
+                    _repo(cfg, repository), src, name, servers, version=version,
+                    say=lambda m: say(console, m), why=reason,
+                )  # fmt: skip
+            note.detail = f"version {out.version} on {', '.join(out.loaded_on) or 'no server'}"
+            note.detail += f": {reason}" if reason else ""
     except (PublishError, ModelConfigError, RepositoryError, RolloutError, SQLAlchemyError,
-            SlurmError, TritonError) as exc:  # fmt: skip
+            SlurmError, TritonError, AuditError) as exc:  # fmt: skip
         raise fail(exc) from exc
     where = ", ".join(out.loaded_on) or "no running server (loaded when one starts)"
     say(console, f"published {out.name} version {out.version}; serving on {where}")
@@ -206,13 +228,17 @@ def rollback_cmd(
 ) -> None:
     """Set the latest version aside; the previous one serves again."""
     cfg, repo = _model(config, repository, name)
+    trail = _trail(cfg)
     try:
         store = _rollouts(cfg)
         running = store.open_of(name)
         if running is not None and running.state in ("pending", "running"):
             assert running.id is not None
             why = f"stopped by {history.actor()}: {reason}"
-            store.move(running.id, "rolling_back", datetime.now(UTC), why)
+            target = f"model {name} version {running.new_version}"
+            with trail.audited("rollout.stop", target, _REFUSED) as note:
+                store.move(running.id, "rolling_back", datetime.now(UTC), why)
+                note.detail = f"rollout {running.id} -> rolling_back: {why}"
             say(
                 console,
                 f"{name}: the rollout of version {running.new_version} is stopped; the "
@@ -220,11 +246,13 @@ def rollback_cmd(
                 f"version {running.new_version} aside",
             )
             return
-        _no_open_rollout(store, name)
-        with running_servers(cfg) as servers:
-            gone, now, where = rollback(repo, name, servers, reason)
+        with trail.audited("model.rollback", f"model {name}", _REFUSED) as note:
+            _no_open_rollout(store, name)
+            with running_servers(cfg) as servers:
+                gone, now, where = rollback(repo, name, servers, reason)
+            note.detail = f"version {gone} set aside, version {now} serves: {reason}"
     except (PublishError, ModelConfigError, RepositoryError, RolloutError, SQLAlchemyError,
-            SlurmError, TritonError) as exc:  # fmt: skip
+            SlurmError, TritonError, AuditError) as exc:  # fmt: skip
         raise fail(exc) from exc
     say(
         console,
@@ -239,9 +267,11 @@ def retire_cmd(
     """Unload the model everywhere and move it out of the repository (kept in the archive)."""
     cfg, repo = _model(config, repository, name)
     try:
-        with running_servers(cfg) as servers:
-            where = retire(repo, name, servers, reason)
-    except (PublishError, RepositoryError, SlurmError, TritonError) as exc:
+        with _trail(cfg).audited("model.retire", f"model {name}", _REFUSED) as note:
+            with running_servers(cfg) as servers:
+                where = retire(repo, name, servers, reason)
+            note.detail = f"unloaded from {', '.join(where) or 'no server'}: {reason}"
+    except (PublishError, RepositoryError, SlurmError, TritonError, AuditError) as exc:
         raise fail(exc) from exc
     say(console, f"{name} retired (unloaded from {', '.join(where) or 'no server'})")
 

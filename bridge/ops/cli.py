@@ -17,6 +17,8 @@ import getpass
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -29,7 +31,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
 
+from bridge.audit.trail import AuditError, Trail, fingerprint, open_trail, operator
 from bridge.cli_text import fail, say
 from bridge.config import BridgeConfig, pool_of
 from bridge.config_cli import ConfigOpt, load_or_exit
@@ -37,7 +41,9 @@ from bridge.daemon.actuator import record_of
 from bridge.daemon.planner import Settings, is_stuck
 from bridge.http.auth import TokensError, add_token
 from bridge.leases import leader
+from bridge.leases.audit import AuditStore
 from bridge.leases.errors import LeaseError
+from bridge.leases.fleet import FleetStore
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.leases.weights import WeightStore
@@ -117,10 +123,12 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
     store = LeaseStore(engine)
     daemon = _daemon_view(cfg.daemon.exporter_listen, cfg.api.tls_cert is not None)
     settings = Settings.of(cfg)
+    open_rows = store.open_leases()
     leases = [
         {
             "id": lease.id,
             "node": lease.node,
+            **({"members": lease.members} if lease.members else {}),
             "pool": lease.pool,
             "mode": lease.lend_mode.value,
             "state": lease.state.value,
@@ -132,7 +140,7 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
             "stuck": is_stuck(record_of(lease), settings, now.timestamp()),
             "retries": (daemon.retries if daemon else {}).get(lease.id or 0, 0),
         }
-        for lease in store.open_leases()
+        for lease in open_rows
     ]
     failed = [
         {
@@ -154,7 +162,7 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
     jobs: list[Job] | None = None
     jobs_note = ""
     try:
-        lent = {lease["node"] for lease in leases}
+        lent = {n for lease in open_rows for n in (lease.node, *(lease.members or ()))}
         slurm = open_backend()
         for node in slurm.nodes():
             pool = pool_of(node, cfg)
@@ -187,8 +195,17 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
     }
     holder = leader.current(engine)
     holds = RequestQueue(engine).holds()
+    switch = FleetStore(engine).current()
     return {
         "at": now.isoformat(),
+        "fleet": {"mode": "shared", "since": None, "max_lent_nodes": None, "who": ""}
+        if switch is None
+        else {
+            "mode": switch.mode,
+            "since": switch.at.isoformat(),
+            "max_lent_nodes": switch.max_lent_nodes,
+            "who": switch.who,
+        },
         "leader": None
         if holder is None
         else {
@@ -230,6 +247,11 @@ def status(
             escape(" ".join(p["lent"])) or "-",
         )
     console.print(pools)
+    fleet = doc["fleet"]
+    if fleet["since"] is not None:  # (a bridge never switched says nothing: shared)
+        cap = fleet["max_lent_nodes"]
+        step = "" if cap is None else f", at most {cap} nodes lent"
+        say(console, f"fleet mode {fleet['mode']}{step} since {fleet['since']} (stb fleet)")
     lead = doc["leader"]
     if lead is not None:
         alive = lead["expires_in_s"] > 0
@@ -263,7 +285,7 @@ def status(
             state += f" ({lease['retries']} retries)"
         leases.add_row(
             str(lease["id"]),
-            escape(lease["node"]),
+            escape(",".join((lease["node"], *lease.get("members", ())))),
             escape(lease["pool"]),
             state,
             escape(",".join(lease["models"])),
@@ -376,7 +398,9 @@ CaOpt = Annotated[
 
 @dataclass
 class Channel:
-    """Where an operator's request goes: the bridge's database, or its HTTP API."""
+    """Where an operator's request goes: the bridge's database (each request or hold
+    written with its audit trail entry, as this command's user), or its HTTP API (which
+    records it under the token's name)."""
 
     cfg: BridgeConfig
     api: str = ""
@@ -387,6 +411,13 @@ class Channel:
     def _db(self) -> tuple[RequestQueue, LeaseStore]:
         """The bridge's database, opened once (`stb lend` polls it while it waits)."""
         return _queue(self.cfg)
+
+    @cached_property
+    def _trail(self) -> Trail:
+        """The audit trail in the bridge's database, written as this command's user: each
+        request or hold and its entry commit together (`bridge.audit.trail`)."""
+        queue, _ = self._db
+        return Trail(AuditStore.beside(queue), operator())
 
     @cached_property
     def _client(self) -> httpx.Client:
@@ -423,7 +454,9 @@ class Channel:
             doc = self.call("POST", "/api/lend", json={"node": node, "models": models})
             return int(doc["request"])
         queue, _ = self._db
-        req = queue.request_lend(node, models, datetime.now(UTC), requested_by=getpass.getuser())
+        audit = self._trail.within("lend.request", f"node {node}", _models(models))
+        with _recorded("lend"):
+            req = queue.request_lend(node, models, datetime.now(UTC), getpass.getuser(), audit)
         assert req.id is not None
         return req.id
 
@@ -433,7 +466,9 @@ class Channel:
         queue, _ = self._db
         if self._state_of(lease) == "returned":
             _fail(f"lease {lease} is already returned")
-        req = queue.request_return(lease, datetime.now(UTC), requested_by=getpass.getuser())
+        audit = self._trail.within("return.request", f"lease {lease}")
+        with _recorded("return"):
+            req = queue.request_return(lease, datetime.now(UTC), getpass.getuser(), audit)
         assert req.id is not None
         return req.id
 
@@ -445,7 +480,9 @@ class Channel:
         state = self._state_of(lease)
         if state != "serving":
             _fail(f"lease {lease} is {state}, not serving: only a serving lease is placed")
-        req = queue.request_place(lease, models, datetime.now(UTC), requested_by=getpass.getuser())
+        audit = self._trail.within("place.request", f"lease {lease}", _models(models))
+        with _recorded("placement"):
+            req = queue.request_place(lease, models, datetime.now(UTC), getpass.getuser(), audit)
         assert req.id is not None
         return req.id
 
@@ -475,16 +512,34 @@ class Channel:
             _fail(f"no pool {pool!r}; configured: {', '.join(self.cfg.pools)}")
         queue, _ = self._db
         now, who = datetime.now(UTC), getpass.getuser()
-        if on:
-            hold = queue.hold(pool, now, who, reason)
-            return f"pool {pool} held by {hold.held_by} since {hold.held_at:%Y-%m-%d %H:%M:%S}"
-        if queue.release(pool, now, who) is None:
-            _fail(f"pool {pool} is not held")
+        action, target = ("pool.drain" if on else "pool.resume"), f"pool {pool}"
+        with _recorded("hold" if on else "resume"):
+            if on:
+                hold = queue.hold(pool, now, who, reason, self._trail.within(action, target))
+                return f"pool {pool} held by {hold.held_by} since {hold.held_at:%Y-%m-%d %H:%M:%S}"
+            if queue.release(pool, now, who, self._trail.within(action, target)) is None:
+                self._trail.record(action, target, "refused", "not held")
+                _fail(f"pool {pool} is not held")
         return f"pool {pool} resumed"
 
 
 def _fail(message: str) -> NoReturn:
     raise fail(message)
+
+
+def _models(models: list[str]) -> str:
+    return f"models {','.join(models)}" if models else "every model"
+
+
+@contextmanager
+def _recorded(what: str) -> Iterator[None]:
+    """An operator's write and its audit entry, as one: if either cannot be written,
+    neither is, and the command says so."""
+    try:
+        yield
+    except (AuditError, SQLAlchemyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        _fail(f"the {what} was not asked: the bridge's database (and audit trail): {first}")
 
 
 def _wait(channel: Channel, request_id: int, timeout_s: float) -> None:
@@ -582,11 +637,16 @@ def token(
     config: ConfigOpt = None,
 ) -> None:
     """Add a new API token for NAME to the tokens file and print it (once: the file keeps
-    it, nothing else does)."""
-    path = tokens_file or load_or_exit(config).api.tokens_file
+    it, nothing else does; the audit trail records its issue by fingerprint)."""
+    cfg = load_or_exit(config)
+    path = tokens_file or cfg.api.tokens_file
     if path is None:
         _fail("no tokens file: pass --file or set [api] tokens_file")
+    wanted = {r for r in roles.split(",") if r}
     try:
-        print(add_token(path, name, {r for r in roles.split(",") if r}))
-    except (TokensError, OSError) as exc:
+        with open_trail(cfg).audited("token.issue", f"token {name}", (TokensError,)) as note:
+            issued = add_token(path, name, wanted)
+            note.detail = f"roles {','.join(sorted(wanted))}, fingerprint {fingerprint(issued)}"
+    except (TokensError, OSError, AuditError, SQLAlchemyError) as exc:
         _fail(str(exc))
+    print(issued)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Lend:
     """Lend `node` (of `pool`, by `lend_mode`) to Triton and place `models` on it: the
-    whole node, or `gpus` of its GPUs (a partial lend: the node's other GPUs go on
-    running its jobs)."""
+    whole node, `gpus` of its GPUs (a partial lend: the node's other GPUs go on running
+    its jobs), or with `members` a gang of whole nodes serving one replica."""
 
     node: str
     pool: str
@@ -18,6 +18,14 @@ class Lend:
     models: tuple[str, ...]
     reason: str
     gpus: int | None = None
+    #: a gang's other nodes (a replica that spans nodes, `bridge.policy.gang`: one Slurm
+    #: job on `node` and these, whole); () for a lend of one node
+    members: tuple[str, ...] = ()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Every node the lend takes: `node` first, then a gang's `members`."""
+        return (self.node, *self.members)
 
     @property
     def key(self) -> str:

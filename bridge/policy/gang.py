@@ -13,7 +13,7 @@ for. Pure."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from bridge.config import ModelConfig
 from bridge.lifecycle import TRANSITIONS, LeaseState
@@ -92,6 +92,37 @@ def plan_gangs(
         group = filling.setdefault((node.pool, node.gpus), [])
         group.append(node)
         if len(group) == nodes_per_replica:
+            gangs.append(tuple(group))
+            group.clear()
+    return gangs
+
+
+def spans(snapshot_nodes: Iterable[NodeView], pools: Collection[str], gpus: int | None) -> bool:
+    """Whether a replica of `gpus` GPUs spans nodes: it fits on no node of `pools` (the
+    lendable ones) whole. None (whole nodes) never does."""
+    if gpus is None:
+        return False
+    largest = max((n.gpus for n in snapshot_nodes if n.pool in pools), default=0)
+    return largest > 0 and gpus > largest
+
+
+def plan_sized_gangs(
+    candidates: Sequence[NodeView], gpus: int, replicas: int
+) -> list[tuple[NodeView, ...]]:
+    """`plan_gangs` for replicas of `gpus` GPUs on nodes that may differ in GPUs: each
+    gang of one pool and GPU count, as many nodes as `nodes_per_replica` says for that
+    count (two 8-GPU nodes, or four 4-GPU ones, for 16 GPUs); the gangs in the order they
+    fill, up to `replicas`. Nodes without GPUs are left out."""
+    gangs: list[tuple[NodeView, ...]] = []
+    filling: dict[tuple[str, int], list[NodeView]] = {}
+    for node in candidates:
+        if len(gangs) >= replicas:
+            break
+        if node.gpus < 1:
+            continue
+        group = filling.setdefault((node.pool, node.gpus), [])
+        group.append(node)
+        if len(group) == nodes_per_replica(gpus, node.gpus):
             gangs.append(tuple(group))
             group.clear()
     return gangs

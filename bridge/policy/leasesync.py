@@ -107,7 +107,7 @@ class SeenServer(Protocol):
 class LeaseWorld:
     """What the world shows of one lease at one pass."""
 
-    #: Slurm lists its node
+    #: Slurm lists its node (every node of a gang)
     node_listed: bool
     #: its Triton job (None: there is none, or it is gone)
     job: SeenJob | None = None
@@ -218,7 +218,8 @@ def _stuck(lease: LeaseView, limit: float | None, now: float) -> str:
 
 
 def _vanished(lease: LeaseView) -> Step:
-    return _fail(lease, f"node {lease.node} vanished from Slurm")
+    what = "node" if not lease.members else "a node of its gang"
+    return _fail(lease, f"{what} {','.join(lease.nodes)} vanished from Slurm")
 
 
 def sync_lease(lease: LeaseView, world: LeaseWorld, now: float, settings: Settings) -> Step | None:
@@ -337,9 +338,17 @@ def _submit_step(lease: LeaseView, world: LeaseWorld, settings: Settings) -> Ste
         reservation = world.reservation
         if not world.fenced:
             duration = int(settings.drain_wait_s + RESERVATION_SLACK_S)
-            commands.append(Fence(reservation, lease.node, duration))
+            commands.append(Fence(reservation, lease.node, duration, lease.members))
     commands.append(
-        Submit(lease.node, lease.models, lease.ref, lease.pool, reservation, lease.lent_gpus)
+        Submit(
+            lease.node,
+            lease.models,
+            lease.ref,
+            lease.pool,
+            reservation,
+            lease.lent_gpus,
+            lease.members,
+        )
     )
     if lease.lend_mode == "preempt" and settings.requeue_victims and world.victims:
         commands.append(Requeue(lease.node, world.victims))

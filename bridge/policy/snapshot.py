@@ -7,7 +7,7 @@ none of those. Times are UTC epoch seconds (floats)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -161,9 +161,13 @@ class LeaseView:
     #: GPUs of its node it holds (a partial lend: its Triton job's `--gres=gpu:k`, the
     #: node's other GPUs left to its jobs); None: the whole node
     lent_gpus: int | None = None
+    #: a gang's other nodes (a replica that spans nodes: one Slurm job with `-N n`, its
+    #: server on `node`, the job's batch host); () for a lease of one node
+    members: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", LeaseState(self.state))
+        object.__setattr__(self, "members", tuple(self.members))
         if self.updated_at is None or math.isnan(self.updated_at):
             object.__setattr__(self, "updated_at", self.created_at)
 
@@ -171,6 +175,11 @@ class LeaseView:
     def lease_id(self) -> int:
         """`id`, by the name the policy's rules read it."""
         return self.id
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Every node the lease holds: `node` first, then a gang's `members`."""
+        return (self.node, *self.members)
 
     @property
     def serving_since(self) -> float | None:
@@ -181,6 +190,11 @@ class LeaseView:
     def ref(self) -> tuple[int, int]:
         """How the lease's Triton job names it (`bridge.slurm.model.lease_tag`)."""
         return self.id, int(self.created_at)
+
+
+def held_nodes(leases: Iterable[LeaseView]) -> set[str]:
+    """Every node the `leases` hold, gangs' members included."""
+    return {n for lease in leases for n in lease.nodes}
 
 
 @dataclass(frozen=True)

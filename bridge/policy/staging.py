@@ -57,7 +57,7 @@ def stages_on(config: BridgeConfig, snapshot: Snapshot, node: NodeView) -> bool:
     pool = config.pools.get(node.pool)
     if pool is None or pool.lend_mode != "preempt":
         return False
-    return all(lease.node != node.name for lease in snapshot.leases)
+    return all(node.name not in lease.nodes for lease in snapshot.leases)
 
 
 __all__ = ["stages_on", "wanted"]

@@ -19,12 +19,14 @@ from bridge.lifecycle import LeaseState
 
 @dataclass(frozen=True)
 class Fence:
-    """Create the drain-mode reservation that holds `node` for the lease."""
+    """Create the drain-mode reservation that holds `node` (and a gang's `members`) for
+    the lease."""
 
     step = "fence"
     reservation: str
     node: str
     duration_s: int
+    members: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class Submit:
     #: GPUs of the node the job asks for (`--gres=gpu:k`, the node shared with its other
     #: jobs); None: the whole node (`--exclusive`, every GPU)
     gpus: int | None = None
+    #: a gang's other nodes: the job asks for `-N n` on `node` and these, whole
+    members: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,8 @@ class Adopt:
     node: str
     pool: str
     lend_mode: str
+    #: the job's other nodes (a gang's)
+    members: tuple[str, ...] = ()
 
 
 Command = (

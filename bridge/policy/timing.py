@@ -40,7 +40,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from bridge.config import BridgeConfig
 from bridge.policy.nodes import LENDABLE
-from bridge.policy.snapshot import NodeView, Snapshot
+from bridge.policy.snapshot import NodeView, Snapshot, held_nodes
 
 
 def slowest_load(load_s: Mapping[str, float], models: Iterable[str]) -> float:
@@ -134,7 +134,7 @@ def lead_s(snapshot: Snapshot, config: BridgeConfig) -> float:
     """Seconds a lend takes to serve, for the slowest-loading model the policy scales
     (one horizon for every model's forecast, as one lend may carry any of them), on the
     node each pool would lend first (the module docstring's rule)."""
-    leased = {lease.node for lease in snapshot.leases} if snapshot.local_load_s else ()
+    leased = held_nodes(snapshot.leases) if snapshot.local_load_s else ()
     return lead_time(
         config,
         snapshot.lend_s,

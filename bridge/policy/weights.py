@@ -38,7 +38,7 @@ from bridge.config import BridgeConfig
 from bridge.policy import capacity
 from bridge.policy.hysteresis import service_s
 from bridge.policy.nodes import choose_nodes
-from bridge.policy.snapshot import NodeView, Snapshot
+from bridge.policy.snapshot import NodeView, Snapshot, held_nodes
 
 #: (model, version)
 VersionKey = tuple[str, str]
@@ -216,6 +216,6 @@ def lend_order(
     count = sum(1 for n in snapshot.nodes if n.pool in config.pools)
     order = choose_nodes(snapshot, config, now, count, models=models)
     seen = {n.name for n in order}
-    leased = {lease.node for lease in snapshot.leases}
+    leased = held_nodes(snapshot.leases)
     lent = sorted((n for n in snapshot.nodes if n.name in leased), key=lambda n: n.name)
     return order + [n for n in lent if n.name not in seen]

@@ -239,6 +239,8 @@ class SlurmCLI:
             f"--job-name={spec.name}" if spec.name else None,
             f"--comment={spec.comment}" if spec.comment else None,
             f"--nodelist={compress(spec.nodelist)}" if spec.nodelist else None,
+            None if spec.nodes is None else f"--nodes={spec.nodes}",
+            None if spec.nodes is None else f"--ntasks={spec.nodes}",
             None if spec.gpus_per_node is None else f"--gres=gpu:{spec.gpus_per_node}",
             "--exclusive" if spec.exclusive else None,
             None if spec.requeue is None else "--requeue" if spec.requeue else "--no-requeue",

@@ -154,6 +154,9 @@ class JobSpec:
     name: str | None = None
     comment: str | None = None
     nodelist: tuple[str, ...] = ()
+    #: nodes the job spans (`--nodes=n`, one task each: a gang's `-N n`); None: the
+    #: script's own (one, for the Triton script)
+    nodes: int | None = None
     gpus_per_node: int | None = None
     exclusive: bool = False
     requeue: bool | None = None
@@ -169,6 +172,8 @@ class JobSpec:
     def __post_init__(self) -> None:
         if (self.script is None) == (self.wrap is None):
             raise ValueError("JobSpec needs exactly one of script= or wrap=")
+        if self.nodes is not None and self.nodes < 1:
+            raise ValueError(f"JobSpec nodes must be >= 1, got {self.nodes}")
         for key in self.env:
             if not key or "=" in key or "," in key:
                 raise ValueError(f"JobSpec env name {key!r} is not a valid variable name")

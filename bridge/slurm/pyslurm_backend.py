@@ -160,6 +160,9 @@ class PySlurm:
             desc.comment = spec.comment
         if spec.nodelist:
             desc.required_nodes = compress(spec.nodelist)
+        if spec.nodes is not None:
+            desc.nodes = spec.nodes
+            desc.ntasks = spec.nodes
         if spec.gpus_per_node is not None:
             desc.gres_per_node = {"gpu": spec.gpus_per_node}
         if spec.exclusive:

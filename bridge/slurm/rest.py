@@ -259,6 +259,9 @@ def submission(
         job["comment"] = spec.comment
     if spec.nodelist:
         job["nodelist"] = compress(spec.nodelist)
+    if spec.nodes is not None:  # one task a node, as sbatch --nodes=n --ntasks=n
+        job["nodes"] = str(spec.nodes)
+        job["ntasks"] = spec.nodes
     if spec.gpus_per_node is not None:
         job["gres"] = f"gpu:{spec.gpus_per_node}"
     if spec.exclusive:

@@ -28,6 +28,7 @@ from bridge.daemon.service import DaemonError, open_database
 from bridge.db import Migrations, SchemaError, make_engine, schema_lock
 from bridge.leases import (  # noqa: F401 - tables
     advice,
+    audit,
     leader,
     loads,
     rates,
@@ -41,6 +42,9 @@ from bridge.leases.store import LeaseStore
 from tests.db.helpers import table_of
 
 NOW_SQL = "CURRENT_TIMESTAMP"
+#: the bridge's newest revision, and the one a next release would add after it
+HEAD = schema.head_revision()
+NEXT = f"{int(HEAD) + 1:04d}"
 
 
 def _tables(engine: Engine) -> set[str]:
@@ -54,8 +58,11 @@ def _baseline_tables(engine: Engine) -> set[str]:
 
 def _bridge_tables(engine: Engine) -> set[str]:
     """The bridge's tables at head on this backend: 0001's, the load times' (0002), the
-    rate history's (0003), the weight copies' catalogue (0004) and the leases' GPUs (0005)."""
-    return _baseline_tables(engine) | set(loads.TABLES) | set(rates.TABLES) | set(weights.TABLES)
+    rate history's (0003), the weight copies' catalogue (0004), the audit trail (0007) and
+    every table a later revision adds to `schema.TABLES`."""
+    more = set(loads.TABLES) | set(rates.TABLES) | set(weights.TABLES) | set(audit.TABLES)
+    later = {t for t in schema.TABLES if t != "stb_leader"}
+    return _baseline_tables(engine) | more | later
 
 
 def _create_all_as_before(engine: Engine, names: set[str]) -> None:
@@ -72,8 +79,8 @@ def _version_rows(engine: Engine) -> list[str]:
 def test_the_migrations_build_exactly_the_models(database_url: str) -> None:
     engine = make_engine(database_url)
     change = schema.create_schema(engine)
-    assert (change.found, change.adopted, change.now) == (None, None, "0005")
-    assert schema.current_revision(engine) == schema.head_revision() == "0005"
+    assert (change.found, change.adopted, change.now) == (None, None, HEAD)
+    assert schema.current_revision(engine) == schema.head_revision() == HEAD
     assert _tables(engine) == _bridge_tables(engine) | {"bridge_alembic_version"}
     assert ("stb_leader" in _tables(engine)) == leader.supported(engine)
     with engine.connect() as conn:
@@ -86,7 +93,7 @@ def test_the_migrations_build_exactly_the_models(database_url: str) -> None:
     assert diff == []
     schema.BRIDGE.migrate(engine, "base", down=True)
     assert _tables(engine) == {"bridge_alembic_version"}
-    assert schema.create_schema(engine).line() == "created at 0005"  # and up again
+    assert schema.create_schema(engine).line() == f"created at {HEAD}"  # and up again
 
 
 def test_a_database_made_before_the_migrations_is_checked_and_stamped(database_url: str) -> None:
@@ -103,17 +110,17 @@ def test_a_database_made_before_the_migrations_is_checked_and_stamped(database_u
             )
         )
     # the daemon's rule adopts it as 0001, which is older than head: refused, nothing done
-    with pytest.raises(SchemaError, match="is at schema revision 0001; this stb needs 0005"):
+    with pytest.raises(SchemaError, match=f"is at schema revision 0001; this stb needs {HEAD}"):
         schema.open_schema(engine)
     assert _tables(engine) == older
     change = schema.create_schema(engine)  # `stb db upgrade` adopts it and upgrades it
-    assert (change.found, change.adopted, change.now) == (None, "0001", "0005")
-    assert change.line() == "tables from before its migrations adopted as 0001, upgraded to 0005"
-    assert _version_rows(engine) == ["0005"]
+    assert (change.found, change.adopted, change.now) == (None, "0001", HEAD)
+    assert change.line() == f"tables from before its migrations adopted as 0001, upgraded to {HEAD}"
+    assert _version_rows(engine) == [HEAD]
     assert _tables(engine) == _bridge_tables(engine) | {"bridge_alembic_version"}
     (kept,) = LeaseStore(engine).open_leases()
     assert (kept.node, kept.request_key) == ("n3", "k1")
-    assert schema.open_schema(engine).line() == "at 0005, nothing to do"
+    assert schema.open_schema(engine).line() == f"at {HEAD}, nothing to do"
 
 
 def test_tables_from_before_that_are_not_0001s_are_refused_and_left_alone(
@@ -135,15 +142,16 @@ def test_tables_from_before_that_are_not_0001s_are_refused_and_left_alone(
 
 @pytest.fixture
 def next_release(tmp_path: Path) -> Migrations:
-    """The bridge's migrations as a release with a revision 0006 would ship them (a new
+    """The bridge's migrations as the next release would ship them, with revision `NEXT` (a new
     nullable column `lease.note`)."""
     where = tmp_path / "migrations"
     source = Path(schema.__file__).parent / "migrations"
     shutil.copytree(source, where, ignore=shutil.ignore_patterns("__pycache__"))
-    (where / "versions" / "0006_lease_note.py").write_text(
+    (where / "versions" / f"{NEXT}_lease_note.py").write_text(
         '"""A note on each lease (a test revision)."""\n'
         "import sqlalchemy as sa\nfrom alembic import op\n\n"
-        'revision = "0006"\ndown_revision = "0005"\nbranch_labels = None\ndepends_on = None\n\n\n'
+        f'revision = "{NEXT}"\ndown_revision = "{HEAD}"\n'
+        "branch_labels = None\ndepends_on = None\n\n\n"
         "def upgrade() -> None:\n"
         '    with op.batch_alter_table("lease") as batch:\n'
         '        batch.add_column(sa.Column("note", sa.Text(), nullable=True))\n\n\n'
@@ -162,15 +170,15 @@ def test_an_older_schema_stops_the_daemon_and_stb_db_upgrade_upgrades_it(
     database_url: str, next_release: Migrations, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = make_engine(database_url)
-    schema.create_schema(engine)  # made by this release: 0005
+    schema.create_schema(engine)  # made by this release: HEAD
     monkeypatch.setattr(schema, "BRIDGE", next_release)  # then the site installs the next
     with pytest.raises(DaemonError) as info:
         open_database(database_url)
     assert str(info.value) == (
         f"the bridge's database at {engine.url.render_as_string(hide_password=True)} is at "
-        "schema revision 0005; this stb needs 0006: run `stb db upgrade`"
+        f"schema revision {HEAD}; this stb needs {NEXT}: run `stb db upgrade`"
     )
-    assert schema.current_revision(engine) == "0005" and "note" not in _columns(engine, "lease")
+    assert schema.current_revision(engine) == HEAD and "note" not in _columns(engine, "lease")
 
     config = tmp_path / "bridge.toml"
     ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
@@ -179,9 +187,11 @@ def test_an_older_schema_stops_the_daemon_and_stb_db_upgrade_upgrades_it(
     )
     done = CliRunner().invoke(app, ["db", "upgrade", "-c", str(config)])
     assert done.exit_code == 0, done.output
-    assert "the bridge's database at " in done.output and ": upgraded 0005 -> 0006" in done.output
+    assert (
+        "the bridge's database at " in done.output and f": upgraded {HEAD} -> {NEXT}" in done.output
+    )
     assert "the ledger at sqlite:///" in done.output and ": created at 0007" in done.output
-    assert schema.current_revision(engine) == "0006" and "note" in _columns(engine, "lease")
+    assert schema.current_revision(engine) == NEXT and "note" in _columns(engine, "lease")
     open_database(database_url).dispose()  # the daemon starts now
     again = CliRunner().invoke(app, ["db", "upgrade", "-c", str(config)])
     assert again.exit_code == 0 and again.output.count("nothing to do") == 2, again.output
@@ -191,10 +201,10 @@ def test_a_schema_newer_than_this_stb_is_refused_by_every_path(
     database_url: str, next_release: Migrations, tmp_path: Path
 ) -> None:
     engine = make_engine(database_url)
-    next_release.ensure(engine, upgrade=True)  # a newer release made it: 0006
+    next_release.ensure(engine, upgrade=True)  # a newer release made it: NEXT
     expected = (
         f"the bridge's database at {engine.url.render_as_string(hide_password=True)} is at "
-        "schema revision 0006, which this stb does not know (its newest is 0005): a newer "
+        f"schema revision {NEXT}, which this stb does not know (its newest is {HEAD}): a newer "
         "release made it; run that release, or upgrade stb on this host"
     )
     for ensure in (schema.open_schema, schema.create_schema):
@@ -208,7 +218,7 @@ def test_a_schema_newer_than_this_stb_is_refused_by_every_path(
     refused = CliRunner().invoke(app, ["db", "upgrade", "-c", str(config)])
     assert refused.exit_code == 1
     assert " ".join(refused.output.split()) == f"error: {expected}"
-    assert schema.current_revision(engine) == "0006" and "note" in _columns(engine, "lease")
+    assert schema.current_revision(engine) == NEXT and "note" in _columns(engine, "lease")
 
 
 def test_an_older_ledger_is_refused_by_the_daemons_rule_and_upgraded_by_its_commands(
@@ -253,13 +263,13 @@ def test_threads_starting_together_create_both_schemas_once(database_url: str) -
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
     assert errors == [] and len(results) == n
-    assert sorted(b for b, _ in results) == ["at 0005, nothing to do"] * (n - 1) + [
-        "created at 0005"
+    assert sorted(b for b, _ in results) == [f"at {HEAD}, nothing to do"] * (n - 1) + [
+        f"created at {HEAD}"
     ]
     assert sorted(x for _, x in results) == ["at 0007, nothing to do"] * (n - 1) + [
         "created at 0007"
     ]
-    assert _version_rows(make_engine(database_url)) == ["0005"]
+    assert _version_rows(make_engine(database_url)) == [HEAD]
 
 
 def _start_daemon_schema(url: str, barrier: Any, out: Any) -> None:
@@ -299,11 +309,11 @@ def test_processes_starting_together_on_a_new_database_create_it_once(database_u
     print(f"\n{n} processes: slowest open {max(r[2] for r in results):.3f}s")
     assert [p.exitcode for p in procs] == [0] * n
     bridge = sorted(r[0] for r in results)
-    assert bridge == ["at 0005, nothing to do"] * (n - 1) + ["created at 0005"], bridge
+    assert bridge == [f"at {HEAD}, nothing to do"] * (n - 1) + [f"created at {HEAD}"], bridge
     ledger = sorted(r[1] for r in results)
     assert ledger == ["at 0007, nothing to do"] * (n - 1) + ["created at 0007"], ledger
     engine = make_engine(database_url)
-    assert _version_rows(engine) == ["0005"]
+    assert _version_rows(engine) == [HEAD]
     assert _tables(engine) >= _bridge_tables(engine) | set(LEDGER_TABLES)
 
 
@@ -317,7 +327,7 @@ def test_a_second_starter_waits_for_the_schema_lock(database_url: str) -> None:
         time.sleep(1.0)
         assert done == [] and waiting.is_alive()
     waiting.join(30)
-    assert done == ["created at 0005"]
+    assert done == [f"created at {HEAD}"]
     if engine.dialect.name == "postgresql":
         refused = pytest.raises(SchemaError, match="held the schema lock")
         with schema_lock(engine), refused, schema_lock(other, wait_s=0.2):

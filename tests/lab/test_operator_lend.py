@@ -1,15 +1,24 @@
 """Operators lend and return through the daemon's state machine (`stb lend`, `stb return`
-queue requests; the reconciler's tick carries them out), on the lab."""
+queue requests; the reconciler's tick carries them out), on the lab; each of these
+privileged actions is in the audit trail once, with who and the outcome, and a changed
+entry breaks its chain where `stb audit verify` says."""
 
 from __future__ import annotations
 
+import getpass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import text
+from typer.testing import CliRunner
 
+from bridge.cli import app
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.spec import LabSpec
+from bridge.leases.audit import AuditEntry, AuditStore
+from bridge.leases.store import make_engine
 from bridge.lifecycle import LeaseState
 
 from .helpers import tick_until, tick_until_baseline
@@ -17,17 +26,31 @@ from .helpers import tick_until, tick_until_baseline
 pytestmark = pytest.mark.lab
 
 
-def test_operator_lend_and_return(lab: LabSpec, bridge: tuple[Reconciler, str]) -> None:
+def test_operator_lend_and_return(
+    lab: LabSpec, bridge: tuple[Reconciler, str], tmp_path: Path
+) -> None:
     rec, endpoint = bridge
     assert rec.requests is not None
     queue, store = rec.requests, rec.store
+    conf = tmp_path / "cli.toml"  # the operator's `stb`, on the daemon's database
+    conf.write_text(
+        f'database_url = "{rec.config.database_url}"\n'
+        f'[triton]\nmodel_repository = "{rec.config.triton.model_repository}"\n'
+    )
+
+    def stb(*args: str, code: int = 0) -> str:
+        got = CliRunner().invoke(app, [*args, "--config", str(conf)])
+        assert got.exit_code == code, got.output
+        return got.output
+
     elastic = lab.pool_nodes("elastic")[0].name
     reserved = lab.pool_nodes("infer")[0].name
     log: list[str] = []
     tick_until_baseline(rec, lab, log)
     now = datetime.now(UTC)
     bad = [queue.request_lend(reserved, [], now), queue.request_lend("n99", [], now)]
-    good = queue.request_lend(elastic, ["busy"], now)
+    stb("lend", elastic, "--models", "busy", "--wait", "0")
+    good = queue.pending()[-1]
     tick_until(
         rec,
         lambda: any(lease.state == LeaseState.SERVING for lease in store.open_leases()),
@@ -55,10 +78,43 @@ def test_operator_lend_and_return(lab: LabSpec, bridge: tuple[Reconciler, str]) 
         seen.add(r.headers.get("X-Stb-Upstream"))
     assert len(seen) == 2, seen
     assert lease.id is not None
-    queue.request_return(lease.id, datetime.now(UTC))
+    stb("return", str(lease.id), "--wait", "0")
     tick_until(rec, lambda: not store.open_leases(), 120, log)
     states = [e.to_state.value for e in store.history(lease.id)]
     assert states[-4:] == ["serving", "draining", "releasing", "returned"]
     again = queue.request_return(lease.id, datetime.now(UTC))
     rec.run_once(datetime.now(UTC))
     assert "already returned" in (queue.get(again.id or 0) or again).outcome
+    stb("drain", "training", "--reason", "audit")
+    stb("resume", "training")
+
+    # The audit trail: each action above once, with who did it and the outcome.
+    trail = AuditStore(make_engine(rec.config.database_url))
+    entries = list(trail.walk())
+
+    def once(action: str, target: str) -> AuditEntry:
+        found = [e for e in entries if (e.action, e.target) == (action, target)]
+        assert len(found) == 1, (action, target, entries)
+        return found[0]
+
+    me = getpass.getuser()
+    asked = once("lend.request", f"node {elastic}")
+    assert (asked.outcome, asked.actor, asked.unix_user) == ("ok", me, me)
+    assert asked.detail == f"request {good.id}: models busy"
+    lent = once("lend", f"node {elastic}")
+    assert lent.outcome == "ok" and lent.actor == rec.audit.actor.name
+    assert lent.detail == f"lease {lease.id} lending {elastic} (operator request {good.id} by {me})"
+    assert once("lend", f"node {reserved}").outcome == "refused"
+    assert once("lend", "node n99").outcome == "refused"
+    assert once("return.request", f"lease {lease.id}").actor == me
+    returns = [e for e in entries if (e.action, e.target) == ("return", f"lease {lease.id}")]
+    assert [e.outcome for e in returns] == ["ok", "refused"]  # the return, then again
+    assert once("pool.drain", "pool training").detail.endswith(": audit")
+    assert once("pool.resume", "pool training").outcome == "ok"
+    assert "the audit trail holds" in stb("audit", "verify")
+    # ... and a changed entry breaks the chain there
+    forged = once("lend", "node n99").seq
+    with trail._engine.begin() as conn:
+        conn.execute(text("UPDATE audit_entry SET outcome = 'ok' WHERE seq = :s"), {"s": forged})
+    said = stb("audit", "verify", code=1)
+    assert f"broken at entry {forged} " in said and "do not match its hash" in said

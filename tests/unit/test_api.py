@@ -1,7 +1,8 @@
 """The daemon's HTTP API over real HTTP(S) on loopback, against a real lease database
 (SQLite): bearer tokens and roles (401, 403, 200), TLS, operator requests recorded under
-the token's name, pool holds, hostile requests refused with nothing written, and the
-OpenAPI document the server publishes checked against the routes it answers."""
+the token's name (in the audit trail too), pool holds, hostile requests refused with
+nothing written, and the OpenAPI document the server publishes checked against the routes
+it answers."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from bridge.http.app import create_app
 from bridge.http.auth import TokensError, TokenTable, add_token, parse_tokens
 from bridge.http.routes import finance_routes, operator_routes
 from bridge.http.server import HttpServer, tls_context
+from bridge.leases.audit import AuditStore
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from tests.unit.helpers import write_tokens
@@ -132,6 +134,10 @@ def test_operator_requests_record_who_asked(api: Served) -> None:
     assert got.status_code == 202, got.text
     (req,) = api.queue.pending()
     assert (req.kind, req.node, req.models, req.requested_by) == ("lend", "n3", ["echo"], "olga")
+    (entry,) = AuditStore.beside(api.queue).walk()
+    assert (entry.action, entry.target, entry.actor, entry.token, entry.detail) == (
+        "lend.request", "node n3", "olga", "olga", f"request {req.id}: models echo"
+    )  # fmt: skip
     state = api.call("GET", "/api/request", OPERATOR, params={"id": req.id}).json()
     assert state == {
         "request": req.id, "kind": "lend", "requested_by": "olga", "done": False, "outcome": ""
@@ -153,6 +159,17 @@ def test_drain_holds_a_pool_until_resumed(api: Served) -> None:
     assert api.queue.holds() == {}
     again = api.call("POST", "/api/resume", BOTH, json={"pool": "training"})
     assert again.status_code == 404 and "not held" in again.json()["error"]
+    # each in the audit trail once, under the token's name, with its outcome
+    trail = [
+        (e.action, e.target, e.token, e.outcome, e.detail)
+        for e in AuditStore.beside(api.queue).walk()
+    ]
+    assert trail == [
+        ("pool.drain", "pool training", "olga", "ok", "hold 1: fw"),
+        ("pool.drain", "pool training", "ann", "ok", "already held by olga (hold 1)"),
+        ("pool.resume", "pool training", "ann", "ok", "hold 1 by olga lifted"),
+        ("pool.resume", "pool training", "ann", "refused", "not held"),
+    ]
 
 
 @pytest.mark.parametrize(

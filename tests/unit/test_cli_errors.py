@@ -102,7 +102,15 @@ CASES: dict[str, Case] = {
         lambda tmp: "no pool '[gpu]'; configured: ",
     ),
     "token, no folder": Case(
-        ["token", "ops", "--roles", "operator", "--file", "{tmp}/[x]/tokens"],
+        [
+            "token",
+            "ops",
+            "--roles=operator",
+            "--file",
+            "{tmp}/[x]/tokens",
+            "-c",
+            "{tmp}/[site].toml",
+        ],
         lambda tmp: _raised(lambda: add_token(tmp / "[x]" / "tokens", "ops", {"operator"})),
     ),
     "init, no output folder": Case(

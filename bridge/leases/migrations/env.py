@@ -8,7 +8,17 @@ from __future__ import annotations
 from alembic import context
 from sqlmodel import SQLModel
 
-from bridge.leases import advice, leader, loads, models, rates, requests, rollouts  # noqa: F401 - their tables
+from bridge.leases import (  # noqa: F401 - their tables
+    advice,
+    audit,
+    fleet,
+    leader,
+    loads,
+    models,
+    rates,
+    requests,
+    rollouts,
+)
 from bridge.leases.schema import BRIDGE, TABLES
 
 
