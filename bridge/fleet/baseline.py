@@ -5,7 +5,8 @@ before it.
 
 - Training, per lendable pool (its partition), from `sacct` through the Slurm adapter:
   the runs that started in the window and are not the bridge's own (Triton or staging
-  jobs): how many, their GPU-hours within the window, the mean and 95th percentile of
+  jobs): how many and their GPU-hours within the window (also per hour: the training
+  throughput, which periods of different lengths compare by), the mean and 95th percentile of
   their queue wait (start less eligible time, else submit), and how many were requeued
   or preempted.
 - Inference, per model, from Prometheus (the Triton servers' series, `job="triton"`):
@@ -60,10 +61,14 @@ def training(
         gpu_s[pool] += max(0.0, (until - r.start).total_seconds()) * r.gpus
         if r.state.upper().startswith(("REQUEUE", "PREEMPT")):
             requeued[pool] += 1
+    hours = max(1e-9, (end - start).total_seconds() / 3600.0)
     return {
         pool: {
             "jobs": len(w),
             "gpu_hours": round(gpu_s[pool] / 3600.0, 3),
+            # (per hour: periods of different lengths compare by these)
+            "jobs_per_h": round(len(w) / hours, 3),
+            "gpu_hours_per_h": round(gpu_s[pool] / 3600.0 / hours, 3),
             "wait_mean_s": round(sum(w) / len(w), 1) if w else None,
             "wait_p95_s": round(_quantile(w, 0.95), 1) if w else None,
             "requeued": requeued[pool],

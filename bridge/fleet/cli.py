@@ -9,8 +9,8 @@ once, with the figures before and after each switch.
 Each switch is appended to the bridge's database (`bridge.leases.fleet`) with the figures
 of the window before it (`bridge.fleet.baseline`, `--window`) and recorded in the audit
 trail (`fleet.mode`); the daemon reads the mode in force at its next pass
-(`bridge.fleet.mode`). `report` sets each switch's figures (the period before it) beside
-the next one's (the period the switch began), or beside now's for the mode in force."""
+(`bridge.fleet.mode`). `report` sets each switch's figures (the window before it) beside
+those of the period the switch began, measured over exactly that period."""
 
 from __future__ import annotations
 
@@ -168,26 +168,29 @@ def status(as_json: JsonOpt = False, config: ConfigOpt = None) -> None:
 
 
 @fleet_app.command("report")
-def report(
-    as_json: JsonOpt = False, window: WindowOpt = DEFAULT_WINDOW_S, config: ConfigOpt = None
-) -> None:
-    """Each switch's figures (the period before it) beside those of the period it began
-    (taken at the next switch, or now for the mode in force)."""
+def report(as_json: JsonOpt = False, config: ConfigOpt = None) -> None:
+    """Each switch's figures (the window before it, stored at the switch) beside those of
+    the period it began, measured now over exactly that period (to the next switch, or
+    to now for the mode in force)."""
     cfg = load_or_exit(config)
     rows = _store(cfg).history()
     if not rows:
         raise fail("the fleet was never switched: nothing to compare (stb fleet mode ...)")
-    now = _measure(cfg, datetime.now(UTC), window)
+    now = datetime.now(UTC)
     periods = []
     for i, row in enumerate(rows):
-        after = rows[i + 1].baseline if i + 1 < len(rows) else now
-        periods.append({**_row(row), "after": after, "rows": compare(row.baseline, after)})
+        end = rows[i + 1].at if i + 1 < len(rows) else now
+        span = max(1.0, (end - row.at).total_seconds())
+        after = _measure(cfg, end, span)
+        periods.append({**_row(row), "until": end.isoformat(), "after": after,
+                        "rows": compare(row.baseline, after)})  # fmt: skip
     if as_json:
         print(json.dumps(periods, indent=2, default=str))
         return
     for p in periods:
-        table = Table(title=f"{p['at']}: {p['mode']} ({p['who'] or '-'}: {p['why'] or '-'})")
-        for col in ("part", "of", "figure", "before", "after", "after/before"):
+        title = f"{p['mode']} from {p['at']} to {p['until']} ({p['who'] or '-'}: {p['why'] or '-'})"
+        table = Table(title=escape(title))
+        for col in ("part", "of", "figure", "before", "in the period", "ratio"):
             table.add_column(col)
         for r in p["rows"]:
             table.add_row(

@@ -94,6 +94,8 @@ def test_training_figures_count_the_sites_runs_in_the_window() -> None:
     assert figures["training"] == {
         "jobs": 2,
         "gpu_hours": round((3600 * 4 + 6800 * 4) / 3600, 3),
+        "jobs_per_h": 1.0,
+        "gpu_hours_per_h": round((3600 * 4 + 6800 * 4) / 3600 / 2, 3),
         "wait_mean_s": 180.0,
         "wait_p95_s": 300.0,
         "requeued": 0,
