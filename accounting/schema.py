@@ -49,7 +49,11 @@ from sqlmodel import Field, SQLModel
 from bridge.db import UTCDateTime
 
 #: what a ledger row's GPU time was used for
-WORKLOADS = ("training", "elastic", "inference", "staging", "idle")
+WORKLOADS = ("training", "elastic", "inference", "batch-inference", "staging", "idle")
+#: the workload of batch inference jobs: elastic jobs that send requests to the served
+#: models on the batch route (job_submit.lua tags `--comment=stb:batch` on an elastic
+#: partition `stb:workload=batch-inference`); booked to the job's own team
+BATCH_INFERENCE = "batch-inference"
 #: the workload of the bridge's staging jobs (weights copied into a node's cache): overhead
 #: of serving (`accounting.attribution.is_staging`)
 STAGING = "staging"

@@ -813,6 +813,83 @@ class RolloutConfig(_Strict):
     )
 
 
+class BatchConfig(_Strict):
+    """Batch inference on the serving replicas' spare capacity: the batch route
+    (`/batch/v2/models/<model>/...` in nginx, beside the online one) and its gate, closed
+    each pass online load rises and opened again after a calm dwell
+    (`bridge.policy.batch`). Off by default: no batch route, nothing changes."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Publish the batch route and decide its gate each pass. Off: batch "
+        "paths answer 404, as before.",
+    )
+    access_log: Path = Field(
+        default=Path("routing/batch-access.log"),
+        description="nginx's log of the batch route's requests (one line each), which the "
+        "bridge reads each pass to tell batch load from online load (Triton's counters "
+        "cannot). Made absolute from the daemon's working directory; nginx's master "
+        "process must be able to write it.",
+    )
+    close_utilisation: float = Field(
+        default=0.7,
+        gt=0,
+        le=1,
+        description="The gate closes when a replica's GPUs (or a model's own instances) "
+        "are busier than this share with online requests alone (measured rate less the "
+        "batch route's, times compute time per request): 0.7 leaves the queueing room an "
+        "M/G/c pool needs to hold its p99 near its service time.",
+    )
+    open_utilisation: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="...and may open again only when every replica is at most this busy "
+        "with online requests (below `close_utilisation`: the band keeps the gate from "
+        "flapping on noise).",
+    )
+    close_p99_ratio: float = Field(
+        default=0.8,
+        gt=0,
+        description="The gate closes when a model's newest p99 (TTFT/TPOT for an LLM) is "
+        "over this share of its SLO: before the policy's breach (high_watermark), so the "
+        "batch work yields before a node is lent.",
+    )
+    open_p99_ratio: float = Field(
+        default=0.6,
+        gt=0,
+        description="...and may open again only when every model is under this share.",
+    )
+    calm_s: float = Field(
+        default=120,
+        ge=0,
+        description="Seconds every replica and model must stay calm (under both `open_` "
+        "thresholds, nothing lent) before a closed gate opens: two Triton p99 windows, so "
+        "the p99 the gate reads no longer holds the rise.",
+    )
+    retry_after_s: int = Field(
+        default=30,
+        ge=1,
+        le=86400,
+        description="Retry-After (seconds) of a closed gate's 429: a batch client waits "
+        "this long before it tries again.",
+    )
+
+    @model_validator(mode="after")
+    def _bands(self) -> BatchConfig:
+        if self.open_utilisation > self.close_utilisation:
+            raise ValueError(
+                f"open_utilisation ({self.open_utilisation}) must not exceed "
+                f"close_utilisation ({self.close_utilisation})"
+            )
+        if self.open_p99_ratio > self.close_p99_ratio:
+            raise ValueError(
+                f"open_p99_ratio ({self.open_p99_ratio}) must not exceed "
+                f"close_p99_ratio ({self.close_p99_ratio})"
+            )
+        return self
+
+
 class WeightsConfig(_Strict):
     """The node-local weight cache (`bridge.weights`): where a lendable node keeps copies
     of model versions, how much it may hold, and how staging jobs copy them there (Slurm
@@ -1077,11 +1154,13 @@ class AccountingConfig(_Strict):
         default_factory=dict,
         description="Slurm account -> team; an account not listed is its own team.",
     )
-    workloads: dict[str, Literal["training", "elastic", "inference"]] = Field(
+    workloads: dict[str, Literal["training", "elastic", "inference", "batch-inference"]] = Field(
         default_factory=dict,
         description="Partition -> workload, for partitions no pool names; a pool's "
         "partition gets its pool's workload (drain: training, preempt: elastic, "
-        "reserved: inference). A job's `stb:workload=` tag wins over both.",
+        "reserved: inference). A job's `stb:workload=` tag wins over both "
+        "(job_submit.lua tags an elastic job with `--comment=stb:batch` "
+        "`batch-inference`).",
     )
     idle_cost: Literal["line", "shared"] = Field(
         default="line",
@@ -1138,6 +1217,7 @@ class BridgeConfig(BaseSettings):
     accounting: AccountingConfig = Field(default_factory=AccountingConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
 
     @field_validator("models", mode="before")
     @classmethod

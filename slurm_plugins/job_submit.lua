@@ -22,6 +22,13 @@ What it does:
      At submission an administrator's own stb:workload= tag is kept; a partition change
      re-tags the job when the update comes from root (Slurm lets only administrators
      change an administrator comment, and this plugin runs with the updater's rights).
+  4. Batch inference: a job on an elastic partition whose own comment holds the mark
+     "stb:batch" (sbatch --comment=stb:batch) is tagged "stb:workload=batch-inference"
+     instead of "elastic": the ledger books it as its own workload. The mark is the
+     user's word and changes only the booking: the job is still an elastic job
+     (requeueable, preemptible). On any other partition the mark is ignored (a training
+     job is never booked as batch work by its own say). A partition the map below names
+     "batch-inference" tags every job so, and is made requeueable like an elastic one.
 --]]
 
 --------------------------------------------------------------------------------------
@@ -32,9 +39,10 @@ What it does:
 -- that may use the inference partition(s).
 BRIDGE_ACCOUNT = "bridge"
 
--- Partition -> workload (training, elastic or inference). A partition of workload
--- "inference" is reserved for BRIDGE_ACCOUNT; one of workload "elastic" holds only
--- requeueable jobs. Partitions not listed are left alone and get no tag.
+-- Partition -> workload (training, elastic, inference or batch-inference). A partition
+-- of workload "inference" is reserved for BRIDGE_ACCOUNT; one of workload "elastic" or
+-- "batch-inference" holds only requeueable jobs. Partitions not listed are left alone
+-- and get no tag.
 WORKLOAD_OF_PARTITION = {
 	train = "training",
 	elastic = "elastic",
@@ -44,6 +52,11 @@ WORKLOAD_OF_PARTITION = {
 --------------------------------------------------------------------------------------
 
 local TAG = "stb:workload="
+-- What a user writes in the job's comment to ask for the batch-inference workload.
+local BATCH_MARK = "stb:batch"
+local BATCH = "batch-inference"
+-- The workloads whose jobs must be requeueable (the bridge preempts them).
+local REQUEUEABLE = { elastic = true, [BATCH] = true }
 
 -- Numeric job fields read NO_VAL16 when the request leaves them unset.
 local function unset(value)
@@ -90,11 +103,34 @@ end
 
 local function any_elastic(parts)
 	for _, name in ipairs(parts) do
-		if WORKLOAD_OF_PARTITION[name] == "elastic" then
+		if REQUEUEABLE[WORKLOAD_OF_PARTITION[name]] then
 			return true
 		end
 	end
 	return false
+end
+
+-- Whether a job's own comment holds BATCH_MARK as a whole item (comma, semicolon or
+-- space separated, as the ledger reads tags): "stb:batchy" is not the mark.
+local function asks_batch(comment)
+	if comment == nil then
+		return false
+	end
+	for item in string.gmatch(comment, "[^,;%s]+") do
+		if item == BATCH_MARK then
+			return true
+		end
+	end
+	return false
+end
+
+-- The workload a job's first partition and its own comment give it (nil: no tag).
+local function workload_of(parts, comment)
+	local workload = parts[1] and WORKLOAD_OF_PARTITION[parts[1]]
+	if workload == "elastic" and asks_batch(comment) then
+		return BATCH
+	end
+	return workload
 end
 
 -- The comment with "stb:workload=<w>": appended (comma) when it has none; with
@@ -146,7 +182,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 		job_desc.requeue = 1
 	end
 
-	local workload = parts[1] and WORKLOAD_OF_PARTITION[parts[1]]
+	local workload = workload_of(parts, job_desc.comment)
 	if workload ~= nil then
 		job_desc.admin_comment = with_tag(job_desc.admin_comment, workload, false)
 	end
@@ -182,7 +218,7 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
 	end
 
 	if moving then
-		local workload = parts[1] and WORKLOAD_OF_PARTITION[parts[1]]
+		local workload = workload_of(parts, job_desc.comment or job_rec.comment)
 		if workload ~= nil and modify_uid == 0 then
 			local current = job_desc.admin_comment or job_rec.admin_comment
 			job_desc.admin_comment = with_tag(current, workload, true)

@@ -41,7 +41,7 @@ from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 from bridge.policy import steps
 from bridge.routing.errors import RoutingError
-from bridge.routing.table import BASELINE, MetricsTarget, RoutingTable, Split
+from bridge.routing.table import BASELINE, BatchGate, MetricsTarget, RoutingTable, Split
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import JobSpec, ReservationSpec, lease_of
 from bridge.slurm.protocol import SlurmProtocol
@@ -112,6 +112,11 @@ class Actuator:
         self.forget_triton = forget_triton
         #: the rollouts' traffic splits every publish carries (`bridge.daemon.rollouts`)
         self.splits: tuple[Split, ...] = ()
+        #: the batch route's gate every publish carries (`bridge.policy.batch`, decided by
+        #: the reconciler); None: no batch route (`[batch] enabled` off)
+        self.batch: BatchGate | None = (
+            BatchGate(False, config.batch.retry_after_s) if config.batch.enabled else None
+        )
         #: per lease: transient errors since its last good step, and when to retry
         self.backoff: dict[int, Backoff] = {}
         #: reservations deleted this pass (the pass's observation still lists them)
@@ -424,7 +429,7 @@ class Actuator:
             )
         # a model served from zero with no ready replica is routed to the activator
         zero = self._obs.models.from_zero
-        self.router.publish(RoutingTable.build(routes, targets, self.splits, zero))
+        self.router.publish(RoutingTable.build(routes, targets, self.splits, zero, self.batch))
         self._withheld(held_back)
 
     def _withheld(self, pairs: frozenset[tuple[str, str]]) -> None:

@@ -84,6 +84,18 @@ class BridgeMetrics:
         self.model_slo = Gauge(
             "stb_model_slo_p99_ms", "Per-model p99 objective (ms).", ["model"], registry=r
         )
+        self.batch_gate = Gauge(
+            "stb_batch_gate_open",
+            "The batch route's gate: 1 open, 0 closed or [batch] off.",
+            registry=r,
+        )
+        self.batch_rate = Gauge(
+            "stb_batch_request_rate",
+            "Per-model batch route requests/s nginx passed over the last pass's window "
+            "(its batch access log), taken off the model's rate for the policy.",
+            ["model"],
+            registry=r,
+        )
         self.last_good_tick = Gauge(
             "stb_last_good_tick_timestamp_seconds",
             "Unix time of the last tick that completed with no error.",
@@ -173,6 +185,10 @@ class BridgeMetrics:
             self.model_p99.labels(model).set(float("nan") if p99 is None else p99)
         for model, slo in (slo_ms or {}).items():
             self.model_slo.labels(model).set(slo)
+        if report.batch_open is not None:
+            self.batch_gate.set(float(report.batch_open))
+        for model, rate in report.batch_rates.items():
+            self.batch_rate.labels(model).set(rate)
         if outcome == Outcome.OK:
             self._last_good = self._clock()
             self.last_good_tick.set(self._last_good)

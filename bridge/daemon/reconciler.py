@@ -28,6 +28,11 @@ by tests with an injected clock. Each pass:
 8. Route: publish the ready replicas (baselines and serving leases), with the rollouts'
    traffic splits as stored.
 
+With `[batch] enabled`, the policy's view takes the batch route's load (nginx's batch
+access log) off the models' rates, and step 5 also decides the batch route's gate
+(`bridge.policy.batch`) from that view and the policy's actions; a gate that closes is
+published at once, before the pass's lends are carried out.
+
 A standby (another daemon leads: `bridge.leases.leader`) runs only steps 1, 2 and 8 and
 the metrics: it never acts. A pass whose write is fenced (this instance was deposed)
 stops there. The advisory pass (`stb daemon --advise`, `bridge.advise.advisory`) builds
@@ -76,12 +81,15 @@ from bridge.leases.store import LeaseStore
 from bridge.leases.weights import WeightStore
 from bridge.lifecycle import LeaseState
 from bridge.policy import Lend, Place, Return, StartBaseline, decide
+from bridge.policy.batch import CLOSED, GateState, decide_gate, online_history
 from bridge.policy.forecast import next_lead
 from bridge.policy.returns import PeakLog, ReturnLog
 from bridge.policy.seasonal import SeasonLog
 from bridge.policy.snapshot import ModelSample, Snapshot
 from bridge.policy.timing import slowest_load
+from bridge.routing.batchlog import BatchLog
 from bridge.routing.errors import RoutingError
+from bridge.routing.table import BatchGate
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.protocol import TritonInstance
@@ -298,6 +306,14 @@ class Reconciler:
         self.last_observation: Observation | None = None
         #: the last active pass's policy view (what `decide` read)
         self.last_snapshot: Snapshot | None = None
+        #: the batch route's gate as the last pass decided it, and nginx's log of the
+        #: route's requests (None: `[batch]` off)
+        self.batch_gate: GateState = CLOSED
+        #: per sample time of the history, the batch route's rate of each model then
+        self._batch_rates: dict[float, Mapping[str, float]] = {}
+        self.batch_log = (
+            BatchLog(config.batch.access_log.resolve()) if config.batch.enabled else None
+        )
 
     @property
     def last_lend_at(self) -> dict[str, float]:
@@ -362,10 +378,11 @@ class Reconciler:
         self._operator_requests(obs, now, report, holds)
         held = self._return_held(holds, obs, now, report)
         preempted = act.preemptions_since(t - 3600.0)
+        seen = self._online(obs, t, report)  # the batch route's load off the models' rates
 
         def view(held_pools: frozenset[str]) -> Snapshot:
             snap = policy_snapshot(
-                obs, self.config, act.open_leases(), self.memory, preempted, held_pools
+                seen, self.config, act.open_leases(), self.memory, preempted, held_pools
             )
             if self.stager is not None:  # the nodes' weight caches, as of the last plan
                 snap = self.stager.onto(snap, self.loads.local_load_s)
@@ -379,6 +396,8 @@ class Reconciler:
         self.seasons.write(now)
         config = fleet_mode.configured(fleet, self.config)
         report.actions = decide(snap, config, t)
+        if self.batch_log is not None:
+            self._batch(snap, config, t, report)
         if fleet is not None and fleet.mode == "advisory":  # what shared would do, said
             shared = view(frozenset(site))
             report.events.extend(fleet_mode.advice(decide(shared, config, t)))
@@ -397,6 +416,34 @@ class Reconciler:
             for lease in open_after
             if planner.is_stuck(lease, self.settings, t)
         }
+
+    def _online(self, obs: Observation, t: float, report: TickReport) -> Observation:
+        """`obs` as the policy reads it: with `[batch]` on, each sample's rate less the
+        batch route's over its window (nginx's batch access log, read once a pass), so
+        the policy sizes for online load and never lends for the batch work's."""
+        if self.batch_log is None:
+            return obs
+        rates = self.batch_log.read(t).rates()
+        if rates is not None:
+            self._batch_rates[t] = report.batch_rates = rates
+        times = {sample.at for h in obs.history.values() for sample in h}
+        self._batch_rates = {at: r for at, r in self._batch_rates.items() if at in times}
+        return replace(obs, history=online_history(obs.history, self._batch_rates))
+
+    def _batch(self, snap: Snapshot, config: BridgeConfig, t: float, report: TickReport) -> None:
+        """The batch route's gate for this pass (`bridge.policy.batch`); a change is said
+        in the report, and a gate that closes is published before the pass acts."""
+        gate = decide_gate(self.batch_gate, snap, config, t, report.actions)
+        self.batch_gate = gate.state
+        self.actuator.batch = BatchGate(gate.state.open, config.batch.retry_after_s)
+        report.batch_open = gate.state.open
+        if not gate.changed:
+            return
+        if gate.state.open:
+            report.events.append("batch route opened (calm)")
+            return
+        report.events.append(f"batch route closed: {gate.reason}")
+        self._route(report)
 
     def _standby_pass(self, now: datetime, report: TickReport) -> None:
         """A standby's pass: the same observation, routing and metrics as the leader's,

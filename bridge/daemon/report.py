@@ -74,6 +74,10 @@ class TickReport:
     active: bool = True
     #: an advisory pass's shadow leases by state (`bridge.advise.shadow`; None: not one)
     shadow_states: Mapping[str, int] | None = None
+    #: the batch route's gate after the pass (None: `[batch]` off, or not decided)
+    batch_open: bool | None = None
+    #: per model, the batch route's requests/s over the pass's window (nginx's log)
+    batch_rates: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def outcome(self) -> Outcome:

@@ -211,6 +211,7 @@ def build(
             activator=activator_address(config.daemon.exporter_listen),
             activator_scheme="https" if config.api.tls_cert is not None else "http",
             cold_start_s=r.cold_start_timeout_s,
+            batch_log=str(config.batch.access_log.resolve()) if config.batch.enabled else None,
         )
         publisher = RoutingPublisher(
             proc.routing_conf if proc else r.nginx_conf,

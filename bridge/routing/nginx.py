@@ -36,6 +36,16 @@ health endpoints, and one `server` on a loopback address that routes Triton's HT
   independently of the others: over n requests the new version's count is binomial, its
   share within 3 * sqrt(p(1-p)/n) of p nearly always (1.6 points at 10% of 3,000). A
   request that names a version, and every other path, is not split;
+- the batch route (`RoutingTable.batch`, present only where `[batch]` is on): with the
+  gate open, `/batch/v2/models/<model>/...` is the same request to the same upstream as
+  `/v2/models/<model>/...` (the `/batch` prefix cut off; a rollout's split applies to
+  its `infer`; its streams unbuffered as above), never to the activator: batch work must
+  not wake a model served from zero (a model without a ready replica answers 503); with
+  the gate closed, every `/batch/` request is answered 429 with `Retry-After` and a JSON
+  error saying the route is closed for online load. Each batch request, passed or
+  refused, is one line of the batch access log (`NginxSettings.batch_log`, format
+  `BATCH_LOG_FORMAT`), which `bridge.routing.batchlog` counts: Triton cannot tell a
+  batch request from an online one, so this log is how the bridge does;
 - `/v2/health/ready` and `/v2/health/live` answer from any routed replica;
 - anything else answers 404 with a JSON error; an upstream that cannot be reached gives
   502/504 with a JSON error.
@@ -64,6 +74,13 @@ STREAM_DIRECTIVES = (
 it comes, whatever the replica's X-Accel-Buffering says, and an nginx in front told not
 to buffer either. A location with an `add_header` of its own inherits none of the
 server's, so X-Stb-Upstream is said again."""
+
+BATCH_PREFIX = "/batch"
+"""The batch route's paths: `/batch/v2/models/<model>/...`."""
+BATCH_LOG_FORMAT = "stb_batch"
+"""nginx `log_format` of the batch access log: `$msec $status $request_uri`, one line per
+batch request (`bridge.routing.batchlog` reads it)."""
+_SAFE_PATH_RE = re.compile(r"/[A-Za-z0-9/._-]+")
 
 ANY_UPSTREAM = "stb-any"
 """Upstream of every routed replica. Model upstreams are `stb_<model>`, so no model name
@@ -110,9 +127,18 @@ class NginxSettings:
     cold_start_s: int = 0
     """Seconds the activator may hold a request before it forwards it (`[routing]
     cold_start_timeout_s`): added to `read_timeout_s` on the activator's locations."""
+    batch_log: str | None = None
+    """Absolute path of the batch route's access log (`[batch] access_log`), which nginx's
+    master opens (its directory must be writable by it); None: batch requests are not
+    logged, and the bridge cannot tell them from online ones."""
 
     def __post_init__(self) -> None:
         validate_endpoint(self.listen)
+        if self.batch_log is not None and not _SAFE_PATH_RE.fullmatch(self.batch_log):
+            raise InvalidRoute(
+                f"batch_log must be an absolute path of letters, digits, '/', '.', '_' or "
+                f"'-' (it is written into nginx's configuration): {self.batch_log!r}"
+            )
         if self.activator is not None:
             validate_endpoint(self.activator)
         if self.activator_scheme not in ("http", "https"):
@@ -188,6 +214,8 @@ def render(table: RoutingTable, settings: NginxSettings | None = None) -> str:
     variables = {sp.model: f"stb_split_{i}" for i, sp in enumerate(table.splits)}
     for sp in table.splits:
         lines += _split_clients(variables[sp.model], sp)
+    if table.batch is not None and s.batch_log is not None:
+        lines += [f"log_format {BATCH_LOG_FORMAT} '$msec $status $request_uri';", ""]
 
     lines += [
         "server {",
@@ -250,6 +278,8 @@ def render(table: RoutingTable, settings: NginxSettings | None = None) -> str:
                     f"/v2/models/{model}/versions/${variables[model]}/{path} break;"
                     f"{extra} {action} }}"
                 )
+    if table.batch is not None:
+        lines += _batch_locations(table, s, variables)
     lines += [
         "",
         "    location / {",
@@ -259,3 +289,44 @@ def render(table: RoutingTable, settings: NginxSettings | None = None) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _batch_locations(table: RoutingTable, s: NginxSettings, variables: dict[str, str]) -> list[str]:
+    """The batch route's locations (module docstring): per model the online route's
+    upstream behind `/batch`, or, with the gate closed, one 429 for all of `/batch/`."""
+    gate = table.batch
+    assert gate is not None
+    log = f" access_log {s.batch_log} {BATCH_LOG_FORMAT};" if s.batch_log is not None else ""
+    lines = [""]
+    if not gate.open:
+        message = f"the batch route is closed for online load: retry after {gate.retry_after_s} s"
+        lines.append(
+            # ^~: no regex location may take a batch path past the closed gate
+            f"    location ^~ {BATCH_PREFIX}/ {{{log} add_header Retry-After "
+            f"{gate.retry_after_s} always; {_json_return(429, message)} }}"
+        )
+        return lines
+    cut = f"rewrite ^{BATCH_PREFIX}(/v2/models/.*)$ $1 break;"
+    for model, endpoints in table.routes:
+        prefix = f"{BATCH_PREFIX}/v2/models/{validate_model_name(model)}"
+        if not endpoints:
+            action = "add_header Retry-After 1 always; " + _json_return(
+                503, f"model {model} has no ready replica"
+            )
+            lines.append(f"    location {prefix}/ {{{log} {action} }}")
+            continue
+        upstream = f"proxy_pass http://{upstream_name(model)};"
+        lines.append(f"    location {prefix}/ {{{log} {cut} {upstream} }}")
+        lines.append(
+            f"    location ~ ^{re.escape(prefix)}/(versions/[0-9]+/)?generate(_stream)?$ "
+            f"{{{log} {STREAM_DIRECTIVES} {cut} {upstream} }}"
+        )
+        if model in variables:
+            for path in ("infer", *STREAM_ENDPOINTS):
+                extra = f" {STREAM_DIRECTIVES}" if path in STREAM_ENDPOINTS else ""
+                lines.append(
+                    f"    location = {prefix}/{path} {{{log} rewrite ^ "
+                    f"/v2/models/{model}/versions/${variables[model]}/{path} break;"
+                    f"{extra} {upstream} }}"
+                )
+    return lines

@@ -6,7 +6,8 @@ before it is drained, but keeps its metrics target until its job ends, so the da
 Prometheus still see its pending requests fall to zero); rendered by
 `bridge.routing.nginx` and `bridge.routing.http_sd`; published by
 `bridge.routing.publisher`. Construction validates every name that will reach nginx's
-configuration, so an invalid table cannot exist.
+configuration, so an invalid table cannot exist. The table also carries the batch route's
+gate (`BatchGate`, `[batch]`): whether batch inference may use the replicas this pass.
 """
 
 from __future__ import annotations
@@ -102,6 +103,25 @@ class Split:
 
 
 @dataclass(frozen=True)
+class BatchGate:
+    """The batch route's gate (`/batch/v2/models/<model>/...`: batch inference's requests
+    to the same replicas as online ones, `bridge.routing.nginx`): open, the route proxies
+    them; closed, nginx answers each 429 with `Retry-After: retry_after_s` and says the
+    route is closed for online load. Decided each pass by `bridge.policy.batch`."""
+
+    open: bool
+    retry_after_s: int = 30
+    """What a closed gate tells clients to wait (seconds) before they try again."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.open, bool):
+            raise InvalidRoute(f"batch gate: open must be true or false: {self.open!r}")
+        r = self.retry_after_s
+        if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= 86400:
+            raise InvalidRoute(f"batch gate: retry_after_s must be 1-86400 seconds: {r!r}")
+
+
+@dataclass(frozen=True)
 class RoutingTable:
     """model -> sorted tuple of ready endpoints, plus the metrics targets.
 
@@ -119,6 +139,8 @@ class RoutingTable:
     #: the models served from zero (`min_replicas` 0): with no ready replica their
     #: requests go to the activator
     zero: tuple[str, ...] = ()
+    #: the batch route's gate; None: no batch route (batch paths answer 404)
+    batch: BatchGate | None = None
 
     def __post_init__(self) -> None:
         routes = tuple(
@@ -151,12 +173,14 @@ class RoutingTable:
         targets: Iterable[MetricsTarget] = (),
         splits: Iterable[Split] = (),
         zero: Iterable[str] = (),
+        batch: BatchGate | None = None,
     ) -> RoutingTable:
         return cls(
             tuple((m, tuple(eps)) for m, eps in routes.items()),
             tuple(targets),
             tuple(splits),
             tuple(zero),
+            batch,
         )
 
     def split_of(self, model: str) -> Split | None:
@@ -178,7 +202,7 @@ class RoutingTable:
         """This table with `endpoint` removed from every model's routes (the first step of
         a return); metrics targets are kept."""
         routes = tuple((m, tuple(e for e in eps if e != endpoint)) for m, eps in self.routes)
-        return RoutingTable(routes, self.targets, self.splits, self.zero)
+        return RoutingTable(routes, self.targets, self.splits, self.zero, self.batch)
 
     def canonical(self) -> str:
         """A canonical JSON text of the content (sorted keys, no whitespace)."""
@@ -201,6 +225,11 @@ class RoutingTable:
                     else {}
                 ),
                 **({"zero": list(self.zero)} if self.zero else {}),
+                **(
+                    {"batch": [self.batch.open, self.batch.retry_after_s]}
+                    if self.batch is not None
+                    else {}
+                ),
             },
             sort_keys=True,
             separators=(",", ":"),

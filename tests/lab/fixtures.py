@@ -98,7 +98,10 @@ def bridge(
         proc.routing_conf,
         tmp_path / "http_sd.json",
         proc.control,
-        settings=nginx.NginxSettings(listen=f"127.0.0.1:{port}"),
+        settings=nginx.NginxSettings(
+            listen=f"127.0.0.1:{port}",
+            batch_log=str(config.batch.access_log.resolve()) if config.batch.enabled else None,
+        ),
     )
     cli = SlurmCLI(env=lab.env())
     rec = Reconciler(

@@ -176,6 +176,15 @@ def test_workload_tags_reach_sacct_and_the_ledger_reads_them(lab: LabSpec) -> No
             lab, "--partition=elastic", "--account=team-research", "--wrap", "sleep 1"
         ),
         "inference": sbatch(lab, "--partition=infer", "--account=bridge", "--wrap", "sleep 1"),
+        # batch inference: an elastic job that asks for it in its own comment
+        "batch-inference": sbatch(
+            lab,
+            "--partition=elastic",
+            "--account=team-research",
+            "--comment=stb:batch",
+            "--wrap",
+            "sleep 1",
+        ),
     }
     for workload, job in jobs.items():
         rec = wait_sacct_final(
@@ -186,6 +195,8 @@ def test_workload_tags_reach_sacct_and_the_ledger_reads_them(lab: LabSpec) -> No
         assert tags(parsed.comment)["workload"] == workload
     train = parse_sacct_json(slurm(lab, "sacct", "-j", jobs["training"], "--json"))[0]
     assert train.comment == "nightly run,stb:workload=training"
+    batch = parse_sacct_json(slurm(lab, "sacct", "-j", jobs["batch-inference"], "--json"))[0]
+    assert batch.comment == "stb:batch,stb:workload=batch-inference"
 
 
 def _log_lines(lab: LabSpec, hook: str, job: str) -> list[str]:

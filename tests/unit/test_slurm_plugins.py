@@ -396,6 +396,7 @@ slurm = {
   log_user = function(fmt, ...) table.insert(user_msgs, string.format(fmt, ...)) end,
 }
 dofile(SCRIPT)
+if SETUP then SETUP() end
 local parts = {
   elastic = { name = "elastic", flag_default = 1 },
   train = { name = "train", flag_default = 0 },
@@ -418,11 +419,15 @@ end
 """
 
 
-def _lua(cases: str, tmp_path: Path) -> list[str]:
+def _lua(cases: str, tmp_path: Path, setup: str = "") -> list[str]:
+    """Each case's outcome, with `setup` (Lua statements) run after the script loads."""
     assert LUA is not None
     script = slurm_plugins_dir() / "job_submit.lua"
     harness = tmp_path / "harness.lua"
-    harness.write_text(f"SCRIPT = {json.dumps(str(script))}\nCASES = {{ {cases} }}\n{HARNESS}")
+    head = f"SCRIPT = {json.dumps(str(script))}\nCASES = {{ {cases} }}\n"
+    if setup:
+        head += f"function SETUP() {setup} end\n"
+    harness.write_text(head + HARNESS)
     done = subprocess.run([LUA, str(harness)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
@@ -499,6 +504,66 @@ def test_lua_modify_rules(tmp_path: Path) -> None:
         "rc=0 requeue=1 admin_comment=nil msg=nil",  # a user's move keeps the tag
         "rc=0 requeue=1 admin_comment=nil msg=nil",  # Requeue=0 on elastic is undone
         "rc=0 requeue=65534 admin_comment=nil msg=nil",  # other updates pass untouched
+    ]
+
+
+@needs_lua
+def test_lua_batch_inference_mark(tmp_path: Path) -> None:
+    """`--comment=stb:batch` on an elastic partition books the job as batch-inference (an
+    elastic job still: requeueable); the mark is ignored elsewhere, must be a whole item,
+    and an administrator's own tag still wins; a root move keeps reading the mark."""
+    out = _lua(
+        """
+        { desc = { partition = "elastic", account = "a", comment = "stb:batch" } },
+        { desc = { partition = "elastic", account = "a", comment = "run 7, stb:batch",
+                   requeue = 0 } },
+        { desc = { account = "a", comment = "x;stb:batch" } },
+        { desc = { partition = "train", account = "a", comment = "stb:batch" } },
+        { desc = { partition = "train,elastic", account = "a", comment = "stb:batch" } },
+        { desc = { partition = "elastic", account = "a", comment = "stb:batchy" } },
+        { desc = { partition = "elastic", account = "a", comment = "stb:batch",
+                   admin_comment = "stb:workload=elastic" } },
+        { desc = { partition = "elastic" }, uid = 0,
+          rec = { job_id = 8, partition = "train", account = "a", comment = "stb:batch",
+                  admin_comment = "stb:workload=training" } },
+        { desc = { partition = "train" }, uid = 0,
+          rec = { job_id = 9, partition = "elastic", account = "a", comment = "stb:batch",
+                  admin_comment = "stb:workload=batch-inference" } },
+        """,
+        tmp_path,
+    )
+    assert out == [
+        "rc=0 requeue=1 admin_comment=stb:workload=batch-inference msg=nil",
+        "rc=0 requeue=1 admin_comment=stb:workload=batch-inference msg=nil",
+        "rc=0 requeue=1 admin_comment=stb:workload=batch-inference msg=nil",  # default
+        "rc=0 requeue=65534 admin_comment=stb:workload=training msg=nil",  # not elastic
+        "rc=0 requeue=1 admin_comment=stb:workload=training msg=nil",  # first partition
+        "rc=0 requeue=1 admin_comment=stb:workload=elastic msg=nil",  # not the mark
+        "rc=0 requeue=1 admin_comment=stb:workload=elastic msg=nil",  # an admin's tag
+        "rc=0 requeue=1 admin_comment=stb:workload=batch-inference msg=nil",  # root's move
+        "rc=0 requeue=65534 admin_comment=stb:workload=training msg=nil",
+    ]
+
+
+@needs_lua
+def test_lua_batch_inference_partition(tmp_path: Path) -> None:
+    """A partition the site maps to batch-inference tags every job so and holds only
+    requeueable jobs, like an elastic one."""
+    out = _lua(
+        """
+        { desc = { partition = "elastic", account = "a", requeue = 0 } },
+        { desc = { partition = "train" }, uid = 1000,
+          rec = { job_id = 1, partition = "elastic", account = "a" } },
+        { desc = { requeue = 0 }, uid = 1000,
+          rec = { job_id = 2, partition = "elastic", account = "a" } },
+        """,
+        tmp_path,
+        setup='WORKLOAD_OF_PARTITION.elastic = "batch-inference"',
+    )
+    assert out == [
+        "rc=0 requeue=1 admin_comment=stb:workload=batch-inference msg=nil",
+        "rc=0 requeue=65534 admin_comment=nil msg=nil",  # moved to train: no requeue
+        "rc=0 requeue=1 admin_comment=nil msg=nil",  # Requeue=0 is undone
     ]
 
 
