@@ -16,7 +16,8 @@ time 20 ms, SLOs 100, 150, 200, 250, 300 ms (`MIX_SLO_MS`): models that differ, 
 lend carries the models late at that time (identical models are late together, and
 every lend would carry all five: one replica the size of the largest, a gang, in both
 modes). A replica runs one execution per GPU it holds: a whole node's 8 (node mode, or a
-replica of 8 or more GPUs), a partial lease's own k (`Lend.gpus`), as the daemon's view of
+replica of 8 or more GPUs), a partial lease's own (`Lend.gpus`: m x k, the replicas' worth
+the policy sized it to, `bridge.policy.capacity.plan_lends`), as the daemon's view of
 it says (`ReplicaView.gpus` = `LeaseView.lent_gpus`). Under each pair of rows, each
 model's share of requests within SLO per mode (`models`).
 Placement (`Place`) is off: a placement would give a replica models larger than its

@@ -261,6 +261,15 @@ class PolicyConfig(_Strict):
         "jobs that hold them; false: whole nodes, as before. Drain-mode lends and models "
         "that do not say their GPUs take whole nodes either way.",
     )
+    sized_lends: bool = Field(
+        default=False,
+        description="With partial_lends: size a lend to several replicas' worth of one "
+        "node's GPUs (m x a replica's k, the fewest that carry the demand) rather than one "
+        "replica. Off by default in the daemon: its Triton job serves m replicas only "
+        "where the model's instances spread over every GPU the job holds (an "
+        "instance_group without a device list); a tensor-parallel backend or one naming "
+        "its devices would serve one. The simulator's GPU-granular runs turn it on.",
+    )
     low_watermark: float = Field(
         default=0.5,
         gt=0,

@@ -20,9 +20,11 @@ Triton's). The service time is what Triton measures: its compute time per reques
 (`nv_inference_compute_*_duration_us` over `nv_inference_request_success`).
 
 `plan_nodes` adds nodes one at a time, each holding the models still predicted over their
-objective, until none is: the deficit of a whole tick in one answer. `removable` asks the
-reverse for lent nodes. Both take the demand the caller wants covered (the policy: the
-current and forecast rate times a headroom).
+objective, until none is: the deficit of a whole tick in one answer; `plan_lends` the same
+with each lend sized in GPUs (a replica of k GPUs: the fewest m x k of its node that carry
+its models). `carries` asks whether the replicas meet every objective. All take the
+demand the caller wants covered (the policy: the current and forecast rate times a
+headroom).
 """
 
 from __future__ import annotations
@@ -258,6 +260,48 @@ def plan_nodes(
         models = tuple(sorted(late))
         added.append(models)
         current.append(Group(models, 1, node_gpus))
+    return added
+
+
+def plan_lends(
+    groups: Sequence[Group],
+    demand: Mapping[str, Demand],
+    gpus: Sequence[int],
+    room: Callable[[str, int], bool],
+    cv2: float = 0.0,
+    replica_gpus: Callable[[tuple[str, ...]], int | None] | None = None,
+) -> list[tuple[tuple[str, ...], int]]:
+    """`plan_nodes` with each lend sized: the models of each lend to add and the GPUs its
+    replica holds. A lend whose models' replica takes `k` GPUs (`replica_gpus(models)`;
+    None, or k of the node's GPUs or more: the whole node) holds m x k of its node's GPUs,
+    m the fewest replicas' worth after which none of its models is predicted over its
+    objective, at most the node's `floor(gpus / k)`; the next lend plans what is still
+    late after it. One lease is one Triton server on one node, so a deficit of many
+    replicas' worth met one replica per lend would spread over as many nodes, each a
+    replica of k GPUs taking an even share of the traffic (the capacity model's: nginx
+    spreads it evenly) and a lend slot; sized here it takes the fewest nodes and each
+    replica its share's GPUs. Without `replica_gpus` every lend is a whole node
+    (`plan_nodes`' answer, each with its node's GPUs)."""
+    current = list(groups)
+    added: list[tuple[tuple[str, ...], int]] = []
+    for node_gpus in gpus:
+        replicas = replicas_of(current)
+        late = [m for m in over(current, demand, cv2) if room(m, replicas.get(m, 0))]
+        if not late:
+            break
+        models = tuple(sorted(late))
+        k = replica_gpus(models) if replica_gpus is not None else None
+        held = node_gpus
+        if k is not None and k < node_gpus:
+            most = node_gpus // k
+
+            def carried(m: int, models: tuple[str, ...] = models, k: int = k) -> bool:
+                trial = [*current, Group(models, 1, m * k)]
+                return not set(models).intersection(over(trial, demand, cv2))
+
+            held = k * (smallest(0, most, carried) if carried(most) else most)
+        added.append((models, held))
+        current.append(Group(models, 1, held))
     return added
 
 

@@ -23,7 +23,9 @@ Rules, in order, each tick:
    service time Triton's measured compute time per request. Lends in flight count as
    replicas (a drain lend still waiting for its node's jobs does not: it serves no time
    soon). While a feasible model is predicted over its SLO, a node is added holding the
-   models still over it (`capacity.plan_nodes`): the whole deficit in one tick, up to
+   models still over it (`capacity.plan_lends`; with partial lends each sized to the
+   fewest replicas' worth of its node's GPUs that carry them, a node that cannot give
+   them giving what it can: `_targets`): the whole deficit in one tick, up to
    `max_lent_nodes` leases and each model's `max_replicas` (after rule 5's places); the
    nodes are then taken within each lendable pool's `max_lent_share` (`choose_nodes`: a
    planned node past it is not lent; `assess` reads no nodes, the simulator relies on it).
@@ -60,7 +62,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
 
@@ -69,7 +71,7 @@ from bridge.lifecycle import IN_FLIGHT, LeaseState
 from bridge.policy import capacity, llm, placement
 from bridge.policy.actions import Action, Lend, Place, Return, StartBaseline
 from bridge.policy.forecast import forecast_rate
-from bridge.policy.gang import lend_gpus
+from bridge.policy.gang import lend_gpus, plan_sized_gangs, spans
 from bridge.policy.hysteresis import (
     ModelStatus,
     evaluate_model,
@@ -78,7 +80,14 @@ from bridge.policy.hysteresis import (
     ticks,
     token_ratio,
 )
-from bridge.policy.nodes import choose_nodes, load_on, partial, victims_count
+from bridge.policy.nodes import (
+    LENDABLE,
+    choose_nodes,
+    choose_sized,
+    load_on,
+    partial,
+    victims_count,
+)
 from bridge.policy.returns import break_even_s, dwell_s
 from bridge.policy.snapshot import NodeView, Snapshot
 from bridge.policy.timing import lead_s
@@ -109,6 +118,9 @@ class Assessment:
     #: the models lent for from zero (rule 6), each with the requests waiting: each has
     #: a node of its own in `wanted`
     from_zero: dict[str, int] = field(default_factory=dict)
+    #: per lend of `wanted` the capacity plan sized (a partial lend of m replicas' worth:
+    #: `capacity.plan_lends`), its index -> the GPUs its replica is planned to hold
+    held: dict[int, int] = field(default_factory=dict)
 
     @property
     def acts(self) -> bool:
@@ -395,7 +407,10 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             returns.append(Return(lease.lease_id, reason))
 
     groups = _groups(count)
-    open_leases = sum(1 for lease in snapshot.leases if lease.lease_id not in leaving)
+    # (nodes, not leases: a gang holds several)
+    open_leases = sum(
+        len(lease.nodes) for lease in snapshot.leases if lease.lease_id not in leaving
+    )
     slots = max(0, policy.max_lent_nodes - open_leases)
     late = capacity.over(groups, demand, policy.service_cv2) if slots or placeable else []
     unconfirmed = _unconfirmed(snapshot, config, groups, demand, late, ahead)
@@ -436,11 +451,19 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             groups = _groups(count)
     zero = _from_zero(snapshot)[:slots] if snapshot.waiting and slots else []
     wanted: list[tuple[str, ...]] = [(m,) for m, _ in zero]
+    sized: dict[int, int] = {}  # (`Assessment.held`)
     if late and slots > len(wanted):
         gpus = max((r.gpus for r in snapshot.replicas), default=1)
-        wanted += capacity.plan_nodes(
-            groups, demand, [gpus] * (slots - len(wanted)), room, policy.service_cv2
+        planned = capacity.plan_lends(
+            groups,
+            demand,
+            [gpus] * (slots - len(wanted)),
+            room,
+            policy.service_cv2,
+            _replica_size(snapshot, config),
         )
+        sized.update((len(wanted) + i, g) for i, (_, g) in enumerate(planned))
+        wanted += [models for models, _ in planned]
     if slots > len(wanted) and snapshot.token_profiles:
         # an LLM short of the replicas its tokens need gets a node of its own for each
         token_need = llm.needs(snapshot, {m: d.rate for m, d in demand.items()})
@@ -470,7 +493,75 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
                 and not in_flight[name]
             ]
             backstop.sort(key=lambda m: -severity(snapshot.history.get(m, ()), snapshot.models[m]))
-    return Assessment(returns, wanted, backstop, demand, unconfirmed, places, dict(zero))
+    return Assessment(returns, wanted, backstop, demand, unconfirmed, places, dict(zero), sized)
+
+
+def _replica_size(
+    snapshot: Snapshot, config: BridgeConfig
+) -> Callable[[tuple[str, ...]], int | None] | None:
+    """What `capacity.plan_lends` sizes a lend by: the GPUs one replica of its models takes
+    (`lend_gpus`) with `[policy] partial_lends` and `sized_lends`; None without (the
+    plan's lends are whole nodes, and a partial lend takes one replica's GPUs)."""
+    if not (config.policy.partial_lends and config.policy.sized_lends):
+        return None
+    models = snapshot.models
+    return lambda names: lend_gpus(models, names)
+
+
+def _sized(k: int | None, planned: int | None) -> int | None:
+    """The GPUs a lend takes: the plan's m x k where it sized the lend to m replicas' worth
+    (`Assessment.held`), else one replica's `k` (None: whole nodes)."""
+    if k is None or planned is None or planned <= k:
+        return k
+    return planned
+
+
+def _targets(
+    snapshot: Snapshot,
+    config: BridgeConfig,
+    now: float,
+    group: Sequence[tuple[str, ...]],
+    gpus: int | None,
+    size: Callable[[Sequence[str]], int | None],
+    models: Sequence[str],
+    *,
+    taken: set[str],
+    freed: frozenset[int],
+    spent: int,
+) -> tuple[list[NodeView], dict[str, int]]:
+    """The nodes for the lends of `group`, each to take `gpus` GPUs (`choose_nodes`), and
+    the GPUs of those that give fewer: a lend sized to several replicas' worth
+    (`Assessment.held`) that no node left gives whole takes what the cheapest node can
+    give, in steps of one replica (`choose_sized`: the least common multiple of the
+    group's replica GPUs), rather than waiting for a node that has them all."""
+    one = [size(m) for m in group]
+    step = math.lcm(*(k for k in one if k is not None)) if None not in one else None
+    if gpus is None or step is None or gpus <= step:
+        nodes = choose_nodes(
+            snapshot,
+            config,
+            now,
+            len(group),
+            freed=freed,
+            models=models,
+            gpus=gpus,
+            taken=frozenset(taken),
+            spent=spent,
+        )
+        return nodes, {}
+    found = choose_sized(
+        snapshot,
+        config,
+        now,
+        len(group),
+        gpus=gpus,
+        step=step,
+        freed=freed,
+        models=models,
+        taken=frozenset(taken),
+        spent=spent,
+    )
+    return [node for node, _ in found], {node.name: g for node, g in found if g != gpus}
 
 
 def _from_zero(snapshot: Snapshot) -> list[tuple[str, int]]:
@@ -613,21 +704,31 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
     spent = 0  # jobs the lends so far requeue, of the hour's budget
     # the lends by the GPUs a replica of theirs takes (None: whole nodes), each size's
     # nodes chosen for it; one size (the usual case) is one choice, as before
-    partly = policy.partial_lends
-    sizes = [lend_gpus(snapshot.models, models) if partly else None for models in plan.wanted]
+    # (a replica that spans nodes is a gang whatever `partial_lends` says)
+    lendable = {name for name, pool in config.pools.items() if pool.lend_mode in LENDABLE}
+
+    def size(models: Sequence[str]) -> int | None:
+        k = lend_gpus(snapshot.models, models)
+        return k if policy.partial_lends or spans(snapshot.nodes, lendable, k) else None
+
+    sizes = [_sized(size(models), plan.held.get(i)) for i, models in enumerate(plan.wanted)]
+    lends = 0
     for k in dict.fromkeys(sizes):
         group = [models for models, s in zip(plan.wanted, sizes, strict=True) if s == k]
         lent_for = list(dict.fromkeys(m for models in group for m in models))
-        targets = choose_nodes(
-            snapshot,
-            config,
-            now,
-            len(group),
-            freed=freed,
-            models=lent_for,
-            gpus=k,
-            taken=frozenset(taken),
-            spent=spent,
+        if k is not None and spans(snapshot.nodes, lendable, k):
+            gangs = _gang_lends(snapshot, config, now, k, group, plan.demand, taken, freed, spent)
+            actions.extend(gangs)
+            lends += len(gangs)
+            node_of = {n.name: n for n in snapshot.nodes}
+            for lend in gangs:
+                taken.update(lend.nodes)
+                spent += sum(
+                    victims_count(node_of[m], None, lend.lend_mode, now, policy) for m in lend.nodes
+                )
+            continue
+        targets, took = _targets(
+            snapshot, config, now, group, k, size, lent_for, taken=taken, freed=freed, spent=spent
         )
         for node, models in _match(snapshot, targets, group):
             mode = config.pools[node.pool].lend_mode
@@ -635,12 +736,20 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
             if len(models) == 1 and models[0] in plan.from_zero:
                 n = plan.from_zero[models[0]]
                 reason = f"scale from zero: {models[0]}, {n} request(s) waiting"
-            share = k if partial(node.gpus, k, mode) else None
+            g = took.get(node.name, k)  # (a sized lend on a node that gives less)
+            share = g if partial(node.gpus, g, mode) else None
             actions.append(Lend(node.name, node.pool, mode, models, reason, share))
+            lends += 1
             taken.add(node.name)
-            spent += victims_count(node, k, mode, now, policy)
-    if plan.backstop and len(taken) == len(plan.wanted):
-        k = lend_gpus(snapshot.models, plan.backstop) if partly else None
+            spent += victims_count(node, g, mode, now, policy)
+    if plan.backstop and lends == len(plan.wanted):
+        k = size(plan.backstop)
+        if k is not None and spans(snapshot.nodes, lendable, k):
+            backstop = (tuple(plan.backstop),)
+            actions.extend(
+                _gang_lends(snapshot, config, now, k, backstop, plan.demand, taken, freed, spent)
+            )
+            return actions
         spare = choose_nodes(
             snapshot,
             config,
@@ -660,6 +769,53 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
             share = k if partial(node.gpus, k, mode) else None
             actions.append(Lend(node.name, node.pool, mode, models, reason, share))
     return actions
+
+
+def _gang_lends(
+    snapshot: Snapshot,
+    config: BridgeConfig,
+    now: float,
+    gpus: int,
+    group: Sequence[tuple[str, ...]],
+    demand: Mapping[str, capacity.Demand],
+    taken: set[str],
+    freed: frozenset[int],
+    spent: int,
+) -> list[Lend]:
+    """The lends of `group`, whose replicas take `gpus` GPUs, more than a node has: each
+    a gang of whole nodes (`bridge.policy.gang.plan_sized_gangs`: one pool and GPU count,
+    all or nothing) from the cheapest nodes (`choose_nodes`, whole nodes), its server on
+    the gang's first node in the snapshot's order (Slurm's: the job's batch host), within
+    `max_lent_nodes` (a gang counts its nodes)."""
+    policy = config.policy
+    # (nodes, not leases: a gang holds several)
+    lent = sum(len(lease.nodes) for lease in snapshot.leases if lease.lease_id not in freed)
+    room = max(0, policy.max_lent_nodes - lent - len(taken))
+    # every node there is room for: the gangs form within a pool and GPU count, which
+    # the cheapest few alone may not fill
+    candidates = choose_nodes(
+        snapshot,
+        config,
+        now,
+        room,
+        freed=freed,
+        models=list(dict.fromkeys(m for models in group for m in models)),
+        taken=frozenset(taken),
+        spent=spent,
+    )
+    order = {node.name: i for i, node in enumerate(snapshot.nodes)}
+    lends: list[Lend] = []
+    for gang, models in zip(plan_sized_gangs(candidates, gpus, len(group)), group, strict=False):
+        if sum(len(lend.nodes) for lend in lends) + len(gang) > room:
+            break
+        first, *others = sorted(gang, key=lambda n: order[n.name])
+        mode = config.pools[first.pool].lend_mode
+        reason = (
+            f"capacity: {_rates(demand, models)}; one replica of {gpus} GPUs on {len(gang)} nodes"
+        )
+        members = tuple(n.name for n in others)
+        lends.append(Lend(first.name, first.pool, mode, models, reason, None, members))
+    return lends
 
 
 def _match(

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping
 
 from bridge.config import BridgeConfig, PolicyConfig
-from bridge.policy.snapshot import NodeView, Snapshot
+from bridge.policy.snapshot import NodeView, Snapshot, held_nodes
 from bridge.policy.victims import Victims, choose_victims, guarded, work_lost
 
 #: the lend modes of the pools a lend may take nodes from
@@ -45,7 +45,7 @@ def share_room(
 ) -> dict[str, int] | None:
     """Per lendable pool whose lend share is below 1 (`[pools.NAME] max_lent_share`, else
     `[policy] max_lent_share`), how many more of its nodes the bridge may lend:
-    floor(share x the pool's nodes in the snapshot) less its open leases (those in `freed`,
+    floor(share x the pool's nodes in the snapshot) less its leased nodes (those in `freed`,
     being returned, left out) and the nodes in `taken`. A pool at share 1 is not listed (no
     cap beyond `max_lent_nodes`); None when no pool is capped (the defaults: today's
     behaviour, to the action)."""
@@ -60,7 +60,10 @@ def share_room(
         return None
     size = Counter(node.pool for node in snapshot.nodes)
     pool_of = {node.name: node.pool for node in snapshot.nodes}
-    lent = Counter(lease.pool for lease in snapshot.leases if lease.id not in freed)
+    lent: Counter[str] = Counter()
+    for lease in snapshot.leases:
+        if lease.id not in freed:
+            lent[lease.pool] += len(lease.nodes)
     lent.update(pool_of[name] for name in taken if name in pool_of)
     # (1e-9: 0.29 x 100 is 28.999999999999996 in binary; the cap is 29)
     return {p: max(0, math.floor(f * size[p] + 1e-9) - lent[p]) for p, f in capped.items()}
@@ -149,7 +152,7 @@ def choose_nodes(
     if count <= 0:
         return []
     policy = config.policy
-    leased = {lease.node for lease in snapshot.leases} | taken
+    leased = held_nodes(snapshot.leases) | taken
     budget = policy.max_preemptions_per_hour - snapshot.preemptions_last_hour - spent
     modes = {name: pool.lend_mode for name, pool in config.pools.items()}
     #: a partial lend's cost per busy node: its victims, the work they lose
@@ -168,6 +171,8 @@ def choose_nodes(
         if rank is None:
             continue
         if not node.usable or node.reserved or node.has_triton or node.name in leased:
+            continue
+        if gpus is not None and node.gpus < gpus:  # too small for the replica (a gang's)
             continue
         free = False  # a busy node whose free GPUs make a partial lend
         if node.jobs and gpus is not None and partial(node.gpus, gpus, modes[node.pool]):
@@ -239,3 +244,48 @@ def choose_nodes(
             room[node.pool] -= 1
         chosen.append(node)
     return chosen
+
+
+def choose_sized(
+    snapshot: Snapshot,
+    config: BridgeConfig,
+    now: float,
+    count: int,
+    *,
+    gpus: int,
+    step: int,
+    taken: frozenset[str] = frozenset(),
+    freed: frozenset[int] = frozenset(),
+    models: Collection[str] = (),
+    spent: int = 0,
+) -> list[tuple[NodeView, int]]:
+    """Up to `count` nodes for lends planned at `gpus` GPUs each (several replicas of
+    `step` GPUs' worth, `bridge.policy.capacity.plan_lends`), with the GPUs each takes:
+    the nodes that give `gpus` (`choose_nodes`, cheapest first), then for the lends
+    left those that give `step` fewer, and so on down to one replica's `step`: a node
+    whose free GPUs and requeueable jobs (within the hour's budget, guarded jobs kept)
+    make fewer serves what it can, the next pass plans what is still short. Each node
+    at the largest of those sizes it gives."""
+    if step < 1:
+        raise ValueError(f"a replica takes at least one GPU, got step={step}")
+    out: list[tuple[NodeView, int]] = []
+    held = set(taken)
+    policy = config.policy
+    size = gpus
+    while len(out) < count and size >= step:
+        for node in choose_nodes(
+            snapshot,
+            config,
+            now,
+            count - len(out),
+            freed=freed,
+            models=models,
+            gpus=size,
+            taken=frozenset(held),
+            spent=spent,
+        ):
+            out.append((node, size))
+            held.add(node.name)
+            spent += victims_count(node, size, config.pools[node.pool].lend_mode, now, policy)
+        size -= step
+    return out

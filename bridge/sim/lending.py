@@ -1,7 +1,8 @@
 """What a lend takes on the simulated fleet (`Setup.granularity`), beside the policy.
 Node-granular (`node`): whole nodes, every job on them requeued. GPU-granular (`gpu`):
 the policy's partial lends (`[policy] partial_lends`: `bridge.policy.nodes.choose_nodes`
-picks the node and `Lend.gpus`), a replica of k GPUs on k GPUs of one node, the node's
+picks the node and `Lend.gpus`: m x k GPUs for m replicas' worth of a k-GPU replica,
+`bridge.policy.capacity.plan_lends`), the replica on those GPUs of one node, the node's
 other GPUs running elastic work on, only the jobs `bridge.policy.victims.choose_victims`
 picks requeued when its Triton job starts (`bridge.sim.cluster`). A replica's GPUs are
 its models' (`bridge.policy.gang.lend_gpus`); a model that says none takes whole nodes

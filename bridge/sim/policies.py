@@ -320,9 +320,14 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
         m: _model_config(m, slo, scenario.tokens, infer + most + 1, scenario.replica_gpus.get(m))
         for m, (slo, _) in scenario.models.items()
     }
-    # GPU-granular lending is the policy's partial lends (`[policy] partial_lends`)
+    # GPU-granular lending is the policy's partial lends, sized to the demand
+    # (`[policy] partial_lends`, `sized_lends`)
     policy_config = scenario.policy.model_copy(
-        update={**cap, "partial_lends": scenario.granularity == "gpu"}
+        update={
+            **cap,
+            "partial_lends": scenario.granularity == "gpu",
+            "sized_lends": scenario.granularity == "gpu",
+        }
     )
     config = BridgeConfig(tick_s=scenario.tick_s, pools=pools, policy=policy_config)
     return Setup(
