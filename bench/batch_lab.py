@@ -13,7 +13,8 @@ Each round, with the daemon's reconciler (`[batch]` on, `calm_s` short for the b
    (`bridge.lab.stepfigures`), and the online requests lost.
 
 Baseline in the same run: the `none` mode, the same with no batch client. The modes
-alternate, `--rounds` each.
+alternate, `--rounds` each, `--pause-s` apart (75 s: Triton's p99 summary covers its last
+60 s, and a step's slow answers in it would keep the next round's gate closed).
 
 Target (issue 33): step-to-serving and p99 recovery within 10% of the run without batch
 work, and the reserved replica's off-peak busy share at least 3x that without it.
@@ -40,6 +41,7 @@ from bridge.lab.demo import lab_config
 from bridge.lab.showcase import Load, Scenario
 from bridge.lab.spec import LabSpec
 from bridge.paths import default_lab_dir
+from bridge.policy.batch import decide_gate
 from bridge.triton.metrics import parse_page
 from bridge.triton.ports import METRICS_PORT
 
@@ -132,6 +134,13 @@ def one(spec: LabSpec, batch: bool, args: argparse.Namespace, n: int) -> dict[st
                         first = (time.monotonic(), us)
                 time.sleep(max(0.0, tick + 2.0 - time.monotonic()))
             last = compute_us(reserved)
+            # why the gate stands as it does at the off-peak's end (what held it closed)
+            snap = rec.last_snapshot
+            why = (
+                ""
+                if snap is None
+                else decide_gate(rec.batch_gate, snap, config, time.time()).reason
+            )
             assert first is not None and last is not None, "the reserved replica's metrics"
             share = (last - first[1]) / 1e6 / (time.monotonic() - first[0])
             trickle.stop_sending.set()
@@ -152,7 +161,8 @@ def one(spec: LabSpec, batch: bool, args: argparse.Namespace, n: int) -> dict[st
     if client is not None:
         said = f"  batch ok {client.ok} 429 {client.refused} failed {client.failed}"
     print(
-        f"[{mode}] off-peak busy share {share:.3f} (gate open {open_passes}/{passes} passes)  "
+        f"[{mode}] off-peak busy share {share:.3f} (gate open {open_passes}/{passes} passes"
+        f"{': ' + why if why else ''})  "
         f"step: serving {fig.serving_s:.1f} s, p99 under SLO {fig.p99_under_slo_s:.0f} s, "
         f"recovered {recovered:.0f} s, online lost {lost}{said}  load {os.getloadavg()[0]:.2f}",
         flush=True,
@@ -172,6 +182,7 @@ def main() -> None:
     parser.add_argument("--batch-rps", type=float, default=20.0)
     parser.add_argument("--offpeak-s", type=float, default=45.0)
     parser.add_argument("--calm-s", type=float, default=6.0)
+    parser.add_argument("--pause-s", type=float, default=75.0, help="between rounds")
     args = parser.parse_args()
     spec = LabSpec.load(default_lab_dir())
     if spec is None or not lab_mod.is_up(spec):
@@ -180,7 +191,9 @@ def main() -> None:
     for n in range(args.rounds):
         for mode in ("none", "batch"):
             rows[mode].append(one(spec, mode == "batch", args, n))
-            time.sleep(5)
+            # Triton's p99 summary covers its last 60 s: the step's slow answers would
+            # hold the next round's gate closed (over close_p99_ratio) for its off-peak
+            time.sleep(args.pause_s)
 
     def med(mode: str, key: str) -> float:
         return statistics.median(r[key] for r in rows[mode])
