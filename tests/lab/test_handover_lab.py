@@ -9,6 +9,7 @@ is left: no process of it, none of its shared-memory files on the node."""
 from __future__ import annotations
 
 import pwd
+import subprocess
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bridge.config import TritonJobConfig
+from bridge.daemon.launcher import triton_home
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
@@ -38,6 +40,19 @@ def bridge_update(lab: LabSpec, triton_config: TritonJobConfig) -> dict[str, obj
         pytest.skip("the checkout is under /tmp, which the server's private /tmp hides")
     if not python.exists():
         pytest.skip(f"no Python for {TRITON_USER} at {python} (see `stb lab up`'s output)")
+    # the server's files must be reachable by its user (a checkout under a home only root
+    # enters, say, is not): else the baseline never serves, and the test would only time out
+    needs = [
+        ("-x", triton_home() / "bin" / "tritonserver"),
+        ("-r", triton_config.model_repository.resolve() / "busy" / "config.pbtxt"),
+        ("-r", triton_config.key_shim_path),
+        ("-x", python),
+    ]
+    for flag, path in needs:
+        argv = ["setpriv", f"--reuid={TRITON_USER}", f"--regid={TRITON_USER}", "--clear-groups",
+                "test", flag, str(path)]  # fmt: skip
+        if subprocess.run(argv, capture_output=True).returncode != 0:
+            pytest.skip(f"{TRITON_USER} cannot reach {path} (test {flag}) on this host")
     update = {"run_as": TRITON_USER, "python": python}
     return {"triton": triton_config.model_copy(update=update)}
 
