@@ -68,11 +68,12 @@ from typing import Any, Protocol
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 
 from bridge.advise.shadow import ShadowBook, ShadowLease
+from bridge.cli_text import first_line
 from bridge.config import BridgeConfig
 from bridge.daemon.metrics import BridgeMetrics
 from bridge.daemon.observation import Observation
 from bridge.daemon.reconciler import LendMemory, carry_out, policy_snapshot
-from bridge.daemon.report import StepError, TickReport, first_line
+from bridge.daemon.report import StepError, TickReport
 from bridge.leases.advice import Advice, AdviceSample, AdviceStore, ShadowLeaseRow
 from bridge.leases.loads import LoadStore
 from bridge.leases.requests import PoolHold

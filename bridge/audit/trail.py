@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
+from bridge.cli_text import first_line
 from bridge.config import BridgeConfig
 from bridge.leases.audit import AuditEntry, AuditStore, Record
 from bridge.leases.requests import Audit
@@ -167,7 +168,9 @@ class Trail:
         try:
             return self.store.append(rec, self.clock())
         except SQLAlchemyError as exc:
-            raise AuditError(f"{action} {target} ({outcome}) not recorded: {_first(exc)}") from exc
+            raise AuditError(
+                f"{action} {target} ({outcome}) not recorded: {first_line(exc)}"
+            ) from exc
 
     def record_text(self, action: str, target: str, text: str) -> AuditEntry:
         """`record` of an outcome line: its first word says the outcome."""
@@ -189,7 +192,7 @@ class Trail:
         try:
             self.store.find(limit=1)
         except SQLAlchemyError as exc:
-            raise AuditError(f"the audit trail cannot be read: {_first(exc)}") from exc
+            raise AuditError(f"the audit trail cannot be read: {first_line(exc)}") from exc
 
     @contextmanager
     def audited(
@@ -227,11 +230,6 @@ def open_trail(config: BridgeConfig, actor: Actor | None = None) -> Trail:
     engine = make_engine(config.database_url)
     create_schema(engine)
     return Trail(AuditStore(engine), actor or operator())
-
-
-def _first(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 __all__ = [

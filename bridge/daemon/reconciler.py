@@ -55,16 +55,18 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.exc import SQLAlchemyError
 
 from bridge.audit.trail import AuditError, Trail, daemon
+from bridge.cli_text import first_line
 from bridge.config import BridgeConfig
 from bridge.daemon import planner
 from bridge.daemon.actuator import Actuator, Router, record_of
+from bridge.daemon.batchroute import BatchRoute
 from bridge.daemon.loadtimes import LoadTimes
 from bridge.daemon.metrics import BridgeMetrics
 from bridge.daemon.observation import Observation, snapshot
 from bridge.daemon.observe import Observer
 from bridge.daemon.placer import Placer
 from bridge.daemon.planner import LeaseRecord, Settings, Step, SubmitBaseline
-from bridge.daemon.report import StepError, TickReport, first_line
+from bridge.daemon.report import StepError, TickReport
 from bridge.daemon.rollouts import RolloutDriver
 from bridge.daemon.seasons import SeasonKeeper
 from bridge.daemon.staging import Stager
@@ -81,15 +83,13 @@ from bridge.leases.store import LeaseStore
 from bridge.leases.weights import WeightStore
 from bridge.lifecycle import LeaseState
 from bridge.policy import Lend, Place, Return, StartBaseline, decide
-from bridge.policy.batch import CLOSED, GateState, decide_gate, online_history
+from bridge.policy.batch import CLOSED, GateState
 from bridge.policy.forecast import next_lead
 from bridge.policy.returns import PeakLog, ReturnLog
 from bridge.policy.seasonal import SeasonLog
 from bridge.policy.snapshot import ModelSample, Snapshot
 from bridge.policy.timing import slowest_load
-from bridge.routing.batchlog import BatchLog
 from bridge.routing.errors import RoutingError
-from bridge.routing.table import BatchGate
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.protocol import TritonInstance
@@ -306,14 +306,13 @@ class Reconciler:
         self.last_observation: Observation | None = None
         #: the last active pass's policy view (what `decide` read)
         self.last_snapshot: Snapshot | None = None
-        #: the batch route's gate as the last pass decided it, and nginx's log of the
-        #: route's requests (None: `[batch]` off)
-        self.batch_gate: GateState = CLOSED
-        #: per sample time of the history, the batch route's rate of each model then
-        self._batch_rates: dict[float, Mapping[str, float]] = {}
-        self.batch_log = (
-            BatchLog(config.batch.access_log.resolve()) if config.batch.enabled else None
-        )
+        #: the batch route's log and gate (None: `[batch]` off)
+        self.batch = BatchRoute(config.batch.access_log.resolve()) if config.batch.enabled else None
+
+    @property
+    def batch_gate(self) -> GateState:
+        """The batch route's gate as the last pass decided it (closed with `[batch]` off)."""
+        return self.batch.gate if self.batch is not None else CLOSED
 
     @property
     def last_lend_at(self) -> dict[str, float]:
@@ -378,7 +377,8 @@ class Reconciler:
         self._operator_requests(obs, now, report, holds)
         held = self._return_held(holds, obs, now, report)
         preempted = act.preemptions_since(t - 3600.0)
-        seen = self._online(obs, t, report)  # the batch route's load off the models' rates
+        # the batch route's load off the models' rates: the policy sizes for online load
+        seen = self.batch.online(obs, t, report) if self.batch is not None else obs
 
         def view(held_pools: frozenset[str]) -> Snapshot:
             snap = policy_snapshot(
@@ -396,8 +396,8 @@ class Reconciler:
         self.seasons.write(now)
         config = fleet_mode.configured(fleet, self.config)
         report.actions = decide(snap, config, t)
-        if self.batch_log is not None:
-            self._batch(snap, config, t, report)
+        if self.batch is not None and self.batch.decide(snap, config, t, report, self.actuator):
+            self._route(report)  # a gate that closes is published before the pass acts
         if fleet is not None and fleet.mode == "advisory":  # what shared would do, said
             shared = view(frozenset(site))
             report.events.extend(fleet_mode.advice(decide(shared, config, t)))
@@ -416,34 +416,6 @@ class Reconciler:
             for lease in open_after
             if planner.is_stuck(lease, self.settings, t)
         }
-
-    def _online(self, obs: Observation, t: float, report: TickReport) -> Observation:
-        """`obs` as the policy reads it: with `[batch]` on, each sample's rate less the
-        batch route's over its window (nginx's batch access log, read once a pass), so
-        the policy sizes for online load and never lends for the batch work's."""
-        if self.batch_log is None:
-            return obs
-        rates = self.batch_log.read(t).rates()
-        if rates is not None:
-            self._batch_rates[t] = report.batch_rates = rates
-        times = {sample.at for h in obs.history.values() for sample in h}
-        self._batch_rates = {at: r for at, r in self._batch_rates.items() if at in times}
-        return replace(obs, history=online_history(obs.history, self._batch_rates))
-
-    def _batch(self, snap: Snapshot, config: BridgeConfig, t: float, report: TickReport) -> None:
-        """The batch route's gate for this pass (`bridge.policy.batch`); a change is said
-        in the report, and a gate that closes is published before the pass acts."""
-        gate = decide_gate(self.batch_gate, snap, config, t, report.actions)
-        self.batch_gate = gate.state
-        self.actuator.batch = BatchGate(gate.state.open, config.batch.retry_after_s)
-        report.batch_open = gate.state.open
-        if not gate.changed:
-            return
-        if gate.state.open:
-            report.events.append("batch route opened (calm)")
-            return
-        report.events.append(f"batch route closed: {gate.reason}")
-        self._route(report)
 
     def _standby_pass(self, now: datetime, report: TickReport) -> None:
         """A standby's pass: the same observation, routing and metrics as the leader's,

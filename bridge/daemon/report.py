@@ -92,9 +92,3 @@ class TickReport:
 
     def lines(self) -> list[str]:
         return [*self.events, *(f"error: {e.line()}" for e in self.errors)]
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception's first line of text (its type's name when it has none): how a step's
-    error is reported."""
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from bridge.cli_text import first_line
 from bridge.config import BridgeConfig
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import STAGING_TAG, TRITON_TAG, AccountingRecord
@@ -132,13 +133,13 @@ def measure(
         try:
             doc["training"] = training(slurm.accounting(start, at), partitions, start, at)
         except SlurmError as exc:
-            doc["training_error"] = f"sacct: {_first(exc)}"
+            doc["training_error"] = f"sacct: {first_line(exc)}"
     url = config.observe.prometheus_url
     signal = PrometheusSignal(url)
     try:
         doc["inference"] = inference(signal, at, window_s)
     except PrometheusError as exc:
-        doc["inference_error"] = f"Prometheus: {_first(exc)}"
+        doc["inference_error"] = f"Prometheus: {first_line(exc)}"
     finally:
         signal.close()
     return doc
@@ -170,8 +171,3 @@ def compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[st
 
 def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _first(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -16,9 +16,7 @@ from bridge.config import BridgeConfig
 from bridge.leases.fleet import FleetSwitch
 from bridge.leases.requests import PoolHold
 from bridge.policy.actions import Action, Lend, Return
-
-#: the pools' lend modes a fleet mode holds (reserved pools are never lent anyway)
-LENDABLE = ("preempt", "drain")
+from bridge.policy.nodes import LENDABLE
 
 
 def fenced(switch: FleetSwitch | None) -> bool:

@@ -111,8 +111,8 @@ def test_batch_work_uses_the_reserved_replica_and_yields_to_an_online_step(
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert "batch route closed (429)" in err
-    assert rec.batch_log is not None
-    assert rec.batch_log.read(time.time()).refused.get("busy", 0) > 0
+    assert rec.batch is not None
+    assert rec.batch.log.read(time.time()).refused.get("busy", 0) > 0
     # the online step lost nothing to the batch work or the gate
     assert step.report is not None and step.report.total.errors == {}
     assert step.report.total.dropped == 0

@@ -127,7 +127,7 @@ def test_off_by_default_nothing_is_published_of_it(tmp_path: Path) -> None:
     for s in range(0, 30, 5):
         rec.run_once(at(s))
     assert router.tables and all(t.batch is None for t in router.tables)
-    assert rec.batch_log is None
+    assert rec.batch is None
 
 
 def test_an_online_rise_closes_the_gate_before_the_lend_in_the_same_pass(
