@@ -71,7 +71,7 @@ from bridge.lifecycle import IN_FLIGHT, LeaseState
 from bridge.policy import capacity, llm, placement
 from bridge.policy.actions import Action, Lend, Place, Return, StartBaseline
 from bridge.policy.forecast import forecast_rate
-from bridge.policy.gang import lend_gpus, plan_sized_gangs, spans
+from bridge.policy.gang import gang_lends, lend_gpus, spans
 from bridge.policy.hysteresis import (
     ModelStatus,
     evaluate_model,
@@ -654,6 +654,11 @@ def _return_reason(keep: Mapping[str, capacity.Demand], models: Sequence[str], d
     return f"quiet for {dwell:g}s: {','.join(models)}{carried}"
 
 
+def _why(demand: Mapping[str, capacity.Demand]) -> Callable[[Sequence[str]], str]:
+    """A capacity lend's reason for its models (`gang_lends`'s)."""
+    return lambda models: "capacity: " + _rates(demand, models)
+
+
 def _rates(demand: Mapping[str, capacity.Demand], models: Sequence[str]) -> str:
     return ", ".join(f"{m} {demand[m].rate:.0f} req/s" for m in models if m in demand)
 
@@ -717,7 +722,9 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
         group = [models for models, s in zip(plan.wanted, sizes, strict=True) if s == k]
         lent_for = list(dict.fromkeys(m for models in group for m in models))
         if k is not None and spans(snapshot.nodes, lendable, k):
-            gangs = _gang_lends(snapshot, config, now, k, group, plan.demand, taken, freed, spent)
+            gangs = gang_lends(
+                snapshot, config, now, k, group, _why(plan.demand), taken, freed, spent
+            )
             actions.extend(gangs)
             lends += len(gangs)
             node_of = {n.name: n for n in snapshot.nodes}
@@ -747,7 +754,9 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
         if k is not None and spans(snapshot.nodes, lendable, k):
             backstop = (tuple(plan.backstop),)
             actions.extend(
-                _gang_lends(snapshot, config, now, k, backstop, plan.demand, taken, freed, spent)
+                gang_lends(
+                    snapshot, config, now, k, backstop, _why(plan.demand), taken, freed, spent
+                )
             )
             return actions
         spare = choose_nodes(
@@ -769,53 +778,6 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
             share = k if partial(node.gpus, k, mode) else None
             actions.append(Lend(node.name, node.pool, mode, models, reason, share))
     return actions
-
-
-def _gang_lends(
-    snapshot: Snapshot,
-    config: BridgeConfig,
-    now: float,
-    gpus: int,
-    group: Sequence[tuple[str, ...]],
-    demand: Mapping[str, capacity.Demand],
-    taken: set[str],
-    freed: frozenset[int],
-    spent: int,
-) -> list[Lend]:
-    """The lends of `group`, whose replicas take `gpus` GPUs, more than a node has: each
-    a gang of whole nodes (`bridge.policy.gang.plan_sized_gangs`: one pool and GPU count,
-    all or nothing) from the cheapest nodes (`choose_nodes`, whole nodes), its server on
-    the gang's first node in the snapshot's order (Slurm's: the job's batch host), within
-    `max_lent_nodes` (a gang counts its nodes)."""
-    policy = config.policy
-    # (nodes, not leases: a gang holds several)
-    lent = sum(len(lease.nodes) for lease in snapshot.leases if lease.lease_id not in freed)
-    room = max(0, policy.max_lent_nodes - lent - len(taken))
-    # every node there is room for: the gangs form within a pool and GPU count, which
-    # the cheapest few alone may not fill
-    candidates = choose_nodes(
-        snapshot,
-        config,
-        now,
-        room,
-        freed=freed,
-        models=list(dict.fromkeys(m for models in group for m in models)),
-        taken=frozenset(taken),
-        spent=spent,
-    )
-    order = {node.name: i for i, node in enumerate(snapshot.nodes)}
-    lends: list[Lend] = []
-    for gang, models in zip(plan_sized_gangs(candidates, gpus, len(group)), group, strict=False):
-        if sum(len(lend.nodes) for lend in lends) + len(gang) > room:
-            break
-        first, *others = sorted(gang, key=lambda n: order[n.name])
-        mode = config.pools[first.pool].lend_mode
-        reason = (
-            f"capacity: {_rates(demand, models)}; one replica of {gpus} GPUs on {len(gang)} nodes"
-        )
-        members = tuple(n.name for n in others)
-        lends.append(Lend(first.name, first.pool, mode, models, reason, None, members))
-    return lends
 
 
 def _match(

@@ -13,11 +13,13 @@ for. Pure."""
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
-from bridge.config import ModelConfig
+from bridge.config import BridgeConfig, ModelConfig
 from bridge.lifecycle import TRANSITIONS, LeaseState
-from bridge.policy.snapshot import NodeView
+from bridge.policy.actions import Lend
+from bridge.policy.nodes import choose_nodes
+from bridge.policy.snapshot import NodeView, Snapshot
 
 
 def gpus_per_replica(
@@ -126,6 +128,52 @@ def plan_sized_gangs(
             gangs.append(tuple(group))
             group.clear()
     return gangs
+
+
+def gang_lends(
+    snapshot: Snapshot,
+    config: BridgeConfig,
+    now: float,
+    gpus: int,
+    group: Sequence[tuple[str, ...]],
+    why: Callable[[Sequence[str]], str],
+    taken: set[str],
+    freed: frozenset[int],
+    spent: int,
+) -> list[Lend]:
+    """The lends of `group`, whose replicas take `gpus` GPUs, more than a node has: each
+    a gang of whole nodes (`bridge.policy.gang.plan_sized_gangs`: one pool and GPU count,
+    all or nothing) from the cheapest nodes (`choose_nodes`, whole nodes), its server on
+    the gang's first node in the snapshot's order (Slurm's: the job's batch host), within
+    `max_lent_nodes` (a gang counts its nodes); `why` gives a lend's reason for its
+    models. Called by `bridge.policy.decide`."""
+    policy = config.policy
+    # (nodes, not leases: a gang holds several)
+    lent = sum(len(lease.nodes) for lease in snapshot.leases if lease.lease_id not in freed)
+    room = max(0, policy.max_lent_nodes - lent - len(taken))
+    # every node there is room for: the gangs form within a pool and GPU count, which
+    # the cheapest few alone may not fill
+    candidates = choose_nodes(
+        snapshot,
+        config,
+        now,
+        room,
+        freed=freed,
+        models=list(dict.fromkeys(m for models in group for m in models)),
+        taken=frozenset(taken),
+        spent=spent,
+    )
+    order = {node.name: i for i, node in enumerate(snapshot.nodes)}
+    lends: list[Lend] = []
+    for gang, models in zip(plan_sized_gangs(candidates, gpus, len(group)), group, strict=False):
+        if sum(len(lend.nodes) for lend in lends) + len(gang) > room:
+            break
+        first, *others = sorted(gang, key=lambda n: order[n.name])
+        mode = config.pools[first.pool].lend_mode
+        reason = f"{why(models)}; one replica of {gpus} GPUs on {len(gang)} nodes"
+        members = tuple(n.name for n in others)
+        lends.append(Lend(first.name, first.pool, mode, models, reason, None, members))
+    return lends
 
 
 def _steps() -> dict[LeaseState, int]:
