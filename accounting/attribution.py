@@ -20,6 +20,10 @@ property tests drive it directly.
   cumulative compute counters; a counter that goes down was reset and counts from zero),
   scaled down if the models together computed more than the job held; what is left is the
   job's `(unattributed)` row (inference idle). The parts sum to the job exactly.
+- With the batch route's work (`accounting.batchshare.BatchUse`): each model's part in an
+  hour is split again between online and batch work by request share, the batch part
+  booked to each batch job's own team under `batch-inference` (`accounting.batchshare`);
+  the parts still sum to the job exactly.
 """
 
 from __future__ import annotations
@@ -43,9 +47,10 @@ from accounting.allocation import (
     scaled_ms,
     total_gpus,
 )
+from accounting.batchshare import BatchUse, split_batch
 from accounting.buckets import floor_hour, largest_remainder, split_ms, utc
 from accounting.errors import IngestError
-from accounting.schema import STAGING, UNATTRIBUTED, WORKLOADS
+from accounting.schema import BATCH_INFERENCE, STAGING, UNATTRIBUTED, UNKNOWN_BATCH_JOB, WORKLOADS
 from bridge.slurm.model import (
     STAGING_NAME_PREFIX,
     STAGING_TAG,
@@ -198,9 +203,11 @@ def job_entries(
     rec: AccountingRecord,
     ctx: Context,
     serving: Sequence[ServingPoint] = (),
+    batch: BatchUse | None = None,
 ) -> list[Entry]:
     """The record's entries; [] for a run that never started or held no GPU. Raises
-    IngestError naming the record when it cannot be booked."""
+    IngestError naming the record when it cannot be booked. `batch`: the batch route's
+    work in the run's hours (a serving job's models' time split with it)."""
     key = rec.key
     if rec.gpus < 0:
         raise IngestError(key, f"negative GPU count {rec.gpus}")
@@ -252,7 +259,7 @@ def job_entries(
                 continue
             # A multi-node serving job's compute is shared among its nodes like its GPUs.
             share = {m: float(v * weight / total) for m, v in busy.get(bucket, {}).items()}
-            entries.extend(_serving_split(bucket, amount, team, base, ctx, share))
+            entries.extend(_serving_split(bucket, amount, team, base, ctx, share, batch))
     return entries
 
 
@@ -293,12 +300,13 @@ def job_entry_tuples(
     rec: AccountingRecord,
     ctx: Context,
     serving: Sequence[ServingPoint] = (),
+    batch: BatchUse | None = None,
 ) -> list[EntryTuple]:
     """`job_entries` as tuples (the same entries, in the same order), built without an
     `Entry` per hour and node: the ingest's bulk path. A record with serving samples goes
-    through `job_entries` itself (its split among models)."""
+    through `job_entries` itself (its split among models, and with `batch`)."""
     if serving:
-        return [_as_tuple(e) for e in job_entries(rec, ctx, serving)]
+        return [_as_tuple(e) for e in job_entries(rec, ctx, serving, batch)]
     if rec.gpus < 0:
         raise IngestError(rec.key, f"negative GPU count {rec.gpus}")
     end = record_end(rec, ctx.horizon)
@@ -353,6 +361,7 @@ def _serving_split(
     base: Mapping[str, str],
     ctx: Context,
     busy: Mapping[str, float],
+    batch: BatchUse | None = None,
 ) -> list[Entry]:
     models = sorted(m for m, v in busy.items() if v > 0)
     weights = [busy[m] for m in models]
@@ -360,15 +369,37 @@ def _serving_split(
     # rounded up (largest remainder over a floored total).
     attributed = min(amount, math.floor(sum(weights)))
     parts = largest_remainder(attributed, weights)
-    out = [
-        Entry(bucket=bucket, team=ctx.team_of_model.get(m, job_team), model=m, gpu_ms=p, **base)
-        for m, p in zip(models, parts, strict=True)
-        if p > 0
-    ]
+    out: list[Entry] = []
+    for m, p in zip(models, parts, strict=True):
+        answered = batch.answered.get((bucket, m)) if batch is not None else None
+        if batch is not None and answered and p > 0:
+            p, jobs = split_batch(p, answered, batch.requests.get((bucket, m)))
+            out += [_batch_entry(bucket, m, ms, job, base, ctx, batch) for job, ms in jobs]
+        if p > 0:
+            team = ctx.team_of_model.get(m, job_team)
+            out.append(Entry(bucket=bucket, team=team, model=m, gpu_ms=p, **base))
     rest = amount - sum(parts)
     if rest > 0:
         out.append(Entry(bucket=bucket, team=job_team, model=UNATTRIBUTED, gpu_ms=rest, **base))
     return out
+
+
+def _batch_entry(
+    bucket: datetime,
+    model: str,
+    ms: int,
+    job: str,
+    base: Mapping[str, str],
+    ctx: Context,
+    batch: BatchUse,
+) -> Entry:
+    """A batch job's part of a model's serving time: to its account and team under
+    `batch-inference` (where the serving job's GPUs are), or to `UNKNOWN_BATCH_JOB`."""
+    known = batch.jobs.get(job) if job else None
+    account, user = known if known is not None else (UNKNOWN_BATCH_JOB, "")
+    team = ctx.team_of_account.get(account, account) if known is not None else account
+    keys = {**base, "workload": BATCH_INFERENCE, "account": account, "user": user}
+    return Entry(bucket=bucket, team=team, model=model, gpu_ms=ms, **keys)
 
 
 def compute_ms_by_bucket(
@@ -494,9 +525,15 @@ def _ms(t: datetime) -> int:
     return (t - _EPOCH) // _ONE_MS
 
 
-def digest(rec: AccountingRecord, ctx: Context, serving: Sequence[ServingPoint] = ()) -> str:
+def digest(
+    rec: AccountingRecord,
+    ctx: Context,
+    serving: Sequence[ServingPoint] = (),
+    batch: BatchUse | None = None,
+) -> str:
     """Everything a record's rows depend on (the record, its effective end, the context's
-    answers for it, its serving samples): equal digests, equal rows."""
+    answers for it, its serving samples and the batch route's work): equal digests, equal
+    rows."""
     h = hashlib.sha256()
     fields = (
         rec.cluster or ctx.cluster,
@@ -528,4 +565,7 @@ def digest(rec: AccountingRecord, ctx: Context, serving: Sequence[ServingPoint] 
         # digests (requests and tokens do not change the rows: not hashed)
         tail = (p.version,) if p.version else ()
         h.update(repr((p.instance, p.model, p.at, p.compute_us, *tail)).encode())
+    if serving and batch:  # only then: a record with no batch work keeps its digest
+        teams = sorted({(a, ctx.team_of_account.get(a, a)) for a, _ in batch.jobs.values()})
+        h.update(repr(("batch", batch.facts(), teams)).encode())
     return h.hexdigest()[:32]

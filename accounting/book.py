@@ -3,10 +3,11 @@ summary it fills (`IngestSummary`).
 
 For a chunk that `accounting.prepare` made ready: the stored digests of its records are
 looked up (an unchanged record is skipped), a serving job's rows are made again with its
-stored serving samples, a change to a closed month is refused or, with restate, logged
-(`check_closed`), and the changed records' old rows are removed and their new ones handed
-to the bulk writer (`accounting.bulk`). Called by `accounting.ingest`, inside its one
-transaction.
+stored serving samples and the batch route's work in its hours (`accounting.batchshare`;
+the chunk's batch-inference jobs are stored first, `batch_job`), a change to a closed
+month is refused or, with restate, logged (`check_closed`), and the changed records' old
+rows are removed and their new ones handed to the bulk writer (`accounting.bulk`). Called
+by `accounting.ingest`, inside its one transaction.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from sqlalchemy import Connection, String, any_, bindparam, delete, insert, sele
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from accounting.attribution import Context, EntryTuple, ServingPoint
+from accounting.batchcounts import record_batch_jobs
+from accounting.batchshare import BatchUse, read_batch_use
 from accounting.buckets import month_of, utc
 from accounting.bulk import write_rows
 from accounting.errors import ClosedPeriodError, IngestError
@@ -83,10 +86,13 @@ class Book:
         summary.records += p.records
         summary.skipped += p.skipped
         summary.deferred += p.deferred
+        if p.batch_jobs:  # before the serving jobs' rows, which name them
+            record_batch_jobs(conn, p.batch_jobs)
         keys = p.keys
         if not keys:
             return None
         serving = _serving_for(conn, p.clusters, {p.job_ids[i] for i in p.serving}, ctx)
+        batch = _batch_for(conn, p, serving, ctx)
         existing = {
             key: (rid, dig)
             for rid, key, dig in conn.execute(
@@ -99,7 +105,9 @@ class Book:
             points = serving.get(rec.job_id)
             if points:  # its rows depend on its samples: made again with them
                 again = Prepared()
-                again.add(rec, ctx, mode, self.now, self.closed, time_at(p.spans[i][1]), points)
+                end = time_at(p.spans[i][1])
+                use = batch.within(time_at(p.spans[i][0]), end) if batch else None
+                again.add(rec, ctx, mode, self.now, self.closed, end, points, use)
                 p.replace(i, again)
         changed: list[int] = []
         seen: set[str] = set()
@@ -205,6 +213,19 @@ def _serving_for(
                 )
             )
     return out
+
+
+def _batch_for(
+    conn: Connection, p: Prepared, serving: dict[str, list[ServingPoint]], ctx: Context
+) -> BatchUse | None:
+    """The batch route's work over the hours of the chunk's serving jobs that have
+    samples (None: none of them has any)."""
+    spans = [p.spans[i] for i, rec in p.serving.items() if serving.get(rec.job_id)]
+    if not spans:
+        return None
+    clusters = sorted(p.clusters | {ctx.cluster, ""})
+    start, end = min(s for s, _ in spans), max(e for _, e in spans)
+    return read_batch_use(conn, clusters, time_at(start), time_at(end)) or None
 
 
 def check_closed(

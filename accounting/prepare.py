@@ -41,8 +41,9 @@ from accounting.attribution import (
     record_end,
     record_workload,
 )
+from accounting.batchshare import BatchUse
 from accounting.errors import IngestError
-from accounting.schema import LedgerRow
+from accounting.schema import BATCH_INFERENCE, LedgerRow
 from bridge.slurm.model import AccountingRecord
 from bridge.slurm.sacct import parse_sacct_json
 
@@ -84,6 +85,9 @@ class Prepared:
     serving: dict[int, AccountingRecord] = field(default_factory=dict)
     #: index -> its entries, when `closed` months were given and it touches one
     entries: dict[int, list[EntryTuple]] = field(default_factory=dict)
+    #: (cluster, job id, account, user) of the chunk's batch-inference jobs, any state,
+    #: GPUs or none (`accounting.batchcounts.record_batch_jobs`)
+    batch_jobs: list[tuple[str, str, str, str]] = field(default_factory=list)
     _cell_index: dict[DayCell, int] = field(default_factory=dict, repr=False, compare=False)
 
     def add(
@@ -95,8 +99,10 @@ class Prepared:
         closed: frozenset[str],
         end: datetime,
         serving: Sequence[Any] = (),
+        batch: BatchUse | None = None,
     ) -> None:
-        """Prepare one ready record (`serving`: its samples, when the caller has them)."""
+        """Prepare one ready record (`serving`: its samples, when the caller has them;
+        `batch`: the batch route's work in its hours)."""
         assert rec.start is not None
         i = len(self.keys)
         key = rec.key
@@ -105,12 +111,12 @@ class Prepared:
         self.states.append(rec.state)
         start_us, end_us = _us(rec.start), _us(end)
         self.spans.append((start_us, end_us))
-        dig = digest(rec, ctx, serving)
+        dig = digest(rec, ctx, serving, batch)
         self.digests.append(dig)
         if _serves(rec, ctx):
             self.serving[i] = rec
         try:
-            entries = job_entry_tuples(rec, ctx, serving)
+            entries = job_entry_tuples(rec, ctx, serving, batch)
         except IngestError as exc:
             self.errors[i] = exc.problem
             entries = []
@@ -192,6 +198,8 @@ def prepare_records(
     one prepared for `mode` (`ENCODERS`); `now`: the ingest's time (new source rows)."""
     out = Prepared(records=len(chunk))
     for rec in chunk:
+        if record_workload(rec, ctx, comment_tags(rec.comment)) == BATCH_INFERENCE:
+            out.batch_jobs.append((rec.cluster or ctx.cluster, rec.job_id, rec.account, rec.user))
         why = deferred_reason(rec)
         if why:
             out.deferred.append((rec.key, why))

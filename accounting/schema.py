@@ -22,6 +22,11 @@ build exactly these tables.
 - `SlurmEventRow`: slurmdbd's events (cluster registrations, node down/drain/fail): the
   capacity and the down lines (`accounting.capacity`).
 - `Budget`: a team's budget per month (`accounting.budget`).
+- `BatchRequests`: the batch route's answered requests per hour, model and batch job
+  (the daemon's count of nginx's batch access log) and `BatchLogCursor`, how far into that
+  log they are counted; `BatchJob`: the batch-inference jobs sacct named (their account
+  and user). Together they book batch work's share of serving time to the batch job's
+  team (`accounting.batchshare`).
 
 Integers for GPU time (exact sums); Numeric for money (Decimal, never float).
 """
@@ -69,6 +74,9 @@ DOWN_WORKLOADS = ("down", "drained", "fenced", "planned_down")
 CAPACITY_WORKLOADS = ("idle", *DOWN_WORKLOADS)
 #: the team column of down lines (`user` says who set the node down)
 DOWN_TEAM = "(down)"
+#: the account and team of batch work's share of serving time whose job the ledger does
+#: not know as a batch-inference job (or that named no job): no team's
+UNKNOWN_BATCH_JOB = "(unknown batch job)"
 
 
 def _s(length: int, *, index: bool = False, nullable: bool = False) -> Column:  # type: ignore[type-arg]
@@ -323,6 +331,55 @@ class Budget(SQLModel, table=True):
     set_by: str = Field(sa_column=_s(128))
 
 
+class BatchRequests(SQLModel, table=True):
+    """The batch route's requests answered (status 200) in one hour, for one model, from
+    one batch job, as the daemon counted them in nginx's batch access log
+    (`accounting.batchcounts`); added to as the log is read."""
+
+    __tablename__ = "batch_requests"
+    __table_args__ = (
+        UniqueConstraint("cluster", "bucket", "model", "job_id", name="uq_batch_requests"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    cluster: str = Field(sa_column=_s(64))
+    #: start of the UTC hour the requests were logged in
+    bucket: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+    model: str = Field(sa_column=_s(255))
+    #: the batch job's Slurm id as its client named it (`123` or an array task's
+    #: `123_4`); "" where the request named none
+    job_id: str = Field(sa_column=_s(64))
+    requests: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
+class BatchLogCursor(SQLModel, table=True):
+    """How far into a batch access log its requests are in `batch_requests`: written in
+    the same transaction as the counts, so a daemon that restarts goes on from there."""
+
+    __tablename__ = "batch_log_cursor"
+
+    #: the log's path as the daemon reads it
+    log: str = Field(sa_column=Column(String(1024), primary_key=True))
+    inode: int = Field(sa_column=Column(BigInteger, nullable=False))
+    #: bytes of the log counted (up to the end of its last complete line)
+    offset: int = Field(sa_column=Column(BigInteger, nullable=False))
+    updated_at: datetime = Field(sa_column=Column(UTCDateTime(), nullable=False))
+
+
+class BatchJob(SQLModel, table=True):
+    """A batch-inference job sacct named (any state, GPUs or none: a client usually asks
+    for none, so it has no ledger rows of its own): whose batch requests are whose."""
+
+    __tablename__ = "batch_job"
+    __table_args__ = (UniqueConstraint("cluster", "job_id", name="uq_batch_job"),)
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True))
+    cluster: str = Field(sa_column=_s(64))
+    job_id: str = Field(sa_column=_s(64))
+    account: str = Field(sa_column=_s(128))
+    user_name: str = Field(sa_column=_s(128))
+
+
 #: the tables the ledger's migrations own
 LEDGER_TABLES = frozenset(
     t.__tablename__
@@ -339,5 +396,8 @@ LEDGER_TABLES = frozenset(
         GpuUsage,
         SlurmEventRow,
         Budget,
+        BatchRequests,
+        BatchLogCursor,
+        BatchJob,
     )
 )

@@ -248,6 +248,8 @@ def build(
         rollouts=RolloutDriver(config, RolloutStore(engine, fence), clients),
         waiting=activator.demand if activator is not None else None,
     )
+    if feed is not None and reconciler.batch is not None:  # batch work's share of serving
+        reconciler.batch.attach_ledger(feed.ledger, feed.cluster)
     return Bridge(
         config, reconciler, metrics, publisher, proc, clients, feed, lease, requests, activator
     )

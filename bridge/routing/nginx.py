@@ -78,8 +78,20 @@ server's, so X-Stb-Upstream is said again."""
 BATCH_PREFIX = "/batch"
 """The batch route's paths: `/batch/v2/models/<model>/...`."""
 BATCH_LOG_FORMAT = "stb_batch"
-"""nginx `log_format` of the batch access log: `$msec $status $request_uri`, one line per
-batch request (`bridge.routing.batchlog` reads it)."""
+"""nginx `log_format` of the batch access log: `$msec $status $request_uri $stb_batch_job
+$upstream_response_time`, one line per batch request (`bridge.routing.batchlog` reads it;
+the older three-field lines too). `$stb_batch_job` is the client's `X-Stb-Job` header (its
+Slurm job id) when it is digits and underscores only, else `-` (`BATCH_JOB_MAP`): a header
+can put nothing else into the log."""
+BATCH_JOB_HEADER = "X-Stb-Job"
+"""The request header a batch client names its Slurm job in (`deploy/batch/batch_infer.py`)."""
+BATCH_JOB_MAP = (
+    "map $http_x_stb_job $stb_batch_job {",
+    '    default "-";',
+    '    "~^[0-9][0-9_]{0,63}$" $http_x_stb_job;',
+    "}",
+)
+"""The `$stb_batch_job` the batch log writes: the header, sanitised."""
 _SAFE_PATH_RE = re.compile(r"/[A-Za-z0-9/._-]+")
 
 ANY_UPSTREAM = "stb-any"
@@ -215,7 +227,12 @@ def render(table: RoutingTable, settings: NginxSettings | None = None) -> str:
     for sp in table.splits:
         lines += _split_clients(variables[sp.model], sp)
     if table.batch is not None and s.batch_log is not None:
-        lines += [f"log_format {BATCH_LOG_FORMAT} '$msec $status $request_uri';", ""]
+        lines += [
+            *BATCH_JOB_MAP,
+            f"log_format {BATCH_LOG_FORMAT} "
+            "'$msec $status $request_uri $stb_batch_job $upstream_response_time';",
+            "",
+        ]
 
     lines += [
         "server {",

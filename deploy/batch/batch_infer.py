@@ -17,6 +17,12 @@ output already holds, and goes on from the next request. A Slurm job array share
 input: task i of n (`--shard i/n`) takes the requests whose line number is i modulo n,
 each task with its own output file.
 
+Each request names its Slurm job in the `X-Stb-Job` header (`--job`; by default the
+job's own id from the environment Slurm gives it: `<array job>_<task>` for a task of a job
+array, else `$SLURM_JOB_ID`, as sacct and the ledger name it; none outside a job): nginx
+logs it, and the ledger books the batch share of the replicas' serving time to that job's
+team (docs/operators/batch.md).
+
 Input lines: `{"model": "echo", "request": {...Triton's infer request body...}}`, or a
 bare request body with --model. Output lines: `{"line": <input line number>, "status":
 <HTTP status>, "response": <the JSON answer, or its text>}`.
@@ -26,15 +32,38 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 #: HTTP statuses after which the same request is sent again
 RETRIED = (429, 503)
+#: the header the request names its batch job in (nginx's batch log writes it)
+JOB_HEADER = "X-Stb-Job"
+#: a job id as sacct names it: `123`, or `123_4` for a task of a job array
+JOB_ID = re.compile(r"[0-9][0-9_]{0,63}")
+
+
+def job_of(env: Mapping[str, str]) -> str | None:
+    """The Slurm job this process runs in, as sacct names it; None outside a job."""
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return env.get("SLURM_JOB_ID") or None
+
+
+def job_id(text: str) -> str:
+    """--job's value: a Slurm job id (digits, an array task's underscore)."""
+    if not JOB_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"--job {text!r}: expected a Slurm job id such as 1234 or 1234_5"
+        )
+    return text
 
 
 def requests_of(
@@ -72,11 +101,15 @@ def done_lines(out: Path) -> set[int]:
     return done
 
 
-def post(url: str, body: bytes, timeout_s: float) -> tuple[int, str, str | None]:
-    """(status, body text, Retry-After) of one POST; status 0 when nothing answered."""
-    req = urllib.request.Request(
-        url, data=body, method="POST", headers={"Content-Type": "application/json"}
-    )
+def post(
+    url: str, body: bytes, timeout_s: float, job: str | None = None
+) -> tuple[int, str, str | None]:
+    """(status, body text, Retry-After) of one POST (naming `job` in `JOB_HEADER` when
+    given); status 0 when nothing answered."""
+    headers = {"Content-Type": "application/json"}
+    if job is not None:
+        headers[JOB_HEADER] = job
+    req = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status, resp.read().decode("utf-8", "replace"), None
@@ -100,6 +133,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     done = done_lines(out)
     sent = paused = 0
+    job = args.job if args.job is not None else job_of(os.environ)
+    if job is not None and not JOB_ID.fullmatch(job):
+        print(f"batch_infer: {job!r} from the environment is no Slurm job id: the requests "
+              "name no job (the ledger books their share to no team)", file=sys.stderr)  # fmt: skip
+        job = None
     with open(out, "a", encoding="utf-8") as sink:
         for number, model, body in requests_of(Path(args.input), args.model, args.shard):
             if number in done:
@@ -107,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
             url = f"{base}/batch/v2/models/{model}/infer"
             backoff = 1.0
             while True:
-                status, text, retry_after = post(url, body, args.timeout_s)
+                status, text, retry_after = post(url, body, args.timeout_s, job)
                 if status not in RETRIED and status != 0:
                     break
                 pause = wait_s(retry_after if status == 429 else None, backoff, args.max_wait_s)
@@ -148,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", type=shard, default=(0, 1), help="i/n: this task's share")
     p.add_argument("--max-wait-s", type=float, default=300.0, help="longest wait between tries")
     p.add_argument("--timeout-s", type=float, default=300.0, help="one request's timeout")
+    p.add_argument(
+        "--job",
+        type=job_id,
+        help="the Slurm job the requests are booked to (default: this job's, from "
+        "SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID or SLURM_JOB_ID)",
+    )
     return run(p.parse_args(argv))
 
 

@@ -64,7 +64,7 @@ def ledger(database_url: str) -> Engine:
 
 def test_migrations_build_exactly_the_models(database_url: str) -> None:
     engine = open_ledger(database_url)
-    assert current_revision(engine) == head_revision() == "0007"
+    assert current_revision(engine) == head_revision() == "0008"
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})
         diff = [

@@ -188,7 +188,7 @@ def test_a_ledger_at_0006_upgrades_and_keeps_its_samples(database_url: str) -> N
         conn.execute(insert(SAMPLES).values(**old))
     engine.dispose()
     engine = open_ledger(database_url)  # `stb db upgrade`'s way
-    assert current_revision(engine) == "0007"
+    assert current_revision(engine) == "0008"
     with engine.connect() as conn:
         row = conn.execute(select(SAMPLES)).one()
     assert (row.requests, row.prompt_tokens, row.generation_tokens) == (5.0, None, None)

@@ -190,7 +190,7 @@ def test_an_older_schema_stops_the_daemon_and_stb_db_upgrade_upgrades_it(
     assert (
         "the bridge's database at " in done.output and f": upgraded {HEAD} -> {NEXT}" in done.output
     )
-    assert "the ledger at sqlite:///" in done.output and ": created at 0007" in done.output
+    assert "the ledger at sqlite:///" in done.output and ": created at 0008" in done.output
     assert schema.current_revision(engine) == NEXT and "note" in _columns(engine, "lease")
     open_database(database_url).dispose()  # the daemon starts now
     again = CliRunner().invoke(app, ["db", "upgrade", "-c", str(config)])
@@ -227,13 +227,13 @@ def test_an_older_ledger_is_refused_by_the_daemons_rule_and_upgraded_by_its_comm
     engine = make_engine(database_url)
     ledger_db.upgrade(engine, "0005")
     older = (
-        r"the ledger at .* is at schema revision 0005; this stb needs 0007: run `stb db upgrade`"
+        r"the ledger at .* is at schema revision 0005; this stb needs 0008: run `stb db upgrade`"
     )
     with pytest.raises(SchemaError, match=older):
         ledger_db.open_ledger(database_url, migrate=False)
     assert ledger_db.current_revision(engine) == "0005"
     ledger_db.open_ledger(database_url).dispose()  # the one-shot commands' way
-    assert ledger_db.current_revision(engine) == "0007"
+    assert ledger_db.current_revision(engine) == "0008"
 
 
 def test_threads_starting_together_create_both_schemas_once(database_url: str) -> None:
@@ -266,8 +266,8 @@ def test_threads_starting_together_create_both_schemas_once(database_url: str) -
     assert sorted(b for b, _ in results) == [f"at {HEAD}, nothing to do"] * (n - 1) + [
         f"created at {HEAD}"
     ]
-    assert sorted(x for _, x in results) == ["at 0007, nothing to do"] * (n - 1) + [
-        "created at 0007"
+    assert sorted(x for _, x in results) == ["at 0008, nothing to do"] * (n - 1) + [
+        "created at 0008"
     ]
     assert _version_rows(make_engine(database_url)) == [HEAD]
 
@@ -311,7 +311,7 @@ def test_processes_starting_together_on_a_new_database_create_it_once(database_u
     bridge = sorted(r[0] for r in results)
     assert bridge == [f"at {HEAD}, nothing to do"] * (n - 1) + [f"created at {HEAD}"], bridge
     ledger = sorted(r[1] for r in results)
-    assert ledger == ["at 0007, nothing to do"] * (n - 1) + ["created at 0007"], ledger
+    assert ledger == ["at 0008, nothing to do"] * (n - 1) + ["created at 0008"], ledger
     engine = make_engine(database_url)
     assert _version_rows(engine) == [HEAD]
     assert _tables(engine) >= _bridge_tables(engine) | set(LEDGER_TABLES)

@@ -3,9 +3,12 @@ own nginx) with `[batch]` on. The batch route opens after a calm dwell; the batc
 (deploy/batch/batch_infer.py) sends `busy` requests through it to the reserved replica,
 which answers them, and the bridge counts them from nginx's batch access log as batch,
 not online, load; an online load step then closes the gate in the pass that decides the
-lend, published before the lend is carried out, and the client pauses on 429. About a
-minute on the lab; traffic on 127.x only, bounded (one sequential client, 45 req/s
-online for 20 s)."""
+lend, published before the lend is carried out, and the client pauses on 429. The
+client names a batch-inference job of team-nlp (`--job`: a `--comment=stb:batch` job on
+the elastic partition); the pass stores its answered requests in a ledger, and the ledger
+books the batch share of the reserved replica's serving time to team-nlp under
+`batch-inference`, the parts summing to the serving job. About a minute on the lab;
+traffic on 127.x only, bounded (one sequential client, 45 req/s online for 20 s)."""
 
 from __future__ import annotations
 
@@ -17,15 +20,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy import func, select
 
+from accounting.db import open_ledger
+from accounting.schema import BATCH_INFERENCE
+from accounting.tables import LEDGER, SOURCES
 from bridge.config import BatchConfig
 from bridge.daemon.reconciler import Reconciler
+from bridge.lab import triton
 from bridge.lab.showcase import Load
 from bridge.lab.spec import LabSpec
+from bridge.ledger.feed import LedgerFeed, ingest_window
 from bridge.paths import project_root
 from bridge.policy import Lend
+from bridge.triton.client import TritonHttpClient
+from bridge.triton.metrics import parse_page
 
-from .helpers import tick_until, tick_until_baseline
+from .helpers import sbatch, tick_until, tick_until_baseline
 
 pytestmark = pytest.mark.lab
 
@@ -46,9 +57,30 @@ def test_batch_work_uses_the_reserved_replica_and_yields_to_an_online_step(
 ) -> None:
     rec, endpoint = bridge
     log: list[str] = []
+    t0 = datetime.now(UTC)
+    # the batch job the client's requests name: a batch-inference job of team-nlp
+    job = sbatch(lab, "--partition=elastic", "--account=team-nlp", "--comment=stb:batch",
+                 "--wrap", "true")  # fmt: skip
+    config = rec.config.model_copy(
+        update={"accounting": rec.config.accounting.model_copy(update={"sample_interval_s": 0})}
+    )
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    feed = LedgerFeed(config, ledger)
+    assert rec.batch is not None
+    rec.batch.attach_ledger(ledger, feed.cluster)
     tick_until_baseline(rec, lab, log)
     tick_until(rec, lambda: rec.batch_gate.open, 60, log)
     assert "batch route opened (calm)" in log
+    obs = rec.last_observation
+    assert obs is not None
+    (server,) = [s for s in obs.servers if "busy" in s.models]
+    metrics = TritonHttpClient(server.address, api_key=triton.api_key(lab))
+
+    def scrape() -> None:  # the daemon's page hook, once: the serving job's counters
+        page = parse_page(metrics.metrics_text())
+        feed.record_page(server.job.job_id, server.address, time.time(), page)
+
+    scrape()
 
     inputs = tmp_path / "requests.jsonl"
     inputs.write_text(
@@ -58,7 +90,7 @@ def test_batch_work_uses_the_reserved_replica_and_yields_to_an_online_step(
     client = project_root() / "deploy" / "batch" / "batch_infer.py"
     proc = subprocess.Popen(
         [sys.executable, str(client), "--url", f"http://{endpoint}", "--input", str(inputs),
-         "--out", str(out), "--max-wait-s", "2"],
+         "--out", str(out), "--max-wait-s", "2", "--job", job],
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -111,8 +143,26 @@ def test_batch_work_uses_the_reserved_replica_and_yields_to_an_online_step(
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert "batch route closed (429)" in err
-    assert rec.batch is not None
     assert rec.batch.log.read(time.time()).refused.get("busy", 0) > 0
     # the online step lost nothing to the batch work or the gate
     assert step.report is not None and step.report.total.errors == {}
     assert step.report.total.dropped == 0
+
+    # the ledger: the batch share of the serving job's time to the batch job's team
+    scrape()
+    now = datetime.now(UTC)
+    ingest_window(config, rec.slurm, ledger, t0, now, now=now)
+    serving = server.job.job_id
+    with ledger.connect() as conn:
+        (key, job_ms) = conn.execute(
+            select(SOURCES.c.key, SOURCES.c.gpu_ms).where(SOURCES.c.job_id == serving)
+        ).one()
+        parts = conn.execute(
+            select(LEDGER.c.workload, LEDGER.c.team, LEDGER.c.model, func.sum(LEDGER.c.gpu_ms))
+            .where(LEDGER.c.source == key)
+            .group_by(LEDGER.c.workload, LEDGER.c.team, LEDGER.c.model)
+        ).all()
+    booked = {(w, t, m): int(ms) for w, t, m, ms in parts}
+    print("the serving job's rows:", *sorted(booked.items()), sep="\n  ")
+    assert booked.get((BATCH_INFERENCE, "team-nlp", "busy"), 0) > 0, booked
+    assert sum(booked.values()) == job_ms  # the parts sum to the serving job exactly

@@ -2,8 +2,9 @@
 as real processes against a stand-in of the bridge's nginx on 127.0.0.1: a closed gate's
 429 makes it wait its Retry-After (capped) and send the same request again, a 503 and a
 refused connection too; other answers are written as they are; a rerun (a requeued job)
-resumes after the last whole answer; array tasks share the input. The real nginx's gate
-is tests/lab/test_batch_route_nginx.py."""
+resumes after the last whole answer; array tasks share the input; each request names
+its Slurm job (`X-Stb-Job`: `--job`, else the job's id from the environment, an array
+task's `<job>_<task>`). The real nginx's gate is tests/lab/test_batch_route_nginx.py."""
 
 from __future__ import annotations
 
@@ -30,12 +31,15 @@ class Stand:
     def __init__(self, closed: int = 0) -> None:
         self.closed = closed
         self.paths: list[str] = []
+        #: each request's X-Stb-Job header (None: none sent)
+        self.jobs: list[str | None] = []
         stand = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 stand.paths.append(self.path)
+                stand.jobs.append(self.headers.get("X-Stb-Job"))
                 model = self.path.split("/")[4]
                 if stand.closed > 0:
                     stand.closed -= 1
@@ -80,10 +84,12 @@ def _inputs(tmp_path: Path, models: list[str]) -> Path:
     return path
 
 
-def _client(*args: str) -> subprocess.CompletedProcess[str]:
+def _client(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     return subprocess.run(
-        [sys.executable, str(CLIENT), *args], capture_output=True, text=True, timeout=60
-    )
+        [sys.executable, str(CLIENT), *args], capture_output=True, text=True, timeout=60,
+        env={**bare, **(env or {})},
+    )  # fmt: skip
 
 
 def _answers(path: Path) -> list[dict[str, object]]:
@@ -124,6 +130,23 @@ def test_a_rerun_resumes_after_the_last_whole_answer(stand: Stand, tmp_path: Pat
     assert stand.paths == ["/batch/v2/models/c/infer", "/batch/v2/models/d/infer"]
     assert [a["line"] for a in _answers(out)] == [0, 1, 2, 3]
     assert "2 answered, 2 already done" in done.stderr
+    assert stand.jobs == [None, None]  # outside a Slurm job: no job named
+
+
+def test_each_request_names_its_job(stand: Stand, tmp_path: Path) -> None:
+    inputs = _inputs(tmp_path, ["a", "b"])
+    args = ("--url", stand.url, "--input", str(inputs))
+    done = _client(*args, "--out", str(tmp_path / "1.jsonl"), env={"SLURM_JOB_ID": "812"})
+    assert done.returncode == 0, done.stderr
+    done = _client(*args, "--out", str(tmp_path / "2.jsonl"), "--job", "900_3",
+                   env={"SLURM_JOB_ID": "812"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # an environment value that is no job id names none, and says so
+    done = _client(*args, "--out", str(tmp_path / "3.jsonl"), env={"SLURM_JOB_ID": "8 12"})
+    assert done.returncode == 0 and "'8 12' from the environment is no Slurm job id" in done.stderr
+    assert stand.jobs == ["812", "812", "900_3", "900_3", None, None]
+    bad = _client(*args, "--out", str(tmp_path / "4.jsonl"), "--job", "12;rm")
+    assert bad.returncode == 2 and "--job '12;rm': expected a Slurm job id" in bad.stderr
 
 
 def test_nothing_listening_is_retried_with_backoff(tmp_path: Path) -> None:
@@ -150,6 +173,7 @@ def test_the_sbatch_template_runs_an_array_task(stand: Stand, tmp_path: Path) ->
         "STB_BATCH_OUT": str(tmp_path / "out"),
         "SLURM_SUBMIT_DIR": str(ROOT),
         "SLURM_JOB_ID": "42",
+        "SLURM_ARRAY_JOB_ID": "40",
         "SLURM_ARRAY_TASK_ID": "1",
         "SLURM_ARRAY_TASK_COUNT": "2",
         "SLURM_ARRAY_TASK_MIN": "0",
@@ -160,6 +184,7 @@ def test_the_sbatch_template_runs_an_array_task(stand: Stand, tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     assert stand.paths == ["/batch/v2/models/m1/infer", "/batch/v2/models/m3/infer"]
     assert [a["line"] for a in _answers(tmp_path / "out" / "answers-1.jsonl")] == [1, 3]
+    assert stand.jobs == ["40_1", "40_1"]  # the task as sacct names it
     # its #SBATCH lines ask for the batch workload on an elastic partition, requeueable
     head = SBATCH.read_text()
     for line in ("#SBATCH --comment=stb:batch", "#SBATCH --partition=elastic", "#SBATCH --requeue"):

@@ -36,11 +36,10 @@ from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from accounting.attribution import (
-    Context,
     ServingPoint,
     compute_ms_by_bucket,
     job_entries,
@@ -48,63 +47,25 @@ from accounting.attribution import (
 from accounting.buckets import largest_remainder
 from accounting.capacity import capacity_entries
 from accounting.schema import UNATTRIBUTED
-from bridge.slurm.model import AccountingRecord
-
-# No example database: the tests leave no `.hypothesis/` folder in the checkout.
-PROPS = settings(database=None, deadline=None)
-
-H = 3_600_000  # ms per hour
-DAY = 24 * H
-MS = timedelta(milliseconds=1)
-US = timedelta(microseconds=1)
+from tests.unit.ledger_cases import (
+    CTX,
+    DAY,
+    MS,
+    NODES,
+    PROPS,
+    SERVING_BASE,
+    US,
+    H,
+    record,
+    serving_job,
+    serving_record,
+)
 
 #: month starts the generated jobs cluster around (a leap February included)
 MONTH_STARTS = [
     datetime(y, m, 1, tzinfo=UTC)
     for y, m in [(2025, 12), (2026, 1), (2026, 2), (2026, 3), (2028, 2), (2028, 3), (2028, 4)]
 ]
-#: an hour that is 2 h before a month boundary: serving jobs of up to 4 h cross it
-SERVING_BASE = datetime(2026, 1, 31, 22, tzinfo=UTC)
-NODES = ("n0", "n1", "n2", "n3")
-CTX = Context(
-    pool_of_node={n: f"pool{i}" for i, n in enumerate(NODES)},
-    gpu_type_of_node=dict.fromkeys(NODES, "h100"),
-    workload_of_partition={"batch": "training", "serve": "inference"},
-    cluster="c1",
-)
-
-
-def record(
-    start: datetime,
-    end: datetime | None,
-    *,
-    gpus: int,
-    nodes: tuple[str, ...] = ("n0",),
-    comment: str = "",
-    partition: str = "batch",
-    job_id: str = "42",
-) -> AccountingRecord:
-    return AccountingRecord(
-        cluster="c1",
-        job_id=job_id,
-        array_job_id=None,
-        array_task_id=None,
-        name="job",
-        partition=partition,
-        account="acct",
-        user="alice",
-        qos="normal",
-        state="COMPLETED" if end is not None else "RUNNING",
-        submit=start,
-        start=start,
-        end=end,
-        elapsed_s=0,
-        nodes=nodes,
-        gpus=gpus,
-        gpu_type=None,
-        comment=comment,
-        restarts=0,
-    )
 
 
 def hour_overlaps(s_ms: int, e_ms: int) -> dict[int, int]:
@@ -270,37 +231,6 @@ def test_largest_remainder_ties_go_to_the_earlier_weight() -> None:
 # --- serving jobs: counters, resets, the split among models --------------------------------
 
 
-@st.composite
-def serving_job(
-    draw: st.DrawFn,
-) -> tuple[datetime, datetime, list[ServingPoint], dict[str, float]]:
-    """(start, end, scraped points, compute ms per model worked out by hand). Counters
-    rise or reset (a reset drops to a value below the previous one: the increase since)."""
-    start = SERVING_BASE + draw(st.integers(0, H - 1)) * MS
-    dur = draw(st.integers(1, 4 * H))
-    end = start + dur * MS
-    models = draw(st.lists(st.sampled_from(["bert", "llama", "resnet"]), min_size=1, unique=True))
-    instances = draw(st.lists(st.sampled_from(["n0:8000", "n0:8001"]), min_size=1, unique=True))
-    points, hand = [], dict.fromkeys(models, 0.0)
-    for inst in instances:
-        for model in models:
-            n = draw(st.integers(0, min(6, dur + 1)))
-            offsets = sorted(
-                draw(st.lists(st.integers(0, dur), min_size=n, max_size=n, unique=True))
-            )
-            v = 0
-            for off in offsets:
-                if v > 0 and draw(st.integers(0, 3)) == 0:  # reset
-                    v = draw(st.integers(0, v - 1))
-                    hand[model] += v
-                else:  # may compute more than the job held (concurrent instances)
-                    inc = draw(st.integers(0, 2 * dur * 1000))
-                    v += inc
-                    hand[model] += inc
-                points.append(ServingPoint("42", inst, model, start + off * MS, float(v)))
-    return start, end, points, {m: us / 1000 for m, us in hand.items()}
-
-
 @given(job=serving_job())
 @PROPS
 def test_counter_resets_total_the_increases_and_never_go_negative(
@@ -337,12 +267,6 @@ def test_counter_reset_counts_from_zero_and_spreads_over_time() -> None:
         t0 + timedelta(hours=1): {"bert": pytest.approx(200_000 + 16_000)},
         t0 + timedelta(hours=2): {"bert": pytest.approx(300_000 + 16_000)},
     }
-
-
-def serving_record(
-    start: datetime, end: datetime, gpus: int, nodes: tuple[str, ...] = ("n0",)
-) -> AccountingRecord:
-    return record(start, end, gpus=gpus, nodes=nodes, comment="stb:triton", partition="serve")
 
 
 def check_serving_split(

@@ -51,8 +51,15 @@ def test_an_open_gate_routes_each_model_to_its_online_upstream() -> None:
     assert locs["/batch/v2/models/echo/"] == f"{log} {cut} proxy_pass http://stb_echo;"
     assert locs["/batch/v2/models/smol/"] == f"{log} {cut} proxy_pass http://stb_smol;"
     # the log format once, in the http context (before the server block)
-    assert text.count("log_format stb_batch '$msec $status $request_uri';") == 1
+    fmt = (
+        "log_format stb_batch '$msec $status $request_uri $stb_batch_job $upstream_response_time';"
+    )
+    assert text.count(fmt) == 1
     assert text.index("log_format") < text.index("server {")
+    # the job the client names, sanitised: digits and underscores, else "-"
+    assert text.count("map $http_x_stb_job $stb_batch_job {") == 1
+    assert '"~^[0-9][0-9_]{0,63}$" $http_x_stb_job;' in text
+    assert text.index("map $http_x_stb_job") < text.index("log_format")
     # the streams: unbuffered, same upstream
     (spec,) = [k for k in locs if k.startswith("~ ^/batch/v2/models/smol/")]
     pattern = re.compile(spec.removeprefix("~ "))

@@ -204,7 +204,7 @@ def test_a_ledger_at_an_old_revision_is_refused_not_migrated(tmp_path: Path) -> 
     upgrade(engine, "0005")
     with pytest.raises(InputError) as err:
         replay_ledger(f"sqlite:///{path}", start=START, end=END, kind_of_partition=KINDS)
-    assert "its schema is at revision 0005, not 0007: run `stb accounting migrate`" in str(
+    assert "its schema is at revision 0005, not 0008: run `stb accounting migrate`" in str(
         err.value
     )
     assert str(path) in str(err.value)
