@@ -1,7 +1,9 @@
 """`stb audit`: read the audit trail. `stb audit [--since] [--who] [--action] [--json]`
 lists entries; `stb audit export --format jsonl|syslog` prints them for shipping off the
 host; `stb audit verify` walks the hash chain and names the first entry that does not
-hold (exit 1). Reads only; the database is `database_url` of the configuration."""
+hold (exit 1); `stb audit check` holds the trail against the leases, requests, holds and
+fleet switches it records and names each one missing or recorded twice (exit 1,
+`bridge.audit.check`). Reads only; the database is `database_url` of the configuration."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from bridge.audit.check import reconcile
 from bridge.audit.export import FORMATS, line, to_json
 from bridge.cli_text import fail, say
 from bridge.config_cli import ConfigOpt, load_or_exit
@@ -48,14 +52,18 @@ def parse_since(text: str, now: datetime) -> datetime:
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
-def _store(config: ConfigOpt) -> AuditStore:
+def _engine(config: ConfigOpt) -> Engine:
     cfg = load_or_exit(config)
     try:
         engine = make_engine(cfg.database_url)
         create_schema(engine)
     except SQLAlchemyError as exc:
         raise fail(f"the bridge's database: {exc}") from exc
-    return AuditStore(engine)
+    return engine
+
+
+def _store(config: ConfigOpt) -> AuditStore:
+    return AuditStore(_engine(config))
 
 
 @audit_app.callback()
@@ -135,4 +143,26 @@ def verify(config: ConfigOpt = None) -> None:
         console,
         f"the audit trail holds: {verdict.checked} entries, head {verdict.head_seq} "
         f"{verdict.head_hash}",
+    )
+
+
+@audit_app.command("check")
+def check(config: ConfigOpt = None) -> None:
+    """Hold the trail against what it records in the same database: each lease lent
+    (and returned), each operator request and its outcome, each pool hold and lift, each
+    fleet switch, in the trail once; the chain unbroken. Exit 1 naming each finding."""
+    engine = _engine(config)
+    try:
+        found = reconcile(engine)
+    except SQLAlchemyError as exc:
+        raise fail(f"the bridge's database: {exc}") from exc
+    checked = ", ".join(f"{n} {what}" for what, n in sorted(found.checked.items()) if n)
+    if not found.ok:
+        for finding in found.findings:
+            console.print(escape(finding), highlight=False)
+        raise fail(f"the audit trail does not agree: {len(found.findings)} finding(s)")
+    say(
+        console,
+        f"the audit trail agrees: {found.entries} entries, {checked or 'nothing to hold'} "
+        "each recorded once",
     )

@@ -49,10 +49,15 @@ log = logging.getLogger(__name__)
 
 #: every action the trail records, and what it means
 ACTIONS: dict[str, str] = {
-    "lend": "the daemon lent a node (its policy's decision, or an operator request named "
-    "in the detail)",
-    "return": "the daemon returned a lease (its policy, an operator request, a held pool)",
-    "place": "the daemon changed a serving lease's models on an operator request",
+    "lend": "the daemon lent a node: recorded with the lease it made, in the same write "
+    "(the detail: the lease, then why: its policy's reason or the operator request), or "
+    "failed when the lease store refused it",
+    "return": "the daemon began a lease's return: recorded with the lease's first move "
+    "out, in the same write (the detail: the move, then why: its policy, an operator "
+    "request, a held pool)",
+    "adopt": "the daemon took a running Triton job no lease held as a lease of its own",
+    "request.done": "the daemon finished an operator request: its outcome, recorded with "
+    "it (what was lent, returned or placed, or why not)",
     "lend.request": "an operator asked for a lend (stb lend, POST /api/lend)",
     "return.request": "an operator asked for a return (stb return, POST /api/return)",
     "place.request": "an operator asked for a placement (stb place)",
@@ -176,10 +181,10 @@ class Trail:
         """`record` of an outcome line: its first word says the outcome."""
         return self.record(action, target, outcome_of(text), text)
 
-    def within(self, action: str, target: str, detail: str = "") -> Audit:
+    def within(self, action: str, target: str, detail: str = "", outcome: str = "ok") -> Audit:
         """A recorder for a write's own transaction (`bridge.leases.requests.Audit`): the
-        entry says ok, then what was written."""
-        rec = self._record(action, target, "ok", detail)
+        entry says what was written, then `detail`, with `outcome` (default ok)."""
+        rec = self._record(action, target, outcome, detail)
 
         def audit(session: Session, written: str) -> None:
             text = f"{written}: {rec.detail}" if rec.detail else written

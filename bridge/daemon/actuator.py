@@ -37,6 +37,7 @@ from bridge.daemon.planner import LeaseRecord
 from bridge.daemon.report import TickReport
 from bridge.leases.errors import LeaseError
 from bridge.leases.models import Lease
+from bridge.leases.requests import Audit
 from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 from bridge.policy import steps
@@ -117,6 +118,9 @@ class Actuator:
         self.batch: BatchGate | None = (
             BatchGate(False, config.batch.retry_after_s) if config.batch.enabled else None
         )
+        #: what records an adoption in the new lease's write, given the node and the job
+        #: (`bridge.audit.Trail.within`, set by the reconciler); None: nothing recorded
+        self.adopted: Callable[[str, str], Audit] | None = None
         #: per lease: transient errors since its last good step, and when to retry
         self.backoff: dict[int, Backoff] = {}
         #: reservations deleted this pass (the pass's observation still lists them)
@@ -148,8 +152,11 @@ class Actuator:
     def not_before(self) -> dict[int, float]:
         return {lid: b.not_before for lid, b in self.backoff.items()}
 
-    def run(self, step: steps.Step, now: datetime, report: TickReport) -> bool:
-        """Carry out one step; True when every command succeeded and its move was made."""
+    def run(
+        self, step: steps.Step, now: datetime, report: TickReport, audit: Audit | None = None
+    ) -> bool:
+        """Carry out one step; True when every command succeeded and its move was made.
+        `audit` records the move in the same write, if it is made (a return's first)."""
         job_id: str | None = None
         for command in step.commands:
             try:
@@ -170,7 +177,7 @@ class Actuator:
                     move.lease_id, move.old, move.new, f"Triton job {job_id} submitted", job_id
                 )
             try:
-                self.apply(move, now, report)
+                self.apply(move, now, report, audit)
             except LeaseError as exc:
                 report.error("store", exc, move.lease_id)
                 return False
@@ -213,7 +220,9 @@ class Actuator:
         wait = min(lc.retry_max_s, lc.retry_base_s * 2 ** (b.errors - 1))
         b.not_before = now.timestamp() + wait
 
-    def apply(self, move: steps.Move, now: datetime, report: TickReport) -> LeaseRecord:
+    def apply(
+        self, move: steps.Move, now: datetime, report: TickReport, audit: Audit | None = None
+    ) -> LeaseRecord:
         """Make one move in the store (compare-and-set on the planned old state). A move
         to serving says where its models' weights were read from (`weight_sources`)."""
         fields = {"slurm_job_id": move.slurm_job_id} if move.slurm_job_id else {}
@@ -223,7 +232,7 @@ class Actuator:
             said = self.weight_sources(move.slurm_job_id or before.slurm_job_id)
             reason = f"{reason}; {said}" if said else reason
         stored = self.store.set_status(
-            move.lease_id, move.new, now, reason, expected=move.old, **fields
+            move.lease_id, move.new, now, reason, expected=move.old, audit=audit, **fields
         )
         after = record_of(stored)
         self.leases[after.id] = after
@@ -265,10 +274,21 @@ class Actuator:
         reason: str,
         gpus: int | None = None,
         members: tuple[str, ...] = (),
+        audit: Audit | None = None,
     ) -> LeaseRecord:
+        """Record a lend (`LeaseStore.create`; `audit` records it in the same write)."""
         lease = record_of(
             self.store.create(
-                node, pool, mode, list(models), key, now, reason=reason, gpus=gpus, members=members
+                node,
+                pool,
+                mode,
+                list(models),
+                key,
+                now,
+                reason=reason,
+                gpus=gpus,
+                members=members,
+                audit=audit,
             )
         )
         self.leases[lease.id] = lease
@@ -319,8 +339,17 @@ class Actuator:
             case steps.RouteOut(lease_id):
                 self.route(report, exclude=lease_id)
             case steps.Adopt(job_id, node, pool, mode, members):
+                audit = None if self.adopted is None else self.adopted(node, job_id)
                 lease = self.create(
-                    node, pool, mode, (), f"adopt:{job_id}", now, "adopted", members=members
+                    node,
+                    pool,
+                    mode,
+                    (),
+                    f"adopt:{job_id}",
+                    now,
+                    "adopted",
+                    members=members,
+                    audit=audit,
                 )
                 self.apply(
                     steps.Move(lease.id, S.REQUESTED, S.SUBMITTED, f"adopted job {job_id}", job_id),

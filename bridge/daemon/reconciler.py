@@ -54,7 +54,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from bridge.audit.trail import AuditError, Trail, daemon
+from bridge.audit.trail import AuditError, Trail, daemon, outcome_of
 from bridge.cli_text import first_line
 from bridge.config import BridgeConfig
 from bridge.daemon import planner
@@ -281,6 +281,9 @@ class Reconciler:
         self.requests = requests
         self.settings = Settings.of(config)
         self.actuator = Actuator(config, slurm, store, triton_for, router, forget_triton)
+        self.actuator.adopted = lambda node, job: self.audit.within(
+            "adopt", f"node {node}", f"Triton job {job}"
+        )
         #: what the policy remembers of past lends (cooldown anchors, lend lead times)
         #: the models' load times, measured on every start (`bridge.daemon.loadtimes`)
         self.loads = LoadTimes(loads if loads is not None else LoadStore.beside(store))
@@ -491,11 +494,19 @@ class Reconciler:
                     outcome = f"{outcome} (retrying: {last.message})"
                 else:
                     outcome = f"failed: {last.message} ({outcome})"
-            self.requests.finish(req.id, now, outcome)
+            # a standby's wake is no operator's action; the others' outcomes are recorded
+            # with them (the lend or return itself was recorded where it was made)
+            audit = None
+            if req.kind != "wake":
+                what = f"node {req.node}" if req.kind == "lend" else f"lease {req.lease_id}"
+                audit = self.audit.within(
+                    "request.done",
+                    f"request {req.id}",
+                    f"{req.kind} {what}: {outcome}",
+                    outcome_of(outcome),
+                )
+            self.requests.finish(req.id, now, outcome, audit)
             report.events.append(f"operator request {req.id} ({req.kind}): {outcome}")
-            if req.kind != "wake":  # a standby's wake is no operator's action
-                target = f"node {req.node}" if req.kind == "lend" else f"lease {req.lease_id}"
-                self._audit(req.kind, target, f"{outcome} ({req.reason})", report)
 
     def _operator_lend(
         self,
@@ -549,19 +560,15 @@ class Reconciler:
             why = f"pool {lease.pool} held by {hold.held_by}"
             outcome = self._return(Return(lease.id, why), obs, now, report)
             report.events.append(f"{why}: {outcome}")
-            self._audit("return", f"lease {lease.id}", f"{outcome} ({why})", report)
         return frozenset(holds)
 
     # ---- act ----------------------------------------------------------------------
 
     def _act(self, action: object, obs: Observation, now: datetime, report: TickReport) -> None:
         if isinstance(action, Lend):
-            outcome = self._lend(action, obs, now, report)
-            self._audit("lend", f"node {action.node}", f"{outcome} ({action.reason})", report)
+            self._lend(action, obs, now, report)
         elif isinstance(action, Return):
-            outcome = self._return(action, obs, now, report)
-            target = f"lease {action.lease_id}"
-            self._audit("return", target, f"{outcome} ({action.reason})", report)
+            self._return(action, obs, now, report)
         elif isinstance(action, Place):
             outcome = self.placer.place(action, obs, now, report)
             if outcome.startswith("refused"):
@@ -570,8 +577,9 @@ class Reconciler:
             self.actuator.run(Step(None, (SubmitBaseline(action.node),)), now, report)
 
     def _audit(self, action: str, target: str, text: str, report: TickReport) -> None:
-        """Record what this pass did in the audit trail; one that cannot be written is
-        the pass's `audit` error (what Slurm did is not undone), a fenced one stops it."""
+        """Record what this pass tried and could not write beside a fact (a lend the
+        store refused); one that cannot be written is the pass's `audit` error, a fenced
+        one stops it. What it did is recorded in the write that does it."""
         try:
             self.audit.record_text(action, target, text)
         except AuditError as exc:
@@ -586,7 +594,9 @@ class Reconciler:
         key: str | None = None,
     ) -> str:
         """Lend (a lease under `key`, default the action's key at `now`, then its first
-        step); the outcome's text."""
+        step); the outcome's text. The lease is recorded in the audit trail as it is
+        written (a lend taken again is not recorded twice), a refused one on its own."""
+        target = f"node {','.join(action.nodes)}"
         try:
             lease = self.actuator.create(
                 action.node,
@@ -598,9 +608,11 @@ class Reconciler:
                 action.reason,
                 action.gpus,
                 action.members,
+                self.audit.within("lend", target, action.reason),
             )
         except LeaseError as exc:
             report.error("lend", exc)
+            self._audit("lend", target, f"failed: {exc} ({action.reason})", report)
             return f"failed: {exc}"
         share = "" if action.gpus is None else f", {action.gpus} GPU(s)"
         report.events.append(
@@ -632,7 +644,8 @@ class Reconciler:
             if lease.state == S.RETURNED:
                 return f"refused: lease {lease.id} is already returned"
             return f"lease {lease.id} is already {lease.state.value}"
-        self.actuator.run(step, now, report)
+        audit = self.audit.within("return", f"lease {lease.id}", action.reason)
+        self.actuator.run(step, now, report, audit)
         self.memory.returned(lease.models, now.timestamp())
         return f"lease {lease.id} returning"
 

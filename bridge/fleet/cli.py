@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bridge.audit.asks import switch_fleet
 from bridge.audit.trail import open_trail
 from bridge.cli_text import fail, say
 from bridge.config import BridgeConfig
@@ -78,18 +79,16 @@ def _switch(
     store = _store(cfg)
     now = datetime.now(UTC)
     baseline = _measure(cfg, now, window_s)
-    cap = "" if max_lent_nodes is None else f", at most {max_lent_nodes} nodes lent"
-    with open_trail(cfg).audited("fleet.mode", "fleet", (FleetError,)) as note:
-        row = store.switch(
-            mode,
-            now,
-            max_lent_nodes=max_lent_nodes,
-            who=getpass.getuser(),
-            why=why,
-            baseline=baseline,
-        )
-        note.detail = f"{mode}{cap}" + (f": {why}" if why else "")
-    return row
+    return switch_fleet(
+        store,
+        mode,
+        max_lent_nodes=max_lent_nodes,
+        why=why,
+        baseline=baseline,
+        trail=open_trail(cfg),
+        now=now,
+        who=getpass.getuser(),
+    )
 
 
 def _said(row: FleetSwitch, cfg: BridgeConfig) -> str:

@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field, StringConstraints
 from sqlalchemy import Engine
 
 from accounting.api import report_response
+from bridge.audit.asks import ask_lend, ask_return, hold_pool, release_pool
 from bridge.audit.trail import Trail, api_caller, daemon
 from bridge.config import BridgeConfig
 from bridge.http.guard import (
@@ -174,9 +175,7 @@ def operator_routes(
         unknown = sorted(set(body.models) - set(facts().names))
         if unknown:
             raise ApiError(400, f"models: unknown {', '.join(unknown)}")
-        what = f"models {','.join(body.models)}" if body.models else "every model"
-        audit = by(call).within("lend.request", f"node {body.node}", what)
-        row = queue.request_lend(body.node, body.models, clock(), call.principal.name, audit)
+        row = ask_lend(queue, body.node, body.models, trail=by(call), now=clock())
         return json_response(202, {"request": row.id, "kind": "lend", "node": body.node})
 
     @router.post(
@@ -191,8 +190,7 @@ def operator_routes(
         """Ask the active daemon to return an open lease."""
         if body.lease not in {lease.id for lease in store.open_leases()}:
             raise ApiError(404, f"lease: {body.lease} is not an open lease")
-        audit = by(call).within("return.request", f"lease {body.lease}")
-        row = queue.request_return(body.lease, clock(), call.principal.name, audit)
+        row = ask_return(queue, body.lease, trail=by(call), now=clock())
         return json_response(202, {"request": row.id, "kind": "return", "lease": body.lease})
 
     @router.post(
@@ -204,8 +202,7 @@ def operator_routes(
             raise ApiError(404, f"pool: no pool {body.pool!r}")
         if config.pools[body.pool].lend_mode == "reserved":
             raise ApiError(400, f"pool: {body.pool} is the reserved pool; it is never lent")
-        audit = by(call).within("pool.drain", f"pool {body.pool}")
-        hold = queue.hold(body.pool, clock(), call.principal.name, body.reason, audit)
+        hold = hold_pool(queue, body.pool, body.reason, trail=by(call), now=clock())
         return json_response(
             200, {"pool": hold.pool, "held_by": hold.held_by, "reason": hold.reason}
         )
@@ -217,10 +214,8 @@ def operator_routes(
     )
     def resume(call: Operator, body: Annotated[PoolBody, Depends(json_body(PoolBody))]) -> Response:
         """Lift a pool's hold."""
-        audit = by(call).within("pool.resume", f"pool {body.pool}")
-        hold = queue.release(body.pool, clock(), call.principal.name, audit)
+        hold = release_pool(queue, body.pool, trail=by(call), now=clock())
         if hold is None:
-            by(call).record("pool.resume", f"pool {body.pool}", "refused", "not held")
             raise ApiError(404, f"pool: {body.pool} is not held")
         return json_response(200, {"pool": hold.pool, "released_by": call.principal.name})
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from bridge.audit.asks import ask_lend, ask_return
 from bridge.lifecycle import LeaseState
 
 if TYPE_CHECKING:
@@ -200,7 +201,7 @@ def cycle(
     assert rec.requests is not None
     store = rec.store
     node = lab.pool_nodes("elastic")[0].name
-    rec.requests.request_lend(node, [model], datetime.now(UTC))
+    ask_lend(rec.requests, node, [model])
     tick(rec, lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()), 120, log)
     (lease,) = store.open_leases()
     assert lease.id is not None
@@ -212,7 +213,7 @@ def cycle(
         log += rec.run_once(datetime.now(UTC)).lines()
         time.sleep(0.5)
     asked, asked_at = time.monotonic(), time.time()
-    rec.requests.request_return(lease.id, datetime.now(UTC))
+    ask_return(rec.requests, lease.id)
     tick(rec, lambda: not store.open_leases(), 180, log)
     returned = time.monotonic() - asked
     history = store.history(lease.id)

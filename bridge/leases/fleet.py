@@ -23,6 +23,7 @@ from sqlalchemy import JSON, Column, Integer, String, Text
 from sqlmodel import Field, SQLModel, col, select
 
 from bridge.db import Transactions, UTCDateTime
+from bridge.leases.requests import Audit
 
 Mode = Literal["separate", "advisory", "shared"]
 MODES: tuple[str, ...] = get_args(Mode)
@@ -76,8 +77,10 @@ class FleetStore(Transactions):
         who: str = "",
         why: str = "",
         baseline: dict[str, Any] | None = None,
+        audit: Audit | None = None,
     ) -> FleetSwitch:
-        """Append a switch to `mode` (FleetError, nothing written, for a bad one)."""
+        """Append a switch to `mode` (FleetError, nothing written, for a bad one); `audit`
+        records it in the same transaction (told "switch 3")."""
         check(mode, max_lent_nodes)
         row = FleetSwitch(
             at=now,
@@ -89,6 +92,9 @@ class FleetStore(Transactions):
         )
         with self._write() as session:
             session.add(row)
+            if audit is not None:
+                session.flush()
+                audit(session, f"switch {row.id}")
         return row
 
     def current(self) -> FleetSwitch | None:

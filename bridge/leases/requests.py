@@ -174,7 +174,11 @@ class RequestQueue(Transactions):
         with Session(self._engine, expire_on_commit=False) as session:
             return session.get(OperatorRequest, request_id)
 
-    def finish(self, request_id: int, now: datetime, outcome: str) -> None:
+    def finish(
+        self, request_id: int, now: datetime, outcome: str, audit: Audit | None = None
+    ) -> None:
+        """Record a request's outcome, once: a finished request is left as it is.
+        `audit` records the outcome in the same transaction (told "request 7")."""
         with Session(self._writer, expire_on_commit=False) as session, session.begin():
             if self._fence is not None:
                 self._fence(session)
@@ -182,6 +186,9 @@ class RequestQueue(Transactions):
             if req is not None and req.done_at is None:
                 req.done_at = now
                 req.outcome = outcome
+                if audit is not None:
+                    session.flush()
+                    audit(session, f"request {request_id}")
 
     # ---- pool holds -----------------------------------------------------------------
 

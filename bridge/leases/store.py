@@ -37,6 +37,7 @@ from bridge.leases.errors import (
     UnexpectedState,
 )
 from bridge.leases.models import Lease, LeaseEvent, LendMode
+from bridge.leases.requests import Audit
 from bridge.leases.schema import create_schema
 from bridge.lifecycle import LeaseState, allowed
 
@@ -95,9 +96,12 @@ class LeaseStore(Transactions):
         reason: str = "lend requested",
         gpus: int | None = None,
         members: Sequence[str] = (),
+        audit: Audit | None = None,
     ) -> Lease:
         """Record a lend in state `requested` (with its first history event), or return
-        the lease this `request_key` already made, whatever its state now. Raises
+        the lease this `request_key` already made, whatever its state now. `audit`
+        records the new lease in the same transaction (told "lease 7"); a lease this key
+        already made records nothing, so a lend taken again is recorded once. Raises
         `NodeAlreadyLeased` when `node` (or one of `members`) has an open lease made under
         another key, and `RequestKeyConflict` when the key was used for another node, pool
         or mode. `gpus`: the GPUs of the node the lease holds (None: the whole node).
@@ -146,6 +150,8 @@ class LeaseStore(Transactions):
                         + (f" members={','.join(gang)}" if gang else ""),
                     ),
                 )
+                if audit is not None:
+                    audit(session, f"lease {lease.id}")
             return lease
         except IntegrityError:
             # A concurrent create committed first (same key, or same node): its row decides.
@@ -213,6 +219,7 @@ class LeaseStore(Transactions):
         *,
         expected: LeaseState | None = None,
         detail: str | None = None,
+        audit: Audit | None = None,
         **fields: Unpack[LeaseFields],
     ) -> Lease:
         """THE one function that changes a lease's status. In one transaction: lock and
@@ -227,6 +234,8 @@ class LeaseStore(Transactions):
           thus get exactly one winner.
         - An illegal move raises `IllegalTransition` and writes nothing; `LeaseNotFound`
           for an unknown id.
+        - `audit` records the move in the same transaction (told "lease 7 serving ->
+          draining"), only when the move is made.
         """
         _require_aware(now)
         new_state = LeaseState(new_state)
@@ -262,6 +271,8 @@ class LeaseStore(Transactions):
                     detail="; ".join(parts) or None,
                 )
             )
+            if audit is not None:
+                audit(session, f"lease {lease_id} {old.value} -> {new_state.value}")
         return lease
 
     def place(

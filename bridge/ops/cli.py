@@ -13,7 +13,6 @@ model version the nodes holding a complete copy and the staging jobs in flight
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import time
@@ -33,6 +32,7 @@ from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
+from bridge.audit.asks import ask_lend, ask_place, ask_return, hold_pool, release_pool
 from bridge.audit.trail import AuditError, Trail, fingerprint, open_trail, operator
 from bridge.cli_text import fail, say
 from bridge.config import BridgeConfig, pool_of
@@ -454,9 +454,8 @@ class Channel:
             doc = self.call("POST", "/api/lend", json={"node": node, "models": models})
             return int(doc["request"])
         queue, _ = self._db
-        audit = self._trail.within("lend.request", f"node {node}", _models(models))
         with _recorded("lend"):
-            req = queue.request_lend(node, models, datetime.now(UTC), getpass.getuser(), audit)
+            req = ask_lend(queue, node, models, trail=self._trail)
         assert req.id is not None
         return req.id
 
@@ -466,9 +465,8 @@ class Channel:
         queue, _ = self._db
         if self._state_of(lease) == "returned":
             _fail(f"lease {lease} is already returned")
-        audit = self._trail.within("return.request", f"lease {lease}")
         with _recorded("return"):
-            req = queue.request_return(lease, datetime.now(UTC), getpass.getuser(), audit)
+            req = ask_return(queue, lease, trail=self._trail)
         assert req.id is not None
         return req.id
 
@@ -480,9 +478,8 @@ class Channel:
         state = self._state_of(lease)
         if state != "serving":
             _fail(f"lease {lease} is {state}, not serving: only a serving lease is placed")
-        audit = self._trail.within("place.request", f"lease {lease}", _models(models))
         with _recorded("placement"):
-            req = queue.request_place(lease, models, datetime.now(UTC), getpass.getuser(), audit)
+            req = ask_place(queue, lease, models, trail=self._trail)
         assert req.id is not None
         return req.id
 
@@ -511,24 +508,17 @@ class Channel:
         if pool not in self.cfg.pools:
             _fail(f"no pool {pool!r}; configured: {', '.join(self.cfg.pools)}")
         queue, _ = self._db
-        now, who = datetime.now(UTC), getpass.getuser()
-        action, target = ("pool.drain" if on else "pool.resume"), f"pool {pool}"
         with _recorded("hold" if on else "resume"):
             if on:
-                hold = queue.hold(pool, now, who, reason, self._trail.within(action, target))
+                hold = hold_pool(queue, pool, reason, trail=self._trail)
                 return f"pool {pool} held by {hold.held_by} since {hold.held_at:%Y-%m-%d %H:%M:%S}"
-            if queue.release(pool, now, who, self._trail.within(action, target)) is None:
-                self._trail.record(action, target, "refused", "not held")
+            if release_pool(queue, pool, trail=self._trail) is None:
                 _fail(f"pool {pool} is not held")
         return f"pool {pool} resumed"
 
 
 def _fail(message: str) -> NoReturn:
     raise fail(message)
-
-
-def _models(models: list[str]) -> str:
-    return f"models {','.join(models)}" if models else "every model"
 
 
 @contextmanager

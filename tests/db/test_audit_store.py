@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from bridge.audit.trail import Trail, operator
+from bridge.audit.trail import Trail, daemon, operator
 from bridge.leases.audit import AuditStore, Record
 from bridge.leases.leader import Fenced, LeaderLease
 from bridge.leases.requests import RequestQueue
-from bridge.leases.store import create_schema, make_engine
+from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.lifecycle import LeaseState
 
 THREADS, PROCESSES, EACH = 4, 3, 15
 
@@ -96,6 +97,54 @@ def test_a_request_and_its_entry_commit_together(database_url: str) -> None:
     assert [r.id for r in queue.pending()] == [req.id]
     (entry,) = store.walk()
     assert (entry.detail, entry.slurm_job, entry.epoch) == (f"request {req.id}", "77", None)
+
+
+def test_a_lease_its_return_and_a_request_s_outcome_commit_with_their_entries(
+    database_url: str,
+) -> None:
+    """The daemon's facts (a lease made, its first move out, an operator request's
+    outcome) and their entries: both or neither; a lend made again records nothing."""
+    engine = _engine(database_url)
+    store, leases, queue = AuditStore(engine), LeaseStore(engine), RequestQueue(engine)
+    trail = Trail(store, daemon())
+    now = datetime.now(UTC)
+    lease = leases.create(
+        "n3", "elastic", "preempt", ["echo"], "k1", now, audit=trail.within("lend", "node n3")
+    )
+    again = leases.create(
+        "n3", "elastic", "preempt", ["echo"], "k1", now, audit=trail.within("lend", "node n3")
+    )
+    assert again.id == lease.id and lease.id is not None
+
+    def dies(session: Any, written: str) -> None:
+        trail.within("lend", "node n5")(session, written)
+        raise RuntimeError("the process died here")
+
+    with pytest.raises(RuntimeError):
+        leases.create("n5", "training", "drain", ["echo"], "k2", now, audit=dies)
+    assert [x.node for x in leases.open_leases()] == ["n3"]
+    with pytest.raises(RuntimeError):
+        leases.set_status(lease.id, LeaseState.RETURNED, now, "abandoned: test", audit=dies)
+    assert leases.get(lease.id).state == LeaseState.REQUESTED
+    leases.set_status(
+        lease.id,
+        LeaseState.RETURNED,
+        now,
+        "abandoned: test",
+        audit=trail.within("return", "lease 1"),
+    )
+    req = queue.request_return(lease.id, now, "alice")
+    with pytest.raises(RuntimeError):
+        queue.finish(req.id or 0, now, "lease 1 returning", dies)
+    assert [r.id for r in queue.pending()] == [req.id]
+    queue.finish(req.id or 0, now, "ok", trail.within("request.done", f"request {req.id}"))
+    got = [(e.action, e.detail) for e in store.walk()]
+    assert got == [
+        ("lend", f"lease {lease.id}"),
+        ("return", f"lease {lease.id} requested -> returned"),
+        ("request.done", f"request {req.id}"),
+    ]
+    assert store.verify().broken is None
 
 
 def test_a_deposed_daemon_records_nothing_and_the_leader_its_epoch(

@@ -20,12 +20,12 @@ import pytest
 from bridge.lab import lab as lab_mod
 from bridge.lab.spec import LabSpec
 from bridge.slurm.cli import SlurmCLI
-from tests.lab.fixtures import bridge, bridge_update, daemon_config, triton_config
+from tests.lab.fixtures import audit_agrees, bridge, bridge_update, daemon_config, triton_config
 
 from .tools import DaemonProc, lab_env, restart_lab
 
 # the lab's fixtures, re-exported
-__all__ = ["bridge", "bridge_update", "daemon_config", "triton_config"]
+__all__ = ["audit_agrees", "bridge", "bridge_update", "daemon_config", "triton_config"]
 
 
 @pytest.fixture(autouse=True)

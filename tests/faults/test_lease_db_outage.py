@@ -18,12 +18,12 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from bridge.audit.asks import ask_lend, ask_return
 from bridge.lab.spec import LabSpec
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, make_engine
@@ -84,7 +84,7 @@ def test_lease_database_unreachable_for_30s(
     cli = SlurmCLI(env=lab.env())
     lent, reserved = lab.pool_nodes("elastic")[0], lab.pool_nodes("infer")[0]
 
-    queue.request_lend(lent.name, ["busy"], datetime.now(UTC))
+    ask_lend(queue, lent.name, ["busy"])
     until(
         "the lease serving",
         lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()),
@@ -108,7 +108,7 @@ def test_lease_database_unreachable_for_30s(
     paused = time.monotonic()
     assert forwarder.refuses()
     cli.cancel(baseline)  # a tick able to act would start another baseline
-    ret = queue.request_return(lease.id, datetime.now(UTC))  # out of the daemon's sight
+    ret = ask_return(queue, lease.id)  # out of the daemon's sight
     jobs_before = {j.job_id for j in cli.jobs(tag=TRITON_TAG)}
     health: set[int | None] = set()
     new_jobs: set[str] = set()

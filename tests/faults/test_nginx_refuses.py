@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.audit.asks import ask_lend
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.spec import LabSpec
 from bridge.lifecycle import LeaseState
@@ -56,7 +57,7 @@ def test_nginx_refusing_the_reload_keeps_the_old_routing(
     assert check.returncode != 0 and "unknown directive" in check.stderr, check.stderr
     published = routing.read_text()
 
-    queue.request_lend(lent.name, ["busy"], datetime.now(UTC))
+    ask_lend(queue, lent.name, ["busy"])
     route_errors: list[str] = []
     ticks, deadline = 0, time.monotonic() + 90
     while not route_errors and time.monotonic() < deadline:

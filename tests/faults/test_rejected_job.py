@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.audit.asks import ask_lend
 from bridge.config import TritonJobConfig
 from bridge.daemon import launcher
 from bridge.daemon.reconciler import Reconciler
@@ -63,7 +64,7 @@ def test_rejected_triton_job_fails_its_lease_once(
 
     monkeypatch.setattr(rec.slurm, "submit", counting_submit)
     t0 = datetime.now(UTC) - timedelta(seconds=1)
-    request = queue.request_lend(lent.name, ["busy"], datetime.now(UTC))
+    request = ask_lend(queue, lent.name, ["busy"])
     log: list[str] = []
 
     def leases() -> list[int]:

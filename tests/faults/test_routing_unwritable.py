@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from bridge.audit.asks import ask_lend
 from bridge.lab.spec import LabSpec
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
@@ -55,7 +55,7 @@ def test_unwritable_routing_dir_is_a_route_error_and_recovers(
     routing_dir.rename(aside)
     routing_dir.write_text("not a directory: the routing files cannot be written\n")
     try:
-        queue.request_lend(lent.name, ["busy"], datetime.now(UTC))
+        ask_lend(queue, lent.name, ["busy"])
         until(
             "a route error",
             lambda: _route_errors(daemon.must_metrics()) > _route_errors(before),

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from bridge.audit.asks import ask_lend
 from bridge.lab.spec import LabSpec
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
@@ -58,7 +58,7 @@ def test_slurmctld_outage_while_a_lend_is_in_flight(
     node = lab.pool_nodes("elastic")[0]
     until("the daemon's first good tick", lambda: daemon.healthz() == 200, 60)
 
-    queue.request_lend(node.name, ["busy"], datetime.now(UTC))
+    ask_lend(queue, node.name, ["busy"])
 
     def in_flight() -> bool:
         leases = store.by_node(node.name, open_only=True)

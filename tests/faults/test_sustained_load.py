@@ -21,12 +21,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bridge.audit.asks import ask_lend, ask_return
 from bridge.lab.spec import LabSpec
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
@@ -143,7 +143,7 @@ def test_daemon_under_sustained_load_with_lend_return_cycles(
         while len(cycles) < CYCLES:
             assert time.monotonic() - started < CYCLES_TIMEOUT_S, cycles
             t0 = time.monotonic()
-            req = queue.request_lend(lent.name, ["busy"], datetime.now(UTC))
+            req = ask_lend(queue, lent.name, ["busy"])
             outcome = _answered(queue, req.id or 0)
             open_leases = store.by_node(lent.name, open_only=True)
             assert len(open_leases) == 1 and open_leases[0].id is not None, outcome
@@ -151,7 +151,7 @@ def test_daemon_under_sustained_load_with_lend_return_cycles(
             _wait_state(store, lease_id, LeaseState.SERVING, 60)
             serving = time.monotonic() - t0
             time.sleep(HOLD_S)
-            queue.request_return(lease_id, datetime.now(UTC))
+            ask_return(queue, lease_id)
             _wait_state(store, lease_id, LeaseState.RETURNED, 60)
             cycles.append((lease_id, round(serving, 1), round(time.monotonic() - t0, 1)))
         runs = load.finish()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.audit.asks import ask_lend
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.spec import LabSpec
 from bridge.lifecycle import LeaseState
@@ -44,7 +45,7 @@ def test_killed_triton_leaves_routing_in_one_tick_and_the_node_returns(
         return routing.exists() and f"{addr}:8000" in routing.read_text()
 
     tick_until(rec, lambda: routed(reserved.addr), 120, log)
-    queue.request_lend(lent.name, ["busy"], datetime.now(UTC))
+    ask_lend(queue, lent.name, ["busy"])
     tick_until(
         rec, lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()), 120, log
     )

@@ -45,6 +45,7 @@ from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import AccountingRecord
 from bridge.triton.ports import METRICS_PORT
 
+from .fixtures import trails_agree
 from .helpers import prometheus_scraping, stb
 
 #: the model of the demo's load step
@@ -190,5 +191,8 @@ def run_demo(lab: LabSpec, work: Path) -> DemoRun:
 
 @pytest.fixture(scope="session")
 def demo_run(lab: LabSpec, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
-    """The README's demo on `stb init`'s configuration, run once a session (`run_demo`)."""
-    yield run_demo(lab, tmp_path_factory.mktemp("demo"))
+    """The README's demo on `stb init`'s configuration, run once a session (`run_demo`);
+    its audit trail checked at the end (`trails_agree`)."""
+    work = tmp_path_factory.mktemp("demo")
+    yield run_demo(lab, work)
+    trails_agree(work)

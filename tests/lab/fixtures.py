@@ -1,7 +1,10 @@
 """The lab tests' fixtures that wire the bridge's parts to the lab (not a test module):
 `pg_database` (a scratch PostgreSQL database), `triton_config` (the Triton job settings; a
 test module may override it), `bridge` (a Reconciler on the lab, its own nginx and SQLite
-lease store, driven by `run_once`) and `daemon_config` (a TOML for a real `stb daemon`).
+lease store, driven by `run_once`) and `daemon_config` (a TOML for a real `stb daemon`),
+and `audit_agrees` (autouse: after each test, every bridge database it left holds an audit
+trail that agrees with what it records, `bridge.audit.check`: issue 33's "every
+privileged action in the lab test suite appears once in the audit trail").
 tests/lab/conftest.py and tests/faults/conftest.py import them, so both folders share one
 copy.
 """
@@ -14,7 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import inspect
 
+from bridge.audit.check import reconcile
 from bridge.config import TritonJobConfig, load_config
 from bridge.daemon.clients import TritonClients
 from bridge.daemon.observe import Observer
@@ -32,13 +37,47 @@ from bridge.routing.publisher import RoutingPublisher
 from bridge.slurm.cli import SlurmCLI
 
 
+def _disagreements(url: str) -> list[str]:
+    """What `bridge.audit.check` finds in the bridge database at `url` (none where it
+    holds no audit trail: a ledger, an advisory record)."""
+    engine = make_engine(url)
+    try:
+        if "audit_entry" not in inspect(engine).get_table_names():
+            return []
+        return reconcile(engine).findings
+    finally:
+        engine.dispose()
+
+
+def _agree(where: str, url: str) -> None:
+    found = _disagreements(url)
+    if found:
+        pytest.fail(f"the audit trail of {where} disagrees:\n" + "\n".join(found))
+
+
+def trails_agree(root: Path) -> None:
+    """Each SQLite database under `root` that holds an audit trail agrees with it."""
+    for path in sorted(root.rglob("*.db")):
+        _agree(str(path.relative_to(root)), f"sqlite:///{path}")
+
+
+@pytest.fixture(autouse=True)
+def audit_agrees(tmp_path: Path) -> Iterator[None]:
+    """After the test (and its fixtures' teardown): each SQLite database under its
+    tmp_path that holds an audit trail agrees with it, each action once."""
+    yield
+    trails_agree(tmp_path)
+
+
 @pytest.fixture
 def pg_database() -> Iterator[str]:
-    """A new scratch PostgreSQL database's URL, dropped afterwards; the test is skipped
-    where no PostgreSQL answers."""
+    """A new scratch PostgreSQL database's URL, dropped afterwards (its audit trail
+    checked first, as `audit_agrees` checks SQLite's); the test is skipped where no
+    PostgreSQL answers."""
     try:
         with scratch_database() as url:
             yield url
+            _agree("the scratch PostgreSQL database", url)
     except NoPostgres as exc:
         pytest.skip(str(exc))
 

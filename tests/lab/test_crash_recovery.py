@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.audit.asks import ask_lend, ask_return
 from bridge.daemon import launcher
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.spec import LabSpec
@@ -56,8 +57,14 @@ def test_crash_after_recording_the_lend_before_sbatch(
 ) -> None:
     rec, _ = bridge
     node = lab.pool_nodes("elastic")[0].name
-    lease = rec.store.create(
-        node, "elastic", LendMode.PREEMPT, ["busy"], "crash-a", datetime.now(UTC)
+    lease = rec.store.create(  # the daemon's write of a lend, its audit entry with it
+        node,
+        "elastic",
+        LendMode.PREEMPT,
+        ["busy"],
+        "crash-a",
+        datetime.now(UTC),
+        audit=rec.audit.within("lend", f"node {node}", "crash-a"),
     )
     assert lease.id is not None
     tick_until(rec, lambda: rec.store.get(lease.id or 0).state == LeaseState.SERVING, 90)
@@ -69,8 +76,14 @@ def test_crash_after_sbatch_before_recording_the_job(
 ) -> None:
     rec, _ = bridge
     node = lab.pool_nodes("elastic")[0].name
-    lease = rec.store.create(
-        node, "elastic", LendMode.PREEMPT, ["busy"], "crash-b", datetime.now(UTC)
+    lease = rec.store.create(  # the daemon's write of a lend, its audit entry with it
+        node,
+        "elastic",
+        LendMode.PREEMPT,
+        ["busy"],
+        "crash-b",
+        datetime.now(UTC),
+        audit=rec.audit.within("lend", f"node {node}", "crash-b"),
     )
     assert lease.id is not None
     spec = launcher.triton_job(
@@ -128,14 +141,14 @@ def test_kill_9_in_each_lease_state(lab: LabSpec, daemon_config: Path, tmp_path:
         raise AssertionError(f"lease never reached {state}")
 
     try:
-        queue.request_lend(node, ["busy"], datetime.now(UTC))
+        ask_lend(queue, node, ["busy"])
         for state in ("submitted", "starting", "serving"):
             kill_in(state)
         _until("serving again", lambda: store.by_node(node)[-1].state == LeaseState.SERVING, 60)
         (lease,) = store.open_leases()
         assert lease.id is not None
         # A second lend of the same node while it is lent is refused, not duplicated.
-        dup = queue.request_lend(node, ["busy"], datetime.now(UTC))
+        dup = ask_lend(queue, node, ["busy"])
         _until(
             "the duplicate lend answered",
             lambda: (queue.get(dup.id or 0) or dup).done_at is not None,
@@ -143,7 +156,7 @@ def test_kill_9_in_each_lease_state(lab: LabSpec, daemon_config: Path, tmp_path:
         )
         assert "already lent" in (queue.get(dup.id or 0) or dup).outcome
         assert len(_lease_jobs(cli, lease.id)) == 1
-        queue.request_return(lease.id, datetime.now(UTC))
+        ask_return(queue, lease.id)
         for state in ("draining", "releasing"):
             kill_in(state)
         _until("returned", lambda: store.get(lease.id or 0).state == LeaseState.RETURNED, 120)

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from bridge.audit.asks import ask_lend, ask_return
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
@@ -53,7 +54,7 @@ def test_training_node_is_lent_only_once_free_and_no_job_is_killed(
         while _state(lab, training) != "RUNNING":
             assert time.monotonic() < deadline
             time.sleep(0.5)
-        rec.requests.request_lend(node, ["busy"], datetime.now(UTC))
+        ask_lend(rec.requests, node, ["busy"])
         tick_until(
             rec,
             lambda: any(lease.state == LeaseState.SUBMITTED for lease in rec.store.open_leases()),
@@ -91,7 +92,7 @@ def test_training_node_is_lent_only_once_free_and_no_job_is_killed(
         acct = slurm(lab, "sacct", "-n", "-X", "-j", training, "-o", "State")
         assert acct.split()[0] == "COMPLETED"  # finished, never killed or requeued
         assert _state(lab, later) == "PENDING"  # still held off by the fence
-        rec.requests.request_return(lease.id or 0, datetime.now(UTC))
+        ask_return(rec.requests, lease.id or 0)
         tick_until(rec, lambda: not rec.store.open_leases(), 90, log)
         assert not [r for r in rec.slurm.reservations() if r.name.startswith("stb-lease-")]
         deadline = time.monotonic() + 60

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from bridge.audit.asks import ask_lend, switch_fleet
 from bridge.daemon.reconciler import Reconciler
 from bridge.fleet.baseline import measure
 from bridge.lab.slurmctl import slurm
@@ -56,13 +57,13 @@ def test_separate_advisory_shared_separate_loses_nothing(
     sender = Sender(endpoint, poisson(20.0, 90.0, seed=43), "busy")
     sender.start()
     try:
-        queue.request_lend(elastic, ["busy"], datetime.now(UTC))
+        ask_lend(queue, elastic, ["busy"])
         tick_until(rec, lambda: _serving(rec), 90, log)
 
         # separate: the lease goes back within one drain timeout
         now = datetime.now(UTC)
         figures = measure(rec.config, rec.slurm, now, 3600.0)
-        fleet.switch("separate", now, who="test", baseline=figures)
+        switch_fleet(fleet, "separate", now=now, who="test", baseline=figures)
         began = time.monotonic()
         tick_until(rec, lambda: not store.open_leases(), 90, log)
         took = time.monotonic() - began
@@ -70,18 +71,18 @@ def test_separate_advisory_shared_separate_loses_nothing(
         assert figures["training"]["training"]["jobs"] >= 1, figures  # sacct saw the job
 
         # advisory: nothing lent, an operator's lend refused naming the mode
-        fleet.switch("advisory", datetime.now(UTC), who="test")
-        request = queue.request_lend(elastic, ["busy"], datetime.now(UTC))
+        switch_fleet(fleet, "advisory", who="test")
+        request = ask_lend(queue, elastic, ["busy"])
         tick_until(rec, lambda: (queue.get(request.id or 0) or request).done_at is not None, 10)
         outcome = (queue.get(request.id or 0) or request).outcome
         assert outcome.startswith("refused: pool elastic is held by fleet mode advisory"), outcome
         assert store.open_leases() == []
 
         # shared: lent again; then the fallback returns it again
-        fleet.switch("shared", datetime.now(UTC), who="test")
-        queue.request_lend(elastic, ["busy"], datetime.now(UTC))
+        switch_fleet(fleet, "shared", who="test")
+        ask_lend(queue, elastic, ["busy"])
         tick_until(rec, lambda: _serving(rec), 90, log)
-        fleet.switch("separate", datetime.now(UTC), who="test", why="fallback")
+        switch_fleet(fleet, "separate", who="test", why="fallback")
         tick_until(rec, lambda: not store.open_leases(), 90, log)
         sender.finish()
         c = sender.counters

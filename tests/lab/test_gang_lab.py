@@ -9,10 +9,10 @@ goes down (Slurm ends the whole job), and the gang's nodes come back to Slurm.""
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 
 import pytest
 
+from bridge.audit.asks import ask_lend, ask_return
 from bridge.config import ModelOverride, load_config
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
@@ -52,7 +52,7 @@ def test_a_two_node_replica_serves_returns_and_fails_as_one(
     sender.start()
     down = False
     try:
-        request = queue.request_lend(first, ["busy"], datetime.now(UTC))
+        request = ask_lend(queue, first, ["busy"])
         tick_until(rec, lambda: _serving(rec), 90, log)
         (lease,) = store.open_leases()
         assert lease.id is not None and lease.members == [second] and lease.gpus is None
@@ -70,7 +70,7 @@ def test_a_two_node_replica_serves_returns_and_fails_as_one(
         server = obs.server_of(job_id)
         assert server is not None and server.node == first and server.ready
         time.sleep(3)  # requests on both replicas
-        queue.request_return(lease.id, datetime.now(UTC))
+        ask_return(queue, lease.id)
         tick_until(rec, lambda: not store.open_leases(), 90, log)
         sender.finish()
         c = sender.counters
@@ -84,7 +84,7 @@ def test_a_two_node_replica_serves_returns_and_fails_as_one(
         )
 
         # Lent again, its second node goes down: Slurm ends the job, the replica fails.
-        queue.request_lend(first, ["busy"], datetime.now(UTC))
+        ask_lend(queue, first, ["busy"])
         tick_until(rec, lambda: _serving(rec), 90, log)
         (again,) = store.open_leases()
         slurm(lab, "scontrol", "update", f"NodeName={second}", "State=DOWN", "Reason=gang test")

@@ -13,12 +13,12 @@ there, then the lock is let go and the dead leader's transaction rolls back.
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Connection, Engine, make_url, text
 
+from bridge.audit.asks import ask_lend, ask_return
 from bridge.daemon.actuator import record_of
 from bridge.lab.pair import Instance
 from bridge.lab.spec import LabSpec
@@ -112,7 +112,7 @@ def test_a_request_taken_again_after_a_failover_is_done_once(
         b.start().wait_role("standby")
 
         # ---- a lend: a makes the lease and submits its job, then dies --------------
-        lend = queue.request_lend(node, ["busy"], datetime.now(UTC), requested_by="lab-operator")
+        lend = ask_lend(queue, node, ["busy"], who="lab-operator")
         assert lend.id is not None
         lock = _lock(engine, lend)
         until(
@@ -146,7 +146,7 @@ def test_a_request_taken_again_after_a_failover_is_done_once(
 
         # ---- a return: b drains the lease, then dies; a (back, standing by) leads ----
         a.start().wait_role("standby")
-        ret = queue.request_return(lease_id, datetime.now(UTC), requested_by="lab-operator")
+        ret = ask_return(queue, lease_id, who="lab-operator")
         lock = _lock(engine, ret)
         until("b began the return", lambda: store.get(lease_id).state != S.SERVING, 60, 0.02)
         killed_at = _kill_as_it_records(b, engine, lock)

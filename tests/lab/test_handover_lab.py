@@ -11,11 +11,11 @@ from __future__ import annotations
 import pwd
 import subprocess
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from bridge.audit.asks import ask_lend, ask_return
 from bridge.config import TritonJobConfig
 from bridge.daemon.launcher import triton_home
 from bridge.daemon.reconciler import Reconciler
@@ -110,7 +110,7 @@ def test_the_triton_job_sees_nothing_the_elastic_job_left_and_leaves_nothing(
         wait_state(lab, elastic, {"RUNNING"}, 30)
         tick_until(rec, secret.exists, 10, log)
         assert secret.stat().st_mode & 0o004, "the file is readable by anyone on the node"
-        queue.request_lend(node, ["busy"], datetime.now(UTC))
+        ask_lend(queue, node, ["busy"])
         tick_until(
             rec, lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()), 90, log
         )
@@ -136,7 +136,7 @@ def test_the_triton_job_sees_nothing_the_elastic_job_left_and_leaves_nothing(
         log_text = (lab.log_dir / f"triton-{job}.log").read_text(errors="replace")
         assert f"stb-hygiene: serving as {TRITON_USER}" in log_text
 
-        queue.request_return(lease.id or 0, datetime.now(UTC))
+        ask_return(queue, lease.id or 0)
         tick_until(rec, lambda: not store.open_leases(), 90, log)
         # the job's processes end (the baseline's, on the reserved node, serve on as it)
         tick_until(rec, lambda: not _processes(f"SLURM_JOB_ID={job}"), 30, log)

@@ -18,11 +18,11 @@ models of, is left as it is.
 from __future__ import annotations
 
 import shutil
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from bridge.audit.asks import ask_place
 from bridge.config import TritonJobConfig
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab import triton
@@ -119,7 +119,7 @@ def test_a_placed_models_measured_load_time_reaches_the_lead_time(
     assert before is not None and "slowload" in before.models
     lead_before = lead_s(before, rec.config)
 
-    queue.request_place(lease.id, ["busy", "slowload"], datetime.now(UTC))
+    ask_place(queue, lease.id, ["busy", "slowload"])
 
     def placed() -> bool:
         seen = rec.last_observation
@@ -158,7 +158,7 @@ def test_a_load_longer_than_the_clients_timeout_is_polled_until_ready(
     store = rec.store
     log: list[str] = []
     lease, _address = lend_serving(rec, lab, ["busy"], log)
-    rec.requests.request_place(lease.id, ["busy", "longload"], datetime.now(UTC))
+    ask_place(rec.requests, lease.id, ["busy", "longload"])
 
     def ended() -> bool:
         seen = rec.last_observation

@@ -22,12 +22,12 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
 
+from bridge.audit.asks import ask_return
 from bridge.config import TritonJobConfig
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab import triton
@@ -154,7 +154,7 @@ def test_a_published_model_with_slo_metadata_is_lent_for_without_a_toml_entry(
             sender.stop()
         assert sender.counters.ok > 0
         assert rec.requests is not None
-        rec.requests.request_return(lease.id, datetime.now(UTC), "test")
+        ask_return(rec.requests, lease.id, who="test")
         tick_until(rec, lambda: rec.store.get(lease.id or 0).state == LeaseState.RETURNED, 90, log)
         print("\n".join(log))  # the bridge's timeline (pytest -s)
         history = [e.to_state for e in rec.store.history(lease.id)]

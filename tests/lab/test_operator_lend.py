@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from bridge.audit.asks import ask_lend, ask_return
 from bridge.cli import app
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.spec import LabSpec
@@ -47,8 +48,7 @@ def test_operator_lend_and_return(
     reserved = lab.pool_nodes("infer")[0].name
     log: list[str] = []
     tick_until_baseline(rec, lab, log)
-    now = datetime.now(UTC)
-    bad = [queue.request_lend(reserved, [], now), queue.request_lend("n99", [], now)]
+    bad = [ask_lend(queue, reserved, []), ask_lend(queue, "n99", [])]
     stb("lend", elastic, "--models", "busy", "--wait", "0")
     good = queue.pending()[-1]
     tick_until(
@@ -82,7 +82,7 @@ def test_operator_lend_and_return(
     tick_until(rec, lambda: not store.open_leases(), 120, log)
     states = [e.to_state.value for e in store.history(lease.id)]
     assert states[-4:] == ["serving", "draining", "releasing", "returned"]
-    again = queue.request_return(lease.id, datetime.now(UTC))
+    again = ask_return(queue, lease.id)
     rec.run_once(datetime.now(UTC))
     assert "already returned" in (queue.get(again.id or 0) or again).outcome
     stb("drain", "training", "--reason", "audit")
@@ -101,20 +101,35 @@ def test_operator_lend_and_return(
     asked = once("lend.request", f"node {elastic}")
     assert (asked.outcome, asked.actor, asked.unix_user) == ("ok", me, me)
     assert asked.detail == f"request {good.id}: models busy"
-    lent = once("lend", f"node {elastic}")
+    lent = once("lend", f"node {elastic}")  # written with the lease
     assert lent.outcome == "ok" and lent.actor == rec.audit.actor.name
-    assert lent.detail == f"lease {lease.id} lending {elastic} (operator request {good.id} by {me})"
-    assert once("lend", f"node {reserved}").outcome == "refused"
-    assert once("lend", "node n99").outcome == "refused"
-    assert once("return.request", f"lease {lease.id}").actor == me
-    returns = [e for e in entries if (e.action, e.target) == ("return", f"lease {lease.id}")]
-    assert [e.outcome for e in returns] == ["ok", "refused"]  # the return, then again
+    assert lent.detail == f"lease {lease.id}: operator request {good.id} by {me}"
+    done = once("request.done", f"request {good.id}")
+    assert done.detail == f"request {good.id}: lend node {elastic}: {outcomes[good.id]}"
+    assert [e.target for e in entries if e.action == "lend"] == [f"node {elastic}"]
+    assert once("request.done", f"request {bad[0].id}").outcome == "refused"
+    assert once("request.done", f"request {bad[1].id}").outcome == "refused"
+    asked_back = [
+        e for e in entries if (e.action, e.target) == ("return.request", f"lease {lease.id}")
+    ]
+    assert [e.actor for e in asked_back] == [me, me]  # stb return, then again
+    back = once("return", f"lease {lease.id}")  # written with its first move
+    assert back.detail.startswith(f"lease {lease.id} serving -> draining: operator request")
+    assert once("request.done", f"request {again.id}").outcome == "refused"  # again
     assert once("pool.drain", "pool training").detail.endswith(": audit")
     assert once("pool.resume", "pool training").outcome == "ok"
     assert "the audit trail holds" in stb("audit", "verify")
-    # ... and a changed entry breaks the chain there
-    forged = once("lend", "node n99").seq
+    assert "the audit trail agrees" in stb("audit", "check")
+    # ... and a changed entry breaks the chain there, until it is put back
+    forged = once("request.done", f"request {bad[1].id}").seq
+    put = text("UPDATE audit_entry SET outcome = :o WHERE seq = :s")
     with trail._engine.begin() as conn:
-        conn.execute(text("UPDATE audit_entry SET outcome = 'ok' WHERE seq = :s"), {"s": forged})
+        conn.execute(put, {"o": "ok", "s": forged})
     said = stb("audit", "verify", code=1)
     assert f"broken at entry {forged} " in said and "do not match its hash" in said
+    assert f"broken at entry {forged}" in stb("audit", "check", code=1)
+    with trail._engine.begin() as conn:
+        conn.execute(
+            text("UPDATE audit_entry SET outcome = 'refused' WHERE seq = :s"), {"s": forged}
+        )
+    assert "the audit trail holds" in stb("audit", "verify")

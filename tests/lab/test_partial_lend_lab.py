@@ -9,10 +9,10 @@ still running on the node throughout."""
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 
 import pytest
 
+from bridge.audit.asks import ask_lend, ask_return
 from bridge.config import ModelOverride, load_config
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
@@ -64,7 +64,7 @@ def test_a_one_gpu_lend_requeues_one_of_two_elastic_jobs(
     younger = _elastic_job(lab, node.name)
     wait_state(lab, younger, {"RUNNING"}, 30)
     try:
-        request = queue.request_lend(node.name, ["busy"], datetime.now(UTC))
+        request = ask_lend(queue, node.name, ["busy"])
         tick_until(
             rec,
             lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()),
@@ -86,7 +86,7 @@ def test_a_one_gpu_lend_requeues_one_of_two_elastic_jobs(
         assert triton.get("OverSubscribe") != "NO", triton  # not --exclusive
         # Its replica serves through nginx beside the baseline.
         assert len(upstreams(endpoint, "busy", BUSY_INPUT)) == 2
-        queue.request_return(lease.id, datetime.now(UTC))
+        ask_return(queue, lease.id)
         tick_until(rec, lambda: not store.open_leases(), 90, log)
         assert squeue_state(lab, str(lease.slurm_job_id))[0] in ("", "COMPLETING")
         assert squeue_state(lab, older)[0] == "RUNNING"

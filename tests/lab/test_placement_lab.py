@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from bridge.audit.asks import ask_place
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.spec import LabSpec
 from bridge.lifecycle import LeaseState
@@ -66,7 +66,7 @@ def test_a_lent_replica_is_placed_from_busy_to_echo_with_no_failed_request(
     echo.start()
     try:
         time.sleep(3)  # both models under load on their replicas before the move
-        request = queue.request_place(lease.id, ["echo"], datetime.now(UTC))
+        request = ask_place(queue, lease.id, ["echo"])
         placed_at = time.monotonic()
 
         tick_until_placed(rec, lease.slurm_job_id, address, routes, "echo", "busy", log)

@@ -23,6 +23,7 @@ import httpx
 import pytest
 from sqlalchemy import text as sql
 
+from bridge.audit.asks import ask_lend
 from bridge.lab.spec import LabSpec
 from bridge.lab.tokens import token_file
 from bridge.leases.requests import RequestQueue
@@ -93,7 +94,7 @@ def test_prometheus_scrapes_the_bridge_and_every_ready_triton(
             stderr=subprocess.STDOUT,
         )
         try:
-            queue.request_lend(lab.pool_nodes("elastic")[0].name, ["busy"], datetime.now(UTC))
+            ask_lend(queue, lab.pool_nodes("elastic")[0].name, ["busy"])
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 serving = any(lease.state == LeaseState.SERVING for lease in store.open_leases())

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from bridge.audit.asks import ask_lend, ask_return
 from bridge.config import TritonJobConfig, WeightsConfig
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab import triton
@@ -290,7 +291,7 @@ def test_the_daemon_reads_a_staging_back_and_lends_onto_the_local_copy(
     tick_until(rec, lambda: rec.stager is not None and bool(rec.stager.cached()), 10, log)
     assert rec.stager.cached() == {node: frozenset({labweights.MODEL})}
 
-    rec.requests.request_lend(node, [labweights.MODEL], datetime.now(UTC))
+    ask_lend(rec.requests, node, [labweights.MODEL])
     store = rec.store
     tick_until(
         rec, lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()), 90, log
@@ -304,5 +305,5 @@ def test_the_daemon_reads_a_staging_back_and_lends_onto_the_local_copy(
     assert rec.loads.local_load_s == {labweights.MODEL: took}
     assert labweights.MODEL not in rec.loads.load_s  # the baseline's start is no lend
     print(f"\nweights lab, daemon: staged on {node}, lent: starting -> serving {took:.1f} s local")
-    rec.requests.request_return(lease.id, datetime.now(UTC))
+    ask_return(rec.requests, lease.id)
     tick_until(rec, lambda: not store.open_leases(), 90, log)

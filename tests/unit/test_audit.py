@@ -36,7 +36,7 @@ from bridge.leases.audit import (
 )
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import create_schema, make_engine
-from tests.unit.fakes import Harness, at, make_harness
+from tests.unit.fakes import N3, Harness, address_of, at, make_harness
 from tests.unit.helpers import write_tokens
 
 T0 = datetime(2026, 12, 4, 10, 0, tzinfo=UTC)
@@ -210,39 +210,59 @@ def _trail_of(h: Harness) -> list[tuple[str, str, str, str]]:
 
 
 def test_the_daemon_records_each_operator_request_it_carries_out_once(h: Harness) -> None:
+    h.triton.server(address_of(N3), models={"busy": "READY"})
     lend = h.requests.request_lend("n3", ["busy"], at(0), "alice")
     h.tick(0)
     h.tick(1)
-    ret = h.requests.request_return(1, at(2), "bob")
-    gone = h.requests.request_return(99, at(2), "bob")
     h.tick(2)
     h.tick(3)
+    assert h.lease(1).state.value == "serving"
+    ret = h.requests.request_return(1, at(4), "bob")
+    gone = h.requests.request_return(99, at(4), "bob")
+    h.tick(4)
+    h.tick(5)
     me = h.reconciler.audit.actor.name
     assert _trail_of(h) == [
         ("lend", "node n3", "ok", me),
+        ("request.done", f"request {lend.id}", "ok", me),
         ("return", "lease 1", "ok", me),
-        ("return", "lease 99", "refused", me),
+        ("request.done", f"request {ret.id}", "ok", me),
+        ("request.done", f"request {gone.id}", "refused", me),
     ]
     details = [e.detail for e in h.reconciler.audit.store.walk()]
-    assert details[0] == f"lease 1 lending n3 (operator request {lend.id} by alice)"
-    assert details[1].endswith(f"(operator request {ret.id} by bob)")
-    assert f"operator request {gone.id} by bob" in details[2]
+    assert details[0] == f"lease 1: operator request {lend.id} by alice"
+    assert details[1] == f"request {lend.id}: lend node n3: lease 1 lending n3"
+    assert details[2] == f"lease 1 serving -> draining: operator request {ret.id} by bob"
+    assert details[3] == f"request {ret.id}: return lease 1: lease 1 returning"
+    assert details[4].startswith(f"request {gone.id}: return lease 99: refused: ")
     assert h.reconciler.audit.store.verify().broken is None
 
 
-def test_a_trail_the_daemon_cannot_write_is_the_pass_s_audit_error(
+def test_a_lend_is_recorded_once_though_its_request_is_taken_again(h: Harness) -> None:
+    """A daemon that died after lending but before finishing the request: the next one
+    answers it from the lease (`replayed_lend`), and the lend is in the trail once."""
+    lend = h.requests.request_lend("n3", ["busy"], at(0), "alice")
+    finish = h.requests.finish
+    h.requests.finish = lambda *a, **k: None  # type: ignore[method-assign]
+    h.tick(0)
+    h.requests.finish = finish  # type: ignore[method-assign]
+    h.tick(1)
+    actions = [(e.action, e.target) for e in h.reconciler.audit.store.walk()]
+    assert actions == [("lend", "node n3"), ("request.done", f"request {lend.id}")]
+
+
+def test_a_lend_whose_entry_cannot_be_written_is_not_made(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def down(*args: object) -> None:
-        raise AuditError("lend node n3 (ok) not recorded: disk I/O error")
+        raise OperationalError("INSERT INTO audit_entry", {}, Exception("disk I/O error"))
 
-    monkeypatch.setattr(h.reconciler.audit, "record_text", down)
+    monkeypatch.setattr(h.reconciler.audit.store, "append_in", down)
     h.requests.request_lend("n3", ["busy"], at(0), "alice")
     r = h.tick(0)
-    assert [(e.step, e.message) for e in r.errors] == [
-        ("audit", "lend node n3 (ok) not recorded: disk I/O error")
-    ]
-    assert h.lease(1).state.value == "submitted"  # what Slurm did is not undone
+    assert r.errors and "disk I/O error" in r.errors[-1].message
+    assert h.reconciler.store.open_leases() == []  # nothing lent unrecorded
+    assert h.slurm.writes == []  # nothing asked of Slurm
 
 
 # ---- stb audit ------------------------------------------------------------------------
