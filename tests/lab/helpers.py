@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from bridge.audit.asks import ask_lend
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab import triton
 from bridge.lab.slurmctl import slurm
@@ -194,7 +195,7 @@ def lend_serving(
     the lease and its server's address (holding just `models`)."""
     assert rec.requests is not None
     tick_until_baseline(rec, lab, log)
-    rec.requests.request_lend(lab.pool_nodes("elastic")[0].name, list(models), datetime.now(UTC))
+    ask_lend(rec.requests, lab.pool_nodes("elastic")[0].name, list(models))
     store = rec.store
     tick_until(
         rec, lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()), 90, log

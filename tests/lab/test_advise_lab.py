@@ -53,6 +53,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bridge.advise import service as advise_service
+from bridge.audit.asks import hold_pool, release_pool
 from bridge.cli import app
 from bridge.config import BridgeConfig, load_config
 from bridge.daemon.clients import TritonClients
@@ -273,6 +274,17 @@ def test_the_advisory_records_the_active_lend_and_changes_nothing(
             )
 
         rec.observer.close()
+        # Phase A is over: its clients, this test's, the reconciler's and nginx's idle
+        # upstream connections let go of the baseline first, as the bridge does before it
+        # stops a server (bridge/daemon/clients.py): an open keep-alive connection makes
+        # tritonserver wait out its whole exit timeout (20 s in the lab) before it exits.
+        advisory.close()
+        advisory = None
+        clients.close()
+        reconciler_clients = rec.actuator.triton_for
+        assert isinstance(reconciler_clients, TritonClients)
+        reconciler_clients.close()
+        publisher.control.reload()  # the old workers close their idle upstream connections
         cancel_triton_jobs(lab)
         rec.observer = Observer(rec.slurm, config, rec.actuator.triton_for)
         tick_until_baseline(rec, lab, log)
@@ -290,11 +302,11 @@ def test_the_advisory_records_the_active_lend_and_changes_nothing(
         assert rec.requests is not None
         lendable = [n for n, p in config.pools.items() if p.lend_mode != "reserved"]
         for pool in lendable:
-            rec.requests.hold(pool, datetime.now(UTC), "test", "the test is over")
+            hold_pool(rec.requests, pool, "the test is over", who="test")
         tick_until(rec, lambda: not list(rec.store.open_leases()), 90, log)
         assert rec.store.get(lease.id).state == LeaseState.RETURNED
         for pool in lendable:
-            rec.requests.release(pool, datetime.now(UTC), "test")
+            release_pool(rec.requests, pool, who="test")
 
         print(
             f"\nadvised lend: {advised.node} ({advised.pool}) for {','.join(advised.models)} "

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.audit.asks import ask_lend, ask_return
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.showcase import Load
 from bridge.lab.slurmctl import slurm
@@ -39,7 +40,6 @@ def test_a_preempt_lend_requeues_the_victim_which_checkpoints_and_runs_again(
     assert rec.requests is not None
     node = lab.pool_nodes("elastic")[0].name
     log: list[str] = []
-    tick_until_baseline(rec, lab, log)
     marker = tmp_path / "checkpoints.log"
     script = tmp_path / "ckpt.sbatch"
     script.write_text(CHECKPOINTING.replace("{marker}", str(marker)))
@@ -58,6 +58,8 @@ def test_a_preempt_lend_requeues_the_victim_which_checkpoints_and_runs_again(
         str(script),
     )
     try:
+        # the elastic job starts on its node while the baseline starts on the reserved one
+        tick_until_baseline(rec, lab, log)
         _lend_and_return(rec, lab, node, job, marker, log)
     finally:
         rec.slurm.cancel(job)
@@ -75,7 +77,7 @@ def _lend_and_return(
         assert time.monotonic() < deadline, "the elastic job's first run never began"
         time.sleep(0.2)
     queue, store = rec.requests, rec.store
-    queue.request_lend(node, ["busy"], datetime.now(UTC))
+    ask_lend(queue, node, ["busy"])
     tick_until(
         rec,
         lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()),
@@ -91,7 +93,7 @@ def _lend_and_return(
     assert state in {"PENDING", "REQUEUED", "CONFIGURING", "RUNNING"}
     (lease,) = store.open_leases()
     assert lease.id is not None
-    queue.request_return(lease.id, datetime.now(UTC))
+    ask_return(queue, lease.id)
     tick_until(rec, lambda: not store.open_leases(), 120, log)
     # Slurm holds a requeued job for its requeue delay (the lab's cred_expire + 1: 31 s from
     # the requeue), then it runs again: a second run, on the node it was taken from or another
@@ -112,9 +114,10 @@ def test_a_load_step_that_needs_two_replicas_more_gets_two_nodes_in_one_tick(
     would give a p99 over 100 ms, three under it. The capacity model asks for both nodes
     at once; the loads of the return run on with no failed request."""
     rec, endpoint = bridge
-    rec.config = rec.config.model_copy(
-        update={"policy": rec.config.policy.model_copy(update={"max_lent_nodes": 2})}
-    )
+    # a return dwell of 2 s (the fixture's 6 s): the return waits for Triton's p99 window
+    # to forget the step anyway (below), and the dwell's rate is the trickle's either way
+    policy = rec.config.policy.model_copy(update={"max_lent_nodes": 2, "return_dwell_s": 2})
+    rec.config = rec.config.model_copy(update={"policy": policy})
     log: list[str] = []
     tick_until_baseline(rec, lab, log)
     heavy = Load(endpoint, 45.0, 40.0, seed=1)
