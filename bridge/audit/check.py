@@ -9,7 +9,9 @@ Each privileged action the bridge writes down elsewhere must be in the trail onc
   7"), written with the request; and once it is finished, one `request.done` entry;
 - each pool hold: one `pool.drain` entry ("hold 3"), and once lifted one `pool.resume`
   entry ("hold 3 by ... lifted");
-- each fleet switch: one `fleet.mode` entry ("switch 2").
+- each fleet switch: one `fleet.mode` entry ("switch 2");
+- each gradual rollout: one `model.canary` entry ("rollout 3: ..."), and each of its
+  moves one `rollout.*` entry ("rollout 3 running -> running step 2"), written with it.
 
 And the other way: an entry naming a lease, request, hold or switch the database does not
 hold. What a finding means is what a security review asks: an action written past the
@@ -19,7 +21,8 @@ tests run it on every bridge database a test used.
 
 Facts older than the trail's first entry are not held against it (a database the trail
 was added to). Token and model actions leave no other record in this database (the tokens
-file, the model repository's journal) and are not reconciled here.
+file, the model repository's journal) and are not reconciled here, but for a rollout's
+start (`model.canary`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
@@ -37,6 +41,7 @@ from bridge.leases.audit import AuditEntry, AuditStore
 from bridge.leases.fleet import FleetSwitch
 from bridge.leases.models import Lease, LeaseEvent
 from bridge.leases.requests import OperatorRequest, PoolHold
+from bridge.leases.rollouts import Rollout, RolloutEvent
 
 #: the reasons of a return's first move (`bridge.policy.leasesync.return_reasons`)
 RETURN_MOVES = ("return: ", "abandoned: ")
@@ -45,6 +50,19 @@ _REQUEST = re.compile(r"request (\d+)[: ]")
 _HOLD = re.compile(r"hold (\d+)[: ]")
 _LIFTED = re.compile(r"hold (\d+) by .* lifted")
 _SWITCH = re.compile(r"switch (\d+)[: ]")
+_ROLLOUT = re.compile(r"rollout (\d+)[: ]")
+#: a rollout move's words, as `RolloutStore.move` tells its entry
+_MOVE = re.compile(r"(rollout \d+ \w+ -> \w+(?: step \d+)?)(?::|$)")
+#: the actions a rollout's moves are recorded as
+ROLLOUT_ACTIONS = (
+    "rollout.step",
+    "rollout.promote",
+    "rollout.rollback",
+    "rollout.end",
+    "rollout.stop",
+)
+#: what a fact is known by: an id, or a rollout move's words
+K = TypeVar("K", int, str)
 
 
 @dataclass
@@ -72,18 +90,25 @@ def _ids(texts: Iterable[str], pattern: re.Pattern[str]) -> Counter[int]:
     return found
 
 
+def move_words(rollout_id: int, before: str, after: str, step: int) -> str:
+    """A rollout move as its entry names it (`RolloutStore.move`)."""
+    return f"rollout {rollout_id} {before} -> {after}" + (
+        f" step {step}" if after == "running" else ""
+    )
+
+
 def _compare(
     out: Reconciliation,
     what: str,
     action: str,
-    expected: Iterable[int],
-    recorded: Counter[int],
+    expected: Iterable[K],
+    recorded: Counter[K],
     since: datetime,
-    born: Mapping[int, datetime],
+    born: Mapping[K, datetime],
 ) -> None:
     """Each id of `expected` recorded once by `action`; each recorded id expected."""
     want = set(expected)
-    for i in sorted(want | set(recorded)):
+    for i in sorted(want | set(recorded), key=str):
         n = recorded.get(i, 0)
         if i in want and n != 1:
             out.findings.append(
@@ -131,6 +156,8 @@ def reconcile(engine: Engine) -> Reconciliation:
         ]
         holds = list(session.exec(select(PoolHold).order_by(col(PoolHold.id))))
         switches = list(session.exec(select(FleetSwitch).order_by(col(FleetSwitch.id))))
+        rollouts = list(session.exec(select(Rollout)))
+        rollout_events = list(session.exec(select(RolloutEvent)))
 
     born = {i: _naive(at) for i, at in leases.items()}
     mine = {i for i, at in born.items() if at >= since}
@@ -153,6 +180,23 @@ def reconcile(engine: Engine) -> Reconciliation:
     _compare(out, "pool hold", "pool.drain", new, ids("pool.drain", _HOLD), since, held)
     lifted = {h.id or 0 for h in holds if h.released_at is not None} & new
     _compare(out, "lifted hold", "pool.resume", lifted, ids("pool.resume", _LIFTED), since, held)
+
+    started = {r.id: _naive(r.created_at) for r in rollouts if r.id is not None}
+    new = {i for i, at in started.items() if at >= since}
+    _compare(out, "rollout", "model.canary", new, ids("model.canary", _ROLLOUT), since, started)
+    moves = {
+        move_words(e.rollout_id, e.from_state, e.to_state, e.step): _naive(e.at)
+        for e in rollout_events
+        if e.from_state and e.rollout_id in started
+    }
+    moved: Counter[str] = Counter()
+    for action in ROLLOUT_ACTIONS:
+        for e in by.get(action, []):
+            m = _MOVE.match(e.detail)
+            if m is not None:
+                moved[m.group(1)] += 1
+    new_moves = {k for k, at in moves.items() if at >= since}
+    _compare(out, "rollout move", "rollout.*", new_moves, moved, since, moves)
 
     switched = {s.id: _naive(s.at) for s in switches if s.id is not None}
     new = {i for i, at in switched.items() if at >= since}

@@ -154,14 +154,14 @@ class RolloutDriver:
         if row.state == "pending":
             if not lacking and servers:  # seen holding both: the split may start
                 where = ", ".join(s.address for s in servers)
-                self._step(rid, "running", now, f"both versions on {where}", step=0)
+                self._step(row, "running", now, f"both versions on {where}", step=0)
                 return
             route()  # every unversioned request to the old version before the new loads
             try:
                 steps.activate(self.repo, row, servers, log.info)
             except (TritonError, PublishError) as exc:
                 why = f"version {row.new_version} did not load and answer: {exc}"
-                row = self._step(rid, "rolling_back", now, why)
+                row = self._step(row, "rolling_back", now, why)
                 self._finish(row, servers, now, route, promote=False)
             return
         if row.state == "running" and lacking:
@@ -190,7 +190,7 @@ class RolloutDriver:
         figures = _figures_json(new, old, held_s, step)
         if verdict.verdict == "rollback":
             why = f"rolled back at {step.percent:g}%: {verdict.why}"
-            row = self._step(rid, "rolling_back", now, why, figures=figures)
+            row = self._step(row, "rolling_back", now, why, figures=figures)
             log.warning("%s version %d %s", row.model, row.new_version, why)
             self._finish(row, servers, now, route, promote=False)
         elif row.step + 1 < len(plan):
@@ -198,17 +198,17 @@ class RolloutDriver:
             counts = self._counts[rid]  # the next step counts from what this tick read
             counts.step, counts.base = row.step + 1, dict(counts.seen)
             self._step(
-                rid, "running", now,
+                row, "running", now,
                 f"{nxt.percent:g}% after {verdict.why}", step=row.step + 1, figures=figures,
             )  # fmt: skip
         else:
-            row = self._step(rid, "promoting", now, f"promoted: {verdict.why}",
+            row = self._step(row, "promoting", now, f"promoted: {verdict.why}",
                                   figures=figures)  # fmt: skip
             self._finish(row, servers, now, route, promote=True)
 
     def _step(
         self,
-        rollout_id: int,
+        row: Rollout,
         state: State,
         now: datetime,
         reason: str,
@@ -216,16 +216,11 @@ class RolloutDriver:
         step: int | None = None,
         figures: dict[str, Any] | None = None,
     ) -> Rollout:
-        """`RolloutStore.move`, then its audit entry."""
-        row = self.store.move(rollout_id, state, now, reason, step=step, figures=figures)
-        at = f" step {row.step}" if state == "running" else ""
-        self.audit.record(
-            _AUDIT[state],
-            f"model {row.model} version {row.new_version}",
-            "ok",
-            f"rollout {rollout_id} -> {state}{at}: {reason}",
-        )
-        return row
+        """`RolloutStore.move` of `row`, its audit entry written with it."""
+        assert row.id is not None
+        target = f"model {row.model} version {row.new_version}"
+        audit = self.audit.within(_AUDIT[state], target, reason)
+        return self.store.move(row.id, state, now, reason, step=step, figures=figures, audit=audit)
 
     def _finish(
         self,
@@ -243,7 +238,7 @@ class RolloutDriver:
         finish = steps.promote if promote else steps.abandon
         route()  # every unversioned request to the version that stays before the other unloads
         finish(self.repo, row, servers, row.reason)
-        self._step(row.id, end, now, row.reason)
+        self._step(row, end, now, row.reason)
         if promote:
             log.info("%s version %d %s", row.model, row.new_version, row.reason)
 

@@ -30,6 +30,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 from bridge.db import Transactions, UTCDateTime
 from bridge.leases.models import partial_unique
+from bridge.leases.requests import Audit
 
 State = Literal["pending", "running", "promoting", "promoted", "rolling_back", "rolled_back"]
 OPEN: tuple[State, ...] = ("pending", "running", "promoting", "rolling_back")
@@ -149,8 +150,11 @@ class RolloutStore(Transactions):
         *,
         step: int | None = None,
         figures: dict[str, Any] | None = None,
+        audit: Audit | None = None,
     ) -> Rollout:
-        """Move the rollout (checked against `MOVES`); a new step restarts its clock."""
+        """Move the rollout (checked against `MOVES`); a new step restarts its clock.
+        `audit` records the move in the same transaction (told "rollout 3 running ->
+        running step 2")."""
         with self._write() as session:
             row = session.get(Rollout, rollout_id, with_for_update=True)
             if row is None:
@@ -173,6 +177,9 @@ class RolloutStore(Transactions):
                     figures=figures or {},
                 )
             )
+            if audit is not None:
+                at = f" step {row.step}" if state == "running" else ""
+                audit(session, f"rollout {rollout_id} {before} -> {state}{at}")
         return row
 
     def open_rollouts(self) -> list[Rollout]:

@@ -144,8 +144,8 @@ def publish_cmd(
                     why=reason, checks_file=checks,
                 )  # fmt: skip
                 note.detail = (
-                    f"version {row.new_version} beside {row.old_version}, plan {row.plan}"
-                    + (f": {reason}" if reason else "")
+                    f"rollout {row.id}: version {row.new_version} beside {row.old_version}, "
+                    f"plan {row.plan}" + (f": {reason}" if reason else "")
                 )
             steps = ", ".join(
                 f"{s.percent:g}% for {s.hold_s:g} s" for s in parse_plan(row.plan, row.hold_s)
@@ -236,9 +236,18 @@ def rollback_cmd(
             assert running.id is not None
             why = f"stopped by {history.actor()}: {reason}"
             target = f"model {name} version {running.new_version}"
-            with trail.audited("rollout.stop", target, _REFUSED) as note:
-                store.move(running.id, "rolling_back", datetime.now(UTC), why)
-                note.detail = f"rollout {running.id} -> rolling_back: {why}"
+            trail.check()  # an unreachable trail stops nothing it cannot record
+            try:
+                store.move(
+                    running.id,
+                    "rolling_back",
+                    datetime.now(UTC),
+                    why,
+                    audit=trail.within("rollout.stop", target, why),
+                )
+            except RolloutError as exc:
+                trail.record("rollout.stop", target, "refused", str(exc))
+                raise
             say(
                 console,
                 f"{name}: the rollout of version {running.new_version} is stopped; the "

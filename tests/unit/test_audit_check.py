@@ -14,11 +14,19 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from bridge.audit.asks import ask_lend, ask_return, hold_pool, release_pool, switch_fleet
+from bridge.audit.asks import (
+    ask_lend,
+    ask_return,
+    hold_pool,
+    release_pool,
+    switch_fleet,
+    trail_of,
+)
 from bridge.audit.check import reconcile
 from bridge.cli import app
 from bridge.leases.audit import Record
 from bridge.leases.fleet import FleetStore
+from bridge.leases.rollouts import RolloutStore
 from tests.unit.fakes import N3, Harness, address_of, at, make_harness
 
 PAST = "(written past the bridge, straight into the database?)"
@@ -67,6 +75,8 @@ def test_what_the_operator_and_the_daemon_did_agrees_with_the_trail(h: Harness) 
         "pool holds": 1,
         "lifted holds": 1,
         "fleet switchs": 1,
+        "rollouts": 0,
+        "rollout moves": 0,
     }
 
 
@@ -135,3 +145,18 @@ def test_stb_audit_check_says_it_agrees_or_names_each_finding(h: Harness, tmp_pa
     got = CliRunner().invoke(app, ["audit", "check", "--config", str(conf)])
     assert got.exit_code == 1
     assert "lease 2: 0 lend entries" in got.output and "1 finding(s)" in got.output
+
+
+def test_a_rollout_s_start_and_each_move_are_held_against_the_trail(h: Harness) -> None:
+    rollouts = RolloutStore(h.store._engine)
+    trail = trail_of(h.requests)
+    row = rollouts.start("busy", 1, 2, "10%", 60, datetime.now(UTC))
+    trail.record("model.canary", "model busy", "ok", f"rollout {row.id}: version 2 beside 1")
+    now = datetime.now(UTC)
+    step = trail.within("rollout.step", "model busy version 2", "both loaded")
+    rollouts.move(row.id or 0, "running", now, "both loaded", step=0, audit=step)
+    assert _findings(h) == []
+    rollouts.move(row.id or 0, "promoting", now, "by hand")  # no entry
+    assert _findings(h) == [
+        f"rollout move rollout {row.id} running -> promoting: 0 rollout.* entries, not 1 {PAST}"
+    ]

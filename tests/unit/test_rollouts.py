@@ -321,6 +321,16 @@ def test_a_good_version_goes_through_every_step_and_is_promoted(
     assert driver.splits() == []
     actions = [(e.action, e.version, e.serving) for e in history.read(repo.archive).entries]
     assert actions == [("canary", 2, 1), ("promote", 2, 2)]
+    # each move in the audit trail once, written with it
+    trail = [(e.action, e.detail.split(": ")[0]) for e in driver.audit.store.walk()]
+    rid = row.id
+    assert trail == [
+        ("rollout.step", f"rollout {rid} pending -> running step 0"),
+        ("rollout.step", f"rollout {rid} running -> running step 1"),
+        ("rollout.step", f"rollout {rid} running -> running step 2"),
+        ("rollout.promote", f"rollout {rid} running -> promoting"),
+        ("rollout.end", f"rollout {rid} promoting -> promoted"),
+    ]
 
 
 def test_a_version_that_fails_more_is_rolled_back_and_the_old_serves_alone(
