@@ -1,12 +1,23 @@
 """Issue 33's batch-inference target on the lab: batch work on the reserved replica's spare
 capacity off-peak, and the online load step still met as without it.
 
-Each round, with the daemon's reconciler (`[batch]` on, `calm_s` short for the bench):
+Each round, with the daemon's reconciler (`[batch]` on, `calm_s` short for the bench),
+built afresh for each run:
+0. Settle (`settle`, at most `--settle-s`): busy's online trickle on, passes until the
+   daemon has measured busy's rate for `--warm-s`, no lease is open and no model's p99 is
+   over `open_p99_ratio` x its SLO; it says how long it waited and for what. A daemon
+   that has just started fits its rate trend (`bridge.policy.forecast`) over the
+   trickle's first few samples and extrapolates their Poisson noise over a lend's lead
+   time: without the warm-up it lent for the trickle in some rounds (the trickle's seed
+   is the round's, so in both modes of that round), and the lease held the gate closed
+   through the off-peak.
 1. Off-peak, `--offpeak-s` seconds: busy's online trickle (4 req/s through nginx) and, in
    the `batch` mode only, a batch client on `/batch/v2/models/busy/infer` (`--batch-rps`,
    Poisson; a 429 waits out its Retry-After, capped at 1 s). The reserved replica's busy
    share over the last two thirds of it: Triton's compute time of busy over the wall
-   time (its `nv_inference_compute_infer_duration_us` delta), with the gate's state.
+   time (its `nv_inference_compute_infer_duration_us` delta), with the gate's state and
+   its reason in each of those passes (`decide_gate` again on the pass's inputs) and the
+   off-peak passes' events (lease moves, the gate's changes).
 2. The lab's load step (`bridge.lab.showcase.Scenario`: busy at 70 req/s, the elastic
    node lent), the batch client still sending in the `batch` mode: how soon the lent
    replica serves and when the step's p99 is back under the SLO
@@ -21,6 +32,7 @@ work, and the reserved replica's off-peak busy share at least 3x that without it
 
 Usage (lab up, root; under `flock /tmp/stb-lab.lock`):
     .venv/bin/python bench/batch_lab.py [--rounds 1] [--batch-rps 20] [--offpeak-s 45]
+        [--warm-s 30] [--settle-s 180]
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import statistics
 import sys
 import threading
@@ -35,6 +48,8 @@ import time
 
 import httpx
 
+from bridge.config import BridgeConfig
+from bridge.daemon.reconciler import Reconciler
 from bridge.daemon.service import build, single_instance
 from bridge.lab import lab as lab_mod
 from bridge.lab.demo import lab_config
@@ -91,7 +106,86 @@ def compute_us(addr: str) -> float | None:
     except httpx.HTTPError:
         return None
     s = next((s for s in page.models.values() if s.model == "busy"), None)
-    return None if s is None else float(s.compute_infer_duration_us)
+    return (
+        None
+        if s is None or s.compute_infer_duration_us is None
+        else float(s.compute_infer_duration_us)
+    )
+
+
+def gate_pass(rec: Reconciler, config: BridgeConfig) -> tuple[bool, str, list[str]]:
+    """One reconciler pass: whether the batch gate is open after it, the gate's reason (what
+    closed it or keeps it closed, "" when open: `decide_gate` again on the pass's own
+    inputs, which it is pure in) and the pass's events (lease moves, gate changes)."""
+    before = rec.batch_gate
+    report = rec.run_once()
+    snap, why = rec.last_snapshot, ""
+    if snap is not None:
+        why = decide_gate(before, snap, config, report.at.timestamp(), report.actions).reason
+    return rec.batch_gate.open, why, report.lines()
+
+
+def runs(reasons: list[str]) -> str:
+    """The passes' reasons as runs of alike ones (numbers aside): `3x "calm for 2 s, ..."`."""
+    out: list[tuple[str, str, int]] = []
+    for why in reasons:
+        key = re.sub(r"[0-9.]+", "#", why or "open")
+        if out and out[-1][0] == key:
+            out[-1] = (key, out[-1][1], out[-1][2] + 1)
+        else:
+            out.append((key, why or "open", 1))
+    return ", ".join(f'{k}x "{first}"' for _, first, k in out)
+
+
+def settle(
+    rec: Reconciler, config: BridgeConfig, warm_s: float, limit_s: float
+) -> tuple[float, str]:
+    """Before an off-peak phase, busy's trickle already sending: passes until the daemon
+    (built fresh for each run) has measured busy's rate for `warm_s`, no lease is open and
+    every model's newest p99 is under `open_p99_ratio` x its SLO (Triton's 60 s window
+    clear of the last step's answers); at most `limit_s`. Without the warm-up the policy's
+    rate trend (`bridge.policy.forecast`) is fitted over the trickle's first few samples,
+    whose Poisson noise it extrapolates over a lend's lead time: a lend for a trickle, its
+    lease holding the gate closed through the off-peak. (Seconds waited, what for.)"""
+    began, waited_for, last = time.monotonic(), list[str](), ""
+    measured_since: float | None = None
+    ratio = config.batch.open_p99_ratio
+    while True:
+        tick = time.monotonic()
+        _, why, said = gate_pass(rec, config)
+        for line in said:
+            waited_for.append(f"{tick - began:.0f} s: {line}")
+        snap = rec.last_snapshot
+        history = snap.history if snap is not None else {}
+        busy = history.get("busy", ())
+        if busy and busy[-1].request_rate is not None:
+            measured_since = tick if measured_since is None else measured_since
+        else:
+            measured_since = None
+        waiting = [f"lease {x.id} {x.node} {x.state.value}" for x in rec.store.open_leases()]
+        waiting += [
+            f"{m} p99 {h[-1].p99_ms:.0f} ms"
+            for m, h in sorted(history.items())
+            if h
+            and snap is not None
+            and m in snap.models
+            and h[-1].p99_ms is not None
+            and h[-1].p99_ms > ratio * snap.models[m].slo_p99_ms
+        ]
+        if measured_since is None or tick - measured_since < warm_s:
+            waiting.append(f"busy's rate measured for {warm_s:.0f} s")
+        key = re.sub(r"[0-9.]+", "#", "; ".join(waiting))
+        if waiting and key != last:  # each new thing waited for, once
+            last = key
+            waited_for.append(f"{tick - began:.0f} s: waits for {'; '.join(waiting)}")
+        # on the passes' 2 s grid to the off-peak's first pass too: a pass right after
+        # another measures the rate over a fraction of a second (a spike, and a lend)
+        time.sleep(max(0.0, tick + 2.0 - time.monotonic()))
+        if not waiting or time.monotonic() - began >= limit_s:
+            break
+    if waiting:
+        waited_for.append(f"still {'; '.join(waiting)} after {limit_s:.0f} s (gate: {why})")
+    return time.monotonic() - began, " | ".join(waited_for)
 
 
 def one(spec: LabSpec, batch: bool, args: argparse.Namespace, n: int) -> dict[str, float]:
@@ -115,8 +209,14 @@ def one(spec: LabSpec, batch: bool, args: argparse.Namespace, n: int) -> dict[st
         try:
             rec, endpoint = bridge.reconciler, config.routing.listen
             slo_ms = rec.observer.models().scaled["busy"].slo_p99_ms
-            trickle = Load(endpoint, rate=4, duration=args.offpeak_s + 60, seed=20 + n)
+            # busy's trickle from here to the step; before the off-peak: the daemon's rate
+            # history warmed up, the last round's lends returned and its step's answers out
+            # of Triton's p99 window (else the gate stays closed through the off-peak)
+            duration = args.settle_s + args.offpeak_s + 60
+            trickle = Load(endpoint, rate=4, duration=duration, seed=20 + n)
             trickle.start()
+            settled_s, settled_for = settle(rec, config, args.warm_s, args.settle_s)
+            print(f"[{mode}] settled in {settled_s:.0f} s: {settled_for}", flush=True)
             if batch:
                 client = BatchClient(endpoint, args.batch_rps, seed=30 + n)
                 client.start()
@@ -124,22 +224,24 @@ def one(spec: LabSpec, batch: bool, args: argparse.Namespace, n: int) -> dict[st
             share_from = began + args.offpeak_s / 3
             first: tuple[float, float] | None = None
             open_passes = passes = 0
+            reasons: list[str] = []  # the gate's reason in each pass of the share's window
+            events: list[str] = []  # the off-peak passes' events (lease moves, the gate)
             while time.monotonic() - began < args.offpeak_s:
                 tick = time.monotonic()
-                rec.run_once()
+                is_open, why, lines = gate_pass(rec, config)
+                events += [f"{tick - began:.0f} s: {line}" for line in lines]
                 if time.monotonic() >= share_from:
                     passes += 1
-                    open_passes += int(rec.batch_gate.open)
+                    open_passes += int(is_open)
+                    reasons.append(why)
                     if first is None and (us := compute_us(reserved)) is not None:
                         first = (time.monotonic(), us)
                 time.sleep(max(0.0, tick + 2.0 - time.monotonic()))
             last = compute_us(reserved)
-            # why the gate stands as it does at the off-peak's end (what held it closed)
-            snap = rec.last_snapshot
-            why = (
-                ""
-                if snap is None
-                else decide_gate(rec.batch_gate, snap, config, time.time()).reason
+            print(
+                f"[{mode}] off-peak gate per pass: {runs(reasons)}"
+                f"{'; events: ' + ' | '.join(events) if events else ''}",
+                flush=True,
             )
             assert first is not None and last is not None, "the reserved replica's metrics"
             share = (last - first[1]) / 1e6 / (time.monotonic() - first[0])
@@ -161,8 +263,7 @@ def one(spec: LabSpec, batch: bool, args: argparse.Namespace, n: int) -> dict[st
     if client is not None:
         said = f"  batch ok {client.ok} 429 {client.refused} failed {client.failed}"
     print(
-        f"[{mode}] off-peak busy share {share:.3f} (gate open {open_passes}/{passes} passes"
-        f"{': ' + why if why else ''})  "
+        f"[{mode}] off-peak busy share {share:.3f} (gate open {open_passes}/{passes} passes)  "
         f"step: serving {fig.serving_s:.1f} s, p99 under SLO {fig.p99_under_slo_s:.0f} s, "
         f"recovered {recovered:.0f} s, online lost {lost}{said}  load {os.getloadavg()[0]:.2f}",
         flush=True,
@@ -183,6 +284,12 @@ def main() -> None:
     parser.add_argument("--offpeak-s", type=float, default=45.0)
     parser.add_argument("--calm-s", type=float, default=6.0)
     parser.add_argument("--pause-s", type=float, default=75.0, help="between rounds")
+    parser.add_argument(
+        "--warm-s", type=float, default=30.0, help="busy's rate measured before an off-peak"
+    )
+    parser.add_argument(
+        "--settle-s", type=float, default=180.0, help="at most, before each off-peak"
+    )
     args = parser.parse_args()
     spec = LabSpec.load(default_lab_dir())
     if spec is None or not lab_mod.is_up(spec):
