@@ -171,9 +171,11 @@ def run(
             ).run(wait_requeued=wait_requeued)
             lease_job = bridge.reconciler.store.get(res.lease_id or 0).slurm_job_id
         finally:
+            # its connections closed and nginx stopped first: a server with an open
+            # keep-alive connection would wait out its exit timeout (20 s) before it exits
+            bridge.close()
             for job in bridge.reconciler.slurm.jobs(tag=TRITON_TAG):
                 bridge.reconciler.slurm.cancel(job.job_id)
-            bridge.close()
     table = Table(title="load generator (through nginx)")
     for col in ("phase", "sent/s", "ok", "errors", "dropped", "p50 ms", "p99 ms"):
         table.add_column(col, justify="right")
