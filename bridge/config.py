@@ -257,9 +257,11 @@ class PolicyConfig(_Strict):
     partial_lends: bool = Field(
         default=True,
         description="Lend a model whose replica says its GPUs (instance_group, tensor x "
-        "pipeline parallel) just those GPUs of a preempt-mode node, requeueing only the "
-        "jobs that hold them; false: whole nodes, as before. Drain-mode lends and models "
-        "that do not say their GPUs take whole nodes either way.",
+        "pipeline parallel) just those GPUs of a node: of a preempt-mode node requeueing "
+        "only the jobs that hold them, of a drain-mode node waiting for those jobs to end "
+        "(its Triton job pends on the node at the top priority, no fence, nothing "
+        "killed); false: whole nodes, as before. Models that do not say their GPUs take "
+        "whole nodes either way.",
     )
     sized_lends: bool = Field(
         default=False,

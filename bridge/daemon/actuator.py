@@ -44,7 +44,7 @@ from bridge.policy import steps
 from bridge.routing.errors import RoutingError
 from bridge.routing.table import BASELINE, BatchGate, MetricsTarget, RoutingTable, Split
 from bridge.slurm.errors import SlurmError
-from bridge.slurm.model import JobSpec, ReservationSpec, lease_of
+from bridge.slurm.model import TOP_PRIORITY, JobSpec, ReservationSpec, lease_of
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.errors import TritonError
 from bridge.triton.ports import METRICS_PORT
@@ -401,6 +401,9 @@ class Actuator:
             # jobs this step requeues (`planner.victims_of`)
             partition=pool.partition if submit.reservation or submit.gpus is not None else None,
             reservation=submit.reservation,
+            # a drain-mode partial lend's job pends on its node for the GPUs its jobs free:
+            # at the top priority Slurm gives them to it before any pending training job
+            priority=TOP_PRIORITY if submit.top else None,
             weights_cache=self.config.weights.cache_root,
             weights_verify=self.config.weights.verify,
         )

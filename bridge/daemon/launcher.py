@@ -71,6 +71,7 @@ def triton_job(
     weights_cache: Path | None = None,
     weights_verify: str = "stamp",
     skip: Sequence[str] = (),
+    priority: int | str | None = None,
 ) -> JobSpec:
     """The JobSpec of one Triton server. `models` empty: every model that loads at start
     (`start_models`). `members`: a gang's other nodes (one job with `-N n` on `node` and
@@ -81,7 +82,9 @@ def triton_job(
     copy there where it has one (`bridge.weights.overlay`), checked as `weights_verify`
     says (`[weights] verify`). `skip`: models a server
     started for every model leaves out besides those that do not load at start (a
-    baseline: the models served from zero); ignored when `models` names them."""
+    baseline: the models served from zero); ignored when `models` names them.
+    `priority`: `JobSpec.priority` (a drain-mode lend of some of a node's GPUs asks
+    `TOP_PRIORITY`); None: Slurm's own."""
     if not cfg.key_file.exists():
         raise LauncherError(f"the Triton API key file {cfg.key_file} does not exist")
     shim = cfg.key_shim_path
@@ -124,6 +127,7 @@ def triton_job(
         requeue=False,
         reservation=reservation,
         output=output,
+        priority=priority,
         env=env,
     )
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from bridge.config import BridgeConfig, pool_of
+from bridge.lifecycle import LeaseState
 from bridge.modelfacts import ModelFacts
 from bridge.policy.returns import RatePeaks, ReturnHistory
 from bridge.policy.snapshot import (
@@ -219,7 +220,14 @@ def snapshot(
         replace(
             lease,
             gpus=gpus.get(lease.node, 1),
-            waiting=lease.lend_mode == "drain" and lease.node in obs.work,
+            # a drain lend waits for its node's jobs; a partial one only for its own job to
+            # start (the node's other jobs go on beside it)
+            waiting=lease.lend_mode == "drain"
+            and (
+                lease.node in obs.work
+                if lease.lent_gpus is None
+                else lease.state in (LeaseState.REQUESTED, LeaseState.SUBMITTED)
+            ),
         )
         for lease in leases
     )

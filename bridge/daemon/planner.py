@@ -97,14 +97,16 @@ def world_of(lease: LeaseView, obs: Observation, settings: Settings | None = Non
 
 
 def victims_of(lease: LeaseView, obs: Observation, settings: Settings) -> tuple[str, ...]:
-    """The jobs a preempt-mode lease's submit requeues, sorted: every job running on its
-    node for a whole-node lease; for a partial one (`lent_gpus`), the fewest GPUs of them
-    that free its GPUs (`bridge.policy.victims.choose_victims`, guarded jobs kept), as
-    the policy chose the node by. None found (the node's jobs changed since): none is
-    requeued, and Slurm starts the Triton job when its GPUs are free. At the
-    observation's time."""
+    """The jobs a preempt-mode lease's submit requeues (a drain-mode one's: none), sorted:
+    every job running on its node for a whole-node lease; for a partial one (`lent_gpus`),
+    the fewest GPUs of them that free its GPUs (`bridge.policy.victims.choose_victims`,
+    guarded jobs kept), as the policy chose the node by. None found (the node's jobs
+    changed since): none is requeued, and Slurm starts the Triton job when its GPUs are
+    free. At the observation's time."""
     now = obs.at
     running = obs.work.get(lease.node, ())
+    if lease.lend_mode != "preempt":  # a drain-mode lend waits for its jobs: none goes
+        return ()
     if lease.lent_gpus is None:  # whole nodes: every job on any of them
         return tuple(sorted({j.job_id for n in lease.nodes for j in obs.work.get(n, ())}))
     node = obs.nodes.get(lease.node)

@@ -332,13 +332,17 @@ def sync_lease(lease: LeaseView, world: LeaseWorld, now: float, settings: Settin
 def _submit_step(lease: LeaseView, world: LeaseWorld, settings: Settings) -> Step:
     commands: list[Command] = []
     reservation = None
-    if lease.lend_mode == "drain":
+    drain = lease.lend_mode == "drain"
+    if drain and lease.lent_gpus is None:
         # The gentle fence: a reservation holds the node for the bridge; running jobs go
         # on, nothing new starts there, and Triton starts when the node is free.
         reservation = world.reservation
         if not world.fenced:
             duration = int(settings.drain_wait_s + RESERVATION_SLACK_S)
             commands.append(Fence(reservation, lease.node, duration, lease.members))
+    # A drain-mode lend of some of the node's GPUs has no fence (Slurm reserves nodes and
+    # cores, not GPUs): its job pends on the node at the top priority, and Slurm gives it
+    # the GPUs the node's jobs free before any pending training job; nothing is killed.
     commands.append(
         Submit(
             lease.node,
@@ -348,6 +352,7 @@ def _submit_step(lease: LeaseView, world: LeaseWorld, settings: Settings) -> Ste
             reservation,
             lease.lent_gpus,
             lease.members,
+            top=drain and lease.lent_gpus is not None,
         )
     )
     if lease.lend_mode == "preempt" and settings.requeue_victims and world.victims:

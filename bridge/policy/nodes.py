@@ -15,12 +15,16 @@ its victims' work on whichever node it takes, a load from the shared repository 
 every lend's requests minutes. Without caches every node loads alike and the order is
 the one above.
 
-A lend of some of a node's GPUs (`gpus`: a model whose replica takes k GPUs, issue 32)
-takes a busy preempt-mode node at the cost of the jobs `partial_victims` picks (the
-fewest GPUs of elastic work that free k, guarded jobs kept, within the hour's budget),
-not all of its jobs; a busy node with k GPUs free already costs nothing and ranks with
-the idle ones. Drain-mode nodes are lent whole. Pure; `decide`, the advisory pass and
-the weight-cache plan's lend order call it."""
+A lend of some of a node's GPUs (`gpus`: a model whose replica takes k GPUs) takes a
+busy preempt-mode node at the cost of the jobs `partial_victims` picks (the fewest GPUs
+of elastic work that free k, guarded jobs kept, within the hour's budget), not all of
+its jobs; a busy node with k GPUs free already costs nothing and ranks with the idle
+ones. A drain-mode node is lent k GPUs too, killing nothing: one with k GPUs free ranks
+with the idle ones; a busy one (the backstop's, as any busy drain node) waits for the
+jobs that end first until k are free (`bridge.policy.victims.drain_wait`), and the
+shortest wait goes first: the soonest known end, then, where a job waited for has no
+end known, the fewest GPUs busy. Pure; `decide`, the advisory pass and the weight-cache
+plan's lend order call it."""
 
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from collections.abc import Collection, Mapping
 
 from bridge.config import BridgeConfig, PolicyConfig
 from bridge.policy.snapshot import NodeView, Snapshot, held_nodes
-from bridge.policy.victims import Victims, choose_victims, guarded, work_lost
+from bridge.policy.victims import Victims, choose_victims, drain_wait, guarded, work_lost
 
 #: the lend modes of the pools a lend may take nodes from
 LENDABLE = ("preempt", "drain")
@@ -110,18 +114,37 @@ def partial_victims(
 
 
 def partial(node_gpus: int, gpus: int | None, mode: str) -> bool:
-    """A lend of `gpus` GPUs takes only some of a node of `node_gpus`: a preempt-mode node
-    with more (a drain-mode lend fences the whole node; a replica of the whole node or
-    more takes whole nodes)."""
-    return gpus is not None and mode == "preempt" and gpus < node_gpus
+    """A lend of `gpus` GPUs takes only some of a node of `node_gpus`: a lendable node
+    (preempt or drain mode) with more (a replica of the whole node or more takes whole
+    nodes)."""
+    return gpus is not None and mode in LENDABLE and gpus < node_gpus
+
+
+def drain_cost(node: NodeView, gpus: int, now: float) -> tuple[float, int] | None:
+    """How long a drain-mode lend of `gpus` of `node`'s GPUs waits, as `choose_nodes`
+    ranks it: the seconds until the jobs that end first free them (by their time limits;
+    inf when one it would wait for has no end known), then the GPUs the node's running
+    jobs hold. None when the GPUs are free already. (A node whose Triton jobs leave
+    fewer than `gpus` is no candidate at all: `drain_fits`.)"""
+    busy = sum(j.held_here for j in node.jobs if j.started_at is not None)
+    if gpus <= node.gpus - node.triton_gpus - busy:
+        return None
+    wait = drain_wait(node, gpus, now)
+    return (math.inf if wait is None else max(0.0, wait.free_at - now)), busy
+
+
+def drain_fits(node: NodeView, gpus: int) -> bool:
+    """A drain-mode lend of `gpus` of `node`'s GPUs can be given, in time: its Triton jobs
+    leave that many."""
+    return gpus <= node.gpus - node.triton_gpus
 
 
 def victims_count(
     node: NodeView, gpus: int | None, mode: str, now: float, policy: PolicyConfig
 ) -> int:
-    """Jobs a lend of `node` requeues: a partial lend's `partial_victims`, a preempt-mode
-    whole-node lend's every job, none for a drain-mode one."""
-    if partial(node.gpus, gpus, mode):
+    """Jobs a lend of `node` requeues: a preempt-mode partial lend's `partial_victims`, a
+    preempt-mode whole-node lend's every job, none for a drain-mode one."""
+    if mode == "preempt" and partial(node.gpus, gpus, mode):
         assert gpus is not None
         victims = partial_victims(node, gpus, now, policy, len(node.jobs))
         return len(victims.jobs) if victims is not None else 0
@@ -143,7 +166,8 @@ def choose_nodes(
 ) -> list[NodeView]:
     """Up to `count` nodes to lend, cheapest first (see the module docstring). A busy
     drain-mode node serves only once its jobs end (hours, maybe): it is a candidate only
-    with `waiting` (the backstop), never for a capacity deficit that must be met now.
+    with `waiting` (the backstop), never for a capacity deficit that must be met now;
+    one whose free GPUs make a partial lend's is not busy for it.
     `taken`: nodes this tick lends already; `freed`: leases this tick returns (their
     pool's `max_lent_share` room is free again); `models`: the models the lends are for
     (the idle nodes holding their weights first within a cost rank; none: by name);
@@ -155,8 +179,10 @@ def choose_nodes(
     leased = held_nodes(snapshot.leases) | taken
     budget = policy.max_preemptions_per_hour - snapshot.preemptions_last_hour - spent
     modes = {name: pool.lend_mode for name, pool in config.pools.items()}
-    #: a partial lend's cost per busy node: its victims, the work they lose
+    #: a partial lend's cost per busy node: its victims, the work they lose (preempt
+    #: mode); its wait (drain mode, `drain_cost`)
     cost: dict[str, tuple[int, float]] = {}
+    waits: dict[str, tuple[float, int]] = {}
     lendable = {
         name: pool.cost_rank for name, pool in config.pools.items() if pool.lend_mode in LENDABLE
     }
@@ -175,7 +201,17 @@ def choose_nodes(
         if gpus is not None and node.gpus < gpus:  # too small for the replica (a gang's)
             continue
         free = False  # a busy node whose free GPUs make a partial lend
-        if node.jobs and gpus is not None and partial(node.gpus, gpus, modes[node.pool]):
+        mode = modes[node.pool]
+        if node.jobs and gpus is not None and mode == "drain" and partial(node.gpus, gpus, mode):
+            if not drain_fits(node, gpus):
+                continue
+            wait = drain_cost(node, gpus, now)
+            if wait is not None:
+                waits[node.name] = wait
+                busy_nodes.append(node)
+                continue
+            free = True  # its free GPUs make the lend: as cheap as an idle node
+        elif node.jobs and gpus is not None and partial(node.gpus, gpus, mode):
             chosen_jobs = partial_victims(node, gpus, now, policy, budget)
             if chosen_jobs is None:
                 continue
@@ -212,20 +248,21 @@ def choose_nodes(
     if len(chosen) == count:
         # enough idle nodes: the busy ones' checks and work lost would go unread
         return chosen
-    busy: list[tuple[int, float, float, str, NodeView]] = []
+    # (rank, load, the cost: work lost, or a drain lend's wait then GPUs busy; name, node)
+    busy: list[tuple[int, float, tuple[float, int], str, NodeView]] = []
     for node in busy_nodes:
         rank = lendable[node.pool]
         load = load_on(node, models, load_s, local_load_s) if models and node.cached else -1.0
         if node.name in cost:  # a partial lend: its victims were checked and counted
-            busy.append((rank, load, cost[node.name][1], node.name, node))
+            busy.append((rank, load, (cost[node.name][1], 0), node.name, node))
         elif config.pools[node.pool].lend_mode == "preempt":
             if len(node.jobs) > budget or requeued_recently(node, now, policy.preempt_guard_s):
                 continue
             if any(j.restarts >= policy.max_requeues_per_job for j in node.jobs):
                 continue
-            busy.append((rank, load, work_lost(node, now), node.name, node))
-        elif waiting:
-            busy.append((rank, load, 0.0, node.name, node))
+            busy.append((rank, load, (work_lost(node, now), 0), node.name, node))
+        elif waiting:  # a drain lend: the shortest wait first (a whole node's: by name)
+            busy.append((rank, load, waits.get(node.name, (0.0, 0)), node.name, node))
     if models and any(t[1] >= 0.0 for t in busy):
         shared = max((load_s.get(m, 0.0) for m in models), default=0.0)
         busy = [(r, shared if load < 0.0 else load, w, n, v) for r, load, w, n, v in busy]

@@ -45,6 +45,10 @@ class Submit:
     gpus: int | None = None
     #: a gang's other nodes: the job asks for `-N n` on `node` and these, whole
     members: tuple[str, ...] = ()
+    #: the job asks for the highest priority Slurm lets an administrator set
+    #: (`--priority=TOP`): a drain-mode lend of some of a node's GPUs, pending on its
+    #: node until jobs there end, is then the first job Slurm gives those GPUs to
+    top: bool = False
 
 
 @dataclass(frozen=True)

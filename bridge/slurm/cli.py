@@ -249,6 +249,7 @@ class SlurmCLI:
             None if spec.time_limit_min is None else f"--time={spec.time_limit_min}",
             f"--qos={spec.qos}" if spec.qos else None,
             None if spec.nice is None else f"--nice={spec.nice}",
+            None if spec.priority is None else f"--priority={spec.priority}",
         )
         argv += [option for option in optional if option is not None]
         argv.append("--export=" + ",".join(["ALL", *(f"{k}={v}" for k, v in spec.env.items())]))

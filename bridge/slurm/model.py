@@ -27,6 +27,11 @@ LEASE_TAG_PREFIX = "stb:lease="
 #: How a job reports a checkpoint: `stb:ckpt=<epoch seconds>` in its comment, e.g.
 #: `scontrol update JobId=$SLURM_JOB_ID Comment=stb:ckpt=$(date +%s)` after each save.
 CHECKPOINT_TAG = "stb:ckpt="
+#: `JobSpec.priority` for the highest priority an administrator may set (`sbatch
+#: --priority=TOP`), and the number Slurm stores for it (NO_VAL - 1, which slurmctld keeps
+#: as the job's priority; the API backends send the number where they take no word)
+TOP_PRIORITY = "TOP"
+TOP_PRIORITY_VALUE = 0xFFFFFFFD
 
 #: a lease as its Triton job's tag names it: (lease id, creation time in epoch seconds).
 #: The time makes the tag unique even if lease ids restart (a new database).
@@ -167,6 +172,10 @@ class JobSpec:
     qos: str | None = None
     #: sbatch --nice: lowers the job's priority by this much (None: not given)
     nice: int | None = None
+    #: sbatch --priority: the job's priority set outright, a number or `TOP_PRIORITY`
+    #: (the highest an administrator may set); only a Slurm operator or administrator
+    #: may set it, and Slurm keeps it as set (no multifactor recalculation). None: Slurm's
+    priority: int | str | None = None
     env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -174,6 +183,13 @@ class JobSpec:
             raise ValueError("JobSpec needs exactly one of script= or wrap=")
         if self.nodes is not None and self.nodes < 1:
             raise ValueError(f"JobSpec nodes must be >= 1, got {self.nodes}")
+        if isinstance(self.priority, str):
+            if self.priority != TOP_PRIORITY:
+                raise ValueError(f"JobSpec priority must be a number or {TOP_PRIORITY!r}")
+        elif self.priority is not None and not 0 <= self.priority <= TOP_PRIORITY_VALUE:
+            raise ValueError(
+                f"JobSpec priority must be in [0, {TOP_PRIORITY_VALUE}], got {self.priority}"
+            )
         for key in self.env:
             if not key or "=" in key or "," in key:
                 raise ValueError(f"JobSpec env name {key!r} is not a valid variable name")

@@ -179,6 +179,9 @@ class PySlurm:
             desc.qos = spec.qos
         if spec.nice is not None:
             desc.nice = spec.nice
+        if spec.priority is not None:  # (pyslurm takes a number: TOP is NO_VAL - 1)
+            top = spec.priority == model.TOP_PRIORITY
+            desc.priority = model.TOP_PRIORITY_VALUE if top else spec.priority
         return str(_call("submit", desc.submit))
 
     def cancel(self, job_id: str, *, signal: str | None = None) -> None:

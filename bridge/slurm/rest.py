@@ -281,6 +281,8 @@ def submission(
         job["qos"] = spec.qos
     if spec.nice is not None:
         job["nice"] = spec.nice
+    if spec.priority is not None:  # (slurmrestd reads "TOP" as sbatch does)
+        job["priority"] = spec.priority
     job.setdefault("current_working_directory", cwd)
     job["environment"] = dict(environment) | spec.env
     return {"script": script, "job": job}
