@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from bridge.audit.asks import ask_lend
+from bridge.config import ModelOverride, load_config
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab import triton
 from bridge.lab.slurmctl import slurm
@@ -33,6 +34,16 @@ from bridge.paths import project_root
 from bridge.routing.table import RoutingTable
 from bridge.slurm.cli import SlurmCLI
 from bridge.slurm.model import TRITON_TAG
+
+#: one request's input for the lab's `busy` model (four floats)
+BUSY_INPUT = {"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}
+
+
+def busy_takes_one_gpu() -> dict[str, object]:
+    """A `bridge_update` saying busy's replica takes one GPU (`instance_gpus = 1`), so
+    that its lends are partial ones."""
+    base = load_config(project_root() / "deploy" / "lab" / "bridge.toml")
+    return {"models": {**base.models, "busy": ModelOverride(instance_gpus=1)}}
 
 
 def until(what: str, check: Callable[[], object], timeout_s: float, every: float = 0.05) -> float:

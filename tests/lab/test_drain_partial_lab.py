@@ -15,15 +15,15 @@ import time
 import pytest
 
 from bridge.audit.asks import ask_lend, ask_return
-from bridge.config import ModelOverride, load_config
 from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import LabSpec
 from bridge.lifecycle import LeaseState
-from bridge.paths import project_root
 from bridge.slurm.model import TOP_PRIORITY_VALUE
 
 from .helpers import (
+    BUSY_INPUT,
+    busy_takes_one_gpu,
     sbatch,
     scontrol_show,
     squeue_state,
@@ -35,13 +35,10 @@ from .helpers import (
 
 pytestmark = pytest.mark.lab
 
-BUSY_INPUT = {"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}
-
 
 @pytest.fixture
 def bridge_update() -> dict[str, object]:
-    base = load_config(project_root() / "deploy" / "lab" / "bridge.toml")
-    return {"models": {**base.models, "busy": ModelOverride(instance_gpus=1)}}
+    return busy_takes_one_gpu()
 
 
 def _training_job(lab: LabSpec, node: str) -> str:

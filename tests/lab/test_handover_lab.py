@@ -26,11 +26,9 @@ from bridge.lab.triton import server_python_path
 from bridge.lifecycle import LeaseState
 from bridge.paths import project_root
 
-from .helpers import sbatch, tick_until, tick_until_baseline, upstreams, wait_state
+from .helpers import BUSY_INPUT, sbatch, tick_until, tick_until_baseline, upstreams, wait_state
 
 pytestmark = pytest.mark.lab
-
-BUSY_INPUT = {"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}
 
 
 @pytest.fixture
