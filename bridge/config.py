@@ -257,11 +257,18 @@ class PolicyConfig(_Strict):
     partial_lends: bool = Field(
         default=True,
         description="Lend a model whose replica says its GPUs (instance_group, tensor x "
-        "pipeline parallel) just those GPUs of a node: of a preempt-mode node requeueing "
-        "only the jobs that hold them, of a drain-mode node waiting for those jobs to end "
-        "(its Triton job pends on the node at the top priority, no fence, nothing "
-        "killed); false: whole nodes, as before. Models that do not say their GPUs take "
-        "whole nodes either way.",
+        "pipeline parallel) just those GPUs of a preempt-mode node, requeueing only the "
+        "jobs that hold them (and of a drain-mode node with drain_partial_lends); false: "
+        "whole nodes, as before. Models that do not say their GPUs take whole nodes "
+        "either way.",
+    )
+    drain_partial_lends: bool = Field(
+        default=False,
+        description="With partial_lends: lend a drain-mode (training) node just a "
+        "replica's GPUs too, waiting for the jobs that hold them to end (its Triton job "
+        "pends on the node at the top priority: no fence, nothing killed, the node's other "
+        "jobs go on). Off by default: in the simulator's GPU-granular runs it lost fewer "
+        "elastic GPU-hours but kept fewer requests within their SLO (bench/README.md).",
     )
     sized_lends: bool = Field(
         default=False,

@@ -258,7 +258,8 @@ def operator_lend_gpus(
         return None
     k = lend_gpus(obs.models.scaled, models)
     known = obs.nodes.get(node)
-    return k if known is not None and partial(known.gpus, k, mode) else None
+    drain = config.policy.drain_partial_lends
+    return k if known is not None and partial(known.gpus, k, mode, drain) else None
 
 
 def operator_gang(

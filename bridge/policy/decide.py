@@ -744,7 +744,7 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
                 n = plan.from_zero[models[0]]
                 reason = f"scale from zero: {models[0]}, {n} request(s) waiting"
             g = took.get(node.name, k)  # (a sized lend on a node that gives less)
-            share = g if partial(node.gpus, g, mode) else None
+            share = g if partial(node.gpus, g, mode, config.policy.drain_partial_lends) else None
             actions.append(Lend(node.name, node.pool, mode, models, reason, share))
             lends += 1
             taken.add(node.name)
@@ -775,7 +775,7 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
             node, models = spare[0], tuple(plan.backstop)
             mode = config.pools[node.pool].lend_mode
             reason = _breach_reason(snapshot, models[0], policy.breach_evaluations)
-            share = k if partial(node.gpus, k, mode) else None
+            share = k if partial(node.gpus, k, mode, config.policy.drain_partial_lends) else None
             actions.append(Lend(node.name, node.pool, mode, models, reason, share))
     return actions
 

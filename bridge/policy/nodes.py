@@ -19,7 +19,8 @@ A lend of some of a node's GPUs (`gpus`: a model whose replica takes k GPUs) tak
 busy preempt-mode node at the cost of the jobs `partial_victims` picks (the fewest GPUs
 of elastic work that free k, guarded jobs kept, within the hour's budget), not all of
 its jobs; a busy node with k GPUs free already costs nothing and ranks with the idle
-ones. A drain-mode node is lent k GPUs too, killing nothing: one with k GPUs free ranks
+ones. With `[policy] drain_partial_lends` a drain-mode node is lent k GPUs too,
+killing nothing (else it is lent whole): one with k GPUs free ranks
 with the idle ones; a busy one (the backstop's, as any busy drain node) waits for the
 jobs that end first until k are free (`bridge.policy.victims.drain_wait`), and the
 shortest wait goes first: the soonest known end, then, where a job waited for has no
@@ -113,11 +114,13 @@ def partial_victims(
     return choose_victims(node, gpus, now, keep=keep, max_jobs=max(0, budget))
 
 
-def partial(node_gpus: int, gpus: int | None, mode: str) -> bool:
-    """A lend of `gpus` GPUs takes only some of a node of `node_gpus`: a lendable node
-    (preempt or drain mode) with more (a replica of the whole node or more takes whole
-    nodes)."""
-    return gpus is not None and mode in LENDABLE and gpus < node_gpus
+def partial(node_gpus: int, gpus: int | None, mode: str, drain: bool = False) -> bool:
+    """A lend of `gpus` GPUs takes only some of a node of `node_gpus`: a preempt-mode node
+    with more, or with `drain` (`[policy] drain_partial_lends`) a drain-mode one (a
+    replica of the whole node or more takes whole nodes; a drain-mode node otherwise
+    is fenced whole)."""
+    ok = mode == "preempt" or (drain and mode == "drain")
+    return gpus is not None and ok and gpus < node_gpus
 
 
 def drain_cost(node: NodeView, gpus: int, now: float) -> tuple[float, int] | None:
@@ -202,7 +205,13 @@ def choose_nodes(
             continue
         free = False  # a busy node whose free GPUs make a partial lend
         mode = modes[node.pool]
-        if node.jobs and gpus is not None and mode == "drain" and partial(node.gpus, gpus, mode):
+        drain = policy.drain_partial_lends
+        if (
+            node.jobs
+            and gpus is not None
+            and mode == "drain"
+            and partial(node.gpus, gpus, mode, drain)
+        ):
             if not drain_fits(node, gpus):
                 continue
             wait = drain_cost(node, gpus, now)

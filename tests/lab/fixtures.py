@@ -97,8 +97,9 @@ def triton_config(lab: LabSpec) -> TritonJobConfig:
 
 @pytest.fixture
 def bridge_update() -> dict[str, object]:
-    """More of the `bridge` fixture's configuration, field -> value (e.g. `weights`); a
-    test module may override this fixture."""
+    """More of the `bridge` fixture's configuration, field -> value (e.g. `weights`;
+    `policy`: a dict of [policy] fields set beside the fixture's own); a test module may
+    override this fixture."""
     return {}
 
 
@@ -111,6 +112,9 @@ def bridge(
 ) -> Iterator[tuple[Reconciler, str]]:
     base = load_config(project_root() / "deploy" / "lab" / "bridge.toml")
     port = _free_port()
+    more = dict(bridge_update)
+    policy_more = more.pop("policy", {})  # [policy] fields beside the fixture's own
+    assert isinstance(policy_more, dict), "bridge_update's policy: a dict of its fields"
     config = base.model_copy(
         update={
             "database_url": f"sqlite:///{tmp_path / 'bridge.db'}",
@@ -122,9 +126,10 @@ def bridge(
                     "scale_out_cooldown_s": 0,
                     "scale_in_cooldown_s": 6,
                     "max_lent_nodes": 1,
+                    **policy_more,
                 }
             ),
-            **bridge_update,
+            **more,
         }
     )
     engine = make_engine(config.database_url)

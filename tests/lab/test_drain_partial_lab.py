@@ -38,7 +38,7 @@ pytestmark = pytest.mark.lab
 
 @pytest.fixture
 def bridge_update() -> dict[str, object]:
-    return busy_takes_one_gpu()
+    return {**busy_takes_one_gpu(), "policy": {"drain_partial_lends": True}}
 
 
 def _training_job(lab: LabSpec, node: str) -> str:

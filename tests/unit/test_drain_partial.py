@@ -61,7 +61,11 @@ CONFIG = BridgeConfig(
         "echo": ModelConfig(slo_p99_ms=50, min_replicas=1, max_replicas=2),
     },
     policy=PolicyConfig(
-        breach_evaluations=3, scale_out_cooldown_s=60, max_lent_nodes=2, drain_wait_s=300
+        drain_partial_lends=True,
+        breach_evaluations=3,
+        scale_out_cooldown_s=60,
+        max_lent_nodes=2,
+        drain_wait_s=300,
     ),
 )
 
@@ -106,9 +110,10 @@ def decide(snapshot: Snapshot, config: BridgeConfig = CONFIG) -> list[Action]:
 
 
 def test_a_drain_node_gives_some_of_its_gpus() -> None:
-    assert partial(4, 1, "drain") and partial(4, 1, "preempt")
-    assert not partial(4, 4, "drain") and not partial(4, None, "drain")
-    assert not partial(4, 1, "reserved")
+    assert partial(4, 1, "drain", drain=True) and partial(4, 1, "preempt")
+    assert not partial(4, 1, "drain")  # drain_partial_lends off: the node is lent whole
+    assert not partial(4, 4, "drain", drain=True) and not partial(4, None, "drain", drain=True)
+    assert not partial(4, 1, "reserved", drain=True)
 
 
 def test_the_backstop_takes_the_training_node_whose_jobs_free_the_gpus_soonest() -> None:

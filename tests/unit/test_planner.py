@@ -244,7 +244,9 @@ def test_operator_lend_gpus_follow_the_models_replicas() -> None:
     assert operator_lend_gpus("n3", ("small",), "preempt", obs, config) == 1
     assert operator_lend_gpus("n3", ("small", "big"), "preempt", obs, config) is None  # 4 of 4
     assert operator_lend_gpus("n3", ("small", "whole"), "preempt", obs, config) is None
-    assert operator_lend_gpus("n5", ("small",), "drain", obs, config) == 1  # waits, unfenced
+    assert operator_lend_gpus("n5", ("small",), "drain", obs, config) is None  # fenced whole
+    drain = config.model_copy(update={"policy": PolicyConfig(drain_partial_lends=True)})
+    assert operator_lend_gpus("n5", ("small",), "drain", obs, drain) == 1  # waits, unfenced
     assert operator_lend_gpus("n99", ("small",), "preempt", obs, config) is None
     whole = config.model_copy(update={"policy": PolicyConfig(partial_lends=False)})
     assert operator_lend_gpus("n3", ("small",), "preempt", obs, whole) is None

@@ -516,6 +516,12 @@ def test_a_partial_lend_never_requeues_a_guarded_job_nor_a_drain_node_partly() -
     # one GPU: e1, by requeueing the other job only
     (a,) = decide(snap(nodes=(e1, busy_train, RESERVED), busy=BREACH), ONE_GPU, T0)
     assert isinstance(a, Lend) and (a.node, a.gpus) == ("e1", 1)
-    # a drain-mode node is lent the replica's GPUs too (its job waits for them, no fence)
+    # a drain-mode node is fenced whole, whatever the replica's GPUs ...
     (a,) = decide(snap(nodes=(TRAIN_IDLE, RESERVED), busy=BREACH), ONE_GPU, T0)
+    assert isinstance(a, Lend) and (a.node, a.lend_mode, a.gpus) == ("n1", "drain", None)
+    # ... unless drain_partial_lends: then lent the replica's GPUs (its job waits for them)
+    drain = ONE_GPU.model_copy(
+        update={"policy": ONE_GPU.policy.model_copy(update={"drain_partial_lends": True})}
+    )
+    (a,) = decide(snap(nodes=(TRAIN_IDLE, RESERVED), busy=BREACH), drain, T0)
     assert isinstance(a, Lend) and (a.node, a.lend_mode, a.gpus) == ("n1", "drain", 1)
