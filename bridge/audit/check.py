@@ -41,10 +41,11 @@ from bridge.leases.audit import AuditEntry, AuditStore
 from bridge.leases.fleet import FleetSwitch
 from bridge.leases.models import Lease, LeaseEvent
 from bridge.leases.requests import OperatorRequest, PoolHold
-from bridge.leases.rollouts import Rollout, RolloutEvent
+from bridge.leases.rollouts import Rollout, RolloutEvent, move_words
+from bridge.policy.leasesync import return_reasons
 
-#: the reasons of a return's first move (`bridge.policy.leasesync.return_reasons`)
-RETURN_MOVES = ("return: ", "abandoned: ")
+#: the reasons of a return's first move begin so (`return_reasons` of no reason)
+RETURN_MOVES = return_reasons("")
 _LEASE = re.compile(r"lease (\d+)[: ]")
 _REQUEST = re.compile(r"request (\d+)[: ]")
 _HOLD = re.compile(r"hold (\d+)[: ]")
@@ -88,13 +89,6 @@ def _ids(texts: Iterable[str], pattern: re.Pattern[str]) -> Counter[int]:
         if m is not None:
             found[int(m.group(1))] += 1
     return found
-
-
-def move_words(rollout_id: int, before: str, after: str, step: int) -> str:
-    """A rollout move as its entry names it (`RolloutStore.move`)."""
-    return f"rollout {rollout_id} {before} -> {after}" + (
-        f" step {step}" if after == "running" else ""
-    )
 
 
 def _compare(

@@ -45,6 +45,14 @@ MOVES: dict[str, tuple[str, ...]] = {
 TABLES = ("rollout", "rollout_event")
 
 
+def move_words(rollout_id: int, before: str, after: str, step: int) -> str:
+    """A rollout's move as its audit entry names it ("rollout 3 running -> running step
+    2"); `bridge.audit.check` reads the entries back by it."""
+    return f"rollout {rollout_id} {before} -> {after}" + (
+        f" step {step}" if after == "running" else ""
+    )
+
+
 class RolloutError(RuntimeError):
     """A rollout cannot be started or moved as asked; says why."""
 
@@ -178,8 +186,7 @@ class RolloutStore(Transactions):
                 )
             )
             if audit is not None:
-                at = f" step {row.step}" if state == "running" else ""
-                audit(session, f"rollout {rollout_id} {before} -> {state}{at}")
+                audit(session, move_words(rollout_id, before, state, row.step))
         return row
 
     def open_rollouts(self) -> list[Rollout]:

@@ -56,7 +56,8 @@ from bridge.config import BridgeConfig, ModelConfig
 from bridge.lifecycle import LeaseState
 from bridge.modelfacts import toml_models
 from bridge.policy import ModelSample, Snapshot, capacity, llm
-from bridge.policy.decide import capacity_groups, capacity_inputs, model_set
+from bridge.policy.demand import capacity_inputs, model_set_of
+from bridge.policy.demand import groups as capacity_groups
 from bridge.policy.hysteresis import calm_ratio, token_ratio
 from bridge.policy.timing import lead_time, slowest_load
 from bridge.sim.tokens import TokenModel
@@ -354,7 +355,7 @@ class QuietProof:
             if state is LeaseState.SERVING and models:
                 known = cert.serving.get(models)
                 since = updated_at if known is None else min(known[0], updated_at)
-                cert.serving[models] = (since, (model_set(models), self.replica_gpus))
+                cert.serving[models] = (since, (model_set_of(models), self.replica_gpus))
         cert.slots = self.config.policy.max_lent_nodes - len(leases)
         return cert
 

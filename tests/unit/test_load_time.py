@@ -20,7 +20,7 @@ from bridge.leases.store import create_schema, make_engine
 from bridge.lifecycle import LeaseState
 from bridge.modelfacts import toml_models
 from bridge.policy import ModelSample, Snapshot
-from bridge.policy.decide import capacity_inputs, dwells
+from bridge.policy.demand import capacity_inputs, dwells
 from bridge.policy.returns import ReturnHistory
 from bridge.policy.timing import lead_s, lead_time, pool_lead_s, slowest_load
 from bridge.sim.quiet import QuietProof

@@ -26,7 +26,9 @@ from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
 from bridge.modelfacts import toml_models
 from bridge.policy import ModelSample, Snapshot, capacity
 from bridge.policy.capacity import Demand, Group
-from bridge.policy.decide import _demands, _highest, _read
+from bridge.policy.demand import demands as _demands
+from bridge.policy.demand import highest as _highest
+from bridge.policy.demand import read as _read
 from bridge.policy.hysteresis import service_s
 from bridge.policy.returns import RatePeaks
 
