@@ -32,7 +32,8 @@ per node: `bridge.sim.weights`), read as `stb simulate --cache` reads it
 and plans its lead time on them in both cache rows. `--warmup-s` (default an hour): the
 "warm" column is the requests within SLO after it (every row, separate-peak's too): a
 run starts cold (no forecast, empty caches, the bridge's reserved pool under the load),
-which one simulated day weighs heavily.
+which one simulated day weighs heavily. The "nodes" column: the inference nodes each
+set-up owns (separate-peak: its peak minute's; the bridge: its reserve, `--reserve`).
 The azure workload (the shared traces: Azure arrivals, Alibaba jobs) needs
 STB_TRACES_DIR; without it, it is left out (said on stderr). The other workloads take
 their jobs from the Alibaba trace too where STB_TRACES_DIR is set, else generate them.
@@ -209,9 +210,9 @@ def main() -> None:
         f"4 models (m0 {args.mean_rps:g} req/s mean{', a mix of objectives' if args.mix else ''})"
     )
     print(
-        f"{'workload':<9}{'load_s':>7} {'set-up':<22}{'req in SLO':>11}{'min in SLO':>11}"
-        f"{'warm':>8}{'job wait':>10}{'/peak':>6}{'lost':>7}{'lends/d':>8}{'re-lend':>8}{'gap':>7}"
-        f"{'places/d':>9}"
+        f"{'workload':<9}{'load_s':>7} {'set-up':<22}{'nodes':>6}{'req in SLO':>11}"
+        f"{'min in SLO':>11}{'warm':>8}{'job wait':>10}{'/peak':>6}{'lost':>7}{'lends/d':>8}"
+        f"{'re-lend':>8}{'gap':>7}{'places/d':>9}"
     )
     figures: list[str] = []
     for workload in workloads:
@@ -230,7 +231,12 @@ def main() -> None:
                     reserve=args.reserve,
                 )  # fmt: skip
                 scenario = dataclasses.replace(scenario, warmup_s=args.warmup_s)
-                results = compare(scenario, policies).results
+                report = compare(scenario, policies)
+                results = report.results
+                owned = {
+                    "separate-peak": report.scenario["inference_nodes_peak"],
+                    "bridge": report.scenario["inference_nodes_reserved"],
+                }
                 if i == 0:
                     peak = results[0]
                     peak_wait = wait_mean_s(peak)
@@ -247,7 +253,8 @@ def main() -> None:
                     share, gap = flapping(r)
                     label = name if r is bridge else r.policy
                     print(
-                        f"{workload:<9}{load_s:>7g} {label:<22}{100 * r.within_share:>10.2f}%"
+                        f"{workload:<9}{load_s:>7g} {label:<22}{owned[r.policy]:>6}"
+                        f"{100 * r.within_share:>10.2f}%"
                         f"{100 * r.minutes_share:>10.1f}%{_pct(r.warm_share):>8}"
                         f"{wait_mean_s(r):>9.0f}s"
                         f"{wait_mean_s(r) / max(peak_wait, 1e-9):>6.2f}{_lost_pct(r):>6.2f}%"
@@ -271,7 +278,9 @@ def main() -> None:
                     f"{key}_wait_ratio={wait_mean_s(bridge) / max(peak_wait, 1e-9):.2f} "
                     f"{key}_lost_pct={_lost_pct(bridge):.2f} "
                     f"{key}_lends_per_day={bridge.lends / args.days:.0f} "
-                    f"{key}_places_per_day={places(bridge) / args.days:.0f}"
+                    f"{key}_places_per_day={places(bridge) / args.days:.0f} "
+                    f"{key}_reserved_nodes={owned['bridge']} "
+                    f"{key}_peak_nodes={owned['separate-peak']}"
                 )
     print(f"RESULT {' '.join(figures)} wall_s={time.perf_counter() - started:.0f}")
 
