@@ -32,6 +32,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from accounting.attribution import Context, ServingPoint
+from accounting.batchcounts import prune_batch
 from accounting.book import IngestSummary
 from accounting.buckets import floor_hour
 from accounting.errors import LedgerError
@@ -338,9 +339,11 @@ class LedgerFeed:
         summary = ingest_window(
             self.config, slurm, self.ledger, since, now, leases=store.touched_since(since), now=now
         )
-        prune_serving(
-            self.ledger, now - timedelta(days=self.config.accounting.sample_retention_days)
-        )
+        # the serving samples and the batch route's counts are kept alike: a batch hour's
+        # share is read against the serving hour it belongs to
+        kept_from = now - timedelta(days=self.config.accounting.sample_retention_days)
+        prune_serving(self.ledger, kept_from)
+        prune_batch(self.ledger, kept_from)
         # forget servers not scraped within the lookback (their jobs have ended)
         cutoff = since.timestamp()
         self._last_sample = {k: t for k, t in self._last_sample.items() if t > cutoff}

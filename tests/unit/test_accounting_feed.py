@@ -4,20 +4,23 @@ pool map."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import select
 
+from accounting.batchcounts import BATCH, record_batch
 from accounting.db import open_ledger
 from accounting.samples import prune_serving
 from accounting.tables import SAMPLES
 from bridge.config import BridgeConfig
 from bridge.leases.models import Lease, LendMode
+from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.ledger.feed import LedgerFeed, context, inventory
 from bridge.lifecycle import LeaseState
 from bridge.slurm.model import Node
 from bridge.triton.metrics import parse_page
+from tests.unit.fakes import EventSlurm
 
 NOW = datetime(2026, 11, 3, 12, tzinfo=UTC)
 DATA = Path(__file__).parent.parent / "data" / "triton"
@@ -119,3 +122,26 @@ def test_the_feed_stores_counters_per_version_at_most_once_per_interval(tmp_path
         ).all()
     assert set(versions) == {("1", s.request_success)} and (s.request_success or 0) > 0
     assert prune_serving(feed.ledger, datetime.fromtimestamp(t + 1, UTC)) == len(rows) // 2
+
+
+def test_an_ingest_drops_batch_counts_past_the_retention_with_the_samples(tmp_path: Path) -> None:
+    config = BridgeConfig.model_validate(
+        {
+            "database_url": f"sqlite:///{tmp_path / 'b.db'}",
+            "accounting": {
+                "ledger_url": f"sqlite:///{tmp_path / 'l.db'}",
+                "sample_retention_days": 2,
+                "capacity": "inventory",
+            },
+        }
+    )
+    feed = LedgerFeed(config, open_ledger(config.accounting.ledger_url))
+    old, recent = NOW - timedelta(days=3), NOW - timedelta(days=1)
+    record_batch(feed.ledger, "lab", "/b.log", {(old, "busy", "7"): 4}, (1, 10), old)
+    record_batch(feed.ledger, "lab", "/b.log", {(recent, "busy", "7"): 5}, (1, 20), recent)
+    engine = make_engine(config.database_url)
+    create_schema(engine)
+    feed.ingest(EventSlurm(NODES, [], []), LeaseStore(engine), NOW)  # type: ignore[arg-type]
+    with feed.ledger.connect() as conn:
+        kept = conn.execute(select(BATCH.c.bucket, BATCH.c.requests)).all()
+    assert [(b.replace(tzinfo=UTC), n) for b, n in kept] == [(recent, 5)]
