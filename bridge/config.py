@@ -381,7 +381,8 @@ class PolicyConfig(_Strict):
         default=180,
         gt=0,
         description="Seconds of recent request rates whose trend is extrapolated over a "
-        "lend's lead time (a ramp is met before it arrives).",
+        "lend's lead time (a ramp is met before it arrives); the trend counts once its "
+        "samples span half of it, before that their mean.",
     )
     seasonal_days: int = Field(
         default=7,
@@ -1159,8 +1160,8 @@ class AccountingConfig(_Strict):
     sample_retention_days: float = Field(
         default=62,
         gt=0,
-        description="Days serving samples are kept: two months covers a restatement of "
-        "the previous month.",
+        description="Days serving samples and batch request counts are kept: two months "
+        "covers a restatement of the previous month.",
     )
     gpu_usage_dir: Path | None = Field(
         default=None,
