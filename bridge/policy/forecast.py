@@ -23,7 +23,6 @@ from collections.abc import Sequence
 
 from bridge.policy.snapshot import ModelSample, Seasons
 
-
 #: the share of the window the fitted samples must span before their slope counts
 MIN_SPAN = 0.5
 
