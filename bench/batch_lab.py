@@ -311,7 +311,11 @@ def one(spec: LabSpec, batch: bool, args: argparse.Namespace, n: int) -> dict[st
         f"[{mode}] off-peak busy share {share:.3f} (gate open {open_passes}/{passes} passes)  "
         f"step: lend {fig.lend_s:.1f} s, serving {fig.serving_s:.1f} s, "
         f"p99 under SLO {fig.p99_under_slo_s:.0f} s, "
-        f"recovered {recovered:.0f} s, online lost {lost}{said}  load {os.getloadavg()[0]:.2f}",
+        f"recovered {recovered:.0f} s, online lost {lost}{said}  load {os.getloadavg()[0]:.2f}"
+        f"\n[{mode}] step detail: backlog at serving {fig.backlog}, answers/s one replica "
+        f"{_rate(fig.one_replica_rate)} two {_rate(fig.two_replicas_rate)} "
+        f"(arrivals {fig.arrival_rate:.1f}/s), worst p99 {fig.worst_p99_ms:.0f} ms, "
+        f"sender lag p99 {fig.send_lag_p99_ms:.1f} ms",
         flush=True,
     )
     return {
@@ -323,6 +327,10 @@ def one(spec: LabSpec, batch: bool, args: argparse.Namespace, n: int) -> dict[st
         "lost": float(lost),
         "batch_failed": float(client.failed if client else 0),
     }
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def main() -> None:
