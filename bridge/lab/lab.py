@@ -389,6 +389,28 @@ def down(spec: LabSpec, say: Say = print) -> None:
     if stray:
         procs.terminate(stray, timeout_s=10)
         say(f"stopped {len(stray)} leftover lab process(es): {' '.join(map(str, stray))}")
+    router = left_router(spec)
+    if router is not None:
+        procs.terminate([router], timeout_s=10)
+        say(f"stopped the lab's nginx {router}, left by a bridge that did not close it")
+
+
+def left_router(spec: LabSpec) -> int | None:
+    """The pid of an nginx still running on the lab's routing prefix (`<lab>/nginx`,
+    `managed_nginx_prefix`), or None. A bridge started on the lab (the demo, a bench, a
+    test) starts it and stops it when it closes; one killed before it closed leaves it
+    holding the routing port, without the lab's marker in its environment."""
+    prefix = spec.lab_dir / "nginx"
+    try:
+        pid = int((prefix / "run" / "nginx.pid").read_text().strip())
+        # nginx writes its title over its arguments ("nginx: master process
+        # /usr/sbin/nginx -p PREFIX/ ..."): the prefix is a word of the one string
+        words = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").split()
+    except (OSError, ValueError):
+        return None
+    if not procs.pid_alive(pid) or bytes(prefix) not in {w.rstrip(b"/") for w in words}:
+        return None
+    return pid
 
 
 def status(spec: LabSpec) -> list[DaemonStatus]:

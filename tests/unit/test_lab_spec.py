@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from bridge.lab import render
+from bridge.lab.lab import left_router
 from bridge.lab.spec import MIG_PROFILES, LabSpec, LabSpecError
 from bridge.slurm.hostlist import expand
 
@@ -164,3 +167,35 @@ def test_readable_by_others_needs_every_folder_searchable() -> None:
         assert not readable_by_others(conf)
     finally:
         shutil.rmtree(top)
+
+
+def test_lab_down_finds_the_nginx_a_killed_bridge_left_on_the_lab_s_prefix(
+    tmp_path: Path,
+) -> None:
+    spec = LabSpec(lab_dir=tmp_path)
+    run = tmp_path / "nginx" / "run"
+    run.mkdir(parents=True)
+    assert left_router(spec) is None  # no pid file
+    # a process titled as nginx titles its master, on this lab's prefix
+    title = f"nginx: master process /usr/sbin/nginx -p {tmp_path / 'nginx'}/ -e x"
+    other = f"nginx: master process /usr/sbin/nginx -p {tmp_path / 'nginx-other'}/"
+    with (
+        subprocess.Popen(["bash", "-c", 'exec -a "$0" sleep 30', title]) as mine,
+        subprocess.Popen(["bash", "-c", 'exec -a "$0" sleep 30', other]) as theirs,
+    ):
+        try:
+            (run / "nginx.pid").write_text(f"{mine.pid}\n")
+            deadline = time.monotonic() + 5
+            while left_router(spec) is None and time.monotonic() < deadline:
+                time.sleep(0.05)  # until the shell has exec'd the titled process
+            assert left_router(spec) == mine.pid
+            (run / "nginx.pid").write_text(f"{theirs.pid}\n")
+            time.sleep(0.2)
+            assert left_router(spec) is None  # another prefix's: not the lab's
+            (run / "nginx.pid").write_text("not a pid\n")
+            assert left_router(spec) is None
+        finally:
+            mine.kill()
+            theirs.kill()
+    (run / "nginx.pid").write_text(f"{mine.pid}\n")
+    assert left_router(spec) is None  # gone
