@@ -45,6 +45,7 @@ import multiprocessing
 import os
 import random
 import re
+import signal
 import statistics
 import sys
 import time
@@ -347,6 +348,9 @@ def main() -> None:
         "--settle-s", type=float, default=180.0, help="at most, before each off-peak"
     )
     args = parser.parse_args()
+    # stopped with SIGTERM, unwind as on Ctrl-C: each run's `finally` cancels its Triton
+    # jobs and closes its bridge, whose nginx would otherwise keep the routing port
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     spec = LabSpec.load(default_lab_dir())
     if spec is None or not lab_mod.is_up(spec):
         sys.exit("the lab is not up: run `stb lab up` first")
