@@ -381,8 +381,7 @@ class PolicyConfig(_Strict):
         default=180,
         gt=0,
         description="Seconds of recent request rates whose trend is extrapolated over a "
-        "lend's lead time (a ramp is met before it arrives); the trend counts once its "
-        "samples span half of it, before that their mean.",
+        "lend's lead time (a ramp is met before it arrives).",
     )
     seasonal_days: int = Field(
         default=7,

@@ -5,13 +5,8 @@ times; tests pass literal series), called by `decide` once per model and tick.
 Why a trend and not the last value: a lend takes tens of seconds to serve (Slurm start,
 Triton start, model load). On a ramp, sizing for the rate seen now leaves the replica
 late by exactly that lead; sizing for where the trend will be when it serves does not.
-The trend is fitted over `window_s` so one noisy tick does not swing it, and only once
-its samples span at least half of it (`MIN_SPAN`): before that (a daemon that has just
-started, a model whose traffic has just begun) the forecast is the samples' mean. A slope
-fitted over a few seconds and extrapolated over a minute's lead multiplies their noise
-(three 2 s samples of a 4 req/s Poisson trickle forecast 24 req/s and lent a node on the
-lab); over half the window it is steady, and the lend still follows the rate now. It is
-never negative, and on a falling rate it is below the current rate (the caller takes the larger
+The trend is fitted over `window_s` so one noisy tick does not swing it; it is never
+negative, and on a falling rate it is below the current rate (the caller takes the larger
 of the two for lending, so a fall never delays a lend). A surge that comes every day at
 the same hour is seen before it starts by the seasonal part (`bridge.policy.seasonal`):
 the trend's level times the growth every remembered day had over the same lead.
@@ -23,19 +18,15 @@ from collections.abc import Sequence
 
 from bridge.policy.snapshot import ModelSample, Seasons
 
-#: the share of the window the fitted samples must span before their slope counts
-MIN_SPAN = 0.5
-
 
 def trend(
     samples: Sequence[ModelSample], now: float, window_s: float
 ) -> tuple[float, float] | None:
     """(rate at `now` on the fitted line, slope per second) over the samples of the last
-    `window_s` seconds with a rate; None without any. Fewer than three samples, or samples
-    spanning less than `MIN_SPAN` of the window: their mean, no slope."""
+    `window_s` seconds with a rate; None without any. One or two samples: their mean, no
+    slope."""
     n = 0
     sx = sy = sxx = sxy = 0.0
-    first = last = 0.0  # the oldest and newest fitted sample's x
     # `s.at - now < -window_s` is `now - s.at > window_s` exactly (a float difference
     # only changes sign when its operands swap): one subtraction per sample, not two
     oldest = -window_s
@@ -46,9 +37,6 @@ def trend(
         rate = s.request_rate
         if rate is None:
             continue
-        if n == 0:
-            last = x
-        first = x
         n += 1
         sx += x
         sy += rate
@@ -57,7 +45,7 @@ def trend(
     if n == 0:
         return None
     den = n * sxx - sx * sx
-    if n < 3 or den <= 1e-9 or last - first < MIN_SPAN * window_s:
+    if n < 3 or den <= 1e-9:
         return sy / n, 0.0
     slope = (n * sxy - sx * sy) / den
     level = (sy - slope * sx) / n  # the line at x = 0, i.e. at `now`
