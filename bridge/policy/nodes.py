@@ -195,6 +195,8 @@ def choose_nodes(
     idle: list[tuple[int, float, int, str, NodeView]] = []
     load_s, local_load_s = snapshot.load_s, snapshot.local_load_s
     busy_nodes: list[NodeView] = []
+    # a busy drain-mode node is lent some of its GPUs only with `drain_partial_lends`
+    drain_partial = policy.drain_partial_lends
     for node in snapshot.nodes:
         rank = lendable.get(node.pool)
         if rank is None:
@@ -205,12 +207,12 @@ def choose_nodes(
             continue
         free = False  # a busy node whose free GPUs make a partial lend
         mode = modes[node.pool]
-        drain = policy.drain_partial_lends
         if (
             node.jobs
+            and drain_partial
             and gpus is not None
             and mode == "drain"
-            and partial(node.gpus, gpus, mode, drain)
+            and partial(node.gpus, gpus, mode, True)
         ):
             if not drain_fits(node, gpus):
                 continue
