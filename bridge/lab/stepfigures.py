@@ -57,6 +57,12 @@ class StepFigures:
     #: the start of the first window under the SLO after the lent replica served: the
     #: backlog worked off (0: no window went over; None: none came back under)
     recovered_s: float | None
+    #: the send time of the last request over the SLO before `recovered_s`: the backlog
+    #: worked off to the request rather than to a 5 s window (0 when no window went
+    #: over, None when none came back under). Not the first request under the SLO after
+    #: serving: nginx's least_conn sends the lent replica the new requests while the
+    #: first one's queue is long, and they are answered at once.
+    drained_s: float | None
     #: the windows from recovered_s on: how many, how many over the SLO, their p99s'
     #: median and maximum in ms (None: no such window)
     after_windows: int
@@ -122,9 +128,22 @@ def step_figures(
         for r in records
         if r.sent_s is not None and r.sent_s < serving_s and (r.done_s or 0.0) > serving_s
     )
+    drained = recovered
+    if recovered:
+        drained = max(
+            (
+                r.scheduled_s
+                for r in records
+                if r.scheduled_s < recovered
+                and r.ok
+                and r.latency_s is not None
+                and r.latency_s * 1000.0 > slo_ms
+            ),
+            default=recovered,
+        )
     due = max((r.scheduled_s for r in records), default=0.0)
     lags = [r.sent_s - r.scheduled_s for r in records if r.sent_s is not None]
-    drained = recovered if recovered else step_s
+    worked = recovered if recovered else step_s
     return StepFigures(
         lend_s=lend_s,
         serving_s=serving_s,
@@ -134,8 +153,9 @@ def step_figures(
         backlog=backlog,
         arrival_rate=len(records) / due if due > 0 else 0.0,
         one_replica_rate=_answers_per_s(records, _SATURATED_FROM_S, serving_s),
-        two_replicas_rate=_answers_per_s(records, serving_s, drained),
+        two_replicas_rate=_answers_per_s(records, serving_s, worked),
         recovered_s=recovered,
+        drained_s=drained,
         after_windows=len(steady),
         after_late=sum(1 for v in steady if v > slo_ms),
         after_median_p99_ms=statistics.median(steady) if steady else None,

@@ -75,6 +75,8 @@ def test_backlog_and_rates_come_from_the_records() -> None:
     assert fig.arrival_rate == pytest.approx(70.0, abs=0.5)
     # worked off at 10 + 250 / (95 - 70) = 20 s: the windows up to 20 s are slow
     assert fig.recovered_s == 20.0 == fig.p99_under_slo_s
+    # to the request: the queue's wait under 100 ms at 10 + (250 - 2.5) / 25 = 19.9 s
+    assert 19.0 < fig.drained_s < 20.0  # type: ignore[operator]
     assert fig.expected_recovered_s == pytest.approx(20.0, abs=1.0)
     assert (fig.after_windows, fig.after_late) == (6, 0)
     assert fig.after_median_p99_ms == pytest.approx(80.0)
@@ -99,6 +101,7 @@ def test_a_backlog_never_worked_off_says_so() -> None:
     records = [record(i, i / 70, 0.5 + i / 70) for i in range(70 * 30)]
     fig = step_figures(records, lend_s=2.0, serving_s=10.0, slo_ms=100.0)
     assert fig.recovered_s is None and fig.after_windows == 0 and not fig.held
+    assert fig.drained_s is None
     assert fig.expected_recovered_s is None  # answers/s no more than arrivals
     text = "\n".join(describe(fig, 100.0))
     assert "had not worked the queue off by the step's end (30 s)" in text
