@@ -88,7 +88,7 @@ def run_workload(
             policies=["bridge"],
             seed=args.seed,
             lend_cap=cap,
-            policy=PolicyConfig(placement=False, stacked_lends=args.stacked),
+            policy=PolicyConfig(placement=False),
             models=models,
             granularity=mode,
             replica_gpus=sizes,
@@ -117,11 +117,6 @@ def main() -> None:
     parser.add_argument("--lend-cap", default="100,200", help="lend caps, comma-separated")
     parser.add_argument("--replica-gpus", default="1,2,4,8,16")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--stacked",
-        action="store_true",
-        help="GPU mode may lend more GPUs of a node partly lent ([policy] stacked_lends)",
-    )
     args = parser.parse_args()
     traces = traces_dir() is not None
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]

@@ -279,13 +279,6 @@ class PolicyConfig(_Strict):
         "instance_group without a device list); a tensor-parallel backend or one naming "
         "its devices would serve one. The simulator's GPU-granular runs turn it on.",
     )
-    stacked_lends: bool = Field(
-        default=False,
-        description="With partial_lends: a node partly lent may be lent more of its GPUs "
-        "as another lease (a second Triton job beside the first) rather than only whole "
-        "nodes or nodes no lease holds. Off in the daemon: its Triton jobs listen on one "
-        "set of ports per node. The simulator's GPU-granular runs may turn it on.",
-    )
     low_watermark: float = Field(
         default=0.5,
         gt=0,

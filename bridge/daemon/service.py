@@ -172,12 +172,6 @@ def build(
     """Every part of the daemon, wired; `slurm_env` is added to Slurm commands' env. With
     `elect` on PostgreSQL, the instance acts only while it holds the leader row, and its
     writes are fenced by it."""
-    if config.policy.stacked_lends:
-        raise DaemonError(
-            "[policy] stacked_lends is for the simulator: the daemon runs one Triton job "
-            "per node (its servers listen on one set of ports, bridge/triton/ports.py); "
-            "remove it from the daemon's configuration"
-        )
     key_file = config.triton.key_file
     if not key_file.exists():
         raise DaemonError(f"triton.key_file {key_file} does not exist")

@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Collection, Mapping
-from dataclasses import replace
 
 from bridge.config import BridgeConfig, PolicyConfig
 from bridge.policy.snapshot import NodeView, Snapshot, held_nodes
@@ -66,9 +65,11 @@ def share_room(
         return None
     size = Counter(node.pool for node in snapshot.nodes)
     pool_of = {node.name: node.pool for node in snapshot.nodes}
-    # (nodes, not leases: a node lent to two stacked leases counts once)
-    nodes = {n for lease in snapshot.leases if lease.id not in freed for n in lease.nodes}
-    lent: Counter[str] = Counter(pool_of[n] for n in nodes | set(taken) if n in pool_of)
+    lent: Counter[str] = Counter()
+    for lease in snapshot.leases:
+        if lease.id not in freed:
+            lent[lease.pool] += len(lease.nodes)
+    lent.update(pool_of[name] for name in taken if name in pool_of)
     # (1e-9: 0.29 x 100 is 28.999999999999996 in binary; the cap is 29)
     return {p: max(0, math.floor(f * size[p] + 1e-9) - lent[p]) for p, f in capped.items()}
 
@@ -111,21 +112,6 @@ def partial_victims(
         if guarded(j, now, policy.preempt_guard_s, policy.max_requeues_per_job)
     ]
     return choose_victims(node, gpus, now, keep=keep, max_jobs=max(0, budget))
-
-
-def stacked(snapshot: Snapshot, taken: Collection[str] = ()) -> dict[str, int]:
-    """Per node whose every open lease is partial (`LeaseView.lent_gpus`, one node, no
-    gang), the GPUs those leases hold: where `[policy] stacked_lends` lets a partial
-    lend take more of its GPUs as a lease of its own. A node wholly lent, a gang's, or
-    one in `taken` (lent by this pass already) is not listed."""
-    held: dict[str, int] = {}
-    whole: set[str] = set(taken)
-    for lease in snapshot.leases:
-        if lease.lent_gpus is None or lease.members:
-            whole.update(lease.nodes)
-        else:
-            held[lease.node] = held.get(lease.node, 0) + lease.lent_gpus
-    return {name: n for name, n in held.items() if name not in whole}
 
 
 def partial(node_gpus: int, gpus: int | None, mode: str, drain: bool = False) -> bool:
@@ -194,9 +180,6 @@ def choose_nodes(
         return []
     policy = config.policy
     leased = held_nodes(snapshot.leases) | taken
-    # nodes only partly lent, with the GPUs their leases hold: with `stacked_lends` a
-    # partial lend may take more of their GPUs as a lease of its own
-    stack = stacked(snapshot, taken) if policy.stacked_lends and gpus is not None else {}
     budget = policy.max_preemptions_per_hour - snapshot.preemptions_last_hour - spent
     modes = {name: pool.lend_mode for name, pool in config.pools.items()}
     #: a partial lend's cost per busy node: its victims, the work they lose (preempt
@@ -218,18 +201,7 @@ def choose_nodes(
         rank = lendable.get(node.pool)
         if rank is None:
             continue
-        held = stack.get(node.name)
-        if held is not None:
-            if (
-                not node.usable
-                or node.reserved
-                or node.gpus - held < (gpus or 0)
-                or not partial(node.gpus, gpus, modes.get(node.pool, ""), drain_partial)
-            ):
-                continue
-            # (a Triton job bound for it but not started holds no GPUs in the view yet)
-            node = replace(node, triton_gpus=max(node.triton_gpus, held))
-        elif not node.usable or node.reserved or node.has_triton or node.name in leased:
+        if not node.usable or node.reserved or node.has_triton or node.name in leased:
             continue
         if gpus is not None and node.gpus < gpus:  # too small for the replica (a gang's)
             continue

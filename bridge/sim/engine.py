@@ -429,9 +429,8 @@ class Engine(Cluster):
         n = 1 if k is None else nodes_per_replica(k, node.gpus)
         leased = {held.name for lease in self.leases.values() for held in lease.nodes}
         if n == 1:
-            if node.name in leased and (lend.gpus is None or self._wholly_leased(node.name)):
-                return None  # a gang placed earlier in this pass took it (a partial
-                # lend may take more GPUs of a node only partly lent: `stacked_lends`)
+            if node.name in leased:  # a gang placed earlier in this pass took it
+                return None
             return ((node,), ()) if lend.gpus is None else ((node,), (Claim(node, lend.gpus),))
         candidates = [
             self.victim_view(m)
@@ -561,14 +560,6 @@ class Engine(Cluster):
         has_triton = node.triton or held
         return _node_view(
             node.name, node.pool, node.gpus, tuple(jobs), has_triton, cached, node.held
-        )
-
-    def _wholly_leased(self, name: str) -> bool:
-        """A lease holds the node whole (a whole-node lease, or a gang's member)."""
-        return any(
-            not lease.claims or len(lease.nodes) > 1
-            for lease in self.leases.values()
-            if any(node.name == name for node in lease.nodes)
         )
 
     def _leased(self) -> set[str]:

@@ -228,37 +228,3 @@ def test_a_partial_leases_replica_serves_on_its_own_gpus(granularity: str, serve
         t += TICK
         _at(engine, t)
     assert all(g.models != ("small",) for g in engine.serving.groups.values())
-
-
-def test_two_stacked_leases_share_a_node_and_return_apart() -> None:
-    # what `[policy] stacked_lends` lets the policy lend: el0 is lent 2 GPUs (the free
-    # one and c's), then 2 more (b's) as a lease of its own; a's 4 GPUs run on; each
-    # replica serves on its own 2 GPUs, and each lease returns its own
-    engine = Engine(_setup("gpu"))
-    _at(engine, 10.0)
-    _lend(engine, "el0", "small")
-    _at(engine, 20.0)
-    _lend(engine, "el0", "small")
-    t = 30.0
-    _at(engine, t)
-    runs, node = engine.fleet.runs, engine.by_name["el0"]
-    assert [runs[j].restarts for j in "abc"] == [0, 1, 1]
-    assert sorted(node.jobs) == ["a"] and (node.held, node.free) == (4, 0)
-    first, second = (engine.leases[i] for i in sorted(engine.leases))
-    while LeaseState.SERVING not in (first.view.state, second.view.state) or (
-        first.view.state != second.view.state
-    ):
-        t += TICK
-        _at(engine, t)
-    assert sorted(r.gpus for r in engine.replica_views if r.lease_id is not None) == [2, 2]
-    engine._act(Return(first.id, "test"))
-    while first.id in engine.leases:
-        t += TICK
-        _at(engine, t)
-    assert second.id in engine.leases and (node.held, node.free) == (2, 2)
-    engine._act(Return(second.id, "test"))
-    while second.id in engine.leases:
-        t += TICK
-        _at(engine, t)
-    assert (node.held, node.triton, node.fenced) == (0, False, False)
-    assert node.free + sum(runs[j].job.gpus_per_node for j in node.jobs) == 8
