@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bridge.policy import ModelSample
-from bridge.policy.forecast import forecast_rate, trend
+from bridge.policy.forecast import FULL_SLOPE_SAMPLES, forecast_rate, trend
 
 NOW = 1_800_000_000.0
 
@@ -43,3 +43,47 @@ def test_never_negative_and_no_data_is_none() -> None:
     # gaps are skipped; one or two samples give their mean, no slope
     assert forecast_rate(series(None, 10, None), NOW, 60, 30) == 10.0
     assert forecast_rate(series(10, 20), NOW, 60, 30) == 15.0
+
+
+def test_a_rising_slope_counts_only_as_far_as_the_samples_show_it() -> None:
+    # three samples of a 4 req/s trickle, 2 s apart, Poisson-noisy: fitted alone, their
+    # slope (0.5 req/s per s) extrapolated over 30 s said 20.2 req/s: noise (t = 3.5, where
+    # Student's t with one degree of freedom is 12.7)
+    trickle = series(3.0, 4.5, 5.0, step=2.0)
+    level, slope = trend(trickle, NOW, 180) or (0.0, 0.0)
+    assert slope == 0.0 and level == pytest.approx(12.5 / 3)
+    assert forecast_rate(trickle, NOW, 180, 30) == pytest.approx(12.5 / 3)
+    # a clean ramp keeps its whole slope; a noisy one some of it, the more samples the more
+    assert shrink_of(series(10, 20, 30, step=2.0)) == pytest.approx(1.0)
+    noisy = (10, 21, 29, 41, 50, 59, 71, 80, 91, 99)
+    part = shrink_of(series(*noisy[:4], step=2.0))
+    assert 0.0 < part < shrink_of(series(*noisy[:8], step=2.0)) < 1.0
+    # from FULL_SLOPE_SAMPLES (10) samples on, the slope is whole however noisy
+    assert FULL_SLOPE_SAMPLES == 10 and shrink_of(series(*noisy, step=2.0)) == 1.0
+    flat = series(4, 3, 5, 4, 3, 6, 4, 5, 3, 6, step=2.0)
+    assert (
+        shrink_of(flat) == 1.0 and shrink_of(series(*[4, 3, 5, 4, 3, 6, 4, 5, 3], step=2.0)) == 0.0
+    )
+
+
+def test_a_falling_slope_is_kept_whole() -> None:
+    # a model whose traffic stopped: the line falls to zero at once, where a mean would
+    # hold its only replica for the whole window (scale to zero)
+    stopped = series(2.0, 0.0, 0.0)
+    level, slope = trend(stopped, NOW, 180) or (0.0, 0.0)
+    assert slope == pytest.approx(-0.2) and level < 0.0
+    assert forecast_rate(stopped, NOW, 180, 30) == 0.0
+
+
+def shrink_of(samples: tuple[ModelSample, ...]) -> float:
+    """The share of the plain least-squares slope that `trend` keeps."""
+    xs = [s.at - NOW for s in samples]
+    ys = [s.request_rate or 0.0 for s in samples]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    plain = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+    fit = trend(samples, NOW, 180)
+    assert fit is not None
+    return fit[1] / plain

@@ -19,13 +19,24 @@ from bridge.sim.quiet import QuietProof
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_the_forecast_bound_holds_the_policys_forecast(seed: int) -> None:
+@pytest.mark.parametrize(("window_s", "samples"), [(180.0, 37), (30.0, 7)])
+def test_the_forecast_bound_holds_the_policys_forecast(
+    seed: int, window_s: float, samples: int
+) -> None:
+    # (30 s: a window of fewer samples than FULL_SLOPE_SAMPLES, whose rising slopes the
+    # forecast shrinks by their t-statistic: the proof's arrays must do the same; a
+    # rising line in every fourth stretch keeps some slopes whole or partly so)
     rng = np.random.default_rng(seed)
     ticks, tick = 400, 5.0
     rates = list(rng.uniform(0.0, 5000.0, ticks) * rng.uniform(0.0, 1.0, ticks))
-    config = BridgeConfig(models={"a": ModelConfig(slo_p99_ms=100.0)}, policy=PolicyConfig())
+    for k in range(0, ticks, 40):
+        rates[k : k + 10] = [100.0 * (j + 1) + rng.uniform(0.0, 30.0) for j in range(10)]
+    config = BridgeConfig(
+        models={"a": ModelConfig(slo_p99_ms=100.0)},
+        policy=PolicyConfig(forecast_window_s=window_s),
+    )
     proof = QuietProof(config, ["a"], {"a": rates}, tick, 61, 8)
-    assert proof.enabled and proof.window == 37
+    assert proof.enabled and proof.window == samples
     history = [ModelSample((j + 1) * tick, 50.0, rates[j]) for j in range(ticks)]
     for horizon in (0.0, 30.0, 97.5):
         for k in range(proof.window, ticks, 7):
