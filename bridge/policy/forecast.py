@@ -75,22 +75,20 @@ def trend(
 #: from this many samples on, a rising slope counts whole (`shrink` below it)
 FULL_SLOPE_SAMPLES = 10
 
-#: Student's t, two-sided 95%, by degrees of freedom (1-10); more: 2.0
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
-
-
-def t95_of(df: int) -> float:
-    """Student's t, two-sided 95%, at `df` >= 1 degrees of freedom (2.0 past 10)."""
-    return _T95[df - 1] if df <= len(_T95) else 2.0
+#: Student's t, two-sided 95%, by degrees of freedom 1 to FULL_SLOPE_SAMPLES - 3 (the
+#: fits `shrink` is asked about: 3 to FULL_SLOPE_SAMPLES - 1 samples)
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365)
+assert len(_T95) == FULL_SLOPE_SAMPLES - 3
 
 
 def shrink(n: int, slope: float, den: float, yden: float) -> float:
-    """The share of a rising `slope`, fitted to `n` >= 3 samples, that the samples show:
+    """The share of a rising `slope`, fitted to 3 <= `n` < FULL_SLOPE_SAMPLES samples,
+    that the samples show:
     max(0, 1 - T^2 / t^2) (see the module docstring), from the fit's sums: `den` is
     n Sxx - Sx^2 and `yden` n Syy - Sy^2 (so n^2 times the residuals' sum of squares is
     yden - slope^2 den). 1 for a perfect line."""
     df = n - 2
-    t95 = t95_of(df)
+    t95 = _T95[df - 1]
     # t^2 = slope^2 den df / (yden - slope^2 den); 1 - T^2/t^2 without dividing by the
     # residuals (0 for a perfect line)
     explained = slope * slope * den

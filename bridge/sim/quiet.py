@@ -58,7 +58,7 @@ from bridge.modelfacts import toml_models
 from bridge.policy import ModelSample, Snapshot, capacity, llm
 from bridge.policy.demand import capacity_inputs, model_set_of
 from bridge.policy.demand import groups as capacity_groups
-from bridge.policy.forecast import FULL_SLOPE_SAMPLES, t95_of
+from bridge.policy.forecast import FULL_SLOPE_SAMPLES, shrink
 from bridge.policy.hysteresis import calm_ratio, token_ratio
 from bridge.policy.timing import lead_time, slowest_load
 from bridge.sim.tokens import TokenModel
@@ -219,16 +219,12 @@ class QuietProof:
             sy = windows.sum(axis=1)
             sxy = windows @ x
             slope = (self.window * sxy - sx * sy) / den
-            # a rising slope of few samples as far as they show it (`forecast.shrink`)
-            rising = slope > 0.0
-            if self.window < FULL_SLOPE_SAMPLES and rising.any():
+            # a rising slope of few samples as far as they show it: the policy's own
+            # `shrink` on each (once a run, and only for a window of so few samples)
+            if self.window < FULL_SLOPE_SAMPLES:
                 yden = self.window * (windows * windows).sum(axis=1) - sy * sy
-                explained = slope[rising] * slope[rising] * den
-                residual = np.maximum(0.0, yden[rising] - explained)
-                df = self.window - 2
-                t95 = t95_of(df)
-                share = np.maximum(0.0, 1.0 - t95 * t95 * residual / (df * explained))
-                slope[rising] *= share
+                for i in np.flatnonzero(slope > 0.0):
+                    slope[i] *= shrink(self.window, float(slope[i]), den, float(yden[i]))
             self.slope[m] = slope
             self.level[m] = (sy - slope * sx) / self.window
             padc = np.concatenate((np.full(self.kc - 1, -np.inf), r))

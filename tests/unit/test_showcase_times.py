@@ -76,7 +76,7 @@ def test_backlog_and_rates_come_from_the_records() -> None:
     # worked off at 10 + 250 / (95 - 70) = 20 s: the windows up to 20 s are slow
     assert fig.recovered_s == 20.0 == fig.p99_under_slo_s
     # to the request: the queue's wait under 100 ms at 10 + (250 - 2.5) / 25 = 19.9 s
-    assert 19.0 < fig.drained_s < 20.0  # type: ignore[operator]
+    assert fig.drained_s is not None and 19.0 < fig.drained_s < 20.0
     assert fig.expected_recovered_s == pytest.approx(20.0, abs=1.0)
     assert (fig.after_windows, fig.after_late) == (6, 0)
     assert fig.after_median_p99_ms == pytest.approx(80.0)
