@@ -26,6 +26,14 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+#: a GRES type name as gres.conf's `Type=` takes it (`h100`, `h100_1g.10gb`, `1g.10gb+me`)
+GRES_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+_GPU_TYPE_HELP = (
+    "The GRES type one replica's GPUs are of, as the nodes' gres.conf names it: a MIG "
+    "slice type (`h100_1g.10gb`) or a whole GPU's (`h100`). A lend for the model then "
+    "asks `--gres=gpu:<type>:k` (k: its replica GPUs, 1 when unsaid) of a node with that "
+    "many of the type free, and requeues nothing. Unset: any GPU, lent as before."
+)
 
 
 class ConfigError(ValueError):
@@ -154,6 +162,9 @@ class ModelConfig(_Strict):
         description="An LLM's optional p99 end-to-end request latency in milliseconds "
         "(stb.slo_e2e_p99_ms): mostly the answer's length, so only a bound. Unset: none.",
     )
+    gpu_type: str | None = Field(
+        default=None, pattern=GRES_TYPE.pattern, description=_GPU_TYPE_HELP
+    )
 
     @property
     def has_request_slo(self) -> bool:
@@ -237,6 +248,11 @@ class ModelOverride(_Strict):
         gt=0,
         description="An LLM's optional p99 end-to-end request latency in milliseconds "
         "(overrides stb.slo_e2e_p99_ms).",
+    )
+    gpu_type: str | None = Field(
+        default=None,
+        pattern=GRES_TYPE.pattern,
+        description=_GPU_TYPE_HELP + " (Overrides config.pbtxt stb.gpu_type.)",
     )
 
     @model_validator(mode="after")

@@ -39,7 +39,7 @@ Source = Literal["repository", "toml", "default"]
 #: the fields of a model's facts, in the order they are shown
 FIELDS = ("slo_p99_ms", "min_replicas", "max_replicas", "instances",
           "instance_gpus", "tensor_parallel", "pipeline_parallel",
-          "slo_ttft_p99_ms", "slo_tpot_p99_ms", "slo_e2e_p99_ms")  # fmt: skip
+          "slo_ttft_p99_ms", "slo_tpot_p99_ms", "slo_e2e_p99_ms", "gpu_type")  # fmt: skip
 #: what one replica's GPUs are made of (`bridge.policy.gang.gpus_per_replica`)
 REPLICA_GPUS = ("instance_gpus", "tensor_parallel", "pipeline_parallel")
 #: an LLM's token objectives: any of the first two makes a model scaled without a
@@ -57,11 +57,12 @@ PARAMETERS: Mapping[str, str] = {
     "slo_ttft_p99_ms": "stb.slo_ttft_p99_ms",
     "slo_tpot_p99_ms": "stb.slo_tpot_p99_ms",
     "slo_e2e_p99_ms": "stb.slo_e2e_p99_ms",
+    "gpu_type": "stb.gpu_type",
 }
 #: an error of the whole config.pbtxt (unreadable, not a Triton ModelConfig)
 FILE = "config.pbtxt"
 #: what a field is when neither the repository nor the TOML says it
-DEFAULTS: Mapping[str, int | None] = {
+DEFAULTS: Mapping[str, int | str | None] = {
     "min_replicas": int(ModelConfig.model_fields["min_replicas"].default),
     "max_replicas": int(ModelConfig.model_fields["max_replicas"].default),
     "instances": None,
@@ -71,6 +72,7 @@ DEFAULTS: Mapping[str, int | None] = {
     "slo_ttft_p99_ms": None,
     "slo_tpot_p99_ms": None,
     "slo_e2e_p99_ms": None,
+    "gpu_type": None,
 }
 
 
@@ -101,6 +103,8 @@ class Published:
     #: one replica's tensor- and pipeline-parallel sizes
     tensor_parallel: int | None = None
     pipeline_parallel: int | None = None
+    #: the GRES type one replica's GPUs are of (`stb.gpu_type`: a MIG slice type)
+    gpu_type: str | None = None
     #: field (or `FILE`) -> why its value is refused, naming the parameter and value
     errors: Mapping[str, str] = field(default_factory=dict)
 
@@ -189,8 +193,8 @@ class ModelFacts:
             raise ModelFactsError(self.problems)
 
 
-def _shown(value: float | int) -> str:
-    return f"{value:g}"
+def _shown(value: float | int | str) -> str:
+    return value if isinstance(value, str) else f"{value:g}"
 
 
 def shown_slo(value: float | None) -> str:
@@ -226,7 +230,7 @@ def _merge_one(
     read: bool,
     repository: str,
 ) -> ModelFact:
-    values: dict[str, float | int | None] = {}
+    values: dict[str, float | int | str | None] = {}
     sources: dict[str, Source] = {}
     overrides: list[str] = []
     problems: list[str] = []
@@ -268,7 +272,7 @@ def _merge_one(
             "have (a typo, or not yet published?)"
         )
     low, high = values.get("min_replicas"), values.get("max_replicas")
-    if not problems and low is not None and high is not None and high < low:
+    if not problems and isinstance(low, int) and isinstance(high, int) and high < low:
         problems.append(
             f"model {name}: max_replicas {_shown(high)} ({sources['max_replicas']}) is below "
             f"min_replicas {_shown(low)} ({sources['min_replicas']})"

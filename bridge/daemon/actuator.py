@@ -85,6 +85,7 @@ def record_of(lease: Lease) -> LeaseRecord:
         lease.reason,
         lent_gpus=lease.gpus,
         members=tuple(lease.members or ()),
+        gpu_type=lease.gpu_type,
     )
 
 
@@ -275,6 +276,7 @@ class Actuator:
         gpus: int | None = None,
         members: tuple[str, ...] = (),
         audit: Audit | None = None,
+        gpu_type: str | None = None,
     ) -> LeaseRecord:
         """Record a lend (`LeaseStore.create`; `audit` records it in the same write)."""
         lease = record_of(
@@ -289,6 +291,7 @@ class Actuator:
                 gpus=gpus,
                 members=members,
                 audit=audit,
+                gpu_type=gpu_type,
             )
         )
         self.leases[lease.id] = lease
@@ -395,6 +398,7 @@ class Actuator:
             # a partial lend shares the node with its other jobs: k GPUs, not --exclusive
             exclusive=submit.gpus is None,
             gpus=submit.gpus if submit.gpus is not None else node.gpus if node else 1,
+            gpu_type=submit.gpu_type,
             # a drain lend's job runs in its fence; a partial lend's in its pool's own
             # partition, where it preempts nothing: Slurm would pick its own victims (in
             # the lab it took the other job too), so the job waits for the GPUs of the

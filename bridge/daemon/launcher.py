@@ -65,6 +65,7 @@ def triton_job(
     lease: LeaseRef | None = None,
     exclusive: bool = False,
     gpus: int = 1,
+    gpu_type: str | None = None,
     name: str | None = None,
     partition: str | None = None,
     reservation: str | None = None,
@@ -84,7 +85,8 @@ def triton_job(
     started for every model leaves out besides those that do not load at start (a
     baseline: the models served from zero); ignored when `models` names them.
     `priority`: `JobSpec.priority` (a drain-mode lend of some of a node's GPUs asks
-    `TOP_PRIORITY`); None: Slurm's own."""
+    `TOP_PRIORITY`); None: Slurm's own. `gpu_type`: the GRES type its `gpus` are of (a
+    lend of MIG slices: `--gres=gpu:<type>:k`); None: any GPU."""
     if not cfg.key_file.exists():
         raise LauncherError(f"the Triton API key file {cfg.key_file} does not exist")
     shim = cfg.key_shim_path
@@ -123,6 +125,7 @@ def triton_job(
         nodelist=(node, *members) if node else (),
         nodes=1 + len(members) if members else None,
         gpus_per_node=gpus,
+        gpu_type=gpu_type,
         exclusive=exclusive,
         requeue=False,
         reservation=reservation,

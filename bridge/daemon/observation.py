@@ -29,6 +29,7 @@ from bridge.policy.snapshot import (
 )
 from bridge.policy.tokens import TokenProfile
 from bridge.slurm.model import TRITON_TAG, Job, Node, Reservation, checkpoint_of
+from bridge.slurm.slices import free_gpu_types
 
 _UNUSABLE = ("down", "fail", "unknown", "future", "inval")
 #: the bridge's own reservations (a drain-mode lend's fence) are named this way
@@ -203,6 +204,7 @@ def snapshot(
                 has_triton=node.name in triton_bound,
                 reserved=node.name in reserved or pool in held_pools,
                 triton_gpus=held.get(node.name, 0),
+                free_types=tuple(sorted(free_gpu_types(node.gres, node.alloc_tres).items())),
             )
         )
     gpus = {name: n.gpus for name, n in obs.nodes.items()}

@@ -32,7 +32,7 @@ from bridge.daemon.observation import (
     usable,
 )
 from bridge.lifecycle import LeaseState
-from bridge.policy.gang import lend_gpus, nodes_per_replica
+from bridge.policy.gang import lend_gpus, lend_type, nodes_per_replica
 from bridge.policy.leasesync import (
     HELD_REASONS,
     RESERVATION_SLACK_S,
@@ -64,6 +64,7 @@ from bridge.policy.steps import (
 )
 from bridge.policy.victims import choose_victims, guarded
 from bridge.slurm.model import Job, LeaseRef, lease_of
+from bridge.slurm.slices import free_gpu_types
 
 S = LeaseState
 #: the planner's name for the one lease view (a copy of the stored row, `record_of`)
@@ -106,6 +107,8 @@ def victims_of(lease: LeaseView, obs: Observation, settings: Settings) -> tuple[
     now = obs.at
     running = obs.work.get(lease.node, ())
     if lease.lend_mode != "preempt":  # a drain-mode lend waits for its jobs: none goes
+        return ()
+    if lease.gpu_type is not None:  # GPUs of a type (MIG slices): lent free, none goes
         return ()
     if lease.lent_gpus is None:  # whole nodes: every job on any of them
         return tuple(sorted({j.job_id for n in lease.nodes for j in obs.work.get(n, ())}))
@@ -262,6 +265,27 @@ def operator_lend_gpus(
     return k if known is not None and partial(known.gpus, k, mode, drain) else None
 
 
+def operator_typed(
+    node: str, models: Sequence[str], obs: Observation
+) -> tuple[str, int] | str | None:
+    """An operator's lend of `models` whose GPUs are of one type (a MIG slice,
+    `bridge.policy.gang.lend_type`): (the type, the GPUs of it a replica takes), as the
+    policy's lends of them (free GPUs of the type only, nothing requeued); the refusal's
+    text when `node` has too few of the type free; None: the lend's GPUs are of no type."""
+    gpu_type = lend_type(obs.models.scaled, models)
+    if gpu_type is None:
+        return None
+    k = lend_gpus(obs.models.scaled, models) or 1
+    known = obs.nodes.get(node)
+    free = free_gpu_types(known.gres, known.alloc_tres).get(gpu_type, 0) if known else 0
+    if free < k:
+        return (
+            f"refused: a replica of {','.join(models)} takes {k} GPU(s) of type {gpu_type}; "
+            f"node {node} has {free} of them free (a lend of a type requeues nothing)"
+        )
+    return gpu_type, k
+
+
 def operator_gang(
     node: str,
     models: Sequence[str],
@@ -362,6 +386,7 @@ __all__ = [
     "lease_refs_to_check",
     "operator_gang",
     "operator_lend_gpus",
+    "operator_typed",
     "plan",
     "plan_lease",
     "plan_orphans",

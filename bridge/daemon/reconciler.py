@@ -538,6 +538,13 @@ class Reconciler:
             by = holds[pool].held_by
             undo = "stb fleet mode shared" if by.startswith("fleet mode") else f"stb resume {pool}"
             return f"refused: pool {pool} is held by {by} ({undo})"
+        typed = planner.operator_typed(node, models, obs)
+        if isinstance(typed, str):
+            return typed
+        if typed is not None:  # GPUs of one type (MIG slices): free ones, no gang
+            gpu_type, slices = typed
+            lend = Lend(node, pool, mode, models, req.reason, slices, (), gpu_type)
+            return self._lend(lend, obs, now, report, key)
         members = planner.operator_gang(node, models, obs, self.actuator.open_leases(), self.config)
         if isinstance(members, str):
             return members
@@ -609,12 +616,14 @@ class Reconciler:
                 action.gpus,
                 action.members,
                 self.audit.within("lend", target, action.reason),
+                action.gpu_type,
             )
         except LeaseError as exc:
             report.error("lend", exc)
             self._audit("lend", target, f"failed: {exc} ({action.reason})", report)
             return f"failed: {exc}"
         share = "" if action.gpus is None else f", {action.gpus} GPU(s)"
+        share += "" if action.gpu_type is None else f" of type {action.gpu_type}"
         report.events.append(
             f"lease {lease.id} {','.join(action.nodes)}: requested ({action.lend_mode}{share}, "
             f"models {','.join(action.models)}: {action.reason})"

@@ -69,6 +69,9 @@ class Lease(SQLModel, table=True):
     #: `-N n`, its server on `node`); None: the lease holds `node` alone, as every lease
     #: before. The open-lease-per-node rule covers them too (`LeaseStore.create`)
     members: list[str] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    #: the GRES type its `gpus` are of (a lend of MIG slices: its Triton job's
+    #: `--gres=gpu:<type>:k`); None: any GPU, or the whole node, as every lease before
+    gpu_type: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
     state: LeaseState = Field(
         sa_column=Column(_str_enum(LeaseState, 16), nullable=False, index=True)
     )

@@ -28,6 +28,7 @@ from typing import Any, TypedDict, Unpack
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, and_, col, or_, select
 
+from bridge.config import GRES_TYPE
 from bridge.db import Fence, Transactions, make_engine
 from bridge.leases.errors import (
     IllegalTransition,
@@ -97,6 +98,7 @@ class LeaseStore(Transactions):
         gpus: int | None = None,
         members: Sequence[str] = (),
         audit: Audit | None = None,
+        gpu_type: str | None = None,
     ) -> Lease:
         """Record a lend in state `requested` (with its first history event), or return
         the lease this `request_key` already made, whatever its state now. `audit`
@@ -105,10 +107,16 @@ class LeaseStore(Transactions):
         `NodeAlreadyLeased` when `node` (or one of `members`) has an open lease made under
         another key, and `RequestKeyConflict` when the key was used for another node, pool
         or mode. `gpus`: the GPUs of the node the lease holds (None: the whole node).
-        `members`: a gang's other nodes (whole nodes, so with `gpus` None)."""
+        `members`: a gang's other nodes (whole nodes, so with `gpus` None). `gpu_type`:
+        the GRES type its `gpus` are of (a lend of MIG slices; None: any GPU)."""
         _require_aware(now)
         if gpus is not None and gpus < 1:
             raise ValueError(f"a lease holds at least one GPU, got gpus={gpus}")
+        if gpu_type is not None and (gpus is None or not GRES_TYPE.match(gpu_type)):
+            raise ValueError(
+                f"a lease of GPUs of type {gpu_type!r} holds some GPUs (gpus) of a GRES "
+                "type name (letters, digits, '.', '_', '-', '+')"
+            )
         gang = list(dict.fromkeys(members))
         if node in gang or len(gang) != len(members) or not all(gang):
             raise ValueError(f"a gang's members are other nodes, each once: {node} + {members}")
@@ -130,6 +138,7 @@ class LeaseStore(Transactions):
                     models=names,
                     gpus=gpus,
                     members=gang or None,
+                    gpu_type=gpu_type,
                     state=LeaseState.REQUESTED,
                     request_key=request_key,
                     reason=reason,
@@ -147,6 +156,7 @@ class LeaseStore(Transactions):
                         reason=reason,
                         detail=f"node={node} pool={pool} mode={mode.value} models={names}"
                         + ("" if gpus is None else f" gpus={gpus}")
+                        + ("" if gpu_type is None else f" gpu_type={gpu_type}")
                         + (f" members={','.join(gang)}" if gang else ""),
                     ),
                 )

@@ -21,6 +21,9 @@ class Lend:
     #: a gang's other nodes (a replica that spans nodes, `bridge.policy.gang`: one Slurm
     #: job on `node` and these, whole); () for a lend of one node
     members: tuple[str, ...] = ()
+    #: the GRES type its `gpus` are of (a lend of MIG slices: `--gres=gpu:<type>:k`,
+    #: `bridge.policy.gang.lend_type`); None: any GPU
+    gpu_type: str | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:

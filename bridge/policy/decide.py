@@ -71,7 +71,7 @@ from bridge.lifecycle import IN_FLIGHT, LeaseState
 from bridge.policy import capacity, llm, placement
 from bridge.policy import demand as reading
 from bridge.policy.actions import Action, Lend, Place, Return, StartBaseline
-from bridge.policy.gang import gang_lends, lend_gpus, spans
+from bridge.policy.gang import gang_lends, lend_gpus, lend_type, spans
 from bridge.policy.hysteresis import (
     ModelStatus,
     evaluate_model,
@@ -81,6 +81,7 @@ from bridge.policy.nodes import (
     LENDABLE,
     choose_nodes,
     choose_sized,
+    choose_typed,
     load_on,
     partial,
     victims_count,
@@ -511,9 +512,32 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
         return k if policy.partial_lends or spans(snapshot.nodes, lendable, k) else None
 
     sizes = [_sized(size(models), plan.held.get(i)) for i, models in enumerate(plan.wanted)]
+    types = [lend_type(snapshot.models, models) for models in plan.wanted]
     lends = 0
-    for k in dict.fromkeys(sizes):
-        group = [models for models, s in zip(plan.wanted, sizes, strict=True) if s == k]
+
+    # lends of GPUs of one type (MIG slices): one replica's each, free GPUs only
+    def typed_key(models: tuple[str, ...], gpu_type: str | None) -> tuple[str, int] | None:
+        return None if gpu_type is None else (gpu_type, lend_gpus(snapshot.models, models) or 1)
+
+    keys = [typed_key(m, t) for m, t in zip(plan.wanted, types, strict=True)]
+    for key in dict.fromkeys(k for k in keys if k is not None):
+        gpu_type, slices = key
+        group = [m for m, mk in zip(plan.wanted, keys, strict=True) if mk == key]
+        found = choose_typed(
+            snapshot, config, len(group), gpu_type=gpu_type, gpus=slices, taken=taken, freed=freed
+        )
+        for node, models in zip(found, group, strict=False):
+            mode = config.pools[node.pool].lend_mode
+            reason = _lend_reason(plan, models)
+            actions.append(Lend(node.name, node.pool, mode, models, reason, slices, (), gpu_type))
+            lends += 1
+            taken.add(node.name)
+    for k in dict.fromkeys(s for s, t in zip(sizes, types, strict=True) if t is None):
+        group = [
+            models
+            for models, s, t in zip(plan.wanted, sizes, types, strict=True)
+            if s == k and t is None
+        ]
         lent_for = list(dict.fromkeys(m for models in group for m in models))
         if k is not None and spans(snapshot.nodes, lendable, k):
             gangs = gang_lends(
@@ -533,10 +557,7 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
         )
         for node, models in _match(snapshot, targets, group):
             mode = config.pools[node.pool].lend_mode
-            reason = "capacity: " + _rates(plan.demand, models)
-            if len(models) == 1 and models[0] in plan.from_zero:
-                n = plan.from_zero[models[0]]
-                reason = f"scale from zero: {models[0]}, {n} request(s) waiting"
+            reason = _lend_reason(plan, models)
             g = took.get(node.name, k)  # (a sized lend on a node that gives less)
             share = g if partial(node.gpus, g, mode, config.policy.drain_partial_lends) else None
             actions.append(Lend(node.name, node.pool, mode, models, reason, share))
@@ -544,6 +565,20 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
             taken.add(node.name)
             spent += victims_count(node, g, mode, now, policy)
     if plan.backstop and lends == len(plan.wanted):
+        typed = typed_key(tuple(plan.backstop), lend_type(snapshot.models, plan.backstop))
+        if typed is not None:
+            gpu_type, slices = typed
+            found = choose_typed(
+                snapshot, config, 1, gpu_type=gpu_type, gpus=slices, taken=taken, freed=freed
+            )
+            if found:
+                node, models = found[0], tuple(plan.backstop)
+                mode = config.pools[node.pool].lend_mode
+                reason = _breach_reason(snapshot, models[0], policy.breach_evaluations)
+                actions.append(
+                    Lend(node.name, node.pool, mode, models, reason, slices, (), gpu_type)
+                )
+            return actions
         k = size(plan.backstop)
         if k is not None and spans(snapshot.nodes, lendable, k):
             backstop = (tuple(plan.backstop),)
@@ -572,6 +607,14 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
             share = k if partial(node.gpus, k, mode, config.policy.drain_partial_lends) else None
             actions.append(Lend(node.name, node.pool, mode, models, reason, share))
     return actions
+
+
+def _lend_reason(plan: Assessment, models: tuple[str, ...]) -> str:
+    """Why a capacity lend of `models` is made, as its lease records it."""
+    if len(models) == 1 and models[0] in plan.from_zero:
+        n = plan.from_zero[models[0]]
+        return f"scale from zero: {models[0]}, {n} request(s) waiting"
+    return "capacity: " + _rates(plan.demand, models)
 
 
 def _match(

@@ -49,12 +49,21 @@ def gpus_per_replica(
 
 def replica_gpus(model: ModelConfig) -> int | None:
     """`gpus_per_replica` of a model's facts (`ModelConfig.instance_gpus`,
-    `tensor_parallel`, `pipeline_parallel`: config.pbtxt or the TOML); None: whole nodes."""
-    return gpus_per_replica(
+    `tensor_parallel`, `pipeline_parallel`: config.pbtxt or the TOML); None: whole nodes.
+    A model of a `gpu_type` (a MIG slice) that says none of them takes 1 of its type."""
+    k = gpus_per_replica(
         instance_gpus=model.instance_gpus,
         tensor_parallel=model.tensor_parallel,
         pipeline_parallel=model.pipeline_parallel,
     )
+    return 1 if k is None and model.gpu_type is not None else k
+
+
+def lend_type(models: Mapping[str, ModelConfig], names: Sequence[str]) -> str | None:
+    """The GRES type one lend of the models `names` asks its GPUs of (`--gres=gpu:<type>:
+    k`): the `gpu_type` of the first of them that says one (a lend's models share its one
+    server, so the others run on those GPUs too); None: any GPU, as every lend before."""
+    return next((models[m].gpu_type for m in names if m in models and models[m].gpu_type), None)
 
 
 def lend_gpus(models: Mapping[str, ModelConfig], names: Sequence[str]) -> int | None:

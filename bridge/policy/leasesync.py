@@ -353,6 +353,7 @@ def _submit_step(lease: LeaseView, world: LeaseWorld, settings: Settings) -> Ste
             lease.lent_gpus,
             lease.members,
             top=drain and lease.lent_gpus is not None,
+            gpu_type=lease.gpu_type,
         )
     )
     if lease.lend_mode == "preempt" and settings.requeue_victims and world.victims:

@@ -25,7 +25,15 @@ with the idle ones; a busy one (the backstop's, as any busy drain node) waits fo
 jobs that end first until k are free (`bridge.policy.victims.drain_wait`), and the
 shortest wait goes first: the soonest known end, then, where a job waited for has no
 end known, the fewest GPUs busy. Pure; `decide`, the advisory pass and the weight-cache
-plan's lend order call it."""
+plan's lend order call it.
+
+A lend of GPUs of one GRES type (a model's `gpu_type`: a MIG slice such as
+`h100_1g.10gb`) takes only GPUs of that type that are free (`choose_typed`): Slurm
+allocates a MIG slice as it does a GPU, and which of a node's jobs holds which slice
+type is not known to the bridge, so it requeues nothing for them and kills nothing;
+the node's other slices go on running its jobs. The cheapest pool first, then the node
+with the fewest of the type free (a node with more stays for a larger lend), then by
+name."""
 
 from __future__ import annotations
 
@@ -289,6 +297,50 @@ def choose_nodes(
             continue
         budget -= victims
         if room is not None and node.pool in room:
+            room[node.pool] -= 1
+        chosen.append(node)
+    return chosen
+
+
+def choose_typed(
+    snapshot: Snapshot,
+    config: BridgeConfig,
+    count: int,
+    *,
+    gpu_type: str,
+    gpus: int,
+    taken: Collection[str] = (),
+    freed: Collection[int] = (),
+) -> list[NodeView]:
+    """Up to `count` nodes for lends of `gpus` GPUs of `gpu_type` each (see the module
+    docstring): in a lendable pool with room under its lend share, usable, in no site
+    reservation or operator hold, with no Triton job and no lease, not in `taken`, and
+    with `gpus` of the type free (`NodeView.free_of`)."""
+    if gpus < 1:
+        raise ValueError(f"a lend takes at least one GPU, got gpus={gpus}")
+    leased = held_nodes(snapshot.leases) | set(taken)
+    rank = {n: p.cost_rank for n, p in config.pools.items() if p.lend_mode in LENDABLE}
+    room = share_room(snapshot, config, freed=freed, taken=taken)
+    fits = sorted(
+        (
+            (rank[node.pool], node.free_of(gpu_type), node.name, node)
+            for node in snapshot.nodes
+            if node.pool in rank
+            and node.usable
+            and not node.reserved
+            and not node.has_triton
+            and node.name not in leased
+            and node.free_of(gpu_type) >= gpus
+        ),
+        key=lambda t: t[:3],
+    )
+    chosen: list[NodeView] = []
+    for *_, node in fits:
+        if len(chosen) == count:
+            break
+        if room is not None and node.pool in room:
+            if room[node.pool] <= 0:
+                continue
             room[node.pool] -= 1
         chosen.append(node)
     return chosen

@@ -74,6 +74,15 @@ class NodeView:
     #: Slurm has started (running, configuring, completing); a pending one bound for the
     #: node holds none yet (`has_triton` says it is coming)
     triton_gpus: int = 0
+    #: its free GPUs of each GRES type its gres names (`bridge.slurm.slices.
+    #: free_gpu_types`: a node of MIG slices, `(("h100_1g.10gb", 1), ...)`), sorted by
+    #: type; () where its gres names no type. A lend of a model with a `gpu_type` takes
+    #: only free GPUs of that type (`bridge.policy.nodes.choose_typed`)
+    free_types: tuple[tuple[str, int], ...] = ()
+
+    def free_of(self, gpu_type: str) -> int:
+        """Its free GPUs of `gpu_type` (0: none, or a type it does not have)."""
+        return dict(self.free_types).get(gpu_type, 0)
 
 
 @dataclass(frozen=True)
@@ -164,6 +173,9 @@ class LeaseView:
     #: a gang's other nodes (a replica that spans nodes: one Slurm job with `-N n`, its
     #: server on `node`, the job's batch host); () for a lease of one node
     members: tuple[str, ...] = ()
+    #: the GRES type its `lent_gpus` are of (a lend of MIG slices: its Triton job's
+    #: `--gres=gpu:<type>:k`, `[models.NAME] gpu_type`); None: any GPU
+    gpu_type: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", LeaseState(self.state))

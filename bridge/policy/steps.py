@@ -49,6 +49,9 @@ class Submit:
     #: (`--priority=TOP`): a drain-mode lend of some of a node's GPUs, pending on its
     #: node until jobs there end, is then the first job Slurm gives those GPUs to
     top: bool = False
+    #: the GRES type its `gpus` are of (`--gres=gpu:<type>:k`: a lend of MIG slices,
+    #: `LeaseView.gpu_type`); None: any GPU
+    gpu_type: str | None = None
 
 
 @dataclass(frozen=True)

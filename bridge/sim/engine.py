@@ -127,6 +127,12 @@ class Engine(Cluster):
         missing = [m for m in self.models if m not in setup.service_s]
         if missing:
             raise ValueError(f"no service time for models {', '.join(missing)}")
+        typed = [f"{m} ({s.gpu_type})" for m, s in self.specs.items() if s.gpu_type]
+        if typed:  # its nodes have no GRES types: such a lend would never be made
+            raise ValueError(
+                "the simulator does not model GPU types or MIG slices; models with a "
+                f"gpu_type: {', '.join(typed)} (leave gpu_type out to simulate them)"
+            )
         self.ticks = math.ceil(setup.horizon_s / self.tick_s)
         super().__init__(setup)
         self.leases: dict[int, SimLease] = {}

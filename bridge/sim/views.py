@@ -65,6 +65,7 @@ def node_view(
     d["reserved"] = False
     d["cached"] = cached
     d["triton_gpus"] = triton_gpus
+    d["free_types"] = ()  # (the simulator models no GPU types)
     return obj
 
 

@@ -241,7 +241,7 @@ class SlurmCLI:
             f"--nodelist={compress(spec.nodelist)}" if spec.nodelist else None,
             None if spec.nodes is None else f"--nodes={spec.nodes}",
             None if spec.nodes is None else f"--ntasks={spec.nodes}",
-            None if spec.gpus_per_node is None else f"--gres=gpu:{spec.gpus_per_node}",
+            None if spec.gpus_per_node is None else f"--gres={spec.gres}",
             "--exclusive" if spec.exclusive else None,
             None if spec.requeue is None else "--requeue" if spec.requeue else "--no-requeue",
             f"--reservation={spec.reservation}" if spec.reservation else None,

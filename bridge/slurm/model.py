@@ -97,6 +97,10 @@ class Node:
     #: `gpu:h100_4g.40gb:1,gpu:h100_1g.10gb:2`): the ledger's capacity per GPU type reads
     #: every type, where `gpu_type` is the first; "" where the source gives none
     gres: str = ""
+    #: the TRES its running jobs hold as Slurm shows it (`cpu=2,gres/gpu=2,
+    #: gres/gpu:h100_4g.40gb=1,...`): the GPUs of each type in use, where `gpus_alloc` is
+    #: their count (`bridge.slurm.slices.free_gpu_types`); "" where the source gives none
+    alloc_tres: str = ""
 
     @property
     def drained(self) -> bool:
@@ -163,6 +167,9 @@ class JobSpec:
     #: script's own (one, for the Triton script)
     nodes: int | None = None
     gpus_per_node: int | None = None
+    #: the GPU type the GPUs are of (`--gres=gpu:<type>:k`: a MIG slice type such as
+    #: `h100_1g.10gb`, or a whole GPU's); None: any GPU (`--gres=gpu:k`)
+    gpu_type: str | None = None
     exclusive: bool = False
     requeue: bool | None = None
     reservation: str | None = None
@@ -183,6 +190,13 @@ class JobSpec:
             raise ValueError("JobSpec needs exactly one of script= or wrap=")
         if self.nodes is not None and self.nodes < 1:
             raise ValueError(f"JobSpec nodes must be >= 1, got {self.nodes}")
+        if self.gpu_type is not None and (
+            self.gpus_per_node is None or not self.gpu_type or ":" in self.gpu_type
+        ):
+            raise ValueError(
+                f"JobSpec gpu_type {self.gpu_type!r} needs gpus_per_node and a GRES type "
+                "name (no ':')"
+            )
         if isinstance(self.priority, str):
             if self.priority != TOP_PRIORITY:
                 raise ValueError(f"JobSpec priority must be a number or {TOP_PRIORITY!r}")
@@ -196,6 +210,12 @@ class JobSpec:
         for key, value in self.env.items():
             if "," in value:
                 raise ValueError(f"JobSpec env {key} holds a ',' which sbatch cannot export")
+
+    @property
+    def gres(self) -> str:
+        """Its GPUs as sbatch's `--gres` takes them: `gpu:k`, or `gpu:<type>:k`."""
+        kind = "gpu" if self.gpu_type is None else f"gpu:{self.gpu_type}"
+        return f"{kind}:{self.gpus_per_node}"
 
 
 class JobFilter(TypedDict, total=False):

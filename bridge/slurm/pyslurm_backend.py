@@ -87,6 +87,7 @@ class PySlurm:
                     gpus=gpus,
                     gpus_alloc=alloc,
                     gres=_gres_string(n.configured_gres),
+                    alloc_tres=_tres_string(n.allocated_tres),
                 )
             )
         return nodes
@@ -164,7 +165,8 @@ class PySlurm:
             desc.nodes = spec.nodes
             desc.ntasks = spec.nodes
         if spec.gpus_per_node is not None:
-            desc.gres_per_node = {"gpu": spec.gpus_per_node}
+            key = "gpu" if spec.gpu_type is None else f"gpu:{spec.gpu_type}"
+            desc.gres_per_node = {key: spec.gpus_per_node}
         if spec.exclusive:
             desc.resource_sharing = "no"
         if spec.requeue is not None:

@@ -263,7 +263,7 @@ def submission(
         job["nodes"] = str(spec.nodes)
         job["ntasks"] = spec.nodes
     if spec.gpus_per_node is not None:
-        job["gres"] = f"gpu:{spec.gpus_per_node}"
+        job["gres"] = spec.gres
     if spec.exclusive:
         job["exclusive"] = "exclusive"
     if spec.requeue is not None:

@@ -154,6 +154,7 @@ def parse_nodes(text: str) -> list[Node]:
                     gpus=gpus,
                     gpus_alloc=alloc,
                     gres=_text(n.get("gres")),
+                    alloc_tres=used,
                 )
             )
         except (KeyError, ValueError, TypeError, AttributeError) as exc:

@@ -74,6 +74,7 @@ def _node(r: dict[str, str]) -> Node:
         gpus=gpus,
         gpus_alloc=alloc,
         gres=r.get("Gres", "") if r.get("Gres", "") not in NULLS else "",
+        alloc_tres=r.get("AllocTRES", "") if r.get("AllocTRES", "") not in NULLS else "",
     )
 
 

@@ -10,7 +10,8 @@ ModelConfig protobuf (shipped with tritonclient), and the bridge's metadata kept
 and, for an LLM, its token objectives in ms (either of the first two stands in for
 `stb.slo_p99_ms`): `stb.slo_ttft_p99_ms`, `stb.slo_tpot_p99_ms`, `stb.slo_e2e_p99_ms`;
 for a model split over GPUs, one replica's parallel sizes (whole, >= 1):
-`stb.tensor_parallel_size`, `stb.pipeline_parallel_size`.
+`stb.tensor_parallel_size`, `stb.pipeline_parallel_size`; for a model served on a MIG
+slice (or a GPU type), the GRES type its GPUs are of: `stb.gpu_type` (`h100_1g.10gb`).
 
 Read by the ledger's ingest (a served model's team), by `stb models` (publishing
 validates a model with `check_model` before anything is written) and, for the SLO, bounds,
@@ -38,6 +39,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from bridge.config import GRES_TYPE
 from bridge.modelfacts import FILE, PARAMETERS, Published
 
 TEAM_PARAMETER = "stb.team"
@@ -230,6 +232,13 @@ def published_of(cfg: model_config_pb2.ModelConfig) -> Published:
             errors[field] = f"{key} must be >= 1, got {size:g}"
             size = None
         parallel[field] = None if size is None else int(size)
+    gpu_type = params.get(PARAMETERS["gpu_type"], "").strip() or None
+    if gpu_type is not None and not GRES_TYPE.match(gpu_type):
+        errors["gpu_type"] = (
+            f"{PARAMETERS['gpu_type']} must be a GRES type name such as h100_1g.10gb "
+            f"(letters, digits, '.', '_', '-', '+'), got {gpu_type!r}"
+        )
+        gpu_type = None
     instances, instance_gpus = instance_group_of(cfg)
     return Published(
         team,
@@ -241,6 +250,7 @@ def published_of(cfg: model_config_pb2.ModelConfig) -> Published:
         instance_gpus=instance_gpus,
         tensor_parallel=parallel["tensor_parallel"],
         pipeline_parallel=parallel["pipeline_parallel"],
+        gpu_type=gpu_type,
         **tokens,
     )
 
