@@ -1,0 +1,125 @@
+"""A lend of one MIG slice on the lab (issue 32), end to end through the reconciler, on
+the node of fake MIG slices (`stb lab up --mig`: one H100 cut into 4g.40gb + 2g.20gb +
+1g.10gb, in the partition `mig`, here made a preempt-mode pool). busy's replica is said
+to take one 1g.10gb slice (`[models.busy] gpu_type`). A job holds the 4g slice.
+
+- The real observation shows the node's free slices by type (Slurm's gres less its
+  AllocTRES by type): the 2g and the 1g.
+- An operator's lend of the node for busy asks `--gres=gpu:h100_1g.10gb:1` and holds that
+  slice, not the node; the job beside it is not requeued and runs throughout; the
+  replica serves through nginx; the return ends the Triton job.
+- With the slice taken, a lend of it is refused, naming the type and the free count.
+
+On a lab without that node (CI's plain lab) the test is skipped."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.audit.asks import ask_lend, ask_return
+from bridge.config import ModelOverride, PoolConfig, load_config
+from bridge.daemon.observation import snapshot
+from bridge.daemon.reconciler import Reconciler
+from bridge.lab.slurmctl import slurm
+from bridge.lab.spec import MIG_POOL, LabSpec
+from bridge.lifecycle import LeaseState
+from bridge.paths import project_root
+
+from .helpers import (
+    BUSY_INPUT,
+    sbatch,
+    scontrol_show,
+    squeue_state,
+    tick_until,
+    tick_until_baseline,
+    upstreams,
+    wait_state,
+)
+
+pytestmark = pytest.mark.lab
+
+
+def _types(lab: LabSpec) -> tuple[str, str, str]:
+    return tuple(f"{lab.gpu_type}_{p}" for p in ("1g.10gb", "2g.20gb", "4g.40gb"))  # type: ignore[return-value]
+
+
+@pytest.fixture
+def bridge_update(lab: LabSpec) -> dict[str, object]:
+    base = load_config(project_root() / "deploy" / "lab" / "bridge.toml")
+    one = _types(lab)[0]
+    return {
+        "pools": {
+            **base.pools,
+            MIG_POOL: PoolConfig(partition=MIG_POOL, lend_mode="preempt", cost_rank=3),
+        },
+        "models": {**base.models, "busy": ModelOverride(gpu_type=one)},
+    }
+
+
+def test_a_lend_of_one_mig_slice_leaves_the_job_on_the_other_slices_running(
+    lab: LabSpec, bridge: tuple[Reconciler, str]
+) -> None:
+    if not lab.mig_nodes:
+        pytest.skip("this lab has no node of MIG slices: `stb lab down; stb lab up --mig`")
+    rec, endpoint = bridge
+    assert rec.requests is not None
+    queue, store = rec.requests, rec.store
+    node = lab.mig_nodes[0].name
+    one, two, four = _types(lab)
+    log: list[str] = []
+    tick_until_baseline(rec, lab, log)
+    job = sbatch(
+        lab, "-p", MIG_POOL, "-A", lab.accounts[0], f"--gres=gpu:{four}:1", "--requeue", "--wrap", "sleep 600",
+    )  # fmt: skip
+    other = ""
+    try:
+        wait_state(lab, job, {"RUNNING"}, 30)
+        tick_until(rec, lambda: rec.last_observation is not None, 10, log)
+        assert rec.last_observation is not None
+        snap = snapshot(rec.last_observation, rec.config, [], {})
+        (view,) = [n for n in snap.nodes if n.name == node]
+        assert view.pool == MIG_POOL and dict(view.free_types) == {one: 1, two: 1, four: 0}
+
+        request = ask_lend(queue, node, ["busy"])
+        tick_until(
+            rec,
+            lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()),
+            90,
+            log,
+        )
+        (lease,) = store.open_leases()
+        assert (lease.gpus, lease.gpu_type) == (1, one) and lease.id is not None
+        assert (queue.get(request.id or 0) or request).outcome == (
+            f"lease {lease.id} lending {node}"
+        )
+        # The Triton job holds the 1g slice (not the 2g one Slurm gives `--gres=gpu:1`,
+        # nor the node); the job beside it stays.
+        triton = scontrol_show(lab, "job", str(lease.slurm_job_id))[str(lease.slurm_job_id)]
+        assert f"gres/gpu:{one}=1" in triton.get("TRES", ""), triton
+        assert f"gres/gpu:{two}" not in triton.get("TRES", ""), triton
+        assert triton.get("OverSubscribe") != "NO", triton  # not --exclusive
+        shown = scontrol_show(lab, "job", job)[job]
+        assert shown["JobState"] == "RUNNING" and shown["Restarts"] == "0", shown
+        # Its replica serves through nginx beside the baseline.
+        assert len(upstreams(endpoint, "busy", BUSY_INPUT)) == 2
+
+        # The 1g slice taken by a job, a lend of it is refused, naming why (a 2g is free).
+        ask_return(queue, lease.id)
+        tick_until(rec, lambda: not store.open_leases(), 90, log)
+        assert squeue_state(lab, str(lease.slurm_job_id))[0] in ("", "COMPLETING")
+        other = sbatch(
+            lab, "-p", MIG_POOL, "-A", lab.accounts[1], f"--gres=gpu:{one}:1",
+            "--wrap", "sleep 600",
+        )  # fmt: skip
+        wait_state(lab, other, {"RUNNING"}, 30)
+        refused = ask_lend(queue, node, ["busy"])
+        tick_until(rec, lambda: (queue.get(refused.id or 0) or refused).outcome != "", 30, log)
+        outcome = (queue.get(refused.id or 0) or refused).outcome
+        assert outcome.startswith("refused:") and f"type {one}" in outcome, outcome
+        assert "has 0 of them free" in outcome, outcome
+        assert not store.open_leases()
+        assert squeue_state(lab, job)[0] == "RUNNING"
+        events = "\n".join(log)
+        assert "requeued job" not in events, events
+    finally:
+        slurm(lab, "scancel", job, *([other] if other else []), check=False)
