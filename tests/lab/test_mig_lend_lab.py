@@ -1,6 +1,7 @@
 """A lend of one MIG slice on the lab (issue 32), end to end through the reconciler, on
 the node of fake MIG slices (`stb lab up --mig`: one H100 cut into 4g.40gb + 2g.20gb +
-1g.10gb, in the partition `mig`, here made a preempt-mode pool). busy's replica is said
+1g.10gb, in the partition `mig`, here made a preempt-mode pool): by an operator's lend
+and by the real policy's. busy's replica is said
 to take one 1g.10gb slice (`[models.busy] gpu_type`). A job holds the 4g slice.
 
 - The real observation shows the node's free slices by type (Slurm's gres less its
@@ -23,10 +24,12 @@ from bridge.daemon.reconciler import Reconciler
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import MIG_POOL, LabSpec
 from bridge.lifecycle import LeaseState
+from bridge.load.arrivals import poisson
 from bridge.paths import project_root
 
 from .helpers import (
     BUSY_INPUT,
+    Sender,
     sbatch,
     scontrol_show,
     squeue_state,
@@ -69,7 +72,8 @@ def test_a_lend_of_one_mig_slice_leaves_the_job_on_the_other_slices_running(
     log: list[str] = []
     tick_until_baseline(rec, lab, log)
     job = sbatch(
-        lab, "-p", MIG_POOL, "-A", lab.accounts[0], f"--gres=gpu:{four}:1", "--requeue", "--wrap", "sleep 600",
+        lab, "-p", MIG_POOL, "-A", lab.accounts[0], f"--gres=gpu:{four}:1", "--requeue",
+        "--wrap", "sleep 600",
     )  # fmt: skip
     other = ""
     try:
@@ -123,3 +127,49 @@ def test_a_lend_of_one_mig_slice_leaves_the_job_on_the_other_slices_running(
         assert "requeued job" not in events, events
     finally:
         slurm(lab, "scancel", job, *([other] if other else []), check=False)
+
+
+def test_the_policy_lends_a_slice_for_a_typed_model_over_its_objective(
+    lab: LabSpec, bridge: tuple[Reconciler, str]
+) -> None:
+    """The real policy, on the real observation: busy (20 ms a request, one instance,
+    SLO 100 ms) at 70 req/s is over its objective on the baseline, and its lend takes the
+    MIG node's free 1g slice (the elastic node has no GPU of that type), requeueing
+    nothing; no request fails."""
+    if not lab.mig_nodes:
+        pytest.skip("this lab has no node of MIG slices: `stb lab down; stb lab up --mig`")
+    rec, endpoint = bridge
+    store = rec.store
+    node = lab.mig_nodes[0].name
+    one, _, four = _types(lab)
+    log: list[str] = []
+    tick_until_baseline(rec, lab, log)
+    job = sbatch(
+        lab, "-p", MIG_POOL, "-A", lab.accounts[0], f"--gres=gpu:{four}:1", "--requeue",
+        "--wrap", "sleep 600",
+    )  # fmt: skip
+    load = Sender(endpoint, poisson(70.0, 40.0, seed=7), "busy")
+    try:
+        wait_state(lab, job, {"RUNNING"}, 30)
+        load.start()
+        tick_until(
+            rec,
+            lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()),
+            60,
+            log,
+        )
+        (lease,) = store.open_leases()
+        timeline = "\n".join(log)
+        assert (lease.node, lease.gpus, lease.gpu_type) == (node, 1, one), timeline
+        assert lease.id is not None
+        first = store.history(lease.id)[0].reason  # why it was lent: the policy's lend
+        assert first.startswith("capacity: busy"), first
+        load.finish()
+        shown = scontrol_show(lab, "job", job)[job]
+        assert shown["JobState"] == "RUNNING" and shown["Restarts"] == "0", shown
+        assert "requeued job" not in timeline, timeline
+        c = load.counters
+        assert c.errors == 0 and c.dropped == 0 and c.ok == c.sent > 0, c
+    finally:
+        load.stop()
+        slurm(lab, "scancel", job, check=False)
