@@ -151,7 +151,8 @@ def replica_gpus(fact: ModelFact) -> str:
     """The GPUs one replica of a model needs, as `stb config check` shows them: the
     policy's rule (`bridge.policy.gang.replica_gpus`) on its instance GPUs and
     parallel sizes, each with its source (", 8 GPUs per replica: instance GPUs 2
-    (repository), tensor parallel 4 (repository), pipeline parallel 2 (toml)"); "" when
+    (repository), tensor parallel 4 (repository), pipeline parallel 2 (toml)"), and a
+    GPU type where it says one (", 1 GPU per replica: type h100_1g.10gb (toml)"); "" when
     none is said (a replica takes whole nodes)."""
     from bridge.policy.gang import replica_gpus as of_model
 
@@ -162,6 +163,7 @@ def replica_gpus(fact: ModelFact) -> str:
         ("instance GPUs", "instance_gpus"),
         ("tensor parallel", "tensor_parallel"),
         ("pipeline parallel", "pipeline_parallel"),
+        ("type", "gpu_type"),
     )
     return f", {gpus} GPU{'' if gpus == 1 else 's'} per replica: " + ", ".join(
         _sourced(fact, rows, str)

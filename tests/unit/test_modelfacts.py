@@ -494,3 +494,20 @@ def test_status_shows_each_effective_value_and_where_it_came_from(tmp_path: Path
         "instances": "repository",
     }
     assert not models["plain"]["scaled"] and "not scaled" in models["plain"]["why"]
+
+
+def test_a_replicas_gpu_type_comes_from_its_config_pbtxt_and_a_bad_one_is_refused() -> None:
+    pub = published_of(_llm(gpu_type=" h100_1g.10gb "))
+    assert pub.gpu_type == "h100_1g.10gb" and pub.errors == {}
+    fact = merge_models({"llm": pub}, {}).facts["llm"]
+    assert fact.model is not None and fact.model.gpu_type == "h100_1g.10gb"
+    assert replica_gpus(fact).endswith(", type h100_1g.10gb (repository)")
+    # a type alone: one GPU of it
+    one = merge_models({"m": Published("t", 100.0, gpu_type="h100_2g.20gb")}, {}).facts["m"]
+    assert replica_gpus(one) == ", 1 GPU per replica: type h100_2g.20gb (repository)"
+    bad = published_of(_llm(gpu_type="h100:1g"))
+    assert (
+        bad.gpu_type is None and "stb.gpu_type must be a GRES type name" in bad.errors["gpu_type"]
+    )
+    refused = merge_models({"llm": bad}, {}).facts["llm"]
+    assert refused.model is None and any("gpu_type" in p for p in refused.problems)

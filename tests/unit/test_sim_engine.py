@@ -186,6 +186,11 @@ def test_bad_setups_are_named() -> None:
         Engine(replace(setup, arrivals=ArrivalSeries(TICK, {"other": np.zeros(3)})))
     with pytest.raises(ValueError, match="no service time"):
         Engine(replace(setup, service_s={}))
+    typed = {
+        m: s.model_copy(update={"gpu_type": "h100_1g.10gb"}) for m, s in Engine(setup).specs.items()
+    }
+    with pytest.raises(ValueError, match=r"does not model GPU types.*busy \(h100_1g.10gb\)"):
+        Engine(replace(setup, models=typed))
     gpu_job = SimJob("x", "elastic", 0.0, 1.0, 1)
     with pytest.raises(ValueError, match="job x: no elastic nodes"):
         Engine(replace(setup, nodes=setup.nodes[:1] + setup.nodes[2:], jobs=[gpu_job]))

@@ -5,6 +5,7 @@ Literal gres strings, nodes, leases and configs; a fixed clock."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -19,8 +20,10 @@ from bridge.policy.nodes import choose_typed
 from bridge.policy.snapshot import LeaseView
 from bridge.policy.steps import Submit
 from bridge.slurm.model import JobSpec
+from bridge.slurm.scontrol import parse_nodes
 from bridge.slurm.slices import free_gpu_types
 
+DATA = Path(__file__).parent.parent / "data" / "slurm"
 NOW = 1_800_000_000.0
 ONE, TWO, FOUR = "h100_1g.10gb", "h100_2g.20gb", "h100_4g.40gb"
 MIG_GRES = f"gpu:{FOUR}:1,gpu:{TWO}:1,gpu:{ONE}:2"
@@ -36,6 +39,14 @@ def test_free_slices_are_the_configured_less_the_allocated_of_each_type() -> Non
     # an untyped node lists no type; a typed whole-GPU node lists its type
     assert free_gpu_types("gpu:4", "gres/gpu=1") == {}
     assert free_gpu_types("gpu:h100:4(S:0-1)", "gres/gpu=3,gres/gpu:h100=3") == {"h100": 1}
+
+
+def test_the_lab_nodes_scontrol_line_gives_its_free_slices() -> None:
+    # recorded on the --mig lab (Slurm 22.05.8), a job on the 4g slice: AllocTRES names
+    # the type of what it holds
+    (node,) = parse_nodes((DATA / "scontrol-node-mig-22.05.txt").read_text())
+    assert node.gpus == 3 and node.gpus_alloc == 1 and node.partitions == ("mig",)
+    assert free_gpu_types(node.gres, node.alloc_tres) == {FOUR: 0, TWO: 1, ONE: 1}
 
 
 # ---- the model's fact and the job's gres ------------------------------------------------
