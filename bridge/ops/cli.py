@@ -129,6 +129,9 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
             "id": lease.id,
             "node": lease.node,
             **({"members": lease.members} if lease.members else {}),
+            # a lease of some of its node's GPUs (of a type: MIG slices); absent: whole
+            **({"gpus": lease.gpus} if lease.gpus is not None else {}),
+            **({"gpu_type": lease.gpu_type} if lease.gpu_type else {}),
             "pool": lease.pool,
             "mode": lease.lend_mode.value,
             "state": lease.state.value,
@@ -283,9 +286,12 @@ def status(
             state = f"[red]{state} (stuck)[/red]"
         if lease["retries"]:
             state += f" ({lease['retries']} retries)"
+        held = ""  # a lease of some of its node's GPUs says how many, of which type
+        if "gpus" in lease:
+            held = f" ({lease['gpus']} x {lease.get('gpu_type', 'GPU')})"
         leases.add_row(
             str(lease["id"]),
-            escape(",".join((lease["node"], *lease.get("members", ())))),
+            escape(",".join((lease["node"], *lease.get("members", ()))) + held),
             escape(lease["pool"]),
             state,
             escape(",".join(lease["models"])),

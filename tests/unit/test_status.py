@@ -55,6 +55,12 @@ def test_status_shows_failed_and_stuck_leases(tmp_path: Path) -> None:
     ]
     (lease,) = doc["leases"]
     assert lease["id"] == slow.id and lease["state"] == "releasing" and lease["stuck"]
+    assert "gpus" not in lease and "gpu_type" not in lease  # the whole node
+    slice_ = store.create(
+        "n6", "mig", "preempt", ["busy"], "c", T0, gpus=1, gpu_type="h100_1g.10gb"
+    )
+    shown = {x["node"]: x for x in collect(cfg, T0)["leases"]}["n6"]
+    assert (shown["id"], shown["gpus"], shown["gpu_type"]) == (slice_.id, 1, "h100_1g.10gb")
     assert doc["daemon_reachable"] is False
     # a day later the failure has aged out of the list, and 30 s in the lease was not stuck
     assert collect(cfg, T0 + timedelta(days=1, seconds=1))["failed"] == []
