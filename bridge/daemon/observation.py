@@ -29,7 +29,7 @@ from bridge.policy.snapshot import (
 )
 from bridge.policy.tokens import TokenProfile
 from bridge.slurm.model import TRITON_TAG, Job, Node, Reservation, checkpoint_of
-from bridge.slurm.slices import free_gpu_types
+from bridge.slurm.slices import free_gpu_types, gpu_types_of
 
 _UNUSABLE = ("down", "fail", "unknown", "future", "inval")
 #: the bridge's own reservations (a drain-mode lend's fence) are named this way
@@ -129,9 +129,17 @@ def job_views(obs: Observation, node: str) -> tuple[JobView, ...]:
             checkpoint_of(j.tags),
             ends_at=_ts(j, "end_time"),
             gpus_here=_gpus_per_node(j) if len(j.nodes) > 1 else None,
+            gpu_types=_types_per_node(j),
         )
         for j in obs.work.get(node, ())
     )
+
+
+def _types_per_node(job: Job) -> tuple[tuple[str, int], ...]:
+    """A job's GPUs of each type on each of its nodes (its allocated TRES over its nodes,
+    taken as spread evenly, rounded up), sorted by type."""
+    n = max(1, len(job.nodes))
+    return tuple(sorted((t, -(-c // n)) for t, c in gpu_types_of(job.alloc_tres).items()))
 
 
 def triton_gpus(obs: Observation) -> tuple[set[str], dict[str, int]]:

@@ -22,6 +22,7 @@ reconciler and the placer (the actuator matches the commands on `bridge.policy.s
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from bridge.config import BridgeConfig, pool_of
 from bridge.daemon.observation import (
@@ -44,7 +45,7 @@ from bridge.policy.leasesync import (
     return_step,
     sync_lease,
 )
-from bridge.policy.nodes import partial
+from bridge.policy.nodes import partial, typed_view
 from bridge.policy.snapshot import LeaseView, NodeView, held_nodes
 from bridge.policy.steps import (
     Adopt,
@@ -108,8 +109,6 @@ def victims_of(lease: LeaseView, obs: Observation, settings: Settings) -> tuple[
     running = obs.work.get(lease.node, ())
     if lease.lend_mode != "preempt":  # a drain-mode lend waits for its jobs: none goes
         return ()
-    if lease.gpu_type is not None:  # GPUs of a type (MIG slices): lent free, none goes
-        return ()
     if lease.lent_gpus is None:  # whole nodes: every job on any of them
         return tuple(sorted({j.job_id for n in lease.nodes for j in obs.work.get(n, ())}))
     node = obs.nodes.get(lease.node)
@@ -123,6 +122,10 @@ def victims_of(lease: LeaseView, obs: Observation, settings: Settings) -> tuple[
         if guarded(j, now, settings.preempt_guard_s, settings.max_requeues_per_job)
     ]
     held = triton_gpus(obs)[1].get(lease.node, 0)
+    if lease.gpu_type is not None:  # GPUs of a type (MIG slices): the jobs holding it
+        free = tuple(sorted(free_gpu_types(node.gres, node.alloc_tres).items()))
+        view = typed_view(replace(view, free_types=free), lease.gpu_type)
+        held = 0
     chosen = choose_victims(view, lease.lent_gpus, now, triton_gpus=held, keep=keep)
     return chosen.jobs if chosen is not None else ()
 
@@ -266,22 +269,25 @@ def operator_lend_gpus(
 
 
 def operator_typed(
-    node: str, models: Sequence[str], obs: Observation
+    node: str, models: Sequence[str], mode: str, obs: Observation
 ) -> tuple[str, int] | str | None:
     """An operator's lend of `models` whose GPUs are of one type (a MIG slice,
     `bridge.policy.gang.lend_type`): (the type, the GPUs of it a replica takes), as the
-    policy's lends of them (free GPUs of the type only, nothing requeued); the refusal's
-    text when `node` has too few of the type free; None: the lend's GPUs are of no type."""
+    policy's lends of them (in a preempt-mode pool the jobs holding the type are
+    requeued at the submit, `victims_of`; in a drain-mode one the GPUs must be free);
+    the refusal's text when `node` has too few; None: the lend's GPUs are of no type."""
     gpu_type = lend_type(obs.models.scaled, models)
     if gpu_type is None:
         return None
     k = lend_gpus(obs.models.scaled, models) or 1
     known = obs.nodes.get(node)
     free = free_gpu_types(known.gres, known.alloc_tres).get(gpu_type, 0) if known else 0
-    if free < k:
+    held = sum(j.held_of(gpu_type) for j in job_views(obs, node) if j.started_at is not None)
+    if free < k and (mode != "preempt" or free + held < k):
+        which = "free" if mode != "preempt" else "free or held by jobs"
         return (
             f"refused: a replica of {','.join(models)} takes {k} GPU(s) of type {gpu_type}; "
-            f"node {node} has {free} of them free (a lend of a type requeues nothing)"
+            f"node {node} has {free if mode != 'preempt' else free + held} of them {which}"
         )
     return gpu_type, k
 

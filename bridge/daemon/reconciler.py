@@ -538,7 +538,7 @@ class Reconciler:
             by = holds[pool].held_by
             undo = "stb fleet mode shared" if by.startswith("fleet mode") else f"stb resume {pool}"
             return f"refused: pool {pool} is held by {by} ({undo})"
-        typed = planner.operator_typed(node, models, obs)
+        typed = planner.operator_typed(node, models, mode, obs)
         if isinstance(typed, str):
             return typed
         if typed is not None:  # GPUs of one type (MIG slices): free ones, no gang

@@ -84,6 +84,7 @@ from bridge.policy.nodes import (
     choose_typed,
     load_on,
     partial,
+    typed_victims,
     victims_count,
 )
 from bridge.policy.snapshot import NodeView, Snapshot
@@ -515,7 +516,7 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
     types = [lend_type(snapshot.models, models) for models in plan.wanted]
     lends = 0
 
-    # lends of GPUs of one type (MIG slices): one replica's each, free GPUs only
+    # lends of GPUs of one type (MIG slices): one replica's each (`choose_typed`)
     def typed_key(models: tuple[str, ...], gpu_type: str | None) -> tuple[str, int] | None:
         return None if gpu_type is None else (gpu_type, lend_gpus(snapshot.models, models) or 1)
 
@@ -524,7 +525,15 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
         gpu_type, slices = key
         group = [m for m, mk in zip(plan.wanted, keys, strict=True) if mk == key]
         found = choose_typed(
-            snapshot, config, len(group), gpu_type=gpu_type, gpus=slices, taken=taken, freed=freed
+            snapshot,
+            config,
+            now,
+            len(group),
+            gpu_type=gpu_type,
+            gpus=slices,
+            taken=taken,
+            freed=freed,
+            spent=spent,
         )
         for node, models in zip(found, group, strict=False):
             mode = config.pools[node.pool].lend_mode
@@ -532,6 +541,8 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
             actions.append(Lend(node.name, node.pool, mode, models, reason, slices, (), gpu_type))
             lends += 1
             taken.add(node.name)
+            if mode == "preempt":
+                spent += typed_victims(node, gpu_type, slices, now, policy)
     for k in dict.fromkeys(s for s, t in zip(sizes, types, strict=True) if t is None):
         group = [
             models
@@ -569,7 +580,15 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
         if typed is not None:
             gpu_type, slices = typed
             found = choose_typed(
-                snapshot, config, 1, gpu_type=gpu_type, gpus=slices, taken=taken, freed=freed
+                snapshot,
+                config,
+                now,
+                1,
+                gpu_type=gpu_type,
+                gpus=slices,
+                taken=taken,
+                freed=freed,
+                spent=spent,
             )
             if found:
                 node, models = found[0], tuple(plan.backstop)

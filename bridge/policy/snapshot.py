@@ -43,11 +43,18 @@ class JobView:
     #: its GPUs on the node it is seen on (a job on several nodes holds `gpus` in all;
     #: a requeue loses all, frees these here); None: all of `gpus` (one node)
     gpus_here: int | None = None
+    #: its GPUs of each GRES type on the node it is seen on (MIG slices: `(("h100_1g.
+    #: 10gb", 1),)`), sorted by type; () where its node's gres names no type
+    gpu_types: tuple[tuple[str, int], ...] = ()
 
     @property
     def held_here(self) -> int:
         """The GPUs a requeue of it frees on the node it is seen on."""
         return self.gpus if self.gpus_here is None else self.gpus_here
+
+    def held_of(self, gpu_type: str) -> int:
+        """Its GPUs of `gpu_type` on the node it is seen on (0: none)."""
+        return dict(self.gpu_types).get(gpu_type, 0)
 
 
 @dataclass(frozen=True)

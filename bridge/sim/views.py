@@ -38,6 +38,7 @@ def job_view(
     d["checkpoint_at"] = checkpoint_at
     d["ends_at"] = None  # (no time limit is simulated: the policy sees none)
     d["gpus_here"] = gpus_here
+    d["gpu_types"] = ()  # (the simulator models no GPU types)
     return obj
 
 

@@ -146,6 +146,11 @@ class Job:
     #: without a time limit, ended or not (Slurm says the start plus a year while it
     #: runs: `bridge.slurm.parse.run_end`)
     end_time: datetime | None = None
+    #: the TRES it was allocated as Slurm shows them (`cpu=1,...,gres/gpu=1,
+    #: gres/gpu:h100_1g.10gb=1`): which GPU types (MIG slices) it holds, even where it
+    #: asked for any GPU (`bridge.slurm.slices.gpu_types_of`); "" where the source gives
+    #: none, or while it pends
+    alloc_tres: str = ""
 
     @property
     def tags(self) -> tuple[str, ...]:

@@ -340,18 +340,27 @@ def gres_gpu_parts(gres: str) -> dict[str | None, int]:
     return out
 
 
+def gpu_types_of(tres: str) -> dict[str, int]:
+    """The typed GPU counts of a TRES string (`gres/gpu=2,gres/gpu:h100_1g.10gb=1,
+    gres/gpu:h100_2g.20gb=1` -> `{"h100_1g.10gb": 1, "h100_2g.20gb": 1}`): a node's
+    AllocTRES, or a job's allocated TRES (which names the slices it holds even where it
+    asked for any GPU)."""
+    held: dict[str, int] = {}
+    for item in tres.split(","):
+        key, _, value = item.strip().partition("=")
+        if key.startswith("gres/gpu:") and value.isdigit():
+            name = key.split(":", 1)[1]
+            held[name] = held.get(name, 0) + int(value)
+    return held
+
+
 def free_gpu_types(gres: str, alloc_tres: str) -> dict[str, int]:
     """A node's free GPUs of each type it names in its configured gres (`gres`, as
     `gres_gpu_parts` reads it) less the typed counts of its allocated TRES (`alloc_tres`:
     `gres/gpu:h100_1g.10gb=1`): `{"h100_4g.40gb": 0, "h100_1g.10gb": 1}`. A lend of a
     MIG slice type (`[models.NAME] gpu_type`) takes a node with one free. Untyped GPUs
     are not listed (a job asking for any GPU is not known to hold a type)."""
-    held: dict[str, int] = {}
-    for item in alloc_tres.split(","):
-        key, _, value = item.strip().partition("=")
-        if key.startswith("gres/gpu:") and value.isdigit():
-            name = key.split(":", 1)[1]
-            held[name] = held.get(name, 0) + int(value)
+    held = gpu_types_of(alloc_tres)
     return {
         name: max(0, count - held.get(name, 0))
         for name, count in gres_gpu_parts(gres).items()

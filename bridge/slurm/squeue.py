@@ -50,7 +50,8 @@ def parse_squeue_json(text: str) -> list[Job]:
         try:
             st = states(j["job_state"])
             pending = st[:1] == ["PENDING"]
-            _, gpus = gpus_from_tres(as_text(j.get("tres_alloc_str")))
+            alloc_tres = as_text(j.get("tres_alloc_str"))
+            _, gpus = gpus_from_tres(alloc_tres)
             if not gpus:
                 gpus = parse_gres(as_text(j.get("tres_per_node")).replace("gres:", ""))[1]
             job_id = format_job_id(
@@ -75,6 +76,7 @@ def parse_squeue_json(text: str) -> list[Job]:
                     nodes=nodes_of(nodes, nodes),
                     comment=as_text(j.get("comment")),
                     gpus=gpus,
+                    alloc_tres="" if alloc_tres in NULLS else alloc_tres,
                     restarts=num(j.get("restart_cnt")) or 0,
                     submit_time=timestamp(j.get("submit_time")),
                     # For a pending job squeue gives an expected start; that is not a start.

@@ -9,7 +9,7 @@ to take one 1g.10gb slice (`[models.busy] gpu_type`). A job holds the 4g slice.
 - An operator's lend of the node for busy asks `--gres=gpu:h100_1g.10gb:1` and holds that
   slice, not the node; the job beside it is not requeued and runs throughout; the
   replica serves through nginx; the return ends the Triton job.
-- With the slice taken, a lend of it is refused, naming the type and the free count.
+- With the 1g slice held by another (requeueable) job, the lend requeues that job alone.
 
 On a lab without that node (CI's plain lab) the test is skipped."""
 
@@ -106,25 +106,36 @@ def test_a_lend_of_one_mig_slice_leaves_the_job_on_the_other_slices_running(
         assert shown["JobState"] == "RUNNING" and shown["Restarts"] == "0", shown
         # Its replica serves through nginx beside the baseline.
         assert len(upstreams(endpoint, "busy", BUSY_INPUT)) == 2
-
-        # The 1g slice taken by a job, a lend of it is refused, naming why (a 2g is free).
         ask_return(queue, lease.id)
         tick_until(rec, lambda: not store.open_leases(), 90, log)
         assert squeue_state(lab, str(lease.slurm_job_id))[0] in ("", "COMPLETING")
+        assert "requeued job" not in "\n".join(log)
+
+        # The 1g slice held by a job: the lend requeues that job, not the one on the 4g.
         other = sbatch(
-            lab, "-p", MIG_POOL, "-A", lab.accounts[1], f"--gres=gpu:{one}:1",
+            lab, "-p", MIG_POOL, "-A", lab.accounts[1], f"--gres=gpu:{one}:1", "--requeue",
             "--wrap", "sleep 600",
         )  # fmt: skip
         wait_state(lab, other, {"RUNNING"}, 30)
-        refused = ask_lend(queue, node, ["busy"])
-        tick_until(rec, lambda: (queue.get(refused.id or 0) or refused).outcome != "", 30, log)
-        outcome = (queue.get(refused.id or 0) or refused).outcome
-        assert outcome.startswith("refused:") and f"type {one}" in outcome, outcome
-        assert "has 0 of them free" in outcome, outcome
-        assert not store.open_leases()
-        assert squeue_state(lab, job)[0] == "RUNNING"
+        ask_lend(queue, node, ["busy"])
+        tick_until(
+            rec,
+            lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()),
+            90,
+            log,
+        )
+        (again,) = store.open_leases()
+        assert (again.gpus, again.gpu_type) == (1, one)
+        shown = {**scontrol_show(lab, "job", job), **scontrol_show(lab, "job", other)}
+        assert shown[other]["Restarts"] == "1", shown[other]
+        assert shown[job]["JobState"] == "RUNNING" and shown[job]["Restarts"] == "0", shown
         events = "\n".join(log)
-        assert "requeued job" not in events, events
+        assert f"requeued job {other} for the lend" in events, events
+        assert f"requeued job {job}" not in events, events
+        assert again.id is not None
+        ask_return(queue, again.id)
+        tick_until(rec, lambda: not store.open_leases(), 90, log)
+        assert squeue_state(lab, job)[0] == "RUNNING"
     finally:
         slurm(lab, "scancel", job, *([other] if other else []), check=False)
 

@@ -5,21 +5,24 @@ Literal gres strings, nodes, leases and configs; a fixed clock."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from bridge.config import BridgeConfig, ModelConfig, ModelOverride, PolicyConfig, PoolConfig
+from bridge.daemon.observation import Observation
+from bridge.daemon.planner import operator_typed, victims_of
 from bridge.lifecycle import LeaseState
 from bridge.modelfacts import Published, merge_models, toml_models
 from bridge.policy import JobView, Lend, ModelSample, NodeView, ReplicaView, Snapshot, decide
 from bridge.policy.gang import lend_type, replica_gpus
 from bridge.policy.leasesync import LeaseWorld, Settings, sync_lease
-from bridge.policy.nodes import choose_typed
+from bridge.policy.nodes import choose_typed, typed_victims, typed_view
 from bridge.policy.snapshot import LeaseView
 from bridge.policy.steps import Submit
-from bridge.slurm.model import JobSpec
+from bridge.slurm.model import Job, JobSpec, Node
 from bridge.slurm.scontrol import parse_nodes
 from bridge.slurm.slices import free_gpu_types
 
@@ -103,17 +106,91 @@ RESERVED = NodeView("r1", "inference", True, 4, has_triton=True, triton_gpus=4)
 
 def test_a_typed_lend_takes_a_node_with_the_type_free_the_fewest_free_first() -> None:
     snap = Snapshot((ELASTIC, M1, M2, RESERVED), (), {}, ())
-    got = choose_typed(snap, CONFIG, 3, gpu_type=ONE, gpus=1)
+    got = choose_typed(snap, CONFIG, NOW, 3, gpu_type=ONE, gpus=1)
     assert [n.name for n in got] == ["m1", "m2"]  # e1 has no slices; m1 keeps m2's two
-    assert [n.name for n in choose_typed(snap, CONFIG, 3, gpu_type=ONE, gpus=2)] == ["m2"]
-    assert choose_typed(snap, CONFIG, 3, gpu_type=TWO, gpus=1, taken={"m2"}) == []
+    assert [n.name for n in choose_typed(snap, CONFIG, NOW, 3, gpu_type=ONE, gpus=2)] == ["m2"]
+    assert choose_typed(snap, CONFIG, NOW, 3, gpu_type=TWO, gpus=1, taken={"m2"}) == []
     leased = LeaseView(1, "m1", "mig", "preempt", LeaseState.SERVING, ("small",), NOW)
     assert [
         n.name
-        for n in choose_typed(replace(snap, leases=(leased,)), CONFIG, 3, gpu_type=ONE, gpus=1)
+        for n in choose_typed(replace(snap, leases=(leased,)), CONFIG, NOW, 3, gpu_type=ONE, gpus=1)
     ] == ["m2"]
     with pytest.raises(ValueError):
-        choose_typed(snap, CONFIG, 1, gpu_type=ONE, gpus=0)
+        choose_typed(snap, CONFIG, NOW, 1, gpu_type=ONE, gpus=0)
+
+
+#: a MIG node whose 1g slice a job holds (an hour old), its 4g one another (younger)
+HOLDER = JobView("j1g", 1, NOW - 3600, gpu_types=((ONE, 1),))
+FOUR_JOB = JobView("j4g", 1, NOW - 60, gpu_types=((FOUR, 1),))
+M3 = NodeView("m3", "mig", True, 3, (HOLDER, FOUR_JOB), free_types=((FOUR, 0), (ONE, 0), (TWO, 1)))
+
+
+def test_a_typed_lend_requeues_only_the_jobs_holding_its_type_after_free_nodes() -> None:
+    view = typed_view(M3, ONE)
+    assert (view.gpus, [j.job_id for j in view.jobs], view.jobs[0].held_here) == (1, ["j1g"], 1)
+    snap = Snapshot((M3, M2, RESERVED), (), {}, ())
+    # the free slices first; then the node whose job on the 1g slice is requeued
+    assert [n.name for n in choose_typed(snap, CONFIG, NOW, 2, gpu_type=ONE, gpus=1)] == [
+        "m2",
+        "m3",
+    ]
+    assert typed_victims(M3, ONE, 1, NOW, CONFIG.policy) == 1
+    assert typed_victims(M3, TWO, 1, NOW, CONFIG.policy) == 0  # free: none
+    # none where the holder is guarded (requeued within the guard), the budget is spent,
+    # or the pool lends by drain
+    guarded = replace(M3, jobs=(replace(HOLDER, restarts=1, submitted_at=NOW - 60), FOUR_JOB))
+    alone = Snapshot((guarded, RESERVED), (), {}, ())
+    assert choose_typed(alone, CONFIG, NOW, 1, gpu_type=ONE, gpus=1) == []
+    spent = Snapshot((M3, RESERVED), (), {}, (), preemptions_last_hour=10**6)
+    assert choose_typed(spent, CONFIG, NOW, 1, gpu_type=ONE, gpus=1) == []
+    drain = CONFIG.model_copy(
+        update={
+            "pools": {
+                **CONFIG.pools,
+                "mig": PoolConfig(partition="mig", lend_mode="drain", cost_rank=2),
+            }
+        }
+    )
+    assert (
+        choose_typed(Snapshot((M3, RESERVED), (), {}, ()), drain, NOW, 1, gpu_type=ONE, gpus=1)
+        == []
+    )
+
+
+def test_the_planner_requeues_the_job_on_the_slice_not_the_one_an_untyped_lend_would() -> None:
+    mig = Node(
+        "m3", "10.0.0.3", ("mig",), "mixed", frozenset(), "", FOUR, 3, 2,
+        gres=f"gpu:{FOUR}:1,gpu:{TWO}:1,gpu:{ONE}:1",
+        alloc_tres=f"cpu=2,gres/gpu=2,gres/gpu:{FOUR}=1,gres/gpu:{ONE}=1",
+    )  # fmt: skip
+    started = datetime.fromtimestamp(NOW - 3600, UTC)
+
+    def job(job_id: str, held: str) -> Job:
+        return Job(
+            job_id, "w", "mig", "team", "u", "RUNNING", "None", ("m3",), "", 1, 0,
+            started, started, alloc_tres=f"cpu=1,gres/gpu=1,gres/gpu:{held}=1",
+        )  # fmt: skip
+
+    obs = Observation(
+        NOW,
+        {"m3": mig},
+        (job("40", FOUR), job("10", ONE)),
+        frozenset(),
+        (),
+        {},
+        models=merge_models(None, CONFIG.models),
+    )
+    typed = LeaseView(
+        7, "m3", "mig", "preempt", LeaseState.REQUESTED, ("small",), NOW, lent_gpus=1, gpu_type=ONE
+    )
+    assert victims_of(typed, obs, Settings()) == ("10",)
+    # a lend of any GPU takes the free 2g slice: none requeued
+    assert victims_of(replace(typed, gpu_type=None), obs, Settings()) == ()
+    # and the operator's lend of the 2g type, free, or the 1g one, held: both lent
+    assert operator_typed("m3", ["small"], "preempt", obs) == (ONE, 1)
+    assert operator_typed("m3", ["small"], "drain", obs) == (
+        f"refused: a replica of small takes 1 GPU(s) of type {ONE}; node m3 has 0 of them free"
+    )
 
 
 def samples(rate: float) -> tuple[ModelSample, ...]:
@@ -123,7 +200,7 @@ def samples(rate: float) -> tuple[ModelSample, ...]:
     )
 
 
-def test_decide_lends_a_typed_model_one_free_slice_and_requeues_nothing() -> None:
+def test_decide_lends_a_typed_model_a_slice_of_its_type_free_or_held_by_a_job() -> None:
     snap = Snapshot(
         (ELASTIC, M1, RESERVED),
         (ReplicaView("r1", ("small", "big"), gpus=1),),
@@ -138,6 +215,10 @@ def test_decide_lends_a_typed_model_one_free_slice_and_requeues_nothing() -> Non
     # with no slice of its type free nothing is lent for it: not a whole elastic node
     none_free = replace(snap, nodes=(ELASTIC, replace(M1, free_types=((ONE, 0),)), RESERVED))
     assert [a for a in decide(none_free, CONFIG, NOW) if isinstance(a, Lend)] == []
+    # where a job holds one on a preempt-mode node, that node is lent (its job requeued)
+    held = replace(snap, nodes=(ELASTIC, M3, RESERVED))
+    (lend,) = [a for a in decide(held, CONFIG, NOW) if isinstance(a, Lend)]
+    assert (lend.node, lend.gpus, lend.gpu_type) == ("m3", 1, ONE)
 
 
 def test_the_lease_submits_its_typed_gres_and_requeues_nothing() -> None:
