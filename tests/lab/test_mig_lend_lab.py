@@ -8,24 +8,35 @@ to take one 1g.10gb slice (`[models.busy] gpu_type`). A job holds the 4g slice.
   AllocTRES by type): the 2g and the 1g.
 - An operator's lend of the node for busy asks `--gres=gpu:h100_1g.10gb:1` and holds that
   slice, not the node; the job beside it is not requeued and runs throughout; the
-  replica serves through nginx; the return ends the Triton job.
+  replica serves through nginx; the return ends the Triton job, which the ledger books
+  as serving under its lease at 1/7 of a GPU (sacct's record, ingested).
 - With the 1g slice held by another (requeueable) job, the lend requeues that job alone.
 
 On a lab without that node (CI's plain lab) the test is skipped."""
 
 from __future__ import annotations
 
-import pytest
+from datetime import UTC, datetime
+from pathlib import Path
 
+import pytest
+from sqlalchemy import select
+
+from accounting.buckets import floor_hour
+from accounting.db import open_ledger
+from accounting.tables import LEDGER
 from bridge.audit.asks import ask_lend, ask_return
 from bridge.config import ModelOverride, PoolConfig, load_config
 from bridge.daemon.observation import snapshot
 from bridge.daemon.reconciler import Reconciler
+from bridge.lab.demo import lab_config
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import MIG_POOL, LabSpec
+from bridge.ledger.feed import ingest_window
 from bridge.lifecycle import LeaseState
 from bridge.load.arrivals import poisson
 from bridge.paths import project_root
+from bridge.slurm.cli import SlurmCLI
 
 from .helpers import (
     BUSY_INPUT,
@@ -36,6 +47,7 @@ from .helpers import (
     tick_until,
     tick_until_baseline,
     upstreams,
+    wait_sacct_final,
     wait_state,
 )
 
@@ -59,8 +71,35 @@ def bridge_update(lab: LabSpec) -> dict[str, object]:
     }
 
 
+def _ledger_books_the_slice(
+    lab: LabSpec, job_id: str, lease_id: int, slice_type: str, tmp_path: Path
+) -> None:
+    """The lease's Triton job, ingested from sacct, is booked as inference under its lease
+    at the slice's fraction of a GPU (1g of an H100's 7 compute slices: 1/7) x its elapsed
+    time, as `[accounting.slices]` says by default."""
+    rec = wait_sacct_final(lab, job_id)
+    start = datetime.fromtimestamp(rec["time"]["start"], UTC)
+    now = datetime.now(UTC)
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'mig-lend.db'}")
+    ingest_window(lab_config(lab), SlurmCLI(env=lab.env()), ledger, floor_hour(start), now, now=now)
+    with ledger.connect() as conn:
+        rows = conn.execute(
+            select(LEDGER.c.workload, LEDGER.c.lease, LEDGER.c.gpu_type, LEDGER.c.gpu_ms).where(
+                LEDGER.c.source.startswith(f"{lab.cluster}:{job_id}:")
+            )
+        ).all()
+    booked = sum(r.gpu_ms for r in rows)
+    expected = rec["time"]["elapsed"] * 1000 / 7
+    print(f"lease job {job_id}: elapsed {rec['time']['elapsed']} s, booked {booked} GPU-ms")
+    # (the ledger names a lease by its job's tag: its id, then its creation time)
+    assert rows and {r.gpu_type for r in rows} == {slice_type}, rows
+    assert all(r.lease.startswith(f"{lease_id}.") for r in rows), rows
+    assert {r.workload for r in rows} == {"inference"}, rows
+    assert abs(booked - expected) < 2, (booked, expected)
+
+
 def test_a_lend_of_one_mig_slice_leaves_the_job_on_the_other_slices_running(
-    lab: LabSpec, bridge: tuple[Reconciler, str]
+    lab: LabSpec, bridge: tuple[Reconciler, str], tmp_path: Path
 ) -> None:
     if not lab.mig_nodes:
         pytest.skip("this lab has no node of MIG slices: `stb lab down; stb lab up --mig`")
@@ -110,6 +149,7 @@ def test_a_lend_of_one_mig_slice_leaves_the_job_on_the_other_slices_running(
         tick_until(rec, lambda: not store.open_leases(), 90, log)
         assert squeue_state(lab, str(lease.slurm_job_id))[0] in ("", "COMPLETING")
         assert "requeued job" not in "\n".join(log)
+        _ledger_books_the_slice(lab, str(lease.slurm_job_id), lease.id, one, tmp_path)
 
         # The 1g slice held by a job: the lend requeues that job, not the one on the 4g.
         other = sbatch(
