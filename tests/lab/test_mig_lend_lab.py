@@ -9,7 +9,7 @@ to take one 1g.10gb slice (`[models.busy] gpu_type`). A job holds the 4g slice.
 - An operator's lend of the node for busy asks `--gres=gpu:h100_1g.10gb:1` and holds that
   slice, not the node; the job beside it is not requeued and runs throughout; the
   replica serves through nginx; the return ends the Triton job, which the ledger books
-  as serving under its lease at 1/7 of a GPU (sacct's record, ingested).
+  as inference under its lease at 1/7 of a GPU (sacct's record, ingested).
 - With the 1g slice held by another (requeueable) job, the lend requeues that job alone.
 
 On a lab without that node (CI's plain lab) the test is skipped."""
