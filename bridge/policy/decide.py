@@ -522,27 +522,12 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
 
     keys = [typed_key(m, t) for m, t in zip(plan.wanted, types, strict=True)]
     for key in dict.fromkeys(k for k in keys if k is not None):
-        gpu_type, slices = key
         group = [m for m, mk in zip(plan.wanted, keys, strict=True) if mk == key]
-        found = choose_typed(
-            snapshot,
-            config,
-            now,
-            len(group),
-            gpu_type=gpu_type,
-            gpus=slices,
-            taken=taken,
-            freed=freed,
-            spent=spent,
+        made, spent = _typed_lends(
+            snapshot, config, now, group, key, lambda m: _lend_reason(plan, m), taken, freed, spent
         )
-        for node, models in zip(found, group, strict=False):
-            mode = config.pools[node.pool].lend_mode
-            reason = _lend_reason(plan, models)
-            actions.append(Lend(node.name, node.pool, mode, models, reason, slices, (), gpu_type))
-            lends += 1
-            taken.add(node.name)
-            if mode == "preempt":
-                spent += typed_victims(node, gpu_type, slices, now, policy)
+        actions.extend(made)
+        lends += len(made)
     for k in dict.fromkeys(s for s, t in zip(sizes, types, strict=True) if t is None):
         group = [
             models
@@ -578,25 +563,19 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
     if plan.backstop and lends == len(plan.wanted):
         typed = typed_key(tuple(plan.backstop), lend_type(snapshot.models, plan.backstop))
         if typed is not None:
-            gpu_type, slices = typed
-            found = choose_typed(
+            why = _breach_reason(snapshot, plan.backstop[0], policy.breach_evaluations)
+            made, _ = _typed_lends(
                 snapshot,
                 config,
                 now,
-                1,
-                gpu_type=gpu_type,
-                gpus=slices,
-                taken=taken,
-                freed=freed,
-                spent=spent,
+                [tuple(plan.backstop)],
+                typed,
+                lambda m: why,
+                taken,
+                freed,
+                spent,
             )
-            if found:
-                node, models = found[0], tuple(plan.backstop)
-                mode = config.pools[node.pool].lend_mode
-                reason = _breach_reason(snapshot, models[0], policy.breach_evaluations)
-                actions.append(
-                    Lend(node.name, node.pool, mode, models, reason, slices, (), gpu_type)
-                )
+            actions.extend(made)
             return actions
         k = size(plan.backstop)
         if k is not None and spans(snapshot.nodes, lendable, k):
@@ -626,6 +605,42 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
             share = k if partial(node.gpus, k, mode, config.policy.drain_partial_lends) else None
             actions.append(Lend(node.name, node.pool, mode, models, reason, share))
     return actions
+
+
+def _typed_lends(
+    snapshot: Snapshot,
+    config: BridgeConfig,
+    now: float,
+    group: Sequence[tuple[str, ...]],
+    key: tuple[str, int],
+    reason: Callable[[tuple[str, ...]], str],
+    taken: set[str],
+    freed: frozenset[int],
+    spent: int,
+) -> tuple[list[Lend], int]:
+    """The lends of `group`, each of one replica's GPUs of one type (`key`: the type and
+    the GPUs; MIG slices), on the nodes `choose_typed` gives, each node added to `taken`;
+    and the jobs requeued so far of the hour's budget, theirs added to `spent`."""
+    gpu_type, gpus = key
+    found = choose_typed(
+        snapshot,
+        config,
+        now,
+        len(group),
+        gpu_type=gpu_type,
+        gpus=gpus,
+        taken=taken,
+        freed=freed,
+        spent=spent,
+    )
+    lends: list[Lend] = []
+    for node, models in zip(found, group, strict=False):
+        mode = config.pools[node.pool].lend_mode
+        lends.append(Lend(node.name, node.pool, mode, models, reason(models), gpus, (), gpu_type))
+        taken.add(node.name)
+        if mode == "preempt":
+            spent += typed_victims(node, gpu_type, gpus, now, config.policy)
+    return lends, spent
 
 
 def _lend_reason(plan: Assessment, models: tuple[str, ...]) -> str:

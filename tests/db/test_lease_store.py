@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import Engine, insert, text
 from sqlalchemy.exc import IntegrityError
 
+from bridge.daemon.actuator import record_of
 from bridge.leases.errors import (
     IllegalTransition,
     LeaseNotFound,
@@ -363,3 +364,22 @@ def test_set_status_rereads_the_row_under_a_lock(
     assert isinstance(outcome[0], IllegalTransition)
     assert "failed -> serving" in str(outcome[0])
     assert store.get(lid).state == S.FAILED
+
+
+def test_a_lease_keeps_its_gpu_type_and_a_bad_one_is_refused(store: LeaseStore) -> None:
+    # issue 32: a lend of MIG slices asks `--gres=gpu:<type>:k`; its lease keeps the type
+    one = "h100_1g.10gb"
+    made = store.create("m1", "mig", "preempt", ["small"], "k1", T0, gpus=1, gpu_type=one)
+    assert made.id is not None
+    view = record_of(store.get(made.id))
+    assert (view.lent_gpus, view.gpu_type) == (1, one)
+    (event,) = store.history(made.id)
+    assert f"gpus=1 gpu_type={one}" in (event.detail or "")
+    with pytest.raises(ValueError, match="GRES type"):
+        store.create("m2", "mig", "preempt", ["small"], "k2", T0, gpus=1, gpu_type="a:b")
+    with pytest.raises(ValueError, match="GRES type"):
+        store.create("m2", "mig", "preempt", ["small"], "k3", T0, gpu_type=one)
+    assert [lease.node for lease in store.open_leases()] == ["m1"]
+    # a lease of any GPU, or of the whole node, has none, as before
+    plain = store.create("n3", "elastic", "preempt", ["busy"], "k4", T0, gpus=2)
+    assert plain.id is not None and record_of(store.get(plain.id)).gpu_type is None

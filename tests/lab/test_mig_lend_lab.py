@@ -33,7 +33,7 @@ from bridge.lab.demo import lab_config
 from bridge.lab.slurmctl import slurm
 from bridge.lab.spec import MIG_POOL, LabSpec
 from bridge.ledger.feed import ingest_window
-from bridge.lifecycle import LeaseState
+from bridge.lifecycle import LeaseState as S
 from bridge.load.arrivals import poisson
 from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
@@ -69,6 +69,12 @@ def bridge_update(lab: LabSpec) -> dict[str, object]:
         },
         "models": {**base.models, "busy": ModelOverride(gpu_type=one)},
     }
+
+
+def _until_serving(rec: Reconciler, timeout_s: float, log: list[str]) -> None:
+    """Tick until a lease serves."""
+    store = rec.store
+    tick_until(rec, lambda: any(x.state == S.SERVING for x in store.open_leases()), timeout_s, log)
 
 
 def _ledger_books_the_slice(
@@ -124,12 +130,7 @@ def test_a_lend_of_one_mig_slice_leaves_the_job_on_the_other_slices_running(
         assert view.pool == MIG_POOL and dict(view.free_types) == {one: 1, two: 1, four: 0}
 
         request = ask_lend(queue, node, ["busy"])
-        tick_until(
-            rec,
-            lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()),
-            90,
-            log,
-        )
+        _until_serving(rec, 90, log)
         (lease,) = store.open_leases()
         assert (lease.gpus, lease.gpu_type) == (1, one) and lease.id is not None
         assert (queue.get(request.id or 0) or request).outcome == (
@@ -158,12 +159,7 @@ def test_a_lend_of_one_mig_slice_leaves_the_job_on_the_other_slices_running(
         )  # fmt: skip
         wait_state(lab, other, {"RUNNING"}, 30)
         ask_lend(queue, node, ["busy"])
-        tick_until(
-            rec,
-            lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()),
-            90,
-            log,
-        )
+        _until_serving(rec, 90, log)
         (again,) = store.open_leases()
         assert (again.gpus, again.gpu_type) == (1, one)
         shown = {**scontrol_show(lab, "job", job), **scontrol_show(lab, "job", other)}
@@ -203,12 +199,7 @@ def test_the_policy_lends_a_slice_for_a_typed_model_over_its_objective(
     try:
         wait_state(lab, job, {"RUNNING"}, 30)
         load.start()
-        tick_until(
-            rec,
-            lambda: any(x.state == LeaseState.SERVING for x in store.open_leases()),
-            60,
-            log,
-        )
+        _until_serving(rec, 60, log)
         (lease,) = store.open_leases()
         timeline = "\n".join(log)
         assert (lease.node, lease.gpus, lease.gpu_type) == (node, 1, one), timeline

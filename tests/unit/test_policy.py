@@ -119,6 +119,25 @@ def test_sustained_breach_lends_the_idle_elastic_node() -> None:
     assert "170 ms over SLO 100 ms" in action.reason
 
 
+def test_a_sustained_breach_of_a_typed_model_lends_a_slice_of_its_type() -> None:
+    # the backstop (no capacity signal: rate and means are the samples' defaults) takes a
+    # node with a slice of the type free; none free anywhere: nothing is lent
+    one = "h100_1g.10gb"
+    typed = CONFIG.model_copy(
+        update={
+            "models": {**CONFIG.models, "busy": CONFIG.models["busy"].model_copy(
+                update={"gpu_type": one}
+            )}
+        }
+    )  # fmt: skip
+    mig = NodeView("n5", "elastic", True, 3, free_types=((one, 1),))
+    (action,) = decide(snap(nodes=(ELASTIC_IDLE, mig, RESERVED), busy=BREACH), typed, T0)
+    assert isinstance(action, Lend)
+    assert (action.node, action.gpus, action.gpu_type) == ("n5", 1, one)
+    assert "170 ms over SLO 100 ms" in action.reason
+    assert decide(snap(nodes=(ELASTIC_IDLE, RESERVED), busy=BREACH), typed, T0) == []
+
+
 def test_breach_must_be_consecutive() -> None:
     assert decide(snap(busy=samples(150, 90, 170)), CONFIG, T0) == []
     assert decide(snap(busy=samples(150, 170)), CONFIG, T0) == []  # too few samples
