@@ -71,6 +71,14 @@ def bridge_update(lab: LabSpec) -> dict[str, object]:
     }
 
 
+def _job_on(lab: LabSpec, slice_type: str, account: int = 0) -> str:
+    """A requeueable job in the `mig` pool holding one slice of `slice_type`."""
+    return sbatch(
+        lab, "-p", MIG_POOL, "-A", lab.accounts[account], f"--gres=gpu:{slice_type}:1",
+        "--requeue", "--wrap", "sleep 600",
+    )  # fmt: skip
+
+
 def _until_serving(rec: Reconciler, timeout_s: float, log: list[str]) -> None:
     """Tick until a lease serves."""
     store = rec.store
@@ -116,10 +124,7 @@ def test_a_lend_of_one_mig_slice_leaves_the_job_on_the_other_slices_running(
     one, two, four = _types(lab)
     log: list[str] = []
     tick_until_baseline(rec, lab, log)
-    job = sbatch(
-        lab, "-p", MIG_POOL, "-A", lab.accounts[0], f"--gres=gpu:{four}:1", "--requeue",
-        "--wrap", "sleep 600",
-    )  # fmt: skip
+    job = _job_on(lab, four)
     other = ""
     try:
         wait_state(lab, job, {"RUNNING"}, 30)
@@ -153,18 +158,15 @@ def test_a_lend_of_one_mig_slice_leaves_the_job_on_the_other_slices_running(
         _ledger_books_the_slice(lab, str(lease.slurm_job_id), lease.id, one, tmp_path)
 
         # The 1g slice held by a job: the lend requeues that job, not the one on the 4g.
-        other = sbatch(
-            lab, "-p", MIG_POOL, "-A", lab.accounts[1], f"--gres=gpu:{one}:1", "--requeue",
-            "--wrap", "sleep 600",
-        )  # fmt: skip
+        other = _job_on(lab, one, account=1)
         wait_state(lab, other, {"RUNNING"}, 30)
         ask_lend(queue, node, ["busy"])
         _until_serving(rec, 90, log)
         (again,) = store.open_leases()
         assert (again.gpus, again.gpu_type) == (1, one)
-        shown = {**scontrol_show(lab, "job", job), **scontrol_show(lab, "job", other)}
-        assert shown[other]["Restarts"] == "1", shown[other]
-        assert shown[job]["JobState"] == "RUNNING" and shown[job]["Restarts"] == "0", shown
+        both = {**scontrol_show(lab, "job", job), **scontrol_show(lab, "job", other)}
+        assert both[other]["Restarts"] == "1", both[other]
+        assert both[job]["JobState"] == "RUNNING" and both[job]["Restarts"] == "0", both
         events = "\n".join(log)
         assert f"requeued job {other} for the lend" in events, events
         assert f"requeued job {job}" not in events, events
@@ -191,10 +193,7 @@ def test_the_policy_lends_a_slice_for_a_typed_model_over_its_objective(
     one, _, four = _types(lab)
     log: list[str] = []
     tick_until_baseline(rec, lab, log)
-    job = sbatch(
-        lab, "-p", MIG_POOL, "-A", lab.accounts[0], f"--gres=gpu:{four}:1", "--requeue",
-        "--wrap", "sleep 600",
-    )  # fmt: skip
+    job = _job_on(lab, four)
     load = Sender(endpoint, poisson(70.0, 40.0, seed=7), "busy")
     try:
         wait_state(lab, job, {"RUNNING"}, 30)

@@ -90,8 +90,8 @@ CONFIG = BridgeConfig(
         "mig": PoolConfig(partition="mig", lend_mode="preempt", cost_rank=2),
     },
     models={
-        "small": ModelConfig(slo_p99_ms=100, max_replicas=4, gpu_type=ONE),
-        "big": ModelConfig(slo_p99_ms=100, max_replicas=4),
+        "small": ModelOverride(slo_p99_ms=100, max_replicas=4, gpu_type=ONE),
+        "big": ModelOverride(slo_p99_ms=100, max_replicas=4),
     },
     policy=PolicyConfig(max_lent_nodes=4, capacity_headroom=1.0),
 )
