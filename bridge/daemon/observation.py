@@ -29,7 +29,8 @@ from bridge.policy.snapshot import (
 )
 from bridge.policy.tokens import TokenProfile
 from bridge.slurm.model import TRITON_TAG, Job, Node, Reservation, checkpoint_of
-from bridge.slurm.slices import free_gpu_types, gpu_types_of
+from bridge.slurm.parse import gpu_types_of
+from bridge.slurm.slices import free_gpu_types
 
 _UNUSABLE = ("down", "fail", "unknown", "future", "inval")
 #: the bridge's own reservations (a drain-mode lend's fence) are named this way
@@ -117,8 +118,10 @@ def _gpus_per_node(job: Job) -> int:
     return -(-job.gpus // len(job.nodes)) if job.nodes else job.gpus
 
 
-def job_views(obs: Observation, node: str) -> tuple[JobView, ...]:
-    """The policy's view of the running non-Triton jobs on `node`."""
+def job_views(obs: Observation, node: str, *, types: bool = False) -> tuple[JobView, ...]:
+    """The policy's view of the running non-Triton jobs on `node`; with `types`, the GPUs
+    of each type each holds (MIG slices: what a typed lend needs; else left out, their
+    TRES strings not parsed)."""
     return tuple(
         JobView(
             j.job_id,
@@ -129,10 +132,15 @@ def job_views(obs: Observation, node: str) -> tuple[JobView, ...]:
             checkpoint_of(j.tags),
             ends_at=_ts(j, "end_time"),
             gpus_here=_gpus_per_node(j) if len(j.nodes) > 1 else None,
-            gpu_types=_types_per_node(j),
+            gpu_types=_types_per_node(j) if types else (),
         )
         for j in obs.work.get(node, ())
     )
+
+
+def free_types(node: Node) -> tuple[tuple[str, int], ...]:
+    """`NodeView.free_types` of a node: its free GPUs by type, sorted by type."""
+    return tuple(sorted(free_gpu_types(node.gres, node.alloc_tres).items()))
 
 
 def _types_per_node(job: Job) -> tuple[tuple[str, int], ...]:
@@ -196,12 +204,15 @@ def snapshot(
     lease_of = {lease.node: lease.lease_id for lease in leases}
     reserved = reserved_nodes(obs.site_reservations, obs.at, config.policy.reservation_lookahead_s)
     triton_bound, held = triton_gpus(obs)
+    # GPU types (MIG slices) are read only where a model is lent by type: a site without
+    # them parses no TRES string per node and job each pass
+    typed = any(m.gpu_type for m in obs.models.scaled.values())
     views = []
     for node in obs.nodes.values():
         pool = pool_of(node, config)
         if pool is None:
             continue
-        work = job_views(obs, node.name)
+        work = job_views(obs, node.name, types=typed)
         views.append(
             NodeView(
                 node.name,
@@ -212,7 +223,7 @@ def snapshot(
                 has_triton=node.name in triton_bound,
                 reserved=node.name in reserved or pool in held_pools,
                 triton_gpus=held.get(node.name, 0),
-                free_types=tuple(sorted(free_gpu_types(node.gres, node.alloc_tres).items())),
+                free_types=free_types(node) if typed else (),
             )
         )
     gpus = {name: n.gpus for name, n in obs.nodes.items()}

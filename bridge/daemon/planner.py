@@ -28,12 +28,13 @@ from bridge.config import BridgeConfig, pool_of
 from bridge.daemon.observation import (
     RESERVATION_PREFIX,
     Observation,
+    free_types,
     job_views,
     triton_gpus,
     usable,
 )
 from bridge.lifecycle import LeaseState
-from bridge.policy.gang import lend_gpus, lend_type, nodes_per_replica
+from bridge.policy.gang import lend_gpus, nodes_per_replica
 from bridge.policy.leasesync import (
     HELD_REASONS,
     RESERVATION_SLACK_S,
@@ -45,7 +46,7 @@ from bridge.policy.leasesync import (
     return_step,
     sync_lease,
 )
-from bridge.policy.nodes import partial, typed_view
+from bridge.policy.nodes import partial
 from bridge.policy.snapshot import LeaseView, NodeView, held_nodes
 from bridge.policy.steps import (
     Adopt,
@@ -63,9 +64,9 @@ from bridge.policy.steps import (
     Unfence,
     Unload,
 )
+from bridge.policy.typed import lend_key, typed_view
 from bridge.policy.victims import choose_victims, guarded
 from bridge.slurm.model import Job, LeaseRef, lease_of
-from bridge.slurm.slices import free_gpu_types
 
 S = LeaseState
 #: the planner's name for the one lease view (a copy of the stored row, `record_of`)
@@ -114,7 +115,7 @@ def victims_of(lease: LeaseView, obs: Observation, settings: Settings) -> tuple[
     node = obs.nodes.get(lease.node)
     if node is None or not running:
         return ()
-    jobs = job_views(obs, lease.node)
+    jobs = job_views(obs, lease.node, types=lease.gpu_type is not None)
     view = NodeView(lease.node, lease.pool, True, node.gpus, jobs)
     keep = [
         j.job_id
@@ -123,8 +124,7 @@ def victims_of(lease: LeaseView, obs: Observation, settings: Settings) -> tuple[
     ]
     held = triton_gpus(obs)[1].get(lease.node, 0)
     if lease.gpu_type is not None:  # GPUs of a type (MIG slices): the jobs holding it
-        free = tuple(sorted(free_gpu_types(node.gres, node.alloc_tres).items()))
-        view = typed_view(replace(view, free_types=free), lease.gpu_type)
+        view = typed_view(replace(view, free_types=free_types(node)), lease.gpu_type)
         held = 0
     chosen = choose_victims(view, lease.lent_gpus, now, triton_gpus=held, keep=keep)
     return chosen.jobs if chosen is not None else ()
@@ -272,17 +272,18 @@ def operator_typed(
     node: str, models: Sequence[str], mode: str, obs: Observation
 ) -> tuple[str, int] | str | None:
     """An operator's lend of `models` whose GPUs are of one type (a MIG slice,
-    `bridge.policy.gang.lend_type`): (the type, the GPUs of it a replica takes), as the
+    `bridge.policy.typed.lend_key`): (the type, the GPUs of it a replica takes), as the
     policy's lends of them (in a preempt-mode pool the jobs holding the type are
     requeued at the submit, `victims_of`; in a drain-mode one the GPUs must be free);
     the refusal's text when `node` has too few; None: the lend's GPUs are of no type."""
-    gpu_type = lend_type(obs.models.scaled, models)
-    if gpu_type is None:
+    key = lend_key(obs.models.scaled, models)
+    if key is None:
         return None
-    k = lend_gpus(obs.models.scaled, models) or 1
+    gpu_type, k = key
     known = obs.nodes.get(node)
-    free = free_gpu_types(known.gres, known.alloc_tres).get(gpu_type, 0) if known else 0
-    held = sum(j.held_of(gpu_type) for j in job_views(obs, node) if j.started_at is not None)
+    free = dict(free_types(known)).get(gpu_type, 0) if known else 0
+    running = job_views(obs, node, types=True)
+    held = sum(j.held_of(gpu_type) for j in running if j.started_at is not None)
     if free < k and (mode != "preempt" or free + held < k):
         which = "free" if mode != "preempt" else "free or held by jobs"
         return (

@@ -22,7 +22,7 @@ class Lend:
     #: job on `node` and these, whole); () for a lend of one node
     members: tuple[str, ...] = ()
     #: the GRES type its `gpus` are of (a lend of MIG slices: `--gres=gpu:<type>:k`,
-    #: `bridge.policy.gang.lend_type`); None: any GPU
+    #: `bridge.policy.typed.lend_type`); None: any GPU
     gpu_type: str | None = None
 
     @property

@@ -68,10 +68,10 @@ from itertools import chain
 
 from bridge.config import BridgeConfig
 from bridge.lifecycle import IN_FLIGHT, LeaseState
-from bridge.policy import capacity, llm, placement
+from bridge.policy import capacity, llm, placement, typed
 from bridge.policy import demand as reading
 from bridge.policy.actions import Action, Lend, Place, Return, StartBaseline
-from bridge.policy.gang import gang_lends, lend_gpus, lend_type, spans
+from bridge.policy.gang import gang_lends, lend_gpus, spans
 from bridge.policy.hysteresis import (
     ModelStatus,
     evaluate_model,
@@ -81,10 +81,8 @@ from bridge.policy.nodes import (
     LENDABLE,
     choose_nodes,
     choose_sized,
-    choose_typed,
     load_on,
     partial,
-    typed_victims,
     victims_count,
 )
 from bridge.policy.snapshot import NodeView, Snapshot
@@ -513,25 +511,20 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
         return k if policy.partial_lends or spans(snapshot.nodes, lendable, k) else None
 
     sizes = [_sized(size(models), plan.held.get(i)) for i, models in enumerate(plan.wanted)]
-    types = [lend_type(snapshot.models, models) for models in plan.wanted]
+    # lends of GPUs of one type (MIG slices) by (type, GPUs); None: any GPU, sized above
+    keys = [typed.lend_key(snapshot.models, models) for models in plan.wanted]
     lends = 0
-
-    # lends of GPUs of one type (MIG slices): one replica's each (`choose_typed`)
-    def typed_key(models: tuple[str, ...], gpu_type: str | None) -> tuple[str, int] | None:
-        return None if gpu_type is None else (gpu_type, lend_gpus(snapshot.models, models) or 1)
-
-    keys = [typed_key(m, t) for m, t in zip(plan.wanted, types, strict=True)]
     for key in dict.fromkeys(k for k in keys if k is not None):
         group = [m for m, mk in zip(plan.wanted, keys, strict=True) if mk == key]
-        made, spent = _typed_lends(
+        made, spent = typed.lends(
             snapshot, config, now, group, key, lambda m: _lend_reason(plan, m), taken, freed, spent
         )
         actions.extend(made)
         lends += len(made)
-    for k in dict.fromkeys(s for s, t in zip(sizes, types, strict=True) if t is None):
+    for k in dict.fromkeys(s for s, t in zip(sizes, keys, strict=True) if t is None):
         group = [
             models
-            for models, s, t in zip(plan.wanted, sizes, types, strict=True)
+            for models, s, t in zip(plan.wanted, sizes, keys, strict=True)
             if s == k and t is None
         ]
         lent_for = list(dict.fromkeys(m for models in group for m in models))
@@ -561,15 +554,15 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
             taken.add(node.name)
             spent += victims_count(node, g, mode, now, policy)
     if plan.backstop and lends == len(plan.wanted):
-        typed = typed_key(tuple(plan.backstop), lend_type(snapshot.models, plan.backstop))
-        if typed is not None:
+        of_type = typed.lend_key(snapshot.models, plan.backstop)
+        if of_type is not None:
             why = _breach_reason(snapshot, plan.backstop[0], policy.breach_evaluations)
-            made, _ = _typed_lends(
+            made, _ = typed.lends(
                 snapshot,
                 config,
                 now,
                 [tuple(plan.backstop)],
-                typed,
+                of_type,
                 lambda m: why,
                 taken,
                 freed,
@@ -605,42 +598,6 @@ def decide(snapshot: Snapshot, config: BridgeConfig, now: float) -> list[Action]
             share = k if partial(node.gpus, k, mode, config.policy.drain_partial_lends) else None
             actions.append(Lend(node.name, node.pool, mode, models, reason, share))
     return actions
-
-
-def _typed_lends(
-    snapshot: Snapshot,
-    config: BridgeConfig,
-    now: float,
-    group: Sequence[tuple[str, ...]],
-    key: tuple[str, int],
-    reason: Callable[[tuple[str, ...]], str],
-    taken: set[str],
-    freed: frozenset[int],
-    spent: int,
-) -> tuple[list[Lend], int]:
-    """The lends of `group`, each of one replica's GPUs of one type (`key`: the type and
-    the GPUs; MIG slices), on the nodes `choose_typed` gives, each node added to `taken`;
-    and the jobs requeued so far of the hour's budget, theirs added to `spent`."""
-    gpu_type, gpus = key
-    found = choose_typed(
-        snapshot,
-        config,
-        now,
-        len(group),
-        gpu_type=gpu_type,
-        gpus=gpus,
-        taken=taken,
-        freed=freed,
-        spent=spent,
-    )
-    lends: list[Lend] = []
-    for node, models in zip(found, group, strict=False):
-        mode = config.pools[node.pool].lend_mode
-        lends.append(Lend(node.name, node.pool, mode, models, reason(models), gpus, (), gpu_type))
-        taken.add(node.name)
-        if mode == "preempt":
-            spent += typed_victims(node, gpu_type, gpus, now, config.policy)
-    return lends, spent
 
 
 def _lend_reason(plan: Assessment, models: tuple[str, ...]) -> str:

@@ -59,13 +59,6 @@ def replica_gpus(model: ModelConfig) -> int | None:
     return 1 if k is None and model.gpu_type is not None else k
 
 
-def lend_type(models: Mapping[str, ModelConfig], names: Sequence[str]) -> str | None:
-    """The GRES type one lend of the models `names` asks its GPUs of (`--gres=gpu:<type>:
-    k`): the `gpu_type` of the first of them that says one (a lend's models share its one
-    server, so the others run on those GPUs too); None: any GPU, as every lend before."""
-    return next((models[m].gpu_type for m in names if m in models and models[m].gpu_type), None)
-
-
 def lend_gpus(models: Mapping[str, ModelConfig], names: Sequence[str]) -> int | None:
     """GPUs one replica of the models `names` (one lend's) takes together: the largest of
     their `replica_gpus`, for they share the one server; None (whole nodes) when any of

@@ -25,24 +25,13 @@ with the idle ones; a busy one (the backstop's, as any busy drain node) waits fo
 jobs that end first until k are free (`bridge.policy.victims.drain_wait`), and the
 shortest wait goes first: the soonest known end, then, where a job waited for has no
 end known, the fewest GPUs busy. Pure; `decide`, the advisory pass and the weight-cache
-plan's lend order call it.
-
-A lend of GPUs of one GRES type (a model's `gpu_type`: a MIG slice such as
-`h100_1g.10gb`) takes only GPUs of that type (`choose_typed`): Slurm allocates a MIG
-slice as it does a GPU, and each job's allocated TRES names the types it holds
-(`JobView.gpu_types`). A node with them free first, as cheap as an idle one (the
-cheapest pool, then the fewest of the type free: a node with more stays for a larger
-lend, then by name); then a preempt-mode node whose jobs holding the type free them
-when requeued, as a partial lend's (`typed_view`: the node's GPUs of the type and the
-jobs that hold some). A drain-mode node is lent free GPUs of the type only. The node's
-other GPUs go on running its jobs."""
+plan's lend order call it."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
 from collections.abc import Collection, Mapping
-from dataclasses import replace
 
 from bridge.config import BridgeConfig, PolicyConfig
 from bridge.policy.snapshot import NodeView, Snapshot, held_nodes
@@ -303,89 +292,6 @@ def choose_nodes(
             room[node.pool] -= 1
         chosen.append(node)
     return chosen
-
-
-def typed_view(node: NodeView, gpu_type: str) -> NodeView:
-    """`node` as a lend of GPUs of `gpu_type` sees it: its GPUs of that type, those free
-    and those its running jobs hold (a Triton job's are neither), and the running jobs
-    that hold some, each with its count of the type as the GPUs a requeue of it frees
-    (`JobView.gpus_here`), so `partial_victims` picks among them as on any node."""
-    jobs = tuple(
-        replace(j, gpus_here=j.held_of(gpu_type))
-        for j in node.jobs
-        if j.started_at is not None and j.held_of(gpu_type) > 0
-    )
-    held = sum(j.held_here for j in jobs)
-    return replace(node, gpus=node.free_of(gpu_type) + held, jobs=jobs, triton_gpus=0)
-
-
-def choose_typed(
-    snapshot: Snapshot,
-    config: BridgeConfig,
-    now: float,
-    count: int,
-    *,
-    gpu_type: str,
-    gpus: int,
-    taken: Collection[str] = (),
-    freed: Collection[int] = (),
-    spent: int = 0,
-) -> list[NodeView]:
-    """Up to `count` nodes for lends of `gpus` GPUs of `gpu_type` each (see the module
-    docstring): in a lendable pool with room under its lend share, usable, in no site
-    reservation or operator hold, with no Triton job and no lease, not in `taken`. Those
-    with `gpus` of the type free first (the cheapest pool, then the fewest of the type
-    free, then by name); then preempt-mode ones whose jobs holding the type free them
-    when requeued (`partial_victims` on `typed_view`: guarded jobs kept, within the
-    hour's budget less `spent`), the cheapest pool then the least work lost."""
-    if gpus < 1:
-        raise ValueError(f"a lend takes at least one GPU, got gpus={gpus}")
-    policy = config.policy
-    budget = policy.max_preemptions_per_hour - snapshot.preemptions_last_hour - spent
-    leased = held_nodes(snapshot.leases) | set(taken)
-    pools = {n: p for n, p in config.pools.items() if p.lend_mode in LENDABLE}
-    room = share_room(snapshot, config, freed=freed, taken=taken)
-    free: list[tuple[int, int, str, NodeView]] = []
-    busy: list[tuple[int, float, str, NodeView, int]] = []
-    for node in snapshot.nodes:
-        pool = pools.get(node.pool)
-        if pool is None or not node.usable or node.reserved or node.has_triton:
-            continue
-        if node.name in leased:
-            continue
-        have = node.free_of(gpu_type)
-        if have >= gpus:
-            free.append((pool.cost_rank, have, node.name, node))
-        elif pool.lend_mode == "preempt" and budget > 0:
-            chosen_jobs = partial_victims(typed_view(node, gpu_type), gpus, now, policy, budget)
-            if chosen_jobs is not None and chosen_jobs.jobs:
-                cost = (pool.cost_rank, chosen_jobs.lost, node.name)
-                busy.append((*cost, node, len(chosen_jobs.jobs)))
-    free.sort(key=lambda t: t[:3])
-    busy.sort(key=lambda t: t[:3])
-    ranked = [(node, 0) for *_, node in free] + [(t[3], t[4]) for t in busy]
-    chosen: list[NodeView] = []
-    for node, requeues in ranked:
-        if len(chosen) == count:
-            break
-        if requeues > budget:
-            continue
-        if room is not None and node.pool in room:
-            if room[node.pool] <= 0:
-                continue
-            room[node.pool] -= 1
-        budget -= requeues
-        chosen.append(node)
-    return chosen
-
-
-def typed_victims(
-    node: NodeView, gpu_type: str, gpus: int, now: float, policy: PolicyConfig
-) -> int:
-    """Jobs a preempt-mode lend of `gpus` of `node`'s GPUs of `gpu_type` requeues (0 where
-    they are free), as `choose_typed` counts them."""
-    victims = partial_victims(typed_view(node, gpu_type), gpus, now, policy, len(node.jobs))
-    return len(victims.jobs) if victims is not None else 0
 
 
 def choose_sized(

@@ -84,7 +84,7 @@ class NodeView:
     #: its free GPUs of each GRES type its gres names (`bridge.slurm.slices.
     #: free_gpu_types`: a node of MIG slices, `(("h100_1g.10gb", 1), ...)`), sorted by
     #: type; () where its gres names no type. A lend of a model with a `gpu_type` takes
-    #: only free GPUs of that type (`bridge.policy.nodes.choose_typed`)
+    #: only free GPUs of that type (`bridge.policy.typed.choose_typed`)
     free_types: tuple[tuple[str, int], ...] = ()
 
     def free_of(self, gpu_type: str) -> int:

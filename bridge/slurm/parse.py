@@ -148,17 +148,27 @@ def gpus_from_tres(tres: str) -> tuple[str | None, int]:
     count (typed ones are summed only when no untyped entry exists), so a GPU is never
     counted twice."""
     untyped: int | None = None
+    for item in tres.split(","):
+        key, _, value = item.strip().partition("=")
+        if key == "gres/gpu" and value.isdigit():
+            untyped = int(value)
+    typed = gpu_types_of(tres)
+    gpu_type = next(iter(typed), None)
+    return gpu_type, untyped if untyped is not None else sum(typed.values())
+
+
+def gpu_types_of(tres: str) -> dict[str, int]:
+    """The typed GPU counts of a TRES string (`gres/gpu=2,gres/gpu:h100_1g.10gb=1,
+    gres/gpu:h100_2g.20gb=1` -> `{"h100_1g.10gb": 1, "h100_2g.20gb": 1}`), in its order:
+    a node's AllocTRES, or a job's allocated TRES (which names the MIG slices it holds
+    even where it asked for any GPU)."""
     typed: dict[str, int] = {}
     for item in tres.split(","):
         key, _, value = item.strip().partition("=")
-        if not value.isdigit():
-            continue
-        if key == "gres/gpu":
-            untyped = int(value)
-        elif key.startswith("gres/gpu:"):
-            typed[key.split(":", 1)[1]] = int(value)
-    gpu_type = next(iter(typed), None)
-    return gpu_type, untyped if untyped is not None else sum(typed.values())
+        if key.startswith("gres/gpu:") and value.isdigit():
+            name = key.split(":", 1)[1]
+            typed[name] = typed.get(name, 0) + int(value)
+    return typed
 
 
 def tres_list_text(items: list[dict[str, Any]]) -> str:

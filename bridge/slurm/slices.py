@@ -35,7 +35,7 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Literal
 
-from bridge.slurm.parse import split_gres, tres_list_text
+from bridge.slurm.parse import gpu_types_of, split_gres, tres_list_text
 
 ShareMode = Literal["compute", "memory"]
 SHARE_MODES: tuple[ShareMode, ...] = ("compute", "memory")
@@ -338,20 +338,6 @@ def gres_gpu_parts(gres: str) -> dict[str | None, int]:
         if count:
             out[name] = out.get(name, 0) + count
     return out
-
-
-def gpu_types_of(tres: str) -> dict[str, int]:
-    """The typed GPU counts of a TRES string (`gres/gpu=2,gres/gpu:h100_1g.10gb=1,
-    gres/gpu:h100_2g.20gb=1` -> `{"h100_1g.10gb": 1, "h100_2g.20gb": 1}`): a node's
-    AllocTRES, or a job's allocated TRES (which names the slices it holds even where it
-    asked for any GPU)."""
-    held: dict[str, int] = {}
-    for item in tres.split(","):
-        key, _, value = item.strip().partition("=")
-        if key.startswith("gres/gpu:") and value.isdigit():
-            name = key.split(":", 1)[1]
-            held[name] = held.get(name, 0) + int(value)
-    return held
 
 
 def free_gpu_types(gres: str, alloc_tres: str) -> dict[str, int]:

@@ -12,16 +12,16 @@ import pytest
 from pydantic import ValidationError
 
 from bridge.config import BridgeConfig, ModelConfig, ModelOverride, PolicyConfig, PoolConfig
-from bridge.daemon.observation import Observation
+from bridge.daemon.observation import Observation, snapshot
 from bridge.daemon.planner import operator_typed, victims_of
 from bridge.lifecycle import LeaseState
 from bridge.modelfacts import Published, merge_models, toml_models
 from bridge.policy import JobView, Lend, ModelSample, NodeView, ReplicaView, Snapshot, decide
-from bridge.policy.gang import lend_type, replica_gpus
+from bridge.policy.gang import replica_gpus
 from bridge.policy.leasesync import LeaseWorld, Settings, sync_lease
-from bridge.policy.nodes import choose_typed, typed_victims, typed_view
 from bridge.policy.snapshot import LeaseView
 from bridge.policy.steps import Submit
+from bridge.policy.typed import choose_typed, lend_type, typed_victims, typed_view
 from bridge.slurm.model import Job, JobSpec, Node
 from bridge.slurm.scontrol import parse_nodes
 from bridge.slurm.slices import free_gpu_types
@@ -191,6 +191,14 @@ def test_the_planner_requeues_the_job_on_the_slice_not_the_one_an_untyped_lend_w
     assert operator_typed("m3", ["small"], "drain", obs) == (
         f"refused: a replica of small takes 1 GPU(s) of type {ONE}; node m3 has 0 of them free"
     )
+    # the policy's snapshot reads the types where a model is lent by type, else not
+    (view,) = snapshot(obs, CONFIG, [], {}).nodes
+    assert dict(view.free_types) == {ONE: 0, TWO: 1, FOUR: 0}
+    assert {j.job_id: j.gpu_types for j in view.jobs} == {"40": ((FOUR, 1),), "10": ((ONE, 1),)}
+    untyped = {"big": CONFIG.models["big"]}
+    plain = replace(obs, models=merge_models(None, untyped))
+    (view,) = snapshot(plain, CONFIG.model_copy(update={"models": untyped}), [], {}).nodes
+    assert view.free_types == () and all(j.gpu_types == () for j in view.jobs)
 
 
 def samples(rate: float) -> tuple[ModelSample, ...]:
