@@ -80,6 +80,7 @@ from bridge.leases.requests import PoolHold
 from bridge.lifecycle import LeaseState, StepTimes
 from bridge.policy import LeaseView, Lend, Place, Return, Snapshot, StartBaseline, decide
 from bridge.policy.nodes import LENDABLE, choose_nodes
+from bridge.policy.typed import choose_typed, lend_key
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,9 @@ def key_figures(snap: Snapshot, config: BridgeConfig, now: float) -> dict[str, A
     rate and pending requests and the ready replicas that hold it (shadows included, as
     the policy counted them); per pool its free nodes (usable, no job, no Triton, not
     lent, not reserved) and its lendable ones (what `choose_nodes` would take for a
-    capacity deficit now: idle, or busy elastic within the preemption budget)."""
+    capacity deficit now: idle, or busy elastic within the preemption budget); where some
+    model is lent by GPU type (MIG slices), per type and pool the nodes a lend of one
+    replica of it could take now (`choose_typed`), as `lendable_by_type`."""
     models: dict[str, dict[str, float | int | None]] = {}
     for name in snap.models:
         history = snap.history.get(name, ())
@@ -133,7 +136,18 @@ def key_figures(snap: Snapshot, config: BridgeConfig, now: float) -> dict[str, A
             if pool.lend_mode in LENDABLE
             else 0,
         }
-    return {"models": models, "pools": pools}
+    out: dict[str, Any] = {"models": models, "pools": pools}
+    keys = {key for m in snap.models if (key := lend_key(snap.models, [m])) is not None}
+    if keys:
+        by_type: dict[str, dict[str, int]] = {}
+        for gpu_type, gpus in sorted(keys):
+            if gpu_type in by_type:
+                continue  # (replicas of two sizes of one type: the smaller's lend counts)
+            counts = by_type[gpu_type] = {}
+            for n in choose_typed(snap, config, now, len(snap.nodes), gpu_type=gpu_type, gpus=gpus):
+                counts[n.pool] = counts.get(n.pool, 0) + 1
+        out["lendable_by_type"] = by_type
+    return out
 
 
 def _round(x: float | None) -> float | None:

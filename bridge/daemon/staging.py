@@ -56,7 +56,7 @@ from bridge.lifecycle import LeaseState
 from bridge.models.repo import ModelRepository
 from bridge.policy.snapshot import LeaseView, Snapshot
 from bridge.policy.staging import stages_on, wanted
-from bridge.policy.weights import CachedCopy, NodeCache, lend_order, plan_cache
+from bridge.policy.weights import CachedCopy, NodeCache, lend_order, plan_cache, typed_places
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import STAGING_TAG, Job
 from bridge.slurm.protocol import SlurmProtocol
@@ -240,7 +240,8 @@ class Stager:
             )
             for n in order
         ]
-        plan = plan_cache(caches, want, max_staging=room)
+        only = typed_places(snap, self.config, t, [w.model for w in want])
+        plan = plan_cache(caches, want, max_staging=room, only=only)
         pools = {n.name: n.pool for n in snap.nodes}
         source = self._source()
         victims: dict[str, list[tuple[str, int]]] = {}

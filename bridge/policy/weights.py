@@ -22,10 +22,15 @@ The rule, greedy and deterministic:
 Eviction frees only what a stage needs: a node keeps the unwanted copies it has room
 for (a later forecast may want them again). Sizes are bytes; `last_used` epoch seconds.
 
+A model lent by GPU type (MIG slices: `ModelConfig.gpu_type`, `bridge.policy.typed`) is
+placed only on the nodes its typed lends could take (`typed_places`; the plan's `only`):
+its weights are of no use on a node without its type.
+
 The plan's inputs, pure too: `lend_order` (the nodes `choose_nodes` would take, in its
-order, for the wanted models, then the nodes lent now: their copies count, and they come
-back) and `expected_lends` (per model the lent replicas the capacity model would add at
-the forecast's rates: `Wanted.replicas`). The simulator plans with them
+order, for the wanted models, then those only a typed lend of one of them would take
+(`choose_typed`), then the nodes lent now: their copies count, and they come back),
+`typed_places` and `expected_lends` (per model the lent replicas the capacity model would
+add at the forecast's rates: `Wanted.replicas`). The simulator plans with them
 (`bridge.sim.weights`).
 """
 
@@ -39,6 +44,7 @@ from bridge.policy import capacity
 from bridge.policy.hysteresis import service_s
 from bridge.policy.nodes import choose_nodes
 from bridge.policy.snapshot import NodeView, Snapshot, held_nodes
+from bridge.policy.typed import choose_typed, lend_key
 
 #: (model, version)
 VersionKey = tuple[str, str]
@@ -120,9 +126,15 @@ class CachePlan:
 
 
 def plan_cache(
-    nodes: Sequence[NodeCache], wanted: Sequence[Wanted], max_staging: int = 1
+    nodes: Sequence[NodeCache],
+    wanted: Sequence[Wanted],
+    max_staging: int = 1,
+    only: Mapping[str, Collection[str]] | None = None,
 ) -> CachePlan:
-    """The cache plan for `nodes` in lend order (the module's rule)."""
+    """The cache plan for `nodes` in lend order (the module's rule); a model in `only` is
+    placed on the nodes it names alone (`typed_places`), a copy it has elsewhere counting
+    for none of its replicas."""
+    only = only or {}
     if max_staging < 0:
         raise ValueError("max_staging must be >= 0")
     order = sorted((w for w in wanted if w.replicas > 0), key=lambda w: (-w.replicas, w.key))
@@ -137,6 +149,8 @@ def plan_cache(
         keep = held.setdefault(cache.node, set())
         for c in cache.copies:
             if c.key in wanted_keys and need[c.key] > 0 and c.key not in keep:
+                if c.model in only and cache.node not in only[c.model]:
+                    continue
                 keep.add(c.key)
                 need[c.key] -= 1
     for cache in nodes:
@@ -150,6 +164,8 @@ def plan_cache(
         for w in order:
             if need[w.key] <= 0 or w.key in keep or len(stages) >= max_staging:
                 continue
+            if w.model in only and cache.node not in only[w.model]:
+                continue  # a node its typed lends never take
             if w.size_bytes > cache.budget_bytes - sum(
                 c.size_bytes for c in cache.copies if c.key in keep or not c.complete
             ):
@@ -212,10 +228,48 @@ def lend_order(
 ) -> list[NodeView]:
     """The lendable nodes in the order lends of `models` would take them
     (`choose_nodes`, which prefers the nodes holding their weights, so a staged node stays
-    first), then the nodes lent now (by name): the plan's `nodes`."""
+    first), then those only a typed lend of one of them would take (`choose_typed`: a
+    training node's free slices, say), then the nodes lent now (by name): the plan's
+    `nodes`."""
     count = sum(1 for n in snapshot.nodes if n.pool in config.pools)
     order = choose_nodes(snapshot, config, now, count, models=models)
     seen = {n.name for n in order}
+    for _, nodes in _typed_orders(snapshot, config, now, models, count).values():
+        order += [n for n in nodes if n.name not in seen]
+        seen |= {n.name for n in nodes}
     leased = held_nodes(snapshot.leases)
     lent = sorted((n for n in snapshot.nodes if n.name in leased), key=lambda n: n.name)
     return order + [n for n in lent if n.name not in seen]
+
+
+def typed_places(
+    snapshot: Snapshot, config: BridgeConfig, now: float, models: Collection[str]
+) -> dict[str, frozenset[str]]:
+    """Per model of `models` lent by GPU type, the nodes its typed lends could take
+    (`choose_typed`) and those lent now for its type: `plan_cache`'s `only`. Models lent
+    any GPU are left out (any node serves them)."""
+    count = sum(1 for n in snapshot.nodes if n.pool in config.pools)
+    out: dict[str, frozenset[str]] = {}
+    for (gpu_type, _), (names, nodes) in _typed_orders(
+        snapshot, config, now, models, count
+    ).items():
+        lent = {lease.node for lease in snapshot.leases if lease.gpu_type == gpu_type}
+        for m in names:
+            out[m] = frozenset(n.name for n in nodes) | lent
+    return out
+
+
+def _typed_orders(
+    snapshot: Snapshot, config: BridgeConfig, now: float, models: Collection[str], count: int
+) -> dict[tuple[str, int], tuple[list[str], list[NodeView]]]:
+    """Per typed lend key of `models` (`lend_key`: the type and a replica's GPUs of it),
+    the models of that key and the nodes `choose_typed` gives a lend of it, in its order."""
+    keys: dict[tuple[str, int], list[str]] = {}
+    for m in dict.fromkeys(models):
+        key = lend_key(snapshot.models, [m])
+        if key is not None:
+            keys.setdefault(key, []).append(m)
+    return {
+        key: (names, choose_typed(snapshot, config, now, count, gpu_type=key[0], gpus=key[1]))
+        for key, names in keys.items()
+    }

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from bridge.config import BridgeConfig
 from bridge.policy import Snapshot, staging
-from bridge.policy.weights import CachedCopy, NodeCache, lend_order, plan_cache
+from bridge.policy.weights import CachedCopy, NodeCache, lend_order, plan_cache, typed_places
 from bridge.sim.fleet import SimNode
 
 #: defaults, each the figure behind it: a 70B model in 16-bit weights
@@ -229,7 +229,8 @@ class NodeCaches:
             for n in order
         ]
         in_flight = sum(1 for n in by_name.values() for c in n.weights.values() if c.ready_at > now)
-        result = plan_cache(caches, wanted, max(0, spec.max_staging - in_flight))
+        only = typed_places(snapshot, config, now, [w.model for w in wanted])
+        result = plan_cache(caches, wanted, max(0, spec.max_staging - in_flight), only)
         touched: list[int] = []
         for e in result.evict:
             node = by_name[e.node]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from bridge.advise.advisory import key_figures
 from bridge.config import BridgeConfig, ModelConfig, ModelOverride, PolicyConfig, PoolConfig
 from bridge.daemon.observation import Observation, snapshot
 from bridge.daemon.planner import operator_typed, victims_of
@@ -22,6 +23,14 @@ from bridge.policy.leasesync import LeaseWorld, Settings, sync_lease
 from bridge.policy.snapshot import LeaseView
 from bridge.policy.steps import Submit
 from bridge.policy.typed import choose_typed, lend_type, typed_victims, typed_view
+from bridge.policy.weights import (
+    CachedCopy,
+    NodeCache,
+    Wanted,
+    lend_order,
+    plan_cache,
+    typed_places,
+)
 from bridge.slurm.model import Job, JobSpec, Node
 from bridge.slurm.scontrol import parse_nodes
 from bridge.slurm.slices import free_gpu_types
@@ -239,3 +248,54 @@ def test_the_lease_submits_its_typed_gres_and_requeues_nothing() -> None:
     # Requeue would follow the Submit as a partial lend's)
     submit = step.commands[0]
     assert isinstance(submit, Submit) and (submit.gpus, submit.gpu_type) == (1, ONE)
+
+
+# ---- the weight cache's staging follows the typed lends ---------------------------------
+
+
+def test_a_typed_models_weights_are_staged_only_where_its_lends_could_go() -> None:
+    models = merge_models(None, CONFIG.models).scaled
+    # a drain-mode training node with a free 1g slice: an untyped lend never takes it busy
+    train = NodeView("t1", "training", True, 4, (JOB,), free_types=((ONE, 1),))
+    config = CONFIG.model_copy(
+        update={
+            "pools": CONFIG.pools
+            | {"training": PoolConfig(partition="train", lend_mode="drain", cost_rank=3)}
+        }
+    )
+    lent = LeaseView(9, "m3", "mig", "preempt", LeaseState.SERVING, ("small",), NOW, gpus=1,
+                     lent_gpus=1, gpu_type=ONE)  # fmt: skip
+    snap = Snapshot((ELASTIC, M1, M2, train, RESERVED), (), {}, (lent,), models=models)
+    order = [n.name for n in lend_order(snap, config, NOW, ["small", "big"])]
+    # the untyped order (idle first, then m1 by requeueing its job), then t1, which only a
+    # typed lend takes (its free slice; busy, a drain-mode node is no whole-node lend)
+    assert order == ["e1", "m2", "m1", "t1"]
+    places = typed_places(snap, config, NOW, ["small", "big"])
+    assert places == {"small": frozenset({"m1", "m2", "t1", "m3"})}  # "big" goes anywhere
+
+    caches = [NodeCache(n, 10, ()) for n in ("e1", "m1", "m2")]
+    want = [Wanted("small", "1", 4, 2), Wanted("big", "1", 4, 1)]
+    plan = plan_cache(caches, want, max_staging=3, only=places)
+    assert {(s.node, s.model) for s in plan.stage} == {
+        ("e1", "big"),
+        ("m1", "small"),
+        ("m2", "small"),
+    }
+    # without `only` the first node in lend order, which has no slice, took "small" too
+    plain = plan_cache(caches, want, max_staging=3)
+    assert ("e1", "small") in {(s.node, s.model) for s in plain.stage}
+    # a copy on a node its lends never take counts for none of its replicas
+    held = [NodeCache("e1", 10, (CachedCopy("small", "1", 4),)), *caches[1:]]
+    again = plan_cache(held, want[:1], max_staging=3, only=places)
+    assert {s.node for s in again.stage} == {"m1", "m2"} and again.unplaced == ()
+
+
+def test_the_advisorys_figures_count_the_nodes_a_typed_lend_could_take_by_type() -> None:
+    models = merge_models(None, CONFIG.models).scaled
+    snap = Snapshot((ELASTIC, M1, M2, RESERVED), (), {}, (), models=models)
+    figures = key_figures(snap, CONFIG, NOW)
+    # the elastic node is lendable whole but has no 1g slice; both MIG nodes have one
+    assert figures["pools"]["elastic"]["lendable"] == 1
+    assert figures["lendable_by_type"] == {ONE: {"mig": 2}}
+    untyped = {"big": models["big"]}
+    assert "lendable_by_type" not in key_figures(replace(snap, models=untyped), CONFIG, NOW)
