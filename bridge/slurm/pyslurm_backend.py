@@ -51,6 +51,16 @@ def _tres_string(tres: Mapping[str, Any] | None) -> str:
     return ",".join(f"{k}={v}" for k, v in (tres or {}).items())
 
 
+def _job_gres_tres(tres: Any) -> str:
+    """A job's allocated TRES, its GRES part, as Slurm prints it (`gres/gpu=2,gres/gpu:
+    h100_1g.10gb=2`, `gres/shard=4`): pyslurm's `Job.allocated_tres` is a
+    `TrackableResources` (None when the job holds none) whose `gres` maps each GRES
+    (a `GPU` or a `TrackableResource`) to one with `type_and_name` and `count`."""
+    if tres is None:
+        return ""
+    return ",".join(f"{r.type_and_name}={r.count}" for r in tres.gres.values())
+
+
 def _ts(value: Any) -> datetime | None:
     return parse.timestamp(value) if isinstance(value, int) else None
 
@@ -139,6 +149,7 @@ class PySlurm:
                     start_time=None if pending else _ts(j.start_time),
                     requested_nodes=tuple(expand(j.required_nodes or "")),
                     end_time=parse.run_end(_ts(j.end_time), _minutes(j.time_limit), pending),
+                    alloc_tres="" if pending else _job_gres_tres(j.allocated_tres),
                 )
             )
         return squeue.filter_jobs(jobs, **filters)

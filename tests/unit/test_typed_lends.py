@@ -4,6 +4,8 @@ Literal gres strings, nodes, leases and configs; a fixed clock."""
 
 from __future__ import annotations
 
+import sys
+import types
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +34,7 @@ from bridge.policy.weights import (
     typed_places,
 )
 from bridge.slurm.model import Job, JobSpec, Node
+from bridge.slurm.parse import gpu_types_of
 from bridge.slurm.scontrol import parse_nodes
 from bridge.slurm.slices import free_gpu_types
 
@@ -59,6 +62,31 @@ def test_the_lab_nodes_scontrol_line_gives_its_free_slices() -> None:
     (node,) = parse_nodes((DATA / "scontrol-node-mig-22.05.txt").read_text())
     assert node.gpus == 3 and node.gpus_alloc == 1 and node.partitions == ("mig",)
     assert free_gpu_types(node.gres, node.alloc_tres) == {FOUR: 0, TWO: 1, ONE: 1}
+
+
+def test_the_pyslurm_backend_gives_a_jobs_allocated_slices_as_slurm_prints_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pyslurm is not installed here: its `Job.allocated_tres` is given in the shape of
+    pyslurm 25.11.2's `TrackableResources` (a `gres` dict of `GPU` and `TrackableResource`
+    objects, each with `type_and_name` and `count`), the backend imported beside a stand-in
+    module, and dropped again so no other test sees it."""
+    monkeypatch.setitem(sys.modules, "pyslurm", types.ModuleType("pyslurm"))
+    try:
+        from bridge.slurm.pyslurm_backend import _job_gres_tres
+    finally:
+        sys.modules.pop("bridge.slurm.pyslurm_backend", None)
+        monkeypatch.delattr("bridge.slurm.pyslurm_backend", raising=False)
+
+    def res(type_and_name: str, count: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(type_and_name=type_and_name, count=count)
+
+    gres = {"gpu": res("gres/gpu", 2), f"gpu:{ONE}": res(f"gres/gpu:{ONE}", 2),
+            "shard": res("gres/shard", 4)}  # fmt: skip
+    tres = _job_gres_tres(types.SimpleNamespace(gres=gres))
+    assert tres == f"gres/gpu=2,gres/gpu:{ONE}=2,gres/shard=4"
+    assert gpu_types_of(tres) == {ONE: 2}
+    assert _job_gres_tres(None) == ""  # a job that holds none
 
 
 # ---- the model's fact and the job's gres ------------------------------------------------
