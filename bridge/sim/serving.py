@@ -72,7 +72,7 @@ class Group:
 
 #: `Serving._lay_out()`: per group its models' (index, replicas, service time), per model
 #: its (share of its traffic, group)
-Layout = tuple[list[tuple[Group, list[tuple[int, int, float]]]], list[list[tuple[float, Group]]]]
+Layout = tuple[list[tuple[Group, list[tuple[int, float, float]]]], list[list[tuple[float, Group]]]]
 
 
 class Serving:
@@ -190,10 +190,10 @@ class Serving:
                 if m in replicas:
                     replicas[m] += group.nodes
         index = {m: i for i, m in enumerate(self.models)}
-        per_group: list[tuple[Group, list[tuple[int, int, float]]]] = []
+        per_group: list[tuple[Group, list[tuple[int, float, float]]]] = []
         per_model: list[list[tuple[float, Group]]] = [[] for _ in self.models]
         for group in self.groups.values():
-            parts: list[tuple[int, int, float]] = []
+            parts: list[tuple[int, float, float]] = []
             for m in group.models:
                 r = replicas.get(m, 0)
                 if r:
@@ -211,6 +211,9 @@ class Serving:
             self._layout = self._lay_out()
         per_group, per_model_at = self._layout
         rates = [series[k] for series in self._rate_series]
+        steered = _steer(per_group, rates, len(per_model_at))
+        if steered is not None:
+            per_group, per_model_at = steered
         cv2 = self.s.service_cv2
         advance, wait_quantile = latency.advance, latency.wait_quantile
         for group, members in per_group:
@@ -347,6 +350,84 @@ class Serving:
                         out.minutes_within += 1
                 minute[0] = minute[1] = 0.0
         return samples
+
+
+#: how busy nginx's `least_conn` lets a replica get before it sends a model's requests to
+#: its other replicas (bench/least_conn_split.py: a replica of 1 or 2 executions beside
+#: one of 8 is held at 85-88% busy where an even split would overload it, and takes close
+#: to its even share below that)
+STEER_BUSY = 0.85
+
+
+def _steer(
+    per_group: list[tuple[Group, list[tuple[int, float, float]]]],
+    rates: Sequence[float],
+    models: int,
+) -> Layout | None:
+    """The tick's layout as `least_conn` routes it: each model's even share (`_lay_out`),
+    except that a replica whose even load is over `STEER_BUSY` of its executions keeps
+    only that much and the rest of each of its models goes to that model's replicas with
+    room, in proportion to their room (what no replica has room for stays where the even
+    split put it). None where no replica is over (the even split as it is)."""
+    caps = [STEER_BUSY * group.servers for group, _ in per_group]
+    loads = [sum(rates[i] / r * svc for i, r, svc in members) for _, members in per_group]
+    if all(a <= c for a, c in zip(loads, caps, strict=True)):
+        return None
+    # per group, per member: the rate each replica takes (req/s)
+    take = [[rates[i] / r for i, r, _ in members] for _, members in per_group]
+    for _ in range(4):
+        moved = [0.0] * models
+        for g, (group, members) in enumerate(per_group):
+            if loads[g] <= caps[g] or loads[g] <= 0:
+                continue
+            keep = caps[g] / loads[g]
+            for j, (i, _, _) in enumerate(members):
+                moved[i] += take[g][j] * (1.0 - keep) * group.nodes
+                take[g][j] *= keep
+            loads[g] = caps[g]
+        if not any(moved):
+            break
+        for i, rate in enumerate(moved):
+            if rate <= 0:
+                continue
+            room = [
+                (g, j, (caps[g] - loads[g]) / svc * group.nodes)
+                for g, (group, members) in enumerate(per_group)
+                for j, (m, _, svc) in enumerate(members)
+                if m == i and loads[g] < caps[g]
+            ]
+            total = sum(r for _, _, r in room)
+            fill = min(rate, total)
+            # what no replica has room for: back where the even split put it
+            home = [
+                (g, j, float(per_group[g][0].nodes))
+                for g, (_, members) in enumerate(per_group)
+                for j, (m, _, _) in enumerate(members)
+                if m == i
+            ]
+            spread = [(fill, room, total), (rate - fill, home, sum(r for *_, r in home))]
+            for amount, where, weight in spread:
+                if amount <= 0 or weight <= 0:
+                    continue
+                for g, j, r in where:
+                    group, members = per_group[g]
+                    add = amount * r / weight / group.nodes
+                    take[g][j] += add
+                    loads[g] += add * members[j][2]
+    new_group: list[tuple[Group, list[tuple[int, float, float]]]] = []
+    new_model: list[list[tuple[float, Group]]] = [[] for _ in range(models)]
+    for g, (group, members) in enumerate(per_group):
+        parts = []
+        for j, (i, r, svc) in enumerate(members):
+            x = take[g][j]
+            if rates[i] <= 0:  # nothing to route: its shares as they were
+                parts.append((i, r, svc))
+                new_model[i].append((group.nodes / r, group))
+            else:
+                parts.append((i, rates[i] / x if x > 0 else math.inf, svc))
+                new_model[i].append((group.nodes * x / rates[i], group))
+        new_group.append((group, parts))
+    return new_group, new_model
 
 
 def _token_tally(

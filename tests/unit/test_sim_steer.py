@@ -1,0 +1,59 @@
+"""The simulator's routing past a replica's capacity (`bridge.sim.serving._steer`): the
+even split, except that nginx's `least_conn` holds a replica at `STEER_BUSY` of its
+executions and sends the rest of its models' requests to their replicas with room, as
+bench/least_conn_split.py measured (a replica of 1 execution beside one of 8, at 110 req/s
+of 20 ms: 38.6% of the requests to the small one, 85% busy). Literal groups and rates."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.sim.serving import STEER_BUSY, Group, _steer
+
+SVC = 0.02
+
+
+def _groups(*servers: int, models: tuple[int, ...] = (0,)) -> list:
+    """One replica a group, of `servers` executions each, every group holding `models`
+    (indexes), each model's even share: its replicas counted over all the groups."""
+    return [
+        (Group(tuple(f"m{i}" for i in models), nodes=1, servers=c), [(i, len(servers), SVC)
+                                                                       for i in models])
+        for c in servers
+    ]  # fmt: skip
+
+
+def _share(layout: tuple, model: int, group: int) -> float:
+    _, per_model = layout
+    return per_model[model][group][0]
+
+
+def test_below_the_hold_the_even_split_stands() -> None:
+    # 80 req/s over 1 + 8 executions: the small one at 0.8 busy under the even split
+    assert _steer(_groups(1, 8), [80.0], 1) is None
+
+
+def test_past_it_the_small_replica_is_held_and_the_rest_goes_to_the_large_one() -> None:
+    layout = _steer(_groups(1, 8), [110.0], 1)
+    assert layout is not None
+    small = _share(layout, 0, 0)
+    assert small == pytest.approx(STEER_BUSY / SVC / 110.0)  # 38.6%, as measured
+    assert small + _share(layout, 0, 1) == pytest.approx(1.0)
+    per_group, _ = layout
+    (i, r, _svc) = per_group[0][1][0]
+    assert i == 0 and 110.0 / r * SVC == pytest.approx(STEER_BUSY)  # its load: 0.85 busy
+
+
+def test_with_no_room_anywhere_the_load_stays_where_the_even_split_put_it() -> None:
+    layout = _steer(_groups(1, 1), [200.0], 1)  # both at 2x their executions
+    assert layout is not None
+    assert _share(layout, 0, 0) == pytest.approx(0.5)
+    assert _share(layout, 0, 1) == pytest.approx(0.5)
+
+
+def test_a_replica_of_two_models_sheds_both_and_a_model_without_load_keeps_its_share() -> None:
+    # models 0 and 1 on both replicas; model 1 sends nothing this tick
+    layout = _steer(_groups(1, 8, models=(0, 1)), [110.0, 0.0], 2)
+    assert layout is not None
+    assert _share(layout, 0, 0) == pytest.approx(STEER_BUSY / SVC / 110.0)
+    assert (_share(layout, 1, 0), _share(layout, 1, 1)) == (0.5, 0.5)
