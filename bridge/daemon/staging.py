@@ -14,7 +14,7 @@ Once every `[weights] plan_every_s`, on the leader's pass after its actions:
    `MinJobAge`) makes it `failed` ("outcome not seen"), and the next plan stages it
    again (a stage of a copy already in place verifies it and ends).
 2. The lendable nodes in the order lends of the wanted models would take them
-   (`weights.lend_order`; new copies only on nodes of preempt-mode pools not lent now,
+   (`weights.lend_places`; new copies only on nodes of preempt-mode pools not lent now,
    `bridge.policy.staging.stages_on`: never a training node, where a staging job could
    delay a training job that wants the whole node), each with its budget
    (`[weights] budget_bytes`) and the copies the catalogue has staging or complete
@@ -56,7 +56,7 @@ from bridge.lifecycle import LeaseState
 from bridge.models.repo import ModelRepository
 from bridge.policy.snapshot import LeaseView, Snapshot
 from bridge.policy.staging import stages_on, wanted
-from bridge.policy.weights import CachedCopy, NodeCache, lend_order, plan_cache, typed_places
+from bridge.policy.weights import CachedCopy, NodeCache, lend_places, plan_cache
 from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import STAGING_TAG, Job
 from bridge.slurm.protocol import SlurmProtocol
@@ -221,7 +221,7 @@ class Stager:
         want = wanted(snap, self.config, peaks, sizes)
         if not want:
             return
-        order = lend_order(snap, self.config, t, [w.model for w in want])
+        order, only = lend_places(snap, self.config, t, [w.model for w in want])
         caches = [
             NodeCache(
                 n.name,
@@ -240,7 +240,6 @@ class Stager:
             )
             for n in order
         ]
-        only = typed_places(snap, self.config, t, [w.model for w in want])
         plan = plan_cache(caches, want, max_staging=room, only=only)
         pools = {n.name: n.pool for n in snap.nodes}
         source = self._source()

@@ -23,13 +23,13 @@ Eviction frees only what a stage needs: a node keeps the unwanted copies it has 
 for (a later forecast may want them again). Sizes are bytes; `last_used` epoch seconds.
 
 A model lent by GPU type (MIG slices: `ModelConfig.gpu_type`, `bridge.policy.typed`) is
-placed only on the nodes its typed lends could take (`typed_places`; the plan's `only`):
+placed only on the nodes its typed lends could take (`lend_places`; the plan's `only`):
 its weights are of no use on a node without its type.
 
-The plan's inputs, pure too: `lend_order` (the nodes `choose_nodes` would take, in its
+The plan's inputs, pure too: `lend_places` (the nodes `choose_nodes` would take, in its
 order, for the wanted models, then those only a typed lend of one of them would take
-(`choose_typed`), then the nodes lent now: their copies count, and they come back),
-`typed_places` and `expected_lends` (per model the lent replicas the capacity model would
+(`choose_typed`), then the nodes lent now: their copies count, and they come back; and
+the typed models' places) and `expected_lends` (per model the lent replicas the capacity model would
 add at the forecast's rates: `Wanted.replicas`). The simulator plans with them
 (`bridge.sim.weights`).
 """
@@ -132,7 +132,7 @@ def plan_cache(
     only: Mapping[str, Collection[str]] | None = None,
 ) -> CachePlan:
     """The cache plan for `nodes` in lend order (the module's rule); a model in `only` is
-    placed on the nodes it names alone (`typed_places`), a copy it has elsewhere counting
+    placed on the nodes it names alone (`lend_places`), a copy it has elsewhere counting
     for none of its replicas."""
     only = only or {}
     if max_staging < 0:
@@ -223,40 +223,33 @@ def expected_lends(
     return out
 
 
-def lend_order(
+def lend_places(
     snapshot: Snapshot, config: BridgeConfig, now: float, models: Collection[str]
-) -> list[NodeView]:
-    """The lendable nodes in the order lends of `models` would take them
+) -> tuple[list[NodeView], dict[str, frozenset[str]]]:
+    """The plan's `nodes` and its `only`, from one node choice per lend kind.
+
+    The nodes: the lendable nodes in the order lends of `models` would take them
     (`choose_nodes`, which prefers the nodes holding their weights, so a staged node stays
     first), then those only a typed lend of one of them would take (`choose_typed`: a
-    training node's free slices, say), then the nodes lent now (by name): the plan's
-    `nodes`."""
+    training node's free slices, say), then the nodes lent now (by name).
+    The places: per model of `models` lent by GPU type, the nodes its typed lends could
+    take and those lent now for its type; models lent any GPU are left out (any node
+    serves them)."""
     count = sum(1 for n in snapshot.nodes if n.pool in config.pools)
     order = choose_nodes(snapshot, config, now, count, models=models)
     seen = {n.name for n in order}
-    for _, nodes in _typed_orders(snapshot, config, now, models, count).values():
-        order += [n for n in nodes if n.name not in seen]
-        seen |= {n.name for n in nodes}
-    leased = held_nodes(snapshot.leases)
-    lent = sorted((n for n in snapshot.nodes if n.name in leased), key=lambda n: n.name)
-    return order + [n for n in lent if n.name not in seen]
-
-
-def typed_places(
-    snapshot: Snapshot, config: BridgeConfig, now: float, models: Collection[str]
-) -> dict[str, frozenset[str]]:
-    """Per model of `models` lent by GPU type, the nodes its typed lends could take
-    (`choose_typed`) and those lent now for its type: `plan_cache`'s `only`. Models lent
-    any GPU are left out (any node serves them)."""
-    count = sum(1 for n in snapshot.nodes if n.pool in config.pools)
-    out: dict[str, frozenset[str]] = {}
+    only: dict[str, frozenset[str]] = {}
     for (gpu_type, _), (names, nodes) in _typed_orders(
         snapshot, config, now, models, count
     ).items():
-        lent = {lease.node for lease in snapshot.leases if lease.gpu_type == gpu_type}
+        order += [n for n in nodes if n.name not in seen]
+        seen |= {n.name for n in nodes}
+        lent_for = {lease.node for lease in snapshot.leases if lease.gpu_type == gpu_type}
         for m in names:
-            out[m] = frozenset(n.name for n in nodes) | lent
-    return out
+            only[m] = frozenset(n.name for n in nodes) | lent_for
+    leased = held_nodes(snapshot.leases)
+    lent = sorted((n for n in snapshot.nodes if n.name in leased), key=lambda n: n.name)
+    return order + [n for n in lent if n.name not in seen], only
 
 
 def _typed_orders(

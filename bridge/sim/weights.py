@@ -17,7 +17,7 @@ The model:
   every model one unit and a budget of that many).
 - With staging (`stage_bytes_s` > 0): every `plan_every_s` the engine runs the policy's
   cache plan (`bridge.policy.weights.plan_cache`) over the lendable nodes in lend order
-  (`lend_order`: the order `choose_nodes` would take them, which prefers the nodes
+  (`lend_places`: the order `choose_nodes` would take them, which prefers the nodes
   holding the weights) with the models the forecast expects to lend for and their
   expected lent replicas (`bridge.policy.staging.wanted`, the daemon's rule, at each
   model's highest rate over the last `lookback_s`). Its evictions are carried out at
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from bridge.config import BridgeConfig
 from bridge.policy import Snapshot, staging
-from bridge.policy.weights import CachedCopy, NodeCache, lend_order, plan_cache, typed_places
+from bridge.policy.weights import CachedCopy, NodeCache, lend_places, plan_cache
 from bridge.sim.fleet import SimNode
 
 #: defaults, each the figure behind it: a 70B model in 16-bit weights
@@ -216,7 +216,7 @@ class NodeCaches:
         self.wanted = {w.model for w in wanted}
         if not wanted:
             return []
-        order = lend_order(snapshot, config, now, [w.model for w in wanted])
+        order, only = lend_places(snapshot, config, now, [w.model for w in wanted])
         caches = [
             NodeCache(
                 n.name,
@@ -229,7 +229,6 @@ class NodeCaches:
             for n in order
         ]
         in_flight = sum(1 for n in by_name.values() for c in n.weights.values() if c.ready_at > now)
-        only = typed_places(snapshot, config, now, [w.model for w in wanted])
         result = plan_cache(caches, wanted, max(0, spec.max_staging - in_flight), only)
         touched: list[int] = []
         for e in result.evict:

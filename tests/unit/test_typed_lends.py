@@ -29,9 +29,8 @@ from bridge.policy.weights import (
     CachedCopy,
     NodeCache,
     Wanted,
-    lend_order,
+    lend_places,
     plan_cache,
-    typed_places,
 )
 from bridge.slurm.model import Job, JobSpec, Node
 from bridge.slurm.parse import gpu_types_of
@@ -294,11 +293,11 @@ def test_a_typed_models_weights_are_staged_only_where_its_lends_could_go() -> No
     lent = LeaseView(9, "m3", "mig", "preempt", LeaseState.SERVING, ("small",), NOW, gpus=1,
                      lent_gpus=1, gpu_type=ONE)  # fmt: skip
     snap = Snapshot((ELASTIC, M1, M2, train, RESERVED), (), {}, (lent,), models=models)
-    order = [n.name for n in lend_order(snap, config, NOW, ["small", "big"])]
+    nodes, places = lend_places(snap, config, NOW, ["small", "big"])
+    order = [n.name for n in nodes]
     # the untyped order (idle first, then m1 by requeueing its job), then t1, which only a
     # typed lend takes (its free slice; busy, a drain-mode node is no whole-node lend)
     assert order == ["e1", "m2", "m1", "t1"]
-    places = typed_places(snap, config, NOW, ["small", "big"])
     assert places == {"small": frozenset({"m1", "m2", "t1", "m3"})}  # "big" goes anywhere
 
     caches = [NodeCache(n, 10, ()) for n in ("e1", "m1", "m2")]

@@ -18,7 +18,7 @@ from bridge.policy.weights import (
     Stage,
     Wanted,
     expected_lends,
-    lend_order,
+    lend_places,
     plan_cache,
 )
 
@@ -139,5 +139,5 @@ def test_lend_order_is_choose_nodes_order_then_the_lent_nodes() -> None:
         NodeView("n0", "inference", True, 1, has_triton=True),
         leases=(lease,),
     )
-    assert [n.name for n in lend_order(s, CONFIG, NOW, ["a"])] == ["e2", "e1", "e0"]
-    assert [n.name for n in lend_order(s, CONFIG, NOW, [])] == ["e1", "e2", "e0"]
+    assert [n.name for n in lend_places(s, CONFIG, NOW, ["a"])[0]] == ["e2", "e1", "e0"]
+    assert [n.name for n in lend_places(s, CONFIG, NOW, [])[0]] == ["e1", "e2", "e0"]
