@@ -18,7 +18,13 @@ to replica i mod 2 (round robin, what the simulator assumes), at the same rates.
 
 Per rate and routing: the small replica's share of the requests (even split: 1/2; by
 executions: small / (small + large)), the p99 of the time in each replica (queue and
-service) and the p99 the clients saw.
+service) and the p99 the clients saw. Beside them, the simulator's figures for the same
+replicas and rate (`model`): the small replica's share as `bridge.sim.serving` routes it
+(the even split, or `_steer` for least_conn) and its p99 from the M/G/c queue of
+`bridge.sim.latency` (constant service) with the arrivals the simulator takes for that
+routing (least_conn's `LEAST_CONN_CA2`, fitted to this bench's figures; the even split's
+Poisson), and with Poisson arrivals (`Poisson p99`: the capacity model's, and the
+simulator's before it modelled least_conn's arrivals).
 
 Usage:
     .venv/bin/python bench/least_conn_split.py [--small 1] [--large 8] [--service-ms 20]
@@ -45,6 +51,8 @@ from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxProcess
 from bridge.routing.publisher import RoutingPublisher
 from bridge.routing.table import RoutingTable
+from bridge.sim import latency
+from bridge.sim.serving import Group, _steer
 
 HOSTS = ("127.0.3.1", "127.0.3.2")
 
@@ -111,6 +119,32 @@ def load(endpoints: list[str], rate: float, seconds: float, seed: int) -> list[f
     return [r.latency_s for r in result.records if r.latency_s is not None]
 
 
+def modelled(
+    sizes: tuple[int, int], rate: float, service_s: float, routing: str
+) -> tuple[float, float, float]:
+    """The simulator's (share, p99 s) of the small replica and the p99 with Poisson
+    arrivals: its share as `bridge.sim.serving` routes `rate` over the two replicas (the
+    even split, or `_steer` for least_conn), its p99 the service plus the M/G/c waiting
+    p99 (constant service), with the arrivals' SCV the simulator takes for the routing
+    (`latency.LEAST_CONN_CA2` for least_conn, Poisson's 1 for the even split) and with
+    Poisson's (the capacity model's, and the simulator's before it knew least_conn)."""
+    groups = [(Group(("m",), nodes=1, servers=c), [(0, 2, service_s)]) for c in sizes]
+    layout = _steer(groups, [rate], 1) if routing == "least_conn" else None
+    share = 0.5 if layout is None else layout[1][0][0][0]
+    small = rate * share
+    ca2 = latency.LEAST_CONN_CA2 if routing == "least_conn" else 1.0
+
+    def p99(ca2: float) -> float:
+        _, p, tail, _ = latency.advance(sizes[0], small * service_s, small, 0.0, 1.0, 0.0, ca2)
+        return (
+            math.inf
+            if small * service_s >= sizes[0]
+            else service_s + latency.wait_quantile(0.0, 0.0, p, tail)
+        )
+
+    return share, p99(ca2), p99(1.0)
+
+
 def stats(client: httpx.Client, endpoint: str) -> list[float]:
     return list(client.get(f"http://{endpoint}/stats", timeout=5).json())
 
@@ -169,6 +203,7 @@ def main() -> int:
             print(
                 f"{'rho':>5} {'req/s':>6} {'routing':>10} {'small %':>8} "
                 f"{'small p99':>10} {'large p99':>10} {'client p99':>11}"
+                f" {'model %':>8} {'model p99':>10} {'Poisson p99':>12}"
             )
             for i, rho in enumerate(rhos):
                 # the rate that puts the small replica at rho under an even split
@@ -179,11 +214,13 @@ def main() -> int:
                     seen = load(targets, rate, args.seconds, seed=i)
                     small, large = (stats(client, ep) for ep in eps)
                     share = len(small) / max(1, len(small) + len(large))
-                    row = (rho, rate, routing, share, p99(small), p99(large), p99(seen))
+                    m_share, m_p99, poisson_p99 = modelled(sizes, rate, service_s, routing)
+                    row = (rho, rate, routing, share, p99(small), p99(large), p99(seen), m_p99)
                     rows.append(row)
                     print(
                         f"{rho:5.2f} {rate:6.1f} {routing:>10} {100 * share:8.1f} "
                         f"{1000 * row[4]:10.1f} {1000 * row[5]:10.1f} {1000 * row[6]:11.1f}"
+                        f" {100 * m_share:8.1f} {1000 * m_p99:10.1f} {1000 * poisson_p99:12.1f}"
                     )
         finally:
             proc.stop()
@@ -193,12 +230,13 @@ def main() -> int:
     by_exec = args.small / (args.small + args.large)
     print(f"by executions, the small replica's share would be {100 * by_exec:.1f}%")
     figures = []
-    for rho, _, routing, share, small_p99, _, client_p99 in rows:
+    for rho, _, routing, share, small_p99, _, client_p99, model_p99 in rows:
         key = f"rho{rho:g}_{'lc' if routing == 'least_conn' else 'even'}"
         figures += [
             f"{key}_small_pct={100 * share:.1f}",
             f"{key}_small_p99_ms={1000 * small_p99:.1f}",
             f"{key}_client_p99_ms={1000 * client_p99:.1f}",
+            f"{key}_model_small_p99_ms={1000 * model_p99:.1f}",
         ]
     wall = time.monotonic() - started
     print(f"RESULT {' '.join(figures)} by_exec_pct={100 * by_exec:.1f} wall_s={wall:.0f}")

@@ -9,7 +9,9 @@ a replica past 85% busy steered from). Per tick of length `dt`, with offered loa
 `a = sum(rate_m * s_m)` busy servers per node:
 
 - below saturation (a < c): the stationary M/G/c queue of `bridge.policy.capacity`, the
-  very model the policy sizes replicas with;
+  very model the policy sizes replicas with, except for the arrivals: `least_conn` spaces
+  a replica's more evenly than Poisson's (`LEAST_CONN_CA2`, below), the capacity model
+  keeps Poisson's;
 - at or above saturation the excess work piles up as a backlog (a fluid queue) that every
   later request waits behind, and drains at the spare rate once load falls.
 
@@ -28,6 +30,13 @@ from dataclasses import dataclass
 from bridge.policy import capacity
 
 Q = capacity.Q
+
+#: the squared coefficient of variation of the arrivals nginx's `least_conn` sends a
+#: replica of a model it spreads over several (Poisson's is 1): it passes over a replica
+#: with requests in flight, so they come more evenly spaced. bench/least_conn_split.py:
+#: the p99 of a replica of 1 or 2 executions beside one of 8, at 71-88% busy, fits
+#: Allen-Cunneen's M/G/c with 0.25-0.34 (Poisson's 1 gave 2.4-3.3 times its p99)
+LEAST_CONN_CA2 = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,26 +123,35 @@ def step(
     backlog_s: float,
     dt: float,
     cv2: float = 0.0,
+    ca2: float = 1.0,
 ) -> GroupStep:
     """Advance one node of a group over `dt` seconds.
 
     servers: parallel instances on the node; load: offered busy servers (sum of rate x
     service time of its models' shares); rate: requests per second reaching the node;
     backlog_s: the delay a new request met at the tick's start (seconds of queued work per
-    server).
+    server); cv2 and ca2: the squared coefficients of variation of the service time and
+    of the arrivals (1: Poisson).
     """
     if servers <= 0:
         raise ValueError(f"servers must be positive, got {servers}")
-    new_backlog, p, tail, pending = advance(servers, load, rate, backlog_s, dt, cv2)
+    new_backlog, p, tail, pending = advance(servers, load, rate, backlog_s, dt, cv2, ca2)
     return GroupStep(TickState(rate * dt, backlog_s, new_backlog, p, tail), new_backlog, pending)
 
 
 def advance(
-    servers: int, load: float, rate: float, backlog_s: float, dt: float, cv2: float
+    servers: int,
+    load: float,
+    rate: float,
+    backlog_s: float,
+    dt: float,
+    cv2: float,
+    ca2: float = 1.0,
 ) -> tuple[float, float, float, int]:
     """`step` as plain numbers, for the engine's tick (`servers` > 0): the new backlog,
     the stationary queue's wait_p and wait_rate (`capacity.queue`, written out: no
-    `Queue` made), and the pending requests."""
+    `Queue` made, with the arrivals' `ca2` where `capacity.queue` takes Poisson's 1:
+    Allen-Cunneen's tail rate `spare x 2 / (ca2 + cv2)`), and the pending requests."""
     mean_service = load / rate if rate > 0 else 0.0
     # the fluid backlog: excess work piles up, spare capacity drains it
     new_backlog = max(0.0, backlog_s + (load - servers) / servers * dt)
@@ -144,7 +162,7 @@ def advance(
         p, tail, queued = (0.0, math.inf, 0.0)
     else:
         p = capacity.erlang_c(servers, load)
-        tail = (servers / mean_service - rate) * 2.0 / (1.0 + max(0.0, cv2))
+        tail = (servers / mean_service - rate) * 2.0 / (ca2 + max(0.0, cv2))
         queued = p * load / (servers - load)
     pending = queued + (new_backlog * servers / mean_service if mean_service > 0 else 0.0)
     return new_backlog, p, tail, math.floor(pending)

@@ -51,6 +51,7 @@ from bridge.config import BridgeConfig, ModelConfig, PolicyConfig, PoolConfig
 from bridge.policy import capacity
 from bridge.sim.engine import Engine, Setup, Timing
 from bridge.sim.fleet import SimNode
+from bridge.sim.latency import LEAST_CONN_CA2
 from bridge.sim.result import TRADEOFF_SERIES, PolicyResult, SimReport, Tradeoff
 from bridge.sim.tokens import TokenModel, nodes_for_tokens
 from bridge.sim.workload import ArrivalSeries, SimJob
@@ -121,6 +122,8 @@ class Scenario:
     tick_s: float = 5.0
     timing: Timing = field(default_factory=Timing)
     service_cv2: float = 0.0
+    #: the arrivals' SCV at a replica of a model routed over several (`Setup.routing_ca2`)
+    routing_ca2: float = LEAST_CONN_CA2
     series_step_s: float = 300.0
     #: what the report says about the inputs (trace names, seeds, load)
     about: Mapping[str, object] = field(default_factory=dict)
@@ -266,6 +269,11 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
             f"unknown policy {policy!r}; choose from {', '.join(POLICIES)} or "
             f"{SEPARATE_AT}N (N inference nodes)"
         )
+    if not scenario.routing_ca2 > 0:
+        raise ValueError(
+            f"routing_ca2 {scenario.routing_ca2!r}: the arrivals' squared coefficient of "
+            "variation must be positive (1: Poisson)"
+        )
     n, g = scenario.nodes, scenario.gpus_per_node
     chosen = separate_size(policy)
     if chosen is not None and not 1 <= chosen <= n:
@@ -342,6 +350,7 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
         models=models,
         timing=scenario.timing,
         service_cv2=scenario.service_cv2,
+        routing_ca2=scenario.routing_ca2,
         series_step_s=scenario.series_step_s,
         checkpoint_s=scenario.checkpoint_s,
         tokens=scenario.tokens,

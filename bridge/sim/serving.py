@@ -103,6 +103,8 @@ class Serving:
         self.groups: dict[tuple[tuple[str, ...], int | None], Group] = {}
         #: `_lay_out()` of the groups as they are (None: to be made again)
         self._layout: Layout | None = None
+        #: per group of the layout, per model on it: split over several replicas
+        self._smooth: list[list[bool]] = []
         #: GPUs of a node, and parallel model instances on one replica
         self.node_gpus = node_gpus
         self.replica_gpus = replica_gpus
@@ -209,24 +211,33 @@ class Serving:
         now = (k + 1) * dt
         if self._layout is None:
             self._layout = self._lay_out()
+            # per group, per model on it: the model is split over several replicas
+            self._smooth = [[r > 1 for _, r, _ in members] for _, members in self._layout[0]]
         per_group, per_model_at = self._layout
+        smooth = self._smooth
         rates = [series[k] for series in self._rate_series]
         steered = _steer(per_group, rates, len(per_model_at))
         if steered is not None:
             per_group, per_model_at = steered
-        cv2 = self.s.service_cv2
+        cv2, routing_ca2 = self.s.service_cv2, self.s.routing_ca2
         advance, wait_quantile = latency.advance, latency.wait_quantile
-        for group, members in per_group:
+        for (group, members), many in zip(per_group, smooth, strict=True):
             node_rate = 0.0
             node_load = 0.0
-            for i, r, service in members:
+            routed = 0.0  # req/s of models least_conn spreads over several replicas
+            for (i, r, service), spread in zip(members, many, strict=True):
                 share = rates[i] / r
                 node_rate += share
                 node_load += share * service
+                if spread:
+                    routed += share
+            # the arrivals' SCV: Poisson's 1, least_conn's for the requests it routed
+            # (a superposition's: the rate-weighted mean of its streams')
+            ca2 = 1.0 - (1.0 - routing_ca2) * routed / node_rate if node_rate > 0 else 1.0
             # `latency.step`, as plain numbers
             lo = group.backlog_s
             servers = group.servers
-            hi, p, tail, queued = advance(servers, node_load, node_rate, lo, dt, cv2)
+            hi, p, tail, queued = advance(servers, node_load, node_rate, lo, dt, cv2, ca2)
             group.backlog_s = hi
             busy = min(node_load, servers) / servers
             self.inference_used_s += busy * group.gpus * group.nodes * dt

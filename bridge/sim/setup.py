@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from bridge.config import BridgeConfig, ModelConfig
 from bridge.lifecycle import StepTimes
 from bridge.sim.fleet import SimNode
+from bridge.sim.latency import LEAST_CONN_CA2
 from bridge.sim.tokens import TokenModel
 from bridge.sim.weights import WeightCache
 from bridge.sim.workload import ArrivalSeries, SimJob
@@ -84,6 +85,9 @@ class Setup:
     timing: Timing = field(default_factory=Timing)
     #: squared coefficient of variation of service times (0: deterministic)
     service_cv2: float = 0.0
+    #: squared coefficient of variation of the arrivals at a replica of a model routed
+    #: over several (`latency.LEAST_CONN_CA2`, nginx's least_conn; 1: Poisson)
+    routing_ca2: float = LEAST_CONN_CA2
     series_step_s: float = 300.0
     #: keep at most this many decisions in the result
     max_decisions: int = 10_000

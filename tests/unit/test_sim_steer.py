@@ -6,9 +6,15 @@ of 20 ms: 38.6% of the requests to the small one, 85% busy). Literal groups and 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from bridge.sim import latency
+from bridge.sim.engine import Engine
+from bridge.sim.latency import LEAST_CONN_CA2
+from bridge.sim.policies import Scenario, setup_for, size
 from bridge.sim.serving import STEER_BUSY, Group, _steer
+from bridge.sim.workload import ArrivalSeries
 
 SVC = 0.02
 
@@ -57,3 +63,44 @@ def test_a_replica_of_two_models_sheds_both_and_a_model_without_load_keeps_its_s
     assert layout is not None
     assert _share(layout, 0, 0) == pytest.approx(STEER_BUSY / SVC / 110.0)
     assert (_share(layout, 1, 0), _share(layout, 1, 1)) == (0.5, 0.5)
+
+
+def _small_p99(ca2: float) -> float:
+    """The model's p99 (s) of the small replica of bench/least_conn_split.py's 1 + 8 at
+    110 req/s of 20 ms, held at STEER_BUSY, with arrivals of SCV `ca2`."""
+    rate = STEER_BUSY / SVC
+    _, p, tail, _ = latency.advance(1, rate * SVC, rate, 0.0, 5.0, 0.0, ca2)
+    return SVC + latency.wait_quantile(0.0, 0.0, p, tail)
+
+
+def test_least_conns_arrivals_give_the_p99_nginx_gave() -> None:
+    # measured: the small replica took 38.8% of 110 req/s (0.85 busy), its p99 97.1 ms
+    assert _small_p99(LEAST_CONN_CA2) == pytest.approx(0.0971, rel=0.2)
+    assert _small_p99(1.0) > 3 * 0.0971  # Poisson arrivals: what the simulator took before
+
+
+def _run(routing_ca2: float, replicas: int) -> float:
+    """Share within SLO of one model at 0.7 busy on each of `replicas` one-GPU replicas."""
+    rate = 0.7 / SVC * replicas
+    scenario = Scenario(
+        nodes=replicas + 4, gpus_per_node=1,
+        arrivals=ArrivalSeries(60.0, {"m": np.full(30, rate)}), jobs=[],
+        models={"m": (60.0, SVC * 1000.0)}, horizon_s=1800.0, routing_ca2=routing_ca2,
+    )  # fmt: skip
+    sizing = size(scenario)
+    setup = setup_for(f"separate-{replicas}", scenario, sizing)
+    return Engine(setup).run().within_share
+
+
+def test_a_model_on_several_replicas_gets_least_conns_arrivals_and_on_one_poissons() -> None:
+    assert _run(LEAST_CONN_CA2, 2) > _run(1.0, 2)  # routed: smoother, fewer late
+    assert _run(LEAST_CONN_CA2, 1) == _run(1.0, 1)  # nothing to route: Poisson either way
+
+
+def test_a_routing_scv_that_is_not_positive_is_refused() -> None:
+    scenario = Scenario(
+        nodes=6, gpus_per_node=1, arrivals=ArrivalSeries(60.0, {"m": np.full(5, 10.0)}),
+        jobs=[], models={"m": (60.0, 20.0)}, horizon_s=300.0, routing_ca2=0.0,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"routing_ca2 0\.0"):
+        setup_for("bridge", scenario, size(scenario))
