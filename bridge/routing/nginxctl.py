@@ -262,9 +262,15 @@ class NginxProcess:
         self.main_conf.write_text(self.render_main())
         if not self.routing_conf.exists():
             self.routing_conf.write_text("# no routes published yet\n")
-        proc = subprocess.run(
-            self.control.argv(), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
-        )
+        try:
+            proc = subprocess.run(
+                self.control.argv(), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+            )
+        except OSError as exc:  # no binary there, or not executable
+            raise NginxUnavailable(
+                f"nginx did not start: {self.control.nginx_bin}: {exc.strerror}"
+                " (install nginx; `stb lab up` installs nginx-light)"
+            ) from exc
         if proc.returncode != 0:
             raise NginxUnavailable(f"nginx did not start: {proc.stderr.strip()}")
         deadline = time.monotonic() + timeout_s
