@@ -132,17 +132,15 @@ def modelled(
     layout = _steer(groups, [rate], 1) if routing == "least_conn" else None
     share = 0.5 if layout is None else layout[1][0][0][0]
     small = rate * share
-    ca2 = latency.LEAST_CONN_CA2 if routing == "least_conn" else 1.0
+    routed = latency.LEAST_CONN_CA2 if routing == "least_conn" else 1.0
 
     def p99(ca2: float) -> float:
-        _, p, tail, _ = latency.advance(sizes[0], small * service_s, small, 0.0, 1.0, 0.0, ca2)
-        return (
-            math.inf
-            if small * service_s >= sizes[0]
-            else service_s + latency.wait_quantile(0.0, 0.0, p, tail)
-        )
+        if small * service_s >= sizes[0]:  # saturated: the queue grows without bound
+            return math.inf
+        step = latency.step(sizes[0], small * service_s, small, 0.0, 1.0, 0.0, ca2)
+        return service_s + step.state.wait_quantile()
 
-    return share, p99(ca2), p99(1.0)
+    return share, p99(routed), p99(1.0)
 
 
 def stats(client: httpx.Client, endpoint: str) -> list[float]:

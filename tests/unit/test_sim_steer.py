@@ -69,8 +69,7 @@ def _small_p99(ca2: float) -> float:
     """The model's p99 (s) of the small replica of bench/least_conn_split.py's 1 + 8 at
     110 req/s of 20 ms, held at STEER_BUSY, with arrivals of SCV `ca2`."""
     rate = STEER_BUSY / SVC
-    _, p, tail, _ = latency.advance(1, rate * SVC, rate, 0.0, 5.0, 0.0, ca2)
-    return SVC + latency.wait_quantile(0.0, 0.0, p, tail)
+    return SVC + latency.step(1, rate * SVC, rate, 0.0, 5.0, 0.0, ca2).state.wait_quantile()
 
 
 def test_least_conns_arrivals_give_the_p99_nginx_gave() -> None:

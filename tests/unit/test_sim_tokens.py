@@ -159,7 +159,7 @@ def test_the_mixture_quantile_is_exact() -> None:
 
 
 def _scenario(
-    minutes: list[float], tpot_s: float = 0.030, headroom: float = 1.2, ca2: float | None = None
+    minutes: list[float], tpot_s: float = 0.030, headroom: float = 1.2, ca2: float = LEAST_CONN_CA2
 ) -> Scenario:
     """One LLM (the lab's profile, every prompt 400 tokens and answer 150) on 40 nodes,
     its rate per minute as given, the policy's lend headroom `headroom`; `ca2`: the
@@ -171,7 +171,7 @@ def _scenario(
         jobs=[], models={"llm": (model.slo_e2e_ms, model.service_s() * 1000.0)},
         horizon_s=len(minutes) * 60.0, policy=policy, tokens={"llm": model},
         replica_servers=2, service_cv2=model.service_cv2(),
-        routing_ca2=LEAST_CONN_CA2 if ca2 is None else ca2,
+        routing_ca2=ca2,
     )  # fmt: skip
 
 
