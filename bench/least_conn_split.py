@@ -1,9 +1,10 @@
 """How nginx's `least_conn` splits a model's requests over replicas of different sizes
-(issue 32): the fact the simulator's routing model rests on. The simulator and the
-capacity model split a model's requests evenly over its replicas (`bridge.sim.serving`):
-a replica on one GPU takes as many as a whole node's. The daemon's nginx routes with
-`least_conn` (`bridge.routing.nginx`), which passes over a replica with more requests in
-flight. This bench measures the split and the latency it gives.
+(issue 32): the fact the simulator's routing model rests on. The daemon's nginx routes
+with `least_conn` (`bridge.routing.nginx`), which passes over a replica with more
+requests in flight, and weighs each replica by its GPUs where a model's replicas differ
+(`RoutingTable.weights`); the simulator and the capacity model split a model's requests
+over its replicas by their GPUs (`bridge.sim.serving`, `bridge.policy.capacity.weight`).
+This bench measures the split and the latency it gives.
 
 Two replicas of one model behind the bridge's own nginx configuration
 (`bridge.routing.publisher.RoutingPublisher`, real nginx): a small one of `--small`
@@ -14,7 +15,10 @@ load from the project's load generator (`bridge.load`), at rates that put the sm
 replica at `--rho` of its capacity under an even split.
 
 Baseline, in the same run: the even split itself, the load generator sending request i
-to replica i mod 2 (round robin, what the simulator assumes), at the same rates.
+to replica i mod 2 (round robin), at the same rates. Then `least_conn` as the daemon
+routes replicas alike (no weights), and `weighted`: each replica weighted by its
+executions, as the daemon weighs a replica by its GPUs (`RoutingTable.weights`, nginx's
+`weight=`), what the simulator and the capacity model take.
 
 Per rate and routing: the small replica's share of the requests (even split: 1/2; by
 executions: small / (small + large)), the p99 of the time in each replica (queue and
@@ -128,11 +132,17 @@ def modelled(
     p99 (constant service), with the arrivals' SCV the simulator takes for the routing
     (`latency.LEAST_CONN_CA2` for least_conn, Poisson's 1 for the even split) and with
     Poisson's (the capacity model's, and the simulator's before it knew least_conn)."""
-    groups = [(Group(("m",), nodes=1, servers=c), [(0, 2, service_s)]) for c in sizes]
-    layout = _steer(groups, [rate], 1) if routing == "least_conn" else None
-    share = 0.5 if layout is None else layout[1][0][0][0]
+    # each replica's effective count: the model's weight over its own (1 each, or its
+    # executions where nginx weighs it so)
+    weights = sizes if routing == "weighted" else (1, 1)
+    groups = [
+        (Group(("m",), nodes=1, servers=c), [(0, sum(weights) / w, service_s)])
+        for c, w in zip(sizes, weights, strict=True)
+    ]
+    layout = _steer(groups, [rate], 1) if routing != "even" else None
+    share = weights[0] / sum(weights) if layout is None else layout[1][0][0][0]
     small = rate * share
-    routed = latency.LEAST_CONN_CA2 if routing == "least_conn" else 1.0
+    routed = latency.LEAST_CONN_CA2 if routing != "even" else 1.0
 
     def p99(ca2: float) -> float:
         if small * service_s >= sizes[0]:  # saturated: the queue grows without bound
@@ -184,13 +194,21 @@ def main() -> int:
         proc = NginxProcess(Path(tmp) / "nginx")
         proc.start()
         port = _free_port()
-        RoutingPublisher(
+        publisher = RoutingPublisher(
             proc.routing_conf,
             Path(tmp) / "sd.json",
             proc.control,
             settings=nginx.NginxSettings(listen=f"127.0.0.1:{port}"),
             bridge_metrics="127.0.0.1:9100",
-        ).publish(RoutingTable.build({"busy": eps}))
+        )
+        # the table as the daemon publishes it: without weights, and with each replica's
+        # executions as its weight (`RoutingTable.weights`: a replica's GPUs)
+        tables = {
+            "least_conn": RoutingTable.build({"busy": eps}),
+            "weighted": RoutingTable.build(
+                {"busy": eps}, weights={"busy": dict(zip(eps, sizes, strict=True))}
+            ),
+        }
         front = f"127.0.0.1:{port}"
         rows = []
         try:
@@ -206,7 +224,14 @@ def main() -> int:
             for i, rho in enumerate(rhos):
                 # the rate that puts the small replica at rho under an even split
                 rate = 2 * rho * args.small / service_s
-                for routing, targets in (("even", eps), ("least_conn", [front])):
+                for routing, targets in (
+                    ("even", eps),
+                    ("least_conn", [front]),
+                    ("weighted", [front]),
+                ):
+                    if routing in tables:
+                        publisher.publish(tables[routing])
+                        time.sleep(1.0)  # nginx's new workers take over
                     for ep in eps:
                         stats(client, ep)  # cleared
                     seen = load(targets, rate, args.seconds, seed=i)
@@ -229,7 +254,8 @@ def main() -> int:
     print(f"by executions, the small replica's share would be {100 * by_exec:.1f}%")
     figures = []
     for rho, _, routing, share, small_p99, _, client_p99, model_p99 in rows:
-        key = f"rho{rho:g}_{'lc' if routing == 'least_conn' else 'even'}"
+        short = {"least_conn": "lc", "weighted": "wlc"}.get(routing, "even")
+        key = f"rho{rho:g}_{short}"
         figures += [
             f"{key}_small_pct={100 * share:.1f}",
             f"{key}_small_p99_ms={1000 * small_p99:.1f}",

@@ -31,7 +31,7 @@ from typing import Protocol
 
 from bridge.config import BridgeConfig
 from bridge.daemon import launcher
-from bridge.daemon.observation import Observation
+from bridge.daemon.observation import Observation, replica_gpus
 from bridge.daemon.placement import withheld
 from bridge.daemon.planner import LeaseRecord
 from bridge.daemon.report import TickReport
@@ -441,6 +441,11 @@ class Actuator:
         # Every model the repository holds has a route (none ready: nginx answers 503);
         # a model loaded on a replica is routed too.
         routes: dict[str, list[str]] = {m: [] for m in self._obs.models.served}
+        # each replica weighed by its GPUs in the upstream of a model that shares them
+        # (`capacity.weight`: a model with instances of its own has as many on each)
+        gpus = replica_gpus(self._obs, self.leases.values())
+        scaled = self._obs.models.scaled
+        weights: dict[str, dict[str, int]] = {}
         split_of = {sp.model: sp for sp in self.splits}
         targets = []
         for s in self._obs.servers:
@@ -453,6 +458,9 @@ class Actuator:
                 split = split_of.get(m)
                 if split is None or _serves_split(s.versions.get(m, ()), split):
                     routes.setdefault(m, []).append(s.address)
+                    own = scaled.get(m)
+                    if own is None or own.instances is None:
+                        weights.setdefault(m, {})[s.address] = max(1, gpus.get(s.node, 1))
             host = s.address.rsplit(":", 1)[0]
             targets.append(
                 MetricsTarget(
@@ -465,7 +473,9 @@ class Actuator:
             )
         # a model served from zero with no ready replica is routed to the activator
         zero = self._obs.models.from_zero
-        self.router.publish(RoutingTable.build(routes, targets, self.splits, zero, self.batch))
+        self.router.publish(
+            RoutingTable.build(routes, targets, self.splits, zero, self.batch, weights)
+        )
         self._withheld(held_back)
 
     def _withheld(self, pairs: frozenset[tuple[str, str]]) -> None:

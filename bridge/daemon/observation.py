@@ -10,7 +10,7 @@ Pure: no I/O. Built by `bridge.daemon.observe.Observer`; read by the planner, th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -180,6 +180,19 @@ def reserved_nodes(
     return frozenset(out)
 
 
+def replica_gpus(obs: Observation, leases: Iterable[LeaseView]) -> dict[str, int]:
+    """The GPUs of the replica on each node (`ReplicaView.gpus`, the actuator's routing
+    weights): its node's; a partial lease's replica holds its GPUs, not its node's; a
+    gang's, all its nodes'."""
+    gpus = {name: n.gpus for name, n in obs.nodes.items()}
+    leases = list(leases)
+    gpus.update({lease.node: lease.lent_gpus for lease in leases if lease.lent_gpus})
+    gpus.update(
+        {lease.node: sum(gpus.get(n, 0) for n in lease.nodes) for lease in leases if lease.members}
+    )
+    return gpus
+
+
 def snapshot(
     obs: Observation,
     config: BridgeConfig,
@@ -226,12 +239,7 @@ def snapshot(
                 free_types=free_types(node) if typed else (),
             )
         )
-    gpus = {name: n.gpus for name, n in obs.nodes.items()}
-    # a partial lease's replica holds its GPUs, not its node's; a gang's, all its nodes'
-    gpus.update({lease.node: lease.lent_gpus for lease in leases if lease.lent_gpus})
-    gpus.update(
-        {lease.node: sum(gpus.get(n, 0) for n in lease.nodes) for lease in leases if lease.members}
-    )
+    gpus = replica_gpus(obs, leases)
     replicas = tuple(
         ReplicaView(s.node, s.models, lease_of.get(s.node), gpus.get(s.node, 1))
         for s in obs.servers

@@ -5,7 +5,9 @@ simulator's sizing of pools and its latency model (`bridge.sim.latency`), and th
 A replica is a Triton server on one node. Its model instances are parallel servers of a
 queue: a model with `instances` set has that many of its own (Triton's instance_group
 count); the models without share the node's GPUs, one execution per GPU
-(work-conserving). nginx spreads a model's traffic evenly over its ready replicas. For one
+(work-conserving). nginx splits a model's traffic over its ready replicas by their weight
+(`weight`: a replica's GPUs, or 1 each for a model with its own instances; replicas alike,
+evenly), `least_conn` with the daemon's `RoutingTable.weights`. For one
 pool of `c` servers with offered load `a = sum(rate_m x service_m)` busy servers:
 
 - below saturation (a < c), M/G/c: Erlang C gives the chance to wait; the waiting time's
@@ -156,15 +158,30 @@ def replicas_of(groups: Iterable[Group]) -> dict[str, int]:
     return out
 
 
+def weight(group: Group, demand: Demand | None) -> int:
+    """A replica's weight in routing a model's requests: its GPUs for a model that shares
+    them (its executions), 1 for a model with instances of its own (as many on every
+    replica). nginx's `least_conn` weighs a model's replicas so (`RoutingTable.weights`),
+    and a replica takes its weight's share of the model's requests."""
+    if demand is not None and demand.instances is not None:
+        return 1
+    return max(1, group.gpus)
+
+
 def _worst_waits(
     groups: Sequence[Group], demand: Mapping[str, Demand], cv2: float
 ) -> dict[str, float]:
     """Per model of `demand` that a group of `groups` holds: the largest waiting p99 over
     the pools that serve it (never below 0). `predict`'s p99 is its service time plus
     this; a model not here has no replica."""
-    replicas = replicas_of(groups)
-    # per model, its rate and load on one replica (the same in every group that holds it),
-    # worked out at its first group: a model is in a dozen groups at a site's scale
+    # per model, the weight of its replicas in all (`weight`), then its requests and load
+    # per unit of weight, worked out at its first group: a model is in a dozen groups at
+    # a site's scale
+    total: dict[str, int] = {}
+    for g in groups:
+        if g.nodes > 0:
+            for m in g.models:
+                total[m] = total.get(m, 0) + g.nodes * weight(g, demand.get(m))
     per: dict[str, tuple[float, float, int | None] | None] = {}
     # each pool's waiting p99 and the models it serves
     pools: list[tuple[float, Sequence[str]]] = []
@@ -173,6 +190,7 @@ def _worst_waits(
             continue
         shared_rate = shared_load = 0.0
         shared: list[str] = []
+        gpus = max(1, g.gpus)
         for m in g.models:
             if m in per:
                 p = per[m]
@@ -181,12 +199,14 @@ def _worst_waits(
                 if d is None:
                     p = None
                 else:
-                    share = d.rate / replicas[m]
-                    p = (share, share * d.service_s, d.instances)
+                    unit = d.rate / total[m]
+                    p = (unit, unit * d.service_s, d.instances)
                 per[m] = p
             if p is None:
                 continue
-            share, load, instances = p
+            unit, unit_load, instances = p
+            units = gpus if instances is None else 1  # its `weight`
+            share, load = unit * units, unit_load * units
             if instances is None:
                 shared.append(m)
                 shared_rate += share
@@ -278,8 +298,7 @@ def plan_lends(
     objective, at most the node's `floor(gpus / k)`; the next lend plans what is still
     late after it. One lease is one Triton server on one node, so a deficit of many
     replicas' worth met one replica per lend would spread over as many nodes, each a
-    replica of k GPUs taking an even share of the traffic (the capacity model's: nginx
-    spreads it evenly) and a lend slot; sized here it takes the fewest nodes and each
+    replica of k GPUs and a lend slot; sized here it takes the fewest nodes and each
     replica its share's GPUs. Without `replica_gpus` every lend is a whole node
     (`plan_nodes`' answer, each with its node's GPUs)."""
     current = list(groups)

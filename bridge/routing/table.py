@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -141,6 +142,13 @@ class RoutingTable:
     zero: tuple[str, ...] = ()
     #: the batch route's gate; None: no batch route (batch paths answer 404)
     batch: BatchGate | None = None
+    #: per model, the weight of each of its endpoints (a replica's GPUs: its
+    #: executions), nginx's `weight=` in the model's upstream, so that `least_conn` gives
+    #: a replica a share of the model's requests in proportion to what it serves
+    #: (`bridge.routing.nginx`); model -> ((endpoint, weight), ...), sorted, each weight
+    #: over the model's greatest common divisor; a model whose replicas are alike has
+    #: none
+    weights: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
 
     def __post_init__(self) -> None:
         routes = tuple(
@@ -165,6 +173,26 @@ class RoutingTable:
         object.__setattr__(self, "splits", splits)
         zero = tuple(sorted({validate_model_name(m) for m in self.zero}))
         object.__setattr__(self, "zero", zero)
+        weights = []
+        for model, pairs in self.weights:
+            of_model: dict[str, int] = {}
+            for endpoint, weight in pairs:
+                validate_endpoint(endpoint)
+                if (
+                    isinstance(weight, bool)
+                    or not isinstance(weight, int)
+                    or not 1 <= weight <= 1000
+                ):
+                    raise InvalidRoute(
+                        f"weight of {endpoint} for {model}: must be an integer 1-1000: {weight!r}"
+                    )
+                of_model[endpoint] = weight
+            # each over their greatest common divisor; replicas alike need none
+            common = math.gcd(*of_model.values()) if of_model else 1
+            kept = tuple(sorted((e, w // common) for e, w in of_model.items()))
+            if len({w for _, w in kept}) > 1:
+                weights.append((validate_model_name(model), kept))
+        object.__setattr__(self, "weights", tuple(sorted(weights)))
 
     @classmethod
     def build(
@@ -174,6 +202,7 @@ class RoutingTable:
         splits: Iterable[Split] = (),
         zero: Iterable[str] = (),
         batch: BatchGate | None = None,
+        weights: Mapping[str, Mapping[str, int]] | None = None,
     ) -> RoutingTable:
         return cls(
             tuple((m, tuple(eps)) for m, eps in routes.items()),
@@ -181,7 +210,15 @@ class RoutingTable:
             tuple(splits),
             tuple(zero),
             batch,
+            tuple((m, tuple(w.items())) for m, w in (weights or {}).items()),
         )
+
+    def weight(self, model: str, endpoint: str) -> int:
+        """`endpoint`'s weight in `model`'s upstream (1 where the table gives it none)."""
+        for m, pairs in self.weights:
+            if m == model:
+                return dict(pairs).get(endpoint, 1)
+        return 1
 
     def split_of(self, model: str) -> Split | None:
         return next((sp for sp in self.splits if sp.model == model), None)
@@ -202,7 +239,10 @@ class RoutingTable:
         """This table with `endpoint` removed from every model's routes (the first step of
         a return); metrics targets are kept."""
         routes = tuple((m, tuple(e for e in eps if e != endpoint)) for m, eps in self.routes)
-        return RoutingTable(routes, self.targets, self.splits, self.zero, self.batch)
+        weights = tuple(
+            (m, tuple((e, w) for e, w in pairs if e != endpoint)) for m, pairs in self.weights
+        )
+        return RoutingTable(routes, self.targets, self.splits, self.zero, self.batch, weights)
 
     def canonical(self) -> str:
         """A canonical JSON text of the content (sorted keys, no whitespace)."""
@@ -225,6 +265,11 @@ class RoutingTable:
                     else {}
                 ),
                 **({"zero": list(self.zero)} if self.zero else {}),
+                **(
+                    {"weights": {m: dict(pairs) for m, pairs in self.weights}}
+                    if self.weights
+                    else {}
+                ),
                 **(
                     {"batch": [self.batch.open, self.batch.retry_after_s]}
                     if self.batch is not None

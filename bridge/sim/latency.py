@@ -4,7 +4,7 @@ called by `bridge.sim.engine` once per tick for each group of identical replicas
 A Triton server on a node of `c` GPUs is `c` parallel servers (one model instance per
 GPU); every model on it shares them (work-conserving), each request of model m takes its
 measured service time `s_m` (the lab's `busy` model: 20 ms). A model's traffic is split
-over its ready replicas as nginx's `least_conn` splits it (`bridge.sim.serving`: evenly,
+over its ready replicas as nginx's `least_conn` splits it (`bridge.sim.serving`: by GPUs,
 a replica past 85% busy steered from). Per tick of length `dt`, with offered load
 `a = sum(rate_m * s_m)` busy servers per node:
 

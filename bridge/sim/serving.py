@@ -186,18 +186,22 @@ class Serving:
 
     def _lay_out(self) -> Layout:
         """What `serve` needs of the groups, which change only at `join` (`Layout`)."""
-        replicas = dict.fromkeys(self.models, 0)
+        # each model's GPUs over its replicas: nginx weighs a replica by its GPUs
+        # (`RoutingTable.weights`), so a replica takes the share of a model's requests
+        # its GPUs are of the model's; replicas alike, an even split
+        gpus = dict.fromkeys(self.models, 0)
         for group in self.groups.values():
             for m in group.models:
-                if m in replicas:
-                    replicas[m] += group.nodes
+                if m in gpus:
+                    gpus[m] += group.nodes * group.gpus
         index = {m: i for i, m in enumerate(self.models)}
         per_group: list[tuple[Group, list[tuple[int, float, float]]]] = []
         per_model: list[list[tuple[float, Group]]] = [[] for _ in self.models]
         for group in self.groups.values():
             parts: list[tuple[int, float, float]] = []
             for m in group.models:
-                r = replicas.get(m, 0)
+                # the model's replicas as so many of this group's (a replica takes 1 / r)
+                r = gpus.get(m, 0) / group.gpus
                 if r:
                     parts.append((index[m], r, self.s.service_s[m]))
                     per_model[index[m]].append((group.nodes / r, group))
@@ -375,11 +379,11 @@ def _steer(
     rates: Sequence[float],
     models: int,
 ) -> Layout | None:
-    """The tick's layout as `least_conn` routes it: each model's even share (`_lay_out`),
+    """The tick's layout as `least_conn` routes it: each model's share by GPUs (`_lay_out`),
     except that a replica whose even load is over `STEER_BUSY` of its executions keeps
     only that much and the rest of each of its models goes to that model's replicas with
     room, in proportion to their room (what no replica has room for stays where the even
-    split put it). None where no replica is over (the even split as it is)."""
+    split put it). None where no replica is over (the split as it is)."""
     caps = [STEER_BUSY * group.servers for group, _ in per_group]
     loads = [sum(rates[i] / r * svc for i, r, svc in members) for _, members in per_group]
     if all(a <= c for a, c in zip(loads, caps, strict=True)):
@@ -409,7 +413,7 @@ def _steer(
             ]
             total = sum(r for _, _, r in room)
             fill = min(rate, total)
-            # what no replica has room for: back where the even split put it
+            # what no replica has room for: back where the split put it
             home = [
                 (g, j, float(per_group[g][0].nodes))
                 for g, (_, members) in enumerate(per_group)

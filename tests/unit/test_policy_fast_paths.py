@@ -46,28 +46,25 @@ def _slow_wait_p99_s(servers: int, load: float, rate: float, cv2: float = 0.0) -
 def _slow_predict(
     groups: Sequence[Group], demand: Mapping[str, Demand], cv2: float = 0.0
 ) -> dict[str, float]:
-    replicas = capacity.replicas_of(groups)
+    # a replica takes its weight's share of a model's requests (its GPUs; 1 each for a
+    # model with instances of its own)
+    total: dict[str, int] = {}
+    for g in groups:
+        for m in g.models:
+            if g.nodes > 0:
+                total[m] = total.get(m, 0) + g.nodes * capacity.weight(g, demand.get(m))
     worst: dict[str, float] = {}
-    per: dict[str, tuple[float, float, Demand] | None] = {}
     for g in groups:
         if g.nodes <= 0:
             continue
         shared_rate = shared_load = 0.0
         shared: list[str] = []
         for m in g.models:
-            if m in per:
-                p = per[m]
-            else:
-                d = demand.get(m)
-                if d is None:
-                    p = None
-                else:
-                    share = d.rate / replicas[m]
-                    p = (share, share * d.service_s, d)
-                per[m] = p
-            if p is None:
+            d = demand.get(m)
+            if d is None:
                 continue
-            share, load, d = p
+            share = d.rate * capacity.weight(g, d) / total[m]
+            load = share * d.service_s
             if d.instances is None:
                 shared.append(m)
                 shared_rate += share

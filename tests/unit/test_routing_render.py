@@ -333,3 +333,46 @@ def test_publish_rejected_writes_no_document(tmp_path: Path) -> None:
     with pytest.raises(NginxConfigRejected, match="nope"):
         pub.publish(_table())
     assert not (tmp_path / "sd.json").exists()
+
+
+# ---- weights: replicas of different sizes ----------------------------------------------
+
+
+def _servers(text: str, upstream: str) -> list[str]:
+    block = text.split(f"upstream {upstream} {{")[1].split("}")[0]
+    return [line.strip() for line in block.splitlines() if line.strip().startswith("server ")]
+
+
+def test_replicas_of_different_sizes_are_weighed_by_their_gpus() -> None:
+    # a whole node of 8 GPUs and a partial lease of 2 serve `echo`; `other` is on the
+    # node alone: each weight over the model's greatest common divisor, a weight of 1
+    # left unsaid, replicas alike (or one) with none, health checks unweighted
+    table = RoutingTable.build(
+        {"echo": [A, B], "other": [A], "same": [A, C]},
+        weights={"echo": {A: 8, B: 2}, "other": {A: 8}, "same": {A: 4, C: 4}},
+    )
+    assert table.weights == (("echo", ((B, 1), (A, 4))),)
+    assert table.weight("echo", A) == 4 and table.weight("echo", B) == 1
+    assert table.weight("same", A) == table.weight("absent", A) == 1
+    text = nginx.render(table)
+    assert sorted(_servers(text, "stb_echo")) == sorted([f"server {B};", f"server {A} weight=4;"])
+    assert _servers(text, "stb_other") == [f"server {A};"]
+    assert "weight=" not in "".join(_servers(text, "stb_same") + _servers(text, "stb-any"))
+    # weights that say nothing leave the table (and its version) as without them
+    plain = RoutingTable.build({"echo": [A, B], "other": [A], "same": [A, C]})
+    alike = RoutingTable.build(
+        {"echo": [A, B], "other": [A], "same": [A, C]},
+        weights={"echo": {A: 8, B: 8}, "same": {A: 1, C: 1}},
+    )
+    assert alike == plain and alike.version == plain.version
+    assert table.version != plain.version
+    # a return's first step keeps the weights of the endpoints left: one left, none
+    three = RoutingTable.build({"echo": [A, B, C]}, weights={"echo": {A: 8, B: 2, C: 2}})
+    assert three.without_endpoint(B).weights == (("echo", ((C, 1), (A, 4))),)
+    assert table.without_endpoint(B).weights == ()
+
+
+@pytest.mark.parametrize("weight", [0, -1, 1001, 1.5, True, "2"])
+def test_bad_weights_are_refused_naming_the_endpoint(weight: object) -> None:
+    with pytest.raises(InvalidRoute, match=re.escape(A)):
+        RoutingTable.build({"echo": [A]}, weights={"echo": {A: weight}})  # type: ignore[dict-item]

@@ -6,9 +6,12 @@ of 20 ms: 38.6% of the requests to the small one, 85% busy). Literal groups and 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
+from bridge.policy import capacity
 from bridge.sim import latency
 from bridge.sim.engine import Engine
 from bridge.sim.latency import LEAST_CONN_CA2
@@ -103,3 +106,38 @@ def test_a_routing_scv_that_is_not_positive_is_refused() -> None:
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"routing_ca2 0\.0"):
         setup_for("bridge", scenario, size(scenario))
+
+
+# ---- replicas weighed by their GPUs (nginx's `weight=`, `RoutingTable.weights`) ---------
+
+
+def test_the_simulator_splits_a_model_over_its_replicas_by_their_gpus() -> None:
+    scenario = Scenario(
+        nodes=4, gpus_per_node=8, arrivals=ArrivalSeries(60.0, {"m": np.full(30, 100.0)}),
+        jobs=[], models={"m": (100.0, SVC * 1000.0)}, horizon_s=1800.0,
+    )  # fmt: skip
+    serving = Engine(setup_for("separate-1", scenario, size(scenario))).serving
+    serving.groups.clear()
+    serving.join(("m",), 1, 0.0)  # a whole node: 8 GPUs
+    serving.join(("m",), 1, 0.0, gpus=2)  # a partial lease of 2
+    _, per_model = serving._lay_out()
+    assert sorted(share for share, _ in per_model[0]) == pytest.approx([0.2, 0.8])
+    # replicas alike: the even split
+    serving.join(("m",), -1, 0.0, gpus=2)
+    serving.join(("m",), 2, 0.0)
+    _, per_model = serving._lay_out()
+    assert [share for share, _ in per_model[0]] == pytest.approx([1.0])  # one group of 3
+    assert per_model[0][0][1].nodes == 3
+
+
+def test_the_capacity_model_splits_by_gpus_and_a_model_of_its_own_instances_evenly() -> None:
+    # 180 req/s of 20 ms over replicas of 8 GPUs and 1: evenly, the small one would take
+    # 90 (1.8 busy: saturated); by GPUs it takes 20 (0.4 busy)
+    groups = [capacity.Group(("a",), 1, 8), capacity.Group(("a",), 1, 1)]
+    (p99,) = capacity.predict(groups, {"a": capacity.Demand(180.0, SVC, 0.1)}).values()
+    assert SVC < p99 < 0.1
+    assert capacity.weight(groups[0], None) == 8 and capacity.weight(groups[1], None) == 1
+    # one instance on each replica whatever its GPUs: even, 90 req/s each, saturated
+    own = {"a": capacity.Demand(180.0, SVC, 0.1, instances=1)}
+    assert capacity.weight(groups[0], own["a"]) == 1
+    assert capacity.predict(groups, own)["a"] == math.inf
