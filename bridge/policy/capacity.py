@@ -177,20 +177,27 @@ def _worst_waits(
     # per model, the weight of its replicas in all (`weight`), then its requests and load
     # per unit of weight, worked out at its first group: a model is in a dozen groups at
     # a site's scale
+    own = {m for m, d in demand.items() if d.instances is not None}
     total: dict[str, int] = {}
+    get = total.get
     for g in groups:
         if g.nodes > 0:
-            for m in g.models:
-                total[m] = total.get(m, 0) + g.nodes * weight(g, demand.get(m))
+            units = g.nodes * max(1, g.gpus)
+            if own:
+                for m in g.models:
+                    total[m] = get(m, 0) + (g.nodes if m in own else units)
+            else:
+                for m in g.models:
+                    total[m] = get(m, 0) + units
     per: dict[str, tuple[float, float, int | None] | None] = {}
     # each pool's waiting p99 and the models it serves
     pools: list[tuple[float, Sequence[str]]] = []
     for g in groups:
         if g.nodes <= 0:
             continue
+        # the shared models' requests and load per GPU of this replica (its weight)
         shared_rate = shared_load = 0.0
         shared: list[str] = []
-        gpus = max(1, g.gpus)
         for m in g.models:
             if m in per:
                 p = per[m]
@@ -205,16 +212,15 @@ def _worst_waits(
             if p is None:
                 continue
             unit, unit_load, instances = p
-            units = gpus if instances is None else 1  # its `weight`
-            share, load = unit * units, unit_load * units
             if instances is None:
                 shared.append(m)
-                shared_rate += share
-                shared_load += load
-            else:
-                pools.append((wait_p99_s(instances, load, share, cv2), (m,)))
+                shared_rate += unit
+                shared_load += unit_load
+            else:  # a weight of 1: one unit a replica
+                pools.append((wait_p99_s(instances, unit_load, unit, cv2), (m,)))
         if shared:
-            pools.append((wait_p99_s(max(1, g.gpus), shared_load, shared_rate, cv2), shared))
+            gpus = max(1, g.gpus)
+            pools.append((wait_p99_s(gpus, shared_load * gpus, shared_rate * gpus, cv2), shared))
     # Each model's largest wait, 0 at least (`max(0.0, w, ...)`: a NaN counts as none):
     # the pools written in ascending order of wait, each model keeps the last, its
     # largest (dict.update in C, where a max per model and pool cost as much as the rest).

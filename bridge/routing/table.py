@@ -143,8 +143,8 @@ class RoutingTable:
     #: the batch route's gate; None: no batch route (batch paths answer 404)
     batch: BatchGate | None = None
     #: per model, the weight of each of its endpoints (a replica's GPUs: its
-    #: executions), nginx's `weight=` in the model's upstream, so that `least_conn` gives
-    #: a replica a share of the model's requests in proportion to what it serves
+    #: executions), nginx's `weight=` in the model's upstream, so that `least_conn`
+    #: counts a replica's requests in flight per unit of what it serves
     #: (`bridge.routing.nginx`); model -> ((endpoint, weight), ...), sorted, each weight
     #: over the model's greatest common divisor; a model whose replicas are alike has
     #: none
