@@ -380,10 +380,10 @@ def _steer(
     models: int,
 ) -> Layout | None:
     """The tick's layout as `least_conn` routes it: each model's share by GPUs (`_lay_out`),
-    except that a replica whose even load is over `STEER_BUSY` of its executions keeps
+    except that a replica whose load there is over `STEER_BUSY` of its executions keeps
     only that much and the rest of each of its models goes to that model's replicas with
-    room, in proportion to their room (what no replica has room for stays where the even
-    split put it). None where no replica is over (the split as it is)."""
+    room, in proportion to their room (what no replica has room for goes back as the
+    split put it: by GPUs). None where no replica is over (the split as it is)."""
     caps = [STEER_BUSY * group.servers for group, _ in per_group]
     loads = [sum(rates[i] / r * svc for i, r, svc in members) for _, members in per_group]
     if all(a <= c for a, c in zip(loads, caps, strict=True)):
@@ -413,9 +413,9 @@ def _steer(
             ]
             total = sum(r for _, _, r in room)
             fill = min(rate, total)
-            # what no replica has room for: back where the split put it
+            # what no replica has room for: back as the split put it, by GPUs
             home = [
-                (g, j, float(per_group[g][0].nodes))
+                (g, j, float(per_group[g][0].nodes * per_group[g][0].gpus))
                 for g, (_, members) in enumerate(per_group)
                 for j, (m, _, _) in enumerate(members)
                 if m == i

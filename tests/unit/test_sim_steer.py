@@ -141,3 +141,16 @@ def test_the_capacity_model_splits_by_gpus_and_a_model_of_its_own_instances_even
     own = {"a": capacity.Demand(180.0, SVC, 0.1, instances=1)}
     assert capacity.weight(groups[0], own["a"]) == 1
     assert capacity.predict(groups, own)["a"] == math.inf
+
+
+def test_what_no_replica_has_room_for_goes_back_by_gpus() -> None:
+    # 1,000 req/s of 20 ms over replicas of 8 GPUs and 1 (9 executions for 20 busy): both
+    # are over the hold and neither has room, so the split by GPUs stands
+    groups = [
+        (Group(("m0",), nodes=1, servers=8, gpus=8), [(0, 9 / 8, SVC)]),
+        (Group(("m0",), nodes=1, servers=1, gpus=1), [(0, 9.0, SVC)]),
+    ]
+    layout = _steer(groups, [1000.0], 1)
+    assert layout is not None
+    assert _share(layout, 0, 0) == pytest.approx(8 / 9)
+    assert _share(layout, 0, 1) == pytest.approx(1 / 9)
