@@ -192,7 +192,7 @@ def _upstream(
     # nginx's worker processes. Replicas of different sizes (`RoutingTable.weights`: a
     # replica's GPUs) get `weight=`: least_conn then compares requests in flight per unit
     # of weight, so a replica of one GPU beside one of eight takes a second request only
-    # when the large one holds eight; without weights it queues as soon as the large one
+    # when the large one holds eight or more; without weights it queues as soon as the large one
     # holds two (bench/least_conn_split.py: its p99 23 ms against 101 ms at 110 req/s of
     # 20 ms). Replicas alike get none, as before.
     lines = [f"upstream {name} {{", f"    zone {name} 64k;", "    least_conn;"]
