@@ -41,6 +41,7 @@ from bridge.leases.requests import Audit
 from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 from bridge.policy import steps
+from bridge.policy.capacity import weight
 from bridge.routing.errors import RoutingError
 from bridge.routing.table import BASELINE, BatchGate, MetricsTarget, RoutingTable, Split
 from bridge.slurm.errors import SlurmError
@@ -441,8 +442,7 @@ class Actuator:
         # Every model the repository holds has a route (none ready: nginx answers 503);
         # a model loaded on a replica is routed too.
         routes: dict[str, list[str]] = {m: [] for m in self._obs.models.served}
-        # each replica weighed by its GPUs in the upstream of a model that shares them
-        # (`capacity.weight`: a model with instances of its own has as many on each)
+        # each replica weighed as the capacity model splits a model's requests
         gpus = replica_gpus(self._obs, self.leases.values())
         scaled = self._obs.models.scaled
         weights: dict[str, dict[str, int]] = {}
@@ -459,8 +459,8 @@ class Actuator:
                 if split is None or _serves_split(s.versions.get(m, ()), split):
                     routes.setdefault(m, []).append(s.address)
                     own = scaled.get(m)
-                    if own is None or own.instances is None:
-                        weights.setdefault(m, {})[s.address] = max(1, gpus.get(s.node, 1))
+                    instances = own.instances if own is not None else None
+                    weights.setdefault(m, {})[s.address] = weight(gpus.get(s.node, 1), instances)
             host = s.address.rsplit(":", 1)[0]
             targets.append(
                 MetricsTarget(

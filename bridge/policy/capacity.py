@@ -158,14 +158,13 @@ def replicas_of(groups: Iterable[Group]) -> dict[str, int]:
     return out
 
 
-def weight(group: Group, demand: Demand | None) -> int:
-    """A replica's weight in routing a model's requests: its GPUs for a model that shares
-    them (its executions), 1 for a model with instances of its own (as many on every
-    replica). nginx's `least_conn` weighs a model's replicas so (`RoutingTable.weights`),
-    and a replica takes its weight's share of the model's requests."""
-    if demand is not None and demand.instances is not None:
-        return 1
-    return max(1, group.gpus)
+def weight(gpus: int, instances: int | None) -> int:
+    """A replica's weight in routing a model's requests: its `gpus` for a model that
+    shares them (its executions), 1 for a model with `instances` of its own (as many on
+    every replica). The daemon weighs a model's replicas so in nginx (its actuator's
+    `RoutingTable.weights`) and a replica takes its weight's share of the model's
+    requests (`_worst_waits` writes this rule out on its hot path)."""
+    return 1 if instances is not None else max(1, gpus)
 
 
 def _worst_waits(
@@ -174,9 +173,9 @@ def _worst_waits(
     """Per model of `demand` that a group of `groups` holds: the largest waiting p99 over
     the pools that serve it (never below 0). `predict`'s p99 is its service time plus
     this; a model not here has no replica."""
-    # per model, the weight of its replicas in all (`weight`), then its requests and load
-    # per unit of weight, worked out at its first group: a model is in a dozen groups at
-    # a site's scale
+    # per model, the weight of its replicas in all (`weight`, written out: a call per
+    # group and model costs a third of the pass), then its requests and load per unit of
+    # weight, worked out at its first group: a model is in a dozen groups at a site's scale
     own = {m for m, d in demand.items() if d.instances is not None}
     total: dict[str, int] = {}
     get = total.get

@@ -58,10 +58,9 @@ renders the same text (sorted models and servers), which makes publishing idempo
 
 from __future__ import annotations
 
-import functools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bridge.routing.errors import InvalidRoute
@@ -183,7 +182,7 @@ def _json_return(status: int, message: str) -> str:
 
 
 def _upstream(
-    name: str, endpoints: tuple[str, ...], keepalive: int, weight: Callable[[str], int]
+    name: str, endpoints: tuple[str, ...], keepalive: int, weights: Mapping[str, int]
 ) -> list[str]:
     # least_conn: each request goes to the replica with the fewest requests in flight
     # (join the shortest queue), so a replica that joins while the others hold a backlog
@@ -197,7 +196,7 @@ def _upstream(
     # 20 ms). Replicas alike get none, as before.
     lines = [f"upstream {name} {{", f"    zone {name} 64k;", "    least_conn;"]
     for e in endpoints:
-        w = weight(e)
+        w = weights.get(e, 1)
         lines.append(f"    server {validate_endpoint(e)}{f' weight={w}' if w != 1 else ''};")
     lines += [f"    keepalive {keepalive};", "}", ""]
     return lines
@@ -224,13 +223,13 @@ def render(table: RoutingTable, settings: NginxSettings | None = None) -> str:
         f"# models: {', '.join(table.models) or '(none)'}",
         "",
     ]
+    weights = {model: dict(pairs) for model, pairs in table.weights}
     for model, endpoints in table.routes:
         if endpoints:
-            weight = functools.partial(table.weight, model)
-            lines += _upstream(upstream_name(model), endpoints, s.keepalive, weight)
+            lines += _upstream(upstream_name(model), endpoints, s.keepalive, weights.get(model, {}))
     any_endpoints = table.all_endpoints()
     if any_endpoints:
-        lines += _upstream(ANY_UPSTREAM, any_endpoints, s.keepalive, lambda e: 1)
+        lines += _upstream(ANY_UPSTREAM, any_endpoints, s.keepalive, {})
     activated = frozenset(table.zero) if s.activator is not None else frozenset()
     if activated:
         # no `keepalive`: the daemon's server closes idle connections after 5 s, and a

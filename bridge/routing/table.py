@@ -175,6 +175,7 @@ class RoutingTable:
         object.__setattr__(self, "zero", zero)
         weights = []
         for model, pairs in self.weights:
+            validate_model_name(model)
             of_model: dict[str, int] = {}
             for endpoint, weight in pairs:
                 validate_endpoint(endpoint)
@@ -191,7 +192,7 @@ class RoutingTable:
             common = math.gcd(*of_model.values()) if of_model else 1
             kept = tuple(sorted((e, w // common) for e, w in of_model.items()))
             if len({w for _, w in kept}) > 1:
-                weights.append((validate_model_name(model), kept))
+                weights.append((model, kept))
         object.__setattr__(self, "weights", tuple(sorted(weights)))
 
     @classmethod

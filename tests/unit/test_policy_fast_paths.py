@@ -43,6 +43,10 @@ def _slow_wait_p99_s(servers: int, load: float, rate: float, cv2: float = 0.0) -
     return math.inf if q is None else q.quantile()
 
 
+def _weight(g: Group, d: Demand | None) -> int:
+    return capacity.weight(g.gpus, None if d is None else d.instances)
+
+
 def _slow_predict(
     groups: Sequence[Group], demand: Mapping[str, Demand], cv2: float = 0.0
 ) -> dict[str, float]:
@@ -52,7 +56,7 @@ def _slow_predict(
     for g in groups:
         for m in g.models:
             if g.nodes > 0:
-                total[m] = total.get(m, 0) + g.nodes * capacity.weight(g, demand.get(m))
+                total[m] = total.get(m, 0) + g.nodes * _weight(g, demand.get(m))
     worst: dict[str, float] = {}
     for g in groups:
         if g.nodes <= 0:
@@ -63,7 +67,7 @@ def _slow_predict(
             d = demand.get(m)
             if d is None:
                 continue
-            share = d.rate * capacity.weight(g, d) / total[m]
+            share = d.rate * _weight(g, d) / total[m]
             load = share * d.service_s
             if d.instances is None:
                 shared.append(m)

@@ -376,3 +376,8 @@ def test_replicas_of_different_sizes_are_weighed_by_their_gpus() -> None:
 def test_bad_weights_are_refused_naming_the_endpoint(weight: object) -> None:
     with pytest.raises(InvalidRoute, match=re.escape(A)):
         RoutingTable.build({"echo": [A]}, weights={"echo": {A: weight}})  # type: ignore[dict-item]
+
+
+def test_weights_for_a_bad_model_name_are_refused_even_when_alike() -> None:
+    with pytest.raises(InvalidRoute, match="invalid model name"):
+        RoutingTable.build({"echo": [A]}, weights={"../echo": {A: 2, B: 2}})

@@ -136,10 +136,10 @@ def test_the_capacity_model_splits_by_gpus_and_a_model_of_its_own_instances_even
     groups = [capacity.Group(("a",), 1, 8), capacity.Group(("a",), 1, 1)]
     (p99,) = capacity.predict(groups, {"a": capacity.Demand(180.0, SVC, 0.1)}).values()
     assert SVC < p99 < 0.1
-    assert capacity.weight(groups[0], None) == 8 and capacity.weight(groups[1], None) == 1
+    assert capacity.weight(8, None) == 8 and capacity.weight(1, None) == 1
     # one instance on each replica whatever its GPUs: even, 90 req/s each, saturated
     own = {"a": capacity.Demand(180.0, SVC, 0.1, instances=1)}
-    assert capacity.weight(groups[0], own["a"]) == 1
+    assert capacity.weight(8, 1) == 1
     assert capacity.predict(groups, own)["a"] == math.inf
 
 
