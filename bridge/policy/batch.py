@@ -22,9 +22,11 @@ The gate closes at once, in the pass that sees any of:
   below the policy's breach watermark, so the gate closes before the policy's backstop
   lends for a breach the batch work made;
 - a replica busier than `close_utilisation` with online requests: per replica, the sum
-  over its models of (the model's online rate shared evenly over its replicas) x compute
-  time per request, over its GPUs, or for a model with its own `instances` over those
-  (the capacity model's pools, `bridge.policy.capacity`); the busiest pool counts.
+  over its models of (the replica's share of the model's online rate, as nginx routes
+  it: by the replicas' GPUs, evenly for a model with its own `instances`:
+  `bridge.policy.capacity.weight`) x compute time per request, over its GPUs, or for a
+  model with its own `instances` over those (the capacity model's pools,
+  `bridge.policy.capacity`); the busiest pool counts.
 
 It opens again only after `calm_s` of calm: every replica at most `open_utilisation`
 busy with online requests, every model under `open_p99_ratio` x its objective, nothing
@@ -44,6 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from bridge.config import BridgeConfig
+from bridge.policy import capacity
 from bridge.policy.actions import Action, Lend
 from bridge.policy.hysteresis import ModelStatus, evaluate_model, service_s, severity
 from bridge.policy.snapshot import ModelSample, Snapshot
@@ -81,12 +84,14 @@ def online_utilisation(snap: Snapshot) -> tuple[dict[str, float], set[str]]:
     GPUs for the models that share them, a model's own instances for one that has them;
     and the models whose rate or compute time is not measured (they count for nothing
     here, and keep the gate from opening)."""
+    # per model, its replicas' weights in routing summed (`capacity.weight`): a replica
+    # takes its weight's share of the model's requests, as nginx sends them
     holders: dict[str, int] = {}
     for r in snap.replicas:
         for m in r.models:
-            holders[m] = holders.get(m, 0) + 1
+            holders[m] = holders.get(m, 0) + capacity.weight(r.gpus, _instances(snap, m))
     unknown: set[str] = set()
-    busy_s: dict[str, float] = {}  # per model: online GPU-seconds per second, per replica
+    busy_s: dict[str, float] = {}  # per model: online GPU-seconds per second per weight
     for m, n in holders.items():
         history = snap.history.get(m, ())
         rate = history[-1].request_rate if history else None
@@ -103,8 +108,11 @@ def online_utilisation(snap: Snapshot) -> tuple[dict[str, float], set[str]]:
     for r in snap.replicas:
         # as the capacity model's pools: the models without `instances` share the node's
         # GPUs, one with its own instances is a pool of that many; the busiest pool counts
+        # a shared model's share here, its busy time per weight x the replica's GPUs,
+        # is over those GPUs its busy time per weight; a model with its own instances
+        # has weight 1 on every replica, its share over its instances
         own = {m: i for m in r.models if (i := _instances(snap, m)) is not None}
-        shared = sum(busy_s.get(m, 0.0) for m in r.models if m not in own) / max(1, r.gpus)
+        shared = sum(busy_s.get(m, 0.0) for m in r.models if m not in own)
         util[r.node] = max([shared, *(busy_s.get(m, 0.0) / i for m, i in own.items())])
     return util, unknown
 

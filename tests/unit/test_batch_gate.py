@@ -74,13 +74,32 @@ def test_utilisation_is_the_rates_work_over_the_replicas_gpus() -> None:
     # 4 + 4 req/s x 0.1 s on 4 GPUs: 0.2 busy
     util, unknown = online_utilisation(snap(T0))
     assert util == {"n4": 0.2} and unknown == set()
-    # a model of two replicas puts half its work on each
+    # a model of two alike replicas puts half its work on each
     two = replace(
+        snap(T0),
+        replicas=(
+            ReplicaView("n4", ("busy", "echo"), gpus=4),
+            ReplicaView("n5", ("echo",), gpus=4),
+        ),
+    )
+    util, _ = online_utilisation(two)
+    assert util == {"n4": pytest.approx(0.15), "n5": pytest.approx(0.05)}
+    # replicas of 4 and 1 GPUs: nginx sends echo's requests 4 : 1 (its weights,
+    # `capacity.weight`), so each is as busy with them, 0.4 s/s over 5 GPUs (split
+    # evenly, the one-GPU replica would read 0.2 busy and close the gate at 4x the load)
+    small = replace(
         snap(T0),
         replicas=(ReplicaView("n4", ("busy", "echo"), gpus=4), ReplicaView("n5", ("echo",))),
     )
-    util, _ = online_utilisation(two)
-    assert util == {"n4": pytest.approx(0.15), "n5": pytest.approx(0.2)}
+    util, _ = online_utilisation(small)
+    assert util == {"n4": pytest.approx(0.1 + 0.08), "n5": pytest.approx(0.08)}
+    # a model with its own instances splits evenly whatever the GPUs: 0.2 s/s on each
+    # replica's one instance
+    own_two = replace(
+        small, models={**MODELS, "echo": MODELS["echo"].model_copy(update={"instances": 1})}
+    )
+    util, _ = online_utilisation(own_two)
+    assert util == {"n4": pytest.approx(0.2), "n5": pytest.approx(0.2)}
     # a model with its own instance is a pool of one: 4 req/s x 0.1 s = 0.4 busy
     own = replace(
         snap(T0), models={**MODELS, "echo": MODELS["echo"].model_copy(update={"instances": 1})}
