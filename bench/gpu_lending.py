@@ -31,10 +31,14 @@ Alibaba GPU jobs at `--load`; needs STB_TRACES_DIR, else left out, said on stder
 generated jobs without STB_TRACES_DIR). One simulated day of 128 nodes by default: each
 workload's two runs take some 10-40 s on one core.
 
+`--seed` takes a list: each seed draws other jobs and arrivals from the same traces and
+generators, and the verdict is given per seed and as the count met (`met_runs`): one
+seed's day turns on a few episodes, and a rule judged on one seed is judged on one day.
+
 Usage:
     STB_TRACES_DIR=... .venv/bin/python bench/gpu_lending.py [--days 1] [--nodes 128]
         [--load 1.1] [--mean-rps 3000] [--workloads azure,ramps] [--lend-cap 100,200]
-        [--replica-gpus 1,2,4,8,16]
+        [--replica-gpus 1,2,4,8,16] [--seed 0,1,2,3]
 """
 
 from __future__ import annotations
@@ -65,9 +69,9 @@ def wait_p95_s(r: PolicyResult) -> float:
 
 
 def run_workload(
-    args: argparse.Namespace, workload: str, cap: str, traces: bool
+    args: argparse.Namespace, workload: str, cap: str, traces: bool, seed: int
 ) -> dict[str, PolicyResult]:
-    """Both modes on the workload's scenario: mode -> result."""
+    """Both modes on the workload's scenario at `seed`: mode -> result."""
     rates = model_rates(args.models, args.mean_rps)
     models = {m: (MIX_SLO_MS[i % len(MIX_SLO_MS)], SERVICE_MS) for i, m in enumerate(rates)}
     sizes = parse_replica_gpus(args.replica_gpus, list(rates))
@@ -86,7 +90,7 @@ def run_workload(
             jobs_trace=None,
             load=args.load,
             policies=["bridge"],
-            seed=args.seed,
+            seed=seed,
             lend_cap=cap,
             policy=PolicyConfig(placement=False),
             models=models,
@@ -116,8 +120,16 @@ def main() -> None:
     parser.add_argument("--workloads", default="azure,ramps")
     parser.add_argument("--lend-cap", default="100,200", help="lend caps, comma-separated")
     parser.add_argument("--replica-gpus", default="1,2,4,8,16")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", default="0", help="seeds, comma-separated: each a run of every workload and cap"
+    )
     args = parser.parse_args()
+    try:
+        seeds = [int(x) for x in args.seed.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--seed {args.seed!r}: integers, comma-separated")
+    if not seeds or len(set(seeds)) != len(seeds):
+        parser.error(f"--seed {args.seed!r}: one seed or more, each once")
     traces = traces_dir() is not None
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if not traces and "azure" in workloads:
@@ -127,8 +139,8 @@ def main() -> None:
         f"{args.days:g} days, {args.nodes} nodes of 8 GPUs, job load {args.load:g}, "
         f"{args.models} models (replica GPUs {args.replica_gpus}; SLOs "
         f"{', '.join(f'{s:g}' for s in MIX_SLO_MS)} ms, service {SERVICE_MS:g} ms), "
-        f"lend caps {args.lend_cap}, placement off; jobs: "
-        f"{'Alibaba trace' if traces else 'generated'}"
+        f"lend caps {args.lend_cap}, placement off, seeds {','.join(map(str, seeds))}; "
+        f"jobs: {'Alibaba trace' if traces else 'generated'}"
     )
     print(
         f"{'work@cap':<10} {'mode':<5} {'lost GPUh':>10} {'preem':>6} {'wait s':>9} {'p95 s':>9} "
@@ -136,11 +148,16 @@ def main() -> None:
     )
     started = time.perf_counter()
     verdicts: list[str] = []
-    met_all = True
+    met_runs = 0
     caps = [c.strip() for c in args.lend_cap.split(",") if c.strip()]
-    for workload, cap in ((w, c) for w in workloads for c in caps):
-        got = run_workload(args, workload, cap, traces)
+    runs = [(w, c, s) for s in seeds for w in workloads for c in caps]
+    #: per workload and cap, the seeds met
+    met_by: dict[str, list[int]] = {}
+    for workload, cap, seed in runs:
+        got = run_workload(args, workload, cap, traces, seed)
         label = f"{workload}@{cap}"
+        if len(seeds) > 1:
+            print(f"-- seed {seed}")
         node, gpu = got["node"], got["gpu"]
         for mode in MODES:
             print(row(label, mode, got[mode]))
@@ -154,13 +171,15 @@ def main() -> None:
         slo_pp = 100 * (gpu.within_share - node.within_share)
         slo_ok = slo_pp >= -SLO_SLACK_PP
         met = lost_ok and wait_ok and slo_ok
-        met_all = met_all and met
+        met_runs += met
+        if met:
+            met_by.setdefault(f"{workload}_cap{cap}", []).append(seed)
         shown = "-" if ratio is None else f"{ratio:.3f}"
         print(
             f"{label:<10} lost_gpu/lost_node {shown} (target <= 0.5: {lost_ok}), wait no "
             f"worse: {wait_ok}, SLO {slo_pp:+.3f} pp (>= -{SLO_SLACK_PP}: {slo_ok})"
         )
-        key = f"{workload}_cap{cap}"
+        key = f"{workload}_cap{cap}" if len(seeds) == 1 else f"{workload}_cap{cap}_s{seed}"
         verdicts.append(
             f"{key}_lost_node_gpuh={node.gpu_hours_lost:.2f} "
             f"{key}_lost_gpu_gpuh={gpu.gpu_hours_lost:.2f} {key}_ratio={shown} "
@@ -169,8 +188,17 @@ def main() -> None:
             f"{key}_slo_node_pct={100 * node.within_share:.3f} "
             f"{key}_slo_gpu_pct={100 * gpu.within_share:.3f} {key}_met={met}"
         )
+    if len(seeds) > 1:
+        for workload, cap in ((w, c) for w in workloads for c in caps):
+            key = f"{workload}_cap{cap}"
+            got_seeds = met_by.get(key, [])
+            print(f"{workload}@{cap}: met at {len(got_seeds)} of {len(seeds)} seeds {got_seeds}")
+            verdicts.append(f"{key}_met_seeds={len(got_seeds)}/{len(seeds)}")
     wall = time.perf_counter() - started
-    print(f"RESULT {' '.join(verdicts)} target_met={met_all} wall_s={wall:.0f}")
+    print(
+        f"RESULT {' '.join(verdicts)} met_runs={met_runs}/{len(runs)} "
+        f"target_met={met_runs == len(runs)} wall_s={wall:.0f}"
+    )
 
 
 if __name__ == "__main__":
