@@ -1,8 +1,8 @@
 """Test-suite wiring: the run's order and workers, and the lab cluster as a session fixture.
 
 - Order: the tests that need the lab (under tests/lab and tests/faults, or marked `lab`) run
-  after every other test, in collection order, and tests marked `last` (the lab-down test)
-  at the very end.
+  after every other test, in collection order, and tests marked `last` (the MIG tests, which
+  restart the lab with its node of MIG slices and back, then the lab-down test) at the very end.
 - Workers: with pytest-xdist installed (the `dev` extra) a run is parallel by default, as if
   `-n 2 --dist loadgroup` were given, unless `-n` is (`-n 0`, or `-p no:xdist`, runs in one
   process: for debugging, `--pdb`, `--collect-only`). The lab's tests form one xdist_group

@@ -2,9 +2,10 @@
 `pg_database` (a scratch PostgreSQL database), `triton_config` (the Triton job settings; a
 test module may override it), `bridge` (a Reconciler on the lab, its own nginx and SQLite
 lease store, driven by `run_once`) and `daemon_config` (a TOML for a real `stb daemon`),
-and `audit_agrees` (autouse: after each test, every bridge database it left holds an audit
+`audit_agrees` (autouse: after each test, every bridge database it left holds an audit
 trail that agrees with what it records, `bridge.audit.check`: issue 33's "every
-privileged action in the lab test suite appears once in the audit trail").
+privileged action in the lab test suite appears once in the audit trail"), and
+`with_mig_node` (the lab with its node of MIG slices for one module, then as it was).
 tests/lab/conftest.py and tests/faults/conftest.py import them, so both folders share one
 copy.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import socket
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,10 +26,11 @@ from bridge.config import TritonJobConfig, load_config
 from bridge.daemon.clients import TritonClients
 from bridge.daemon.observe import Observer
 from bridge.daemon.reconciler import Reconciler
+from bridge.lab import lab as lab_mod
 from bridge.lab import triton
 from bridge.lab.demo import daemon_toml
 from bridge.lab.pair import NoPostgres, scratch_database
-from bridge.lab.spec import LabSpec
+from bridge.lab.spec import MIG_PROFILES, LabSpec
 from bridge.leases.requests import RequestQueue
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.paths import project_root
@@ -35,6 +38,26 @@ from bridge.routing import nginx
 from bridge.routing.nginxctl import NginxProcess
 from bridge.routing.publisher import RoutingPublisher
 from bridge.slurm.cli import SlurmCLI
+
+
+def with_mig_node(spec: LabSpec) -> Iterator[LabSpec]:
+    """The lab with its node of fake MIG slices (`stb lab up --mig`), as a module-scoped
+    `lab` fixture yields it: a lab that has none is brought down and up again with one
+    (some 15 s), and after the module down and up again as it was, so the tests after
+    it see the lab they expect. The MIG tests are marked `last` (they run after the
+    rest of the lab's tests): nothing else sees the fifth node or the restarts."""
+    current = LabSpec.load(spec.lab_dir) or spec
+    if current.mig_nodes:
+        yield current
+        return
+    mig = replace(current, mig_profiles=MIG_PROFILES)
+    lab_mod.down(current, say=print)
+    lab_mod.up(mig, say=print)
+    try:
+        yield mig
+    finally:
+        lab_mod.down(mig, say=print)
+        lab_mod.up(current, say=print)
 
 
 def _disagreements(url: str) -> list[str]:

@@ -1,7 +1,8 @@
 """MIG slices in the ledger, on the lab's node of fake MIG devices (`LabSpec.mig_nodes`:
 one H100 cut into 4g.40gb + 2g.20gb + 1g.10gb, character devices typed in gres.conf with
-AutoDetect=off, in the hidden partition `mig`). That node is there when the lab was
-brought up with `stb lab up --mig`; on a lab without it the test is skipped.
+AutoDetect=off, in the hidden partition `mig`). The module's `lab` brings that
+node up (`with_mig_node`: as `stb lab up --mig`) and the lab back as it was after; it
+runs last (`last`), so no other test sees the node or the restarts.
 
 Two jobs on slices run side by side; sacct's TRES of each counts a slice as one
 `gres/gpu` and names its type (`gres/gpu:h100_1g.10gb=1`, the type listed in
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from pathlib import Path
@@ -30,9 +32,18 @@ from bridge.lab.demo import lab_config
 from bridge.lab.spec import MIG_POOL, LabSpec
 from bridge.ledger.feed import ingest_window
 from bridge.slurm.cli import SlurmCLI
+from tests.lab.fixtures import with_mig_node
 from tests.lab.helpers import gpu_count, sbatch, wait_sacct_final
 
-pytestmark = pytest.mark.lab
+#: last: this module's `lab` adds the node of MIG slices, and restarts the lab to do so
+pytestmark = [pytest.mark.lab, pytest.mark.last]
+
+
+@pytest.fixture(scope="module")
+def lab(lab: LabSpec) -> Iterator[LabSpec]:
+    """The session's lab with its node of MIG slices, for this module (`with_mig_node`)."""
+    yield from with_mig_node(lab)
+
 
 _SLICE = re.compile(r"^gpu:.+_(\d)g\.\d+gb$")
 
@@ -49,8 +60,6 @@ def _sacct_slices(record: dict[str, object]) -> dict[str, int]:
 def test_a_job_on_a_mig_slice_books_its_fraction_agreeing_with_sacct(
     lab: LabSpec, tmp_path: Path
 ) -> None:
-    if not lab.mig_nodes:
-        pytest.skip("this lab has no node of MIG slices: `stb lab down; stb lab up --mig`")
     node = lab.mig_nodes[0].name
     one, two, _four = (f"{lab.gpu_type}_{p}" for p in ("1g.10gb", "2g.20gb", "4g.40gb"))
     jobs = [

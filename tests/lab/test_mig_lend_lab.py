@@ -12,10 +12,12 @@ to take one 1g.10gb slice (`[models.busy] gpu_type`). A job holds the 4g slice.
   as inference under its lease at 1/7 of a GPU (sacct's record, ingested).
 - With the 1g slice held by another (requeueable) job, the lend requeues that job alone.
 
-On a lab without that node (CI's plain lab) the test is skipped."""
+The module's `lab` brings that node up (`with_mig_node`) and the lab back as it was after;
+it runs last (`last`), so no other test sees the node or the restarts."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from bridge.lifecycle import LeaseState as S
 from bridge.load.arrivals import poisson
 from bridge.paths import project_root
 from bridge.slurm.cli import SlurmCLI
+from tests.lab.fixtures import with_mig_node
 
 from .helpers import (
     BUSY_INPUT,
@@ -51,7 +54,14 @@ from .helpers import (
     wait_state,
 )
 
-pytestmark = pytest.mark.lab
+#: last: this module's `lab` adds the node of MIG slices, and restarts the lab to do so
+pytestmark = [pytest.mark.lab, pytest.mark.last]
+
+
+@pytest.fixture(scope="module")
+def lab(lab: LabSpec) -> Iterator[LabSpec]:
+    """The session's lab with its node of MIG slices, for this module (`with_mig_node`)."""
+    yield from with_mig_node(lab)
 
 
 def _types(lab: LabSpec) -> tuple[str, str, str]:
@@ -115,8 +125,6 @@ def _ledger_books_the_slice(
 def test_a_lend_of_one_mig_slice_leaves_the_job_on_the_other_slices_running(
     lab: LabSpec, bridge: tuple[Reconciler, str], tmp_path: Path
 ) -> None:
-    if not lab.mig_nodes:
-        pytest.skip("this lab has no node of MIG slices: `stb lab down; stb lab up --mig`")
     rec, endpoint = bridge
     assert rec.requests is not None
     queue, store = rec.requests, rec.store
@@ -185,8 +193,6 @@ def test_the_policy_lends_a_slice_for_a_typed_model_over_its_objective(
     SLO 100 ms) at 70 req/s is over its objective on the baseline, and its lend takes the
     MIG node's free 1g slice (the elastic node has no GPU of that type), requeueing
     nothing; no request fails."""
-    if not lab.mig_nodes:
-        pytest.skip("this lab has no node of MIG slices: `stb lab down; stb lab up --mig`")
     rec, endpoint = bridge
     store = rec.store
     node = lab.mig_nodes[0].name
