@@ -86,13 +86,13 @@ def online_utilisation(snap: Snapshot) -> tuple[dict[str, float], set[str]]:
     here, and keep the gate from opening)."""
     # per model, its replicas' weights in routing summed (`capacity.weight`): a replica
     # takes its weight's share of the model's requests, as nginx sends them
-    holders: dict[str, int] = {}
+    weights: dict[str, int] = {}
     for r in snap.replicas:
         for m in r.models:
-            holders[m] = holders.get(m, 0) + capacity.weight(r.gpus, _instances(snap, m))
+            weights[m] = weights.get(m, 0) + capacity.weight(r.gpus, _instances(snap, m))
     unknown: set[str] = set()
     busy_s: dict[str, float] = {}  # per model: online GPU-seconds per second per weight
-    for m, n in holders.items():
+    for m, n in weights.items():
         history = snap.history.get(m, ())
         rate = history[-1].request_rate if history else None
         if rate is None:
@@ -107,10 +107,9 @@ def online_utilisation(snap: Snapshot) -> tuple[dict[str, float], set[str]]:
     util: dict[str, float] = {}
     for r in snap.replicas:
         # as the capacity model's pools: the models without `instances` share the node's
-        # GPUs, one with its own instances is a pool of that many; the busiest pool counts
-        # a shared model's share here, its busy time per weight x the replica's GPUs,
-        # is over those GPUs its busy time per weight; a model with its own instances
-        # has weight 1 on every replica, its share over its instances
+        # GPUs (a model's share here, its busy time per weight x the replica's GPUs, over
+        # those GPUs is its busy time per weight), one with its own instances is a pool
+        # of that many (weight 1 here); the busiest pool counts
         own = {m: i for m in r.models if (i := _instances(snap, m)) is not None}
         shared = sum(busy_s.get(m, 0.0) for m in r.models if m not in own)
         util[r.node] = max([shared, *(busy_s.get(m, 0.0) / i for m, i in own.items())])

@@ -43,7 +43,7 @@ from bridge.slurm.cli import SlurmCLI
 def with_mig_node(spec: LabSpec) -> Iterator[LabSpec]:
     """The lab with its node of fake MIG slices (`stb lab up --mig`), as a module-scoped
     `lab` fixture yields it: a lab that has none is brought down and up again with one
-    (some 15 s), and after the module down and up again as it was, so the tests after
+    (some 10 s), and after the module down and up again as it was, so the tests after
     it see the lab they expect. The MIG tests are marked `last` (they run after the
     rest of the lab's tests): nothing else sees the fifth node or the restarts."""
     current = LabSpec.load(spec.lab_dir) or spec
