@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -219,7 +219,7 @@ def lend_serving(
     return lease, lent.address
 
 
-def upstreams(endpoint: str, model: str, inputs: dict[str, object], n: int = 20) -> set[str]:
+def upstreams(endpoint: str, model: str, inputs: Mapping[str, object], n: int = 20) -> set[str]:
     """The upstreams nginx sent `n` requests of `model` to (each answered 200)."""
     seen: set[str] = set()
     for _ in range(n):
