@@ -51,9 +51,9 @@ def with_mig_node(spec: LabSpec) -> Iterator[LabSpec]:
         yield current
         return
     mig = replace(current, mig_profiles=MIG_PROFILES)
-    lab_mod.down(current, say=print)
-    lab_mod.up(mig, say=print)
-    try:
+    try:  # (a bring-up that fails part way is taken down and the lab restored too)
+        lab_mod.down(current, say=print)
+        lab_mod.up(mig, say=print)
         yield mig
     finally:
         lab_mod.down(mig, say=print)
