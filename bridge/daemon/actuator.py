@@ -48,7 +48,7 @@ from bridge.slurm.errors import SlurmError
 from bridge.slurm.model import TOP_PRIORITY, JobSpec, ReservationSpec, lease_of
 from bridge.slurm.protocol import SlurmProtocol
 from bridge.triton.errors import TritonError
-from bridge.triton.ports import METRICS_PORT
+from bridge.triton.ports import metrics_address, slot_of
 from bridge.triton.protocol import TritonInstance
 from bridge.weights import overlay
 
@@ -87,6 +87,7 @@ def record_of(lease: Lease) -> LeaseRecord:
         lent_gpus=lease.gpus,
         members=tuple(lease.members or ()),
         gpu_type=lease.gpu_type,
+        slot=lease.slot,
     )
 
 
@@ -278,6 +279,7 @@ class Actuator:
         members: tuple[str, ...] = (),
         audit: Audit | None = None,
         gpu_type: str | None = None,
+        slot: int | None = None,
     ) -> LeaseRecord:
         """Record a lend (`LeaseStore.create`; `audit` records it in the same write)."""
         lease = record_of(
@@ -293,6 +295,7 @@ class Actuator:
                 members=members,
                 audit=audit,
                 gpu_type=gpu_type,
+                slot=slot,
             )
         )
         self.leases[lease.id] = lease
@@ -342,8 +345,10 @@ class Actuator:
                 self.route(report, include=lease_id)
             case steps.RouteOut(lease_id):
                 self.route(report, exclude=lease_id)
-            case steps.Adopt(job_id, node, pool, mode, members):
+            case steps.Adopt(job_id, node, pool, mode, members, gpus):
                 audit = None if self.adopted is None else self.adopted(node, job_id)
+                jobs = self._obs.jobs if self._obs is not None else ()
+                tags = next((j.tags for j in jobs if j.job_id == job_id), ())
                 lease = self.create(
                     node,
                     pool,
@@ -352,8 +357,10 @@ class Actuator:
                     f"adopt:{job_id}",
                     now,
                     "adopted",
+                    gpus=gpus,
                     members=members,
                     audit=audit,
+                    slot=slot_of(tags),  # the ports its server listens on
                 )
                 self.apply(
                     steps.Move(lease.id, S.REQUESTED, S.SUBMITTED, f"adopted job {job_id}", job_id),
@@ -400,6 +407,8 @@ class Actuator:
             exclusive=submit.gpus is None,
             gpus=submit.gpus if submit.gpus is not None else node.gpus if node else 1,
             gpu_type=submit.gpu_type,
+            # a node's other leases' servers listen on other ports (a shared node)
+            slot=submit.slot,
             # a drain lend's job runs in its fence; a partial lend's in its pool's own
             # partition, where it preempts nothing: Slurm would pick its own victims (in
             # the lab it took the other job too), so the job waits for the GPUs of the
@@ -460,11 +469,13 @@ class Actuator:
                     routes.setdefault(m, []).append(s.address)
                     own = scaled.get(m)
                     instances = own.instances if own is not None else None
-                    weights.setdefault(m, {})[s.address] = weight(gpus.get(s.node, 1), instances)
+                    weights.setdefault(m, {})[s.address] = weight(
+                        gpus.get(s.job.job_id, 1), instances
+                    )
             host = s.address.rsplit(":", 1)[0]
             targets.append(
                 MetricsTarget(
-                    f"{host}:{METRICS_PORT}",
+                    metrics_address(host, s.job.tags),
                     s.node,
                     s.job.job_id,
                     str(ref[0]) if ref is not None else BASELINE,

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from bridge.config import TritonJobConfig
 from bridge.slurm.model import BASELINE_TAG, TRITON_TAG, JobSpec, LeaseRef, lease_tag
+from bridge.triton.ports import http_port, port_tag
 from bridge.triton.repository import ModelConfigError, parameters
 
 #: a model's parameter that, "false", keeps it out of a server started for every model
@@ -73,6 +74,7 @@ def triton_job(
     weights_verify: str = "stamp",
     skip: Sequence[str] = (),
     priority: int | str | None = None,
+    slot: int = 0,
 ) -> JobSpec:
     """The JobSpec of one Triton server. `models` empty: every model that loads at start
     (`start_models`). `members`: a gang's other nodes (one job with `-N n` on `node` and
@@ -86,7 +88,9 @@ def triton_job(
     baseline: the models served from zero); ignored when `models` names them.
     `priority`: `JobSpec.priority` (a drain-mode lend of some of a node's GPUs asks
     `TOP_PRIORITY`); None: Slurm's own. `gpu_type`: the GRES type its `gpus` are of (a
-    lend of MIG slices: `--gres=gpu:<type>:k`); None: any GPU."""
+    lend of MIG slices: `--gres=gpu:<type>:k`); None: any GPU. `slot`: the ports the
+    server listens on (`bridge.triton.ports`; a node's other leases' servers are on
+    others), passed as `STB_TRITON_PORT` and named in the job's tags."""
     if not cfg.key_file.exists():
         raise LauncherError(f"the Triton API key file {cfg.key_file} does not exist")
     shim = cfg.key_shim_path
@@ -113,7 +117,10 @@ def triton_job(
             "STB_WEIGHTS_VERIFY": weights_verify,
             "STB_PYTHON": sys.executable,
         }
+    env["STB_TRITON_PORT"] = str(http_port(slot))
     tags = [TRITON_TAG, lease_tag(lease) if lease is not None else BASELINE_TAG]
+    if (tag := port_tag(slot)) is not None:
+        tags.append(tag)
     output = str(cfg.log_dir.resolve() / "triton-%j.log") if cfg.log_dir else None
     return JobSpec(
         partition=partition or cfg.partition,

@@ -10,7 +10,7 @@ Pure: no I/O. Built by `bridge.daemon.observe.Observer`; read by the planner, th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -28,7 +28,7 @@ from bridge.policy.snapshot import (
     Snapshot,
 )
 from bridge.policy.tokens import TokenProfile
-from bridge.slurm.model import TRITON_TAG, Job, Node, Reservation, checkpoint_of
+from bridge.slurm.model import TRITON_TAG, Job, Node, Reservation, checkpoint_of, lease_of
 from bridge.slurm.parse import gpu_types_of
 from bridge.slurm.slices import free_gpu_types
 
@@ -180,17 +180,32 @@ def reserved_nodes(
     return frozenset(out)
 
 
+def lease_gpus(obs: Observation, lease: LeaseView) -> int:
+    """The GPUs a lease's replica holds (`LeaseView.gpus`): a partial lease's its own,
+    a gang's all its nodes', else its node's (1 for a node not seen)."""
+    if lease.lent_gpus:
+        return lease.lent_gpus
+    held = sum(obs.nodes[n].gpus for n in lease.nodes if n in obs.nodes)
+    return held or 1
+
+
 def replica_gpus(obs: Observation, leases: Iterable[LeaseView]) -> dict[str, int]:
-    """The GPUs of the replica on each node (`ReplicaView.gpus`, the actuator's routing
-    weights): its node's; a partial lease's replica holds its GPUs, not its node's; a
-    gang's, all its nodes'."""
-    gpus = {name: n.gpus for name, n in obs.nodes.items()}
-    leases = list(leases)
-    gpus.update({lease.node: lease.lent_gpus for lease in leases if lease.lent_gpus})
-    gpus.update(
-        {lease.node: sum(gpus.get(n, 0) for n in lease.nodes) for lease in leases if lease.members}
-    )
+    """The GPUs of each running Triton job's replica, by job id (`ReplicaView.gpus`, the
+    actuator's routing weights): its open lease's (`lease_gpus`; leases that share a node
+    each hold their own), else its node's (a baseline)."""
+    by_id = {lease.lease_id: lease for lease in leases}
+    gpus = {}
+    for s in obs.servers:
+        lease = by_id.get(ref[0]) if (ref := lease_of(s.job.tags)) is not None else None
+        node = obs.nodes.get(s.node)
+        gpus[s.job.job_id] = lease_gpus(obs, lease) if lease else node.gpus if node else 1
     return gpus
+
+
+def replica_lease(server: TritonServer, open_ids: Collection[int]) -> int | None:
+    """The open lease a server's job serves (its tag names it), None for a baseline."""
+    ref = lease_of(server.job.tags)
+    return ref[0] if ref is not None and ref[0] in open_ids else None
 
 
 def snapshot(
@@ -214,7 +229,7 @@ def snapshot(
     and `lend_load_s`: its models' load times and the load its pools' lend times hold
     (`bridge.policy.timing`); `seasons`: its models' rate by time of day
     (`bridge.policy.seasonal`)."""
-    lease_of = {lease.node: lease.lease_id for lease in leases}
+    open_ids = {lease.lease_id for lease in leases}
     reserved = reserved_nodes(obs.site_reservations, obs.at, config.policy.reservation_lookahead_s)
     triton_bound, held = triton_gpus(obs)
     # GPU types (MIG slices) are read only where a model is lent by type: a site without
@@ -241,14 +256,14 @@ def snapshot(
         )
     gpus = replica_gpus(obs, leases)
     replicas = tuple(
-        ReplicaView(s.node, s.models, lease_of.get(s.node), gpus.get(s.node, 1))
+        ReplicaView(s.node, s.models, replica_lease(s, open_ids), gpus.get(s.job.job_id, 1))
         for s in obs.servers
         if s.ready and s.models
     )
     views_of_leases = tuple(
         replace(
             lease,
-            gpus=gpus.get(lease.node, 1),
+            gpus=lease_gpus(obs, lease),
             # a drain lend waits for its node's jobs; a partial one only for its own job to
             # start (the node's other jobs go on beside it)
             waiting=lease.lend_mode == "drain"

@@ -47,7 +47,7 @@ from bridge.triton.catalog import ModelCatalog
 from bridge.triton.errors import TritonError
 from bridge.triton.metrics import MetricsPage, parse_page
 from bridge.triton.metrics import ModelSample as PageSample
-from bridge.triton.ports import HTTP_PORT
+from bridge.triton.ports import server_address
 from bridge.triton.prometheus import PrometheusError, PrometheusSignal
 from bridge.triton.protocol import RepositoryModel, TritonInstance
 from bridge.triton.signal import ModelSignal, Scrape, instance_signal, model_signals
@@ -140,7 +140,7 @@ class Observer:
         self, job: Job, node: Node, read_page: bool
     ) -> tuple[TritonServer, MetricsPage | None, float]:
         """Ask one Triton job's server (on a pool thread); its page when it was read."""
-        address = f"{node.addr}:{HTTP_PORT}"
+        address = server_address(node.addr, job.tags)
         ready = False
         models: tuple[str, ...] = ()
         unavailable: dict[str, str] = {}
@@ -209,7 +209,7 @@ class Observer:
         def ask(jn: tuple[Job, Node]) -> tuple[TritonServer, MetricsPage | None, float]:
             return self._server(jn[0], jn[1], direct or lease_of(jn[0].tags) is not None)
 
-        self._let_go({f"{node.addr}:{HTTP_PORT}" for _, node in asked})
+        self._let_go({server_address(node.addr, job.tags) for job, node in asked})
         if self._pool is None:
             answers = [ask(jn) for jn in asked]
         else:

@@ -200,7 +200,11 @@ def plan_orphans(
                 continue
             mode = config.pools[pool].lend_mode
             first, *others = job.nodes  # a gang's server runs on its first node
-            steps.append(Step(None, (Adopt(job.job_id, first, pool, mode, tuple(others)),)))
+            partial = not others and node is not None and 0 < job.gpus < node.gpus
+            adopt = Adopt(
+                job.job_id, first, pool, mode, tuple(others), job.gpus if partial else None
+            )
+            steps.append(Step(None, (adopt,)))
     for name in sorted(obs.reservations):
         suffix = name.removeprefix(RESERVATION_PREFIX)
         if name.startswith(RESERVATION_PREFIX) and suffix.isdigit() and int(suffix) not in open_ids:

@@ -36,20 +36,23 @@ def _str_enum(enum: type[StrEnum], length: int) -> SAEnum:
     )
 
 
-def partial_unique(name: str, column: str, where: str) -> Index:
-    """A unique index of `column` among the rows for which `where` holds (SQL), partial
+def partial_unique(name: str, columns: str | tuple[str, ...], where: str) -> Index:
+    """A unique index of `columns` among the rows for which `where` holds (SQL), partial
     on SQLite and PostgreSQL alike."""
-    return Index(name, column, unique=True, sqlite_where=text(where), postgresql_where=text(where))
+    cols = (columns,) if isinstance(columns, str) else columns
+    return Index(name, *cols, unique=True, sqlite_where=text(where), postgresql_where=text(where))
 
 
 class Lease(SQLModel, table=True):
     """One node, some of its GPUs, or a gang of nodes lent to Triton. At most one open
-    (not returned) lease per node: a partial unique index enforces it for `node` on SQLite
-    and PostgreSQL, the store checks it everywhere, a gang's `members` included."""
+    (not returned) lease per node, save leases of some of a node's GPUs by preemption,
+    which may share it, each on a port slot of its own (`slot`): a partial unique index
+    enforces one open lease per `node` and `slot` on SQLite and PostgreSQL, and the store
+    checks the whole rule everywhere, a gang's `members` included."""
 
     __tablename__ = "lease"
     __table_args__ = (
-        partial_unique("uq_lease_open_node", "node", "state <> 'returned'").ddl_if(
+        partial_unique("uq_lease_open_slot", ("node", "slot"), "state <> 'returned'").ddl_if(
             dialect=("sqlite", "postgresql")  # type: ignore[arg-type]  # a tuple is documented
         ),
     )
@@ -72,6 +75,9 @@ class Lease(SQLModel, table=True):
     #: the GRES type its `gpus` are of (a lend of MIG slices: its Triton job's
     #: `--gres=gpu:<type>:k`); None: any GPU, or the whole node, as every lease before
     gpu_type: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    #: the port slot of its Triton job on `node` (`bridge.triton.ports`): 0 but for a
+    #: lease of some GPUs of a node another open lease shares, which takes the lowest free
+    slot: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     state: LeaseState = Field(
         sa_column=Column(_str_enum(LeaseState, 16), nullable=False, index=True)
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any, TypedDict, Unpack
 
 from sqlalchemy.exc import IntegrityError
@@ -43,6 +44,10 @@ from bridge.leases.schema import create_schema
 from bridge.lifecycle import LeaseState, allowed
 
 __all__ = ["PLACE_PREFIX", "Fence", "LeaseFields", "LeaseStore", "create_schema", "make_engine"]
+
+#: how often a lease of a shared node is tried when concurrent creates took the slot it
+#: chose (each try takes the lowest slot free then; one of the racers wins each round)
+SHARE_ATTEMPTS = 8
 
 #: the reason of a placement's history event begins so (`LeaseStore.place`)
 PLACE_PREFIX = "place: "
@@ -65,6 +70,29 @@ def _locked(session: Session, lease_id: int) -> Lease:
     if lease is None:
         raise LeaseNotFound(lease_id)
     return lease
+
+
+def _created(now: datetime, reason: str, detail: str, lease_id: int) -> LeaseEvent:
+    """A new lease's first history event (from nothing to `requested`)."""
+    return LeaseEvent(
+        lease_id=lease_id,
+        from_state=None,
+        to_state=LeaseState.REQUESTED,
+        at=now,
+        reason=reason,
+        detail=detail,
+    )
+
+
+def _shares(lease: Lease, node: str) -> bool:
+    """Whether open `lease` leaves `node` to another lease of some of its GPUs by
+    preemption: it is one itself, on `node` (not a gang's member there)."""
+    return (
+        lease.node == node
+        and lease.gpus is not None
+        and not lease.members
+        and lease.lend_mode == LendMode.PREEMPT
+    )
 
 
 def _require_aware(now: datetime) -> None:
@@ -99,6 +127,7 @@ class LeaseStore(Transactions):
         members: Sequence[str] = (),
         audit: Audit | None = None,
         gpu_type: str | None = None,
+        slot: int | None = None,
     ) -> Lease:
         """Record a lend in state `requested` (with its first history event), or return
         the lease this `request_key` already made, whatever its state now. `audit`
@@ -108,7 +137,15 @@ class LeaseStore(Transactions):
         another key, and `RequestKeyConflict` when the key was used for another node, pool
         or mode. `gpus`: the GPUs of the node the lease holds (None: the whole node).
         `members`: a gang's other nodes (whole nodes, so with `gpus` None). `gpu_type`:
-        the GRES type its `gpus` are of (a lend of MIG slices; None: any GPU)."""
+        the GRES type its `gpus` are of (a lend of MIG slices; None: any GPU).
+
+        Leases of some GPUs of a node by preemption (`gpus` set, no `members`, mode
+        preempt) may share the node: such a lease of a node whose open leases are all of
+        that kind takes the lowest port slot they leave free (`Lease.slot`); any other
+        lease of a held node is refused. Whether the node has the GPUs is Slurm's to say
+        (the Triton job asks `--gres=gpu:k` and waits for them). `slot`: the slot the lease
+        must take (an adopted job's, whose server listens there already): refused when an
+        open lease holds it; None: the lowest free."""
         _require_aware(now)
         if gpus is not None and gpus < 1:
             raise ValueError(f"a lease holds at least one GPU, got gpus={gpus}")
@@ -126,50 +163,55 @@ class LeaseStore(Transactions):
         names = _model_names(models)
         if not request_key:
             raise ValueError("request_key must not be empty")
-        try:
-            with self._write() as session:
-                existing = self._check_create(session, node, pool, mode, request_key, gang)
-                if existing is not None:
-                    return existing
-                lease = Lease(
-                    node=node,
-                    pool=pool,
-                    lend_mode=mode,
-                    models=names,
-                    gpus=gpus,
-                    members=gang or None,
-                    gpu_type=gpu_type,
-                    state=LeaseState.REQUESTED,
-                    request_key=request_key,
-                    reason=reason,
-                    created_at=now,
-                    updated_at=now,
-                )
-                self._insert(
-                    session,
-                    lease,
-                    lambda lease_id: LeaseEvent(
-                        lease_id=lease_id,
-                        from_state=None,
-                        to_state=LeaseState.REQUESTED,
-                        at=now,
+        if slot is not None and slot < 0:
+            raise ValueError(f"a port slot is 0 or more, got slot={slot}")
+        shares = gpus is not None and not gang and mode == LendMode.PREEMPT
+        for attempt in range(SHARE_ATTEMPTS):
+            try:
+                with self._write() as session:
+                    existing, free = self._check_create(
+                        session, node, pool, mode, request_key, gang, shares, slot
+                    )
+                    if existing is not None:
+                        return existing
+                    lease = Lease(
+                        node=node,
+                        pool=pool,
+                        lend_mode=mode,
+                        models=names,
+                        gpus=gpus,
+                        members=gang or None,
+                        gpu_type=gpu_type,
+                        slot=free,
+                        state=LeaseState.REQUESTED,
+                        request_key=request_key,
                         reason=reason,
-                        detail=f"node={node} pool={pool} mode={mode.value} models={names}"
+                        created_at=now,
+                        updated_at=now,
+                    )
+                    detail = (
+                        f"node={node} pool={pool} mode={mode.value} models={names}"
                         + ("" if gpus is None else f" gpus={gpus}")
                         + ("" if gpu_type is None else f" gpu_type={gpu_type}")
-                        + (f" members={','.join(gang)}" if gang else ""),
-                    ),
-                )
-                if audit is not None:
-                    audit(session, f"lease {lease.id}")
-            return lease
-        except IntegrityError:
-            # A concurrent create committed first (same key, or same node): its row decides.
-            with self._read() as session:
-                existing = self._check_create(session, node, pool, mode, request_key, gang)
-            if existing is None:
-                raise
-            return existing
+                        + (f" members={','.join(gang)}" if gang else "")
+                        + (f" slot={free}" if free else "")
+                    )
+                    self._insert(session, lease, partial(_created, now, reason, detail))
+                    if audit is not None:
+                        audit(session, f"lease {lease.id}")
+                return lease
+            except IntegrityError:
+                # A concurrent create committed first (same key, same node, or the same
+                # slot of a shared node): its row decides, or the next free slot does.
+                with self._read() as session:
+                    existing, _ = self._check_create(
+                        session, node, pool, mode, request_key, gang, shares, slot
+                    )
+                if existing is not None:
+                    return existing
+                if not shares or attempt == SHARE_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _check_create(
         self,
@@ -179,7 +221,12 @@ class LeaseStore(Transactions):
         mode: LendMode,
         request_key: str,
         members: Sequence[str] = (),
-    ) -> Lease | None:
+        shares: bool = False,
+        slot: int | None = None,
+    ) -> tuple[Lease | None, int]:
+        """The lease `request_key` already made (and 0), or None and the port slot a new
+        lease takes (`slot` where given); raises when the key was used for another lend
+        or a node (or `slot` of it) is held."""
         # One statement, so one snapshot: under READ COMMITTED two separate queries could
         # miss a concurrent create's key and then see its node. A gang's members live in a
         # JSON list no index covers: the open leases that have members are read too (few:
@@ -212,13 +259,20 @@ class LeaseStore(Transactions):
                     f"node {lease.node}, pool {lease.pool}, mode {lease.lend_mode}; "
                     f"asked for node {node}, pool {pool}, mode {mode}",
                 )
-            return lease
-        if rows:  # no row has our key, so each is an open lease of one of our nodes
-            holder = rows[0]
+            return lease, 0
+        # no row has our key, so each is an open lease of one of our nodes
+        for holder in rows:
             assert holder.id is not None
-            taken = sorted(wanted & {holder.node, *(holder.members or ())})
-            raise NodeAlreadyLeased(",".join(taken), holder.id, holder.state.value)
-        return None
+            if not (shares and _shares(holder, node)):
+                taken = sorted(wanted & {holder.node, *(holder.members or ())})
+                raise NodeAlreadyLeased(",".join(taken), holder.id, holder.state.value)
+        used = {lease.slot: lease for lease in rows}
+        if slot is not None and slot in used:
+            holder = used[slot]
+            assert holder.id is not None
+            raise NodeAlreadyLeased(node, holder.id, f"{holder.state.value}, on slot {slot}")
+        free = next(s for s in range(len(used) + 1) if s not in used)
+        return None, free if slot is None else slot
 
     def set_status(
         self,

@@ -12,7 +12,7 @@ from bridge.models.publish import Server
 from bridge.slurm.model import BASELINE_TAG, TRITON_TAG
 from bridge.slurm.select import open_backend
 from bridge.triton.client import TritonHttpClient
-from bridge.triton.ports import HTTP_PORT as TRITON_HTTP_PORT
+from bridge.triton.ports import server_address
 
 
 @contextmanager
@@ -26,7 +26,7 @@ def running_servers(cfg: BridgeConfig) -> Iterator[list[Server]]:
     for job in slurm.jobs(tag=TRITON_TAG, states=["RUNNING"]):
         if len(job.nodes) != 1 or job.nodes[0] not in addr:
             continue
-        address = f"{addr[job.nodes[0]]}:{TRITON_HTTP_PORT}"
+        address = server_address(addr[job.nodes[0]], job.tags)
         client = TritonHttpClient(address, api_key=key, timeout_s=cfg.triton.ready_timeout_s)
         servers.append(Server(address, client, BASELINE_TAG in job.tags))
     try:

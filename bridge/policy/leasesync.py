@@ -354,6 +354,7 @@ def _submit_step(lease: LeaseView, world: LeaseWorld, settings: Settings) -> Ste
             lease.members,
             top=drain and lease.lent_gpus is not None,
             gpu_type=lease.gpu_type,
+            slot=lease.slot,
         )
     )
     if lease.lend_mode == "preempt" and settings.requeue_victims and world.victims:

@@ -183,6 +183,9 @@ class LeaseView:
     #: the GRES type its `lent_gpus` are of (a lend of MIG slices: its Triton job's
     #: `--gres=gpu:<type>:k`, `[models.NAME] gpu_type`); None: any GPU
     gpu_type: str | None = None
+    #: the port slot of its Triton job on `node` (`Lease.slot`): 0 but for a lease of
+    #: some GPUs of a node it shares with others
+    slot: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", LeaseState(self.state))

@@ -52,6 +52,8 @@ class Submit:
     #: the GRES type its `gpus` are of (`--gres=gpu:<type>:k`: a lend of MIG slices,
     #: `LeaseView.gpu_type`); None: any GPU
     gpu_type: str | None = None
+    #: the port slot its server listens on (`LeaseView.slot`, `bridge.triton.ports`)
+    slot: int = 0
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,9 @@ class Adopt:
     lend_mode: str
     #: the job's other nodes (a gang's)
     members: tuple[str, ...] = ()
+    #: the GPUs of its node the job holds, where fewer than the node's (a partial lend's
+    #: job); None: the whole node
+    gpus: int | None = None
 
 
 Command = (

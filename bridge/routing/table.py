@@ -60,7 +60,7 @@ class MetricsTarget:
     """One Triton metrics endpoint and what Prometheus should know about it."""
 
     endpoint: str
-    """host:port of Triton's metrics page (port 8002 in production)."""
+    """host:port of Triton's metrics page (8002, or its slot's: `bridge.triton.ports`)."""
     node: str
     """Slurm node name the Triton job runs on."""
     slurm_job_id: str

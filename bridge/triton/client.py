@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from bridge.triton.errors import TritonRejected, TritonUnreachable
-from bridge.triton.ports import METRICS_PORT
+from bridge.triton.ports import HTTP_PORT, METRICS_PORT
 from bridge.triton.protocol import Array, ModelStatistics, RepositoryModel, ServerMetadata
 
 DEFAULT_API_KEY_HEADER = "X-Stb-Key"
@@ -69,8 +69,10 @@ class TritonHttpClient:
     ) -> None:
         self._address = address
         self._key_headers = {api_key_header: api_key} if api_key is not None else {}
-        host = address.rsplit(":", 1)[0]
-        self.metrics_url = metrics_url or f"http://{host}:{METRICS_PORT}/metrics"
+        host, _, port = address.rpartition(":")
+        # a server on another slot's ports (`bridge.triton.ports`) has its metrics beside
+        metrics = int(port) + METRICS_PORT - HTTP_PORT if host and port.isdigit() else METRICS_PORT
+        self.metrics_url = metrics_url or f"http://{host or address}:{metrics}/metrics"
         self._timeouts = {"connection_timeout": connect_timeout_s, "network_timeout": timeout_s}
         self._client = httpclient.InferenceServerClient(address, **self._timeouts)
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s))

@@ -5,6 +5,8 @@ operator request taken again after a failover."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -806,6 +808,14 @@ def test_orphans_adopt_an_unknown_running_job_on_a_lendable_node(
     obs = observe(jobs=[job("4200", of=ghost, on=on)])
     assert orphans(obs) == [Step(None, (Adopt("4200", on, pool, mode),))]
     assert lease_refs_to_check(obs, []) == {42}
+
+
+def test_orphans_adopt_a_partial_lends_job_as_a_lease_of_its_gpus() -> None:
+    """A job holding 1 of its node's 4 GPUs is adopted as a lease of 1 GPU, so the node's
+    other leases of some GPUs (sharing it, each on its own ports) may stand beside it."""
+    ghost = lease(S.SUBMITTED, lease_id=42, on="n3")
+    obs = observe(jobs=[dataclasses.replace(job("4200", of=ghost, on="n3"), gpus=1)])
+    assert orphans(obs) == [Step(None, (Adopt("4200", "n3", "elastic", "preempt", (), 1),))]
 
 
 def test_orphans_adopt_a_job_whose_lease_id_names_another_incarnation() -> None:

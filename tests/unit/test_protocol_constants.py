@@ -17,8 +17,13 @@ SBATCH = ROOT / "deploy" / "slurm" / "triton-server.sbatch"
 
 def test_the_job_script_starts_triton_on_the_ports_and_with_the_tag() -> None:
     text = SBATCH.read_text()
-    ports = dict(re.findall(r"--(http|grpc|metrics)-port=(\d+)", text))
-    assert ports == {"http": str(HTTP_PORT), "grpc": str(GRPC_PORT), "metrics": str(METRICS_PORT)}
+    assert re.search(rf"^port=\$\{{STB_TRITON_PORT:-{HTTP_PORT}\}}$", text, re.M)
+    ports = dict(re.findall(r'--(http|grpc|metrics)-port="\$\(*(port(?: \+ \d)?)\)*"', text))
+    assert ports == {
+        "http": "port",
+        "grpc": f"port + {GRPC_PORT - HTTP_PORT}",
+        "metrics": f"port + {METRICS_PORT - HTTP_PORT}",
+    }
     assert f"#SBATCH --comment={TRITON_TAG}" in text.splitlines()
 
 

@@ -2,11 +2,13 @@
 lease's replica of 2 GPUs beside a whole node of 8 gets `weight=` 1 against 4 in its
 models' upstreams, so `least_conn` sends it a second request only when the large one
 holds four per unit (bench/least_conn_split.py); a model with instances of its own
-(as many on every replica) and replicas alike get none. The actuator's `route` on a
+(as many on every replica) and replicas alike get none. Two leases that share a node are
+two replicas on their own ports, each weighed by its own GPUs. The actuator's `route` on a
 literal observation, publishing to a recording router."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from bridge.config import BridgeConfig, ModelConfig, PoolConfig
@@ -18,6 +20,7 @@ from bridge.lifecycle import LeaseState
 from bridge.modelfacts import merge_models
 from bridge.routing.table import RoutingTable
 from bridge.slurm.model import Node
+from bridge.triton.ports import port_tag, server_address
 from tests.unit.fakes import FakeRouter
 from tests.unit.planner_literals import job
 
@@ -38,10 +41,12 @@ def node(name: str, addr: str) -> Node:
     return Node(name, addr, ("infer",), "mixed", frozenset(), "", "a100", 8, 0)
 
 
-def lease(lent_gpus: int | None) -> LeaseRecord:
+def lease(
+    lent_gpus: int | None, lease_id: int = 7, job_id: str = "200", slot: int = 0
+) -> LeaseRecord:
     return LeaseRecord(
-        7, "n3", "elastic", "preempt", LeaseState.SERVING, ("shared", "own"), NOW - 600,
-        NOW - 300, "200", lent_gpus=lent_gpus,
+        lease_id, "n3", "elastic", "preempt", LeaseState.SERVING, ("shared", "own"), NOW - 600,
+        NOW - 300, job_id, lent_gpus=lent_gpus, slot=slot,
     )  # fmt: skip
 
 
@@ -63,7 +68,7 @@ def published(lent_gpus: int | None) -> RoutingTable:
     actuator.begin(obs, [held])
     actuator.route(TickReport(datetime.fromtimestamp(NOW)))
     (table,) = router.tables
-    assert replica_gpus(obs, [held])["n3"] == (lent_gpus or 8)
+    assert replica_gpus(obs, [held]) == {"100": 8, "200": lent_gpus or 8}
     return table
 
 
@@ -78,3 +83,32 @@ def test_a_partial_leases_replica_is_weighed_by_its_gpus_beside_a_whole_node() -
 
 def test_replicas_alike_are_routed_without_weights() -> None:
     assert published(None).weights == ()
+
+
+def test_two_leases_on_one_node_are_two_replicas_each_weighed_by_its_gpus() -> None:
+    """Leases 7 (2 GPUs, slot 0) and 8 (4 GPUs, slot 1) share n3: two endpoints on the
+    node's address, each weighed by its own GPUs, each with its own metrics target."""
+    two, four = lease(2), lease(4, lease_id=8, job_id="300", slot=1)
+    tagged = job("300", of=four, on="n3")
+    tagged = replace(tagged, comment=f"{tagged.comment},{port_tag(1)}")
+    servers = (
+        TritonServer(job("100", on="n1"), "n1", "10.0.0.1:8000", True, ("shared",)),
+        TritonServer(job("200", of=two, on="n3"), "n3", "10.0.0.3:8000", True, ("shared",)),
+        TritonServer(tagged, "n3", server_address("10.0.0.3", tagged.tags), True, ("shared",)),
+    )  # fmt: skip
+    obs = Observation(
+        NOW, {"n1": node("n1", "10.0.0.1"), "n3": node("n3", "10.0.0.3")},
+        tuple(s.job for s in servers), frozenset(), servers, {},
+        models=merge_models(None, CONFIG.models),
+    )  # fmt: skip
+    assert replica_gpus(obs, [two, four]) == {"100": 8, "200": 2, "300": 4}
+    router = FakeRouter()
+    actuator = Actuator(CONFIG, None, None, lambda _: None, router)  # type: ignore[arg-type]
+    actuator.begin(obs, [two, four])
+    actuator.route(TickReport(datetime.fromtimestamp(NOW)))
+    (table,) = router.tables
+    assert table.endpoints("shared") == ("10.0.0.1:8000", "10.0.0.3:8000", "10.0.0.3:8010")
+    assert [table.weight("shared", a) for a in table.endpoints("shared")] == [4, 1, 2]
+    assert sorted(t.endpoint for t in table.targets) == [
+        "10.0.0.1:8002", "10.0.0.3:8002", "10.0.0.3:8012"
+    ]  # fmt: skip

@@ -1,0 +1,122 @@
+"""Leases that share a node (issue 32: two models' replicas of some GPUs each on one
+8-GPU node) in the lease store on SQLite and PostgreSQL: leases of some GPUs by
+preemption share a node, each on the lowest port slot free; any other lease of a held
+node is refused, as is a lease of some GPUs of a node a whole-node, drain or gang lease
+holds; a returned lease's slot is taken again; and concurrent creates get distinct slots."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import Engine
+
+from bridge.daemon.actuator import record_of
+from bridge.leases.errors import NodeAlreadyLeased
+from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.lifecycle import LeaseState
+
+S = LeaseState
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    eng = make_engine(database_url)
+    create_schema(eng)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def store(engine: Engine) -> LeaseStore:
+    return LeaseStore(engine)
+
+
+def _close(store: LeaseStore, lease_id: int, t: float) -> None:
+    for i, state in enumerate((S.FAILED, S.RETURNED)):
+        store.set_status(lease_id, state, at(t + i), f"to {state}")
+
+
+def test_partial_preempt_leases_share_a_node_each_on_its_own_slot(store: LeaseStore) -> None:
+    a = store.create("n4", "elastic", "preempt", ["m1"], "a", at(0), gpus=1)
+    b = store.create("n4", "elastic", "preempt", ["m2"], "b", at(1), gpus=2)
+    c = store.create("n4", "elastic", "preempt", ["m3"], "c", at(2), gpus=1)
+    assert (a.slot, b.slot, c.slot) == (0, 1, 2)
+    assert record_of(b).slot == 1
+    (event,) = store.history(b.id or 0)
+    assert "slot=1" in (event.detail or "")
+    # the same key again is the same lease on the same slot, not a fourth
+    assert store.create("n4", "elastic", "preempt", ["m2"], "b", at(3), gpus=2).id == b.id
+    # a returned lease's slot is the lowest free again
+    _close(store, b.id or 0, 4)
+    d = store.create("n4", "elastic", "preempt", ["m4"], "d", at(10), gpus=1)
+    assert d.slot == 1
+    assert sorted(lease.slot for lease in store.open_leases()) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        # a whole node is not shared, either way round
+        ({"lend_mode": "preempt"}, {"lend_mode": "preempt", "gpus": 1}),
+        ({"lend_mode": "preempt", "gpus": 1}, {"lend_mode": "preempt"}),
+        # a drain-mode lease of some GPUs waits on the node's jobs: not shared
+        ({"lend_mode": "drain", "gpus": 2}, {"lend_mode": "preempt", "gpus": 1}),
+        ({"lend_mode": "preempt", "gpus": 1}, {"lend_mode": "drain", "gpus": 2}),
+        # a gang's member is held whole
+        ({"lend_mode": "preempt", "members": ["n4"]}, {"lend_mode": "preempt", "gpus": 1}),
+    ],
+)
+def test_a_node_held_otherwise_is_not_shared(
+    store: LeaseStore, first: dict[str, object], second: dict[str, object]
+) -> None:
+    node = "n9" if first.get("members") else "n4"
+    store.create(node, "elastic", models=["m1"], request_key="one", now=at(0), **first)  # type: ignore[arg-type]
+    with pytest.raises(NodeAlreadyLeased, match="n4 already has open lease"):
+        store.create("n4", "elastic", models=["m2"], request_key="two", now=at(1), **second)  # type: ignore[arg-type]
+    assert len(store.open_leases()) == 1
+
+
+def test_concurrent_shares_of_a_node_take_distinct_slots(store: LeaseStore) -> None:
+    store.create("n4", "elastic", "preempt", ["m0"], "first", at(0), gpus=1)
+    barrier = threading.Barrier(4)
+    made: list[int] = []
+    errors: list[BaseException] = []
+
+    def lend(i: int) -> None:
+        barrier.wait()
+        try:
+            made.append(
+                store.create("n4", "elastic", "preempt", [f"m{i}"], f"k{i}", at(1), gpus=1).slot
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=lend, args=(i,)) for i in range(1, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(made) == [1, 2, 3, 4]
+
+
+def test_an_adopted_jobs_lease_takes_the_slot_its_server_is_on(store: LeaseStore) -> None:
+    """Adoption (a job whose lease record was lost) names the slot: the lease takes it,
+    and the next lease of the node the lowest slot left free."""
+    adopted = store.create("n4", "elastic", "preempt", [], "adopt:77", at(0), gpus=1, slot=2)
+    assert adopted.slot == 2
+    nxt = store.create("n4", "elastic", "preempt", ["m1"], "after", at(1), gpus=1)
+    assert nxt.slot == 0
+    with pytest.raises(NodeAlreadyLeased, match="on slot 2"):
+        store.create("n4", "elastic", "preempt", [], "adopt:78", at(2), gpus=1, slot=2)
+    with pytest.raises(ValueError, match="slot=-1"):
+        store.create("n4", "elastic", "preempt", [], "adopt:79", at(2), gpus=1, slot=-1)
+    assert sorted(lease.slot for lease in store.open_leases()) == [0, 2]
