@@ -242,19 +242,67 @@ def check_operator_lend(
 ) -> tuple[str, str, tuple[str, ...]] | str:
     """An operator's lend, validated: (pool, lend mode, models), or the refusal's text.
     The models are those of this tick's facts (default: every model the repository
-    holds)."""
+    holds). A node other leases hold is refused here unless each is a lease of some of
+    its GPUs by preemption; whether the lend may share it is `shared_node_refusal`'s,
+    once its GPUs are known."""
     known = obs.nodes.get(node)
     if known is None:
         return f"refused: Slurm has no node {node!r}"
     pool = pool_of(known, config)
     if pool is None or config.pools[pool].lend_mode not in ("preempt", "drain"):
         return f"refused: {node} is in no lendable pool (pool {pool})"
-    if any(node in lease.nodes and lease.state != S.RETURNED for lease in leases):
+    if any(not shares(lease, node) for lease in _holders(node, leases)):
         return f"refused: {node} is already lent"
     unknown = sorted(set(models) - set(obs.models.names))
     if unknown:
         return f"refused: unknown models {', '.join(unknown)}"
     return pool, config.pools[pool].lend_mode, tuple(models) or obs.models.served
+
+
+def _holders(node: str, leases: Sequence[LeaseView]) -> list[LeaseView]:
+    return [lease for lease in leases if node in lease.nodes and lease.state != S.RETURNED]
+
+
+def shares(lease: LeaseView, node: str) -> bool:
+    """Whether `lease` leaves `node` to other leases of some of its GPUs by preemption:
+    it is one itself, on `node` (the rule `LeaseStore.create` keeps)."""
+    return (
+        lease.node == node
+        and lease.lent_gpus is not None
+        and not lease.members
+        and lease.lend_mode == "preempt"
+    )
+
+
+def shared_node_refusal(
+    node: str,
+    gpus: int | None,
+    mode: str,
+    gpu_type: str | None,
+    obs: Observation,
+    leases: Sequence[LeaseView],
+) -> str | None:
+    """Why an operator's lend of `gpus` of `node` may not stand beside the node's open
+    leases (each of some of its GPUs by preemption, `check_operator_lend`), or None: it
+    may when it is one too, and its GPUs are not held by those leases (GPUs of a type,
+    MIG slices, are checked free by `operator_typed`). It then takes a port slot of its
+    own (`LeaseStore.create`)."""
+    holders = _holders(node, leases)
+    if not holders:
+        return None
+    if gpus is None or mode != "preempt":
+        return f"refused: {node} is already lent (a whole node or a drain is not shared)"
+    if gpu_type is None:
+        known = obs.nodes.get(node)
+        left = (known.gpus if known is not None else 0) - sum(
+            lease.lent_gpus or 0 for lease in holders
+        )
+        if gpus > left:
+            return (
+                f"refused: {node}'s leases {', '.join(str(lease.id) for lease in holders)} "
+                f"hold all but {left} of its GPUs; the lend takes {gpus}"
+            )
+    return None
 
 
 def operator_lend_gpus(
@@ -406,5 +454,7 @@ __all__ = [
     "replayed_return",
     "reservation_name",
     "return_reasons",
+    "shared_node_refusal",
+    "shares",
     "world_of",
 ]

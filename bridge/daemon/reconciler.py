@@ -541,16 +541,23 @@ class Reconciler:
         typed = planner.operator_typed(node, models, mode, obs)
         if isinstance(typed, str):
             return typed
+        leases = self.actuator.open_leases()
         if typed is not None:  # GPUs of one type (MIG slices): free ones, no gang
             gpu_type, slices = typed
             lend = Lend(node, pool, mode, models, req.reason, slices, (), gpu_type)
-            return self._lend(lend, obs, now, report, key)
-        members = planner.operator_gang(node, models, obs, self.actuator.open_leases(), self.config)
-        if isinstance(members, str):
-            return members
-        gpus = None if members else planner.operator_lend_gpus(node, models, mode, obs, self.config)
-        lend = Lend(node, pool, mode, models, req.reason, gpus, members)
-        return self._lend(lend, obs, now, report, key)
+        else:
+            members = planner.operator_gang(node, models, obs, leases, self.config)
+            if isinstance(members, str):
+                return members
+            gpus = (
+                None
+                if members
+                else planner.operator_lend_gpus(node, models, mode, obs, self.config)
+            )
+            lend = Lend(node, pool, mode, models, req.reason, gpus, members)
+        # a node other leases hold is shared only by leases of some of its GPUs
+        shared = planner.shared_node_refusal(node, lend.gpus, mode, lend.gpu_type, obs, leases)
+        return shared or self._lend(lend, obs, now, report, key)
 
     def _moves(self, lease_id: int) -> list[tuple[LeaseState, str]]:
         """The lease's history as the planner's answers read it: (state entered, reason)."""

@@ -6,7 +6,6 @@ operator request taken again after a failover."""
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -44,6 +43,7 @@ from bridge.daemon.planner import (
     replayed_lend,
     replayed_return,
     return_reasons,
+    shared_node_refusal,
 )
 from bridge.lifecycle import LeaseState, allowed
 from bridge.modelfacts import merge_models
@@ -911,6 +911,38 @@ def test_operator_lend_accepted(
 ) -> None:
     returned = lease(S.RETURNED, on=on)  # a returned lease does not hold the node
     assert check_operator_lend(on, models, observe(), [returned], CONFIG) == expected
+
+
+def test_an_operator_lend_shares_a_node_only_as_a_lease_of_gpus_beside_leases_of_gpus() -> None:
+    """n3 (4 GPUs) holds lease 1 of 1 GPU: a lend of 2 more GPUs shares it (it then
+    takes a port slot of its own); a whole-node lend, a drain, or more GPUs than the
+    leases leave are refused; a node a whole-node lease holds is refused at once."""
+    obs = observe()
+    one = replace(lease(S.SERVING), lent_gpus=1)
+    assert check_operator_lend("n3", ["calm"], obs, [one], CONFIG) == (
+        "elastic", "preempt", ("calm",)
+    )  # fmt: skip
+    assert shared_node_refusal("n3", 2, "preempt", None, obs, [one]) is None
+    assert shared_node_refusal("n3", 3, "preempt", None, obs, [one]) is None  # 4 - 1 left
+    assert shared_node_refusal("n3", 4, "preempt", None, obs, [one]) == (
+        "refused: n3's leases 1 hold all but 3 of its GPUs; the lend takes 4"
+    )
+    two = replace(lease(S.STARTING, lease_id=2), lent_gpus=2, slot=1)
+    assert shared_node_refusal("n3", 2, "preempt", None, obs, [one, two]) == (
+        "refused: n3's leases 1, 2 hold all but 1 of its GPUs; the lend takes 2"
+    )
+    assert shared_node_refusal("n3", None, "preempt", None, obs, [one]) == (
+        "refused: n3 is already lent (a whole node or a drain is not shared)"
+    )
+    assert shared_node_refusal("n3", 1, "drain", None, obs, [one]) is not None
+    # slices of a type are checked free elsewhere (`operator_typed`), not counted here
+    assert shared_node_refusal("n3", 9, "preempt", "a100_1g.10gb", obs, [one, two]) is None
+    # no lease holds the node: nothing to share
+    assert shared_node_refusal("n3", None, "preempt", None, obs, []) is None
+    whole = lease(S.SERVING)
+    assert check_operator_lend("n3", ["calm"], obs, [whole], CONFIG) == (
+        "refused: n3 is already lent"
+    )
 
 
 # ---- operator requests taken again after a failover -----------------------------------
