@@ -7,7 +7,8 @@ A `Section` (`accounting.section`) shown beside a ledger report, built from two 
   borrowing models' serving time, booked to the pool the node was lent from);
 - the lease history (`bridge.leases`): each lease's time in each state, clipped to the
   window and multiplied by the node's GPUs (its latest `node_span` in the window), gives
-  three phases:
+  three phases (a lease of some of a node's GPUs counts those, a MIG slice its share of
+  a GPU: `lease_gpus`):
 
   - `wait`: from the request until the Triton job starts (requested, submitted): the
     preemption grace and requeue in preempt mode, the wait for a drained node in drain
@@ -40,6 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from sqlalchemy import Engine
@@ -53,11 +55,13 @@ from accounting.schema import NodeSpan
 from accounting.section import Section
 from bridge.leases.models import Lease, LeaseEvent
 from bridge.lifecycle import LeaseState
+from bridge.slurm.slices import SliceRules, is_mig_type, parse_mig_profile, slice_share
 
 __all__ = [
     "LeaseTimeline",
     "NodeGpus",
     "PoolPhases",
+    "lease_gpus",
     "lending_section",
     "phase_gpu_ms",
     "read_timelines",
@@ -87,6 +91,12 @@ class LeaseTimeline:
     changes: tuple[tuple[datetime, LeaseState], ...]
     #: a gang's other nodes (their GPUs count with `node`'s)
     members: tuple[str, ...] = ()
+    #: GPUs of the node it holds (`Lease.gpus`: a partial lend, its node's other GPUs
+    #: left to their jobs); None: the whole node
+    gpus: int | None = None
+    #: the GRES type of its `gpus` (`Lease.gpu_type`: a MIG slice books its share of a
+    #: GPU, `bridge.slurm.slices`); None: whole GPUs
+    gpu_type: str | None = None
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -98,7 +108,9 @@ class LeaseTimeline:
         assert lease.id is not None
         changes = tuple((utc(e.at), LeaseState(e.to_state)) for e in events)
         members = tuple(lease.members or ())
-        return LeaseTimeline(lease.id, lease.node, lease.pool, changes, members)
+        return LeaseTimeline(
+            lease.id, lease.node, lease.pool, changes, members, lease.gpus, lease.gpu_type
+        )
 
 
 @dataclass(frozen=True)
@@ -134,16 +146,32 @@ def _phase(state: LeaseState, started: bool) -> str | None:
     return "drain" if started else "wait"
 
 
+def lease_gpus(lease: LeaseTimeline, node: NodeGpus, rules: SliceRules) -> Fraction:
+    """The GPUs a lease's phases book: its node's (a gang's: all its nodes'), a partial
+    lease's own `gpus` (at most its node's), and a lease of MIG slices each slice's share
+    of a GPU by `rules` (`bridge.slurm.slices`, as the ledger books the slice's job)."""
+    if lease.gpus is None or node.gpus == 0:
+        return Fraction(node.gpus)
+    if lease.gpu_type is not None and is_mig_type(lease.gpu_type):
+        share = slice_share(parse_mig_profile(lease.gpu_type), rules, node.gpu_type or None)
+        return lease.gpus * share
+    return Fraction(min(lease.gpus, node.gpus))
+
+
 def phase_gpu_ms(
     leases: Iterable[LeaseTimeline],
     nodes: Mapping[str, NodeGpus],
     start: datetime,
     end: datetime,
+    rules: SliceRules | None = None,
 ) -> dict[str, PoolPhases]:
     """Per pool, the leases whose lifetime overlaps [start, end) and the GPU-ms of their
     wait, startup and drain phases within it (each stretch clipped to the window, times the
-    node's GPUs from `nodes`; a node not there counts 0 GPUs and is named in
-    `unknown_nodes`). A lease not yet returned stays in its last state until `end`."""
+    GPUs the lease holds, `lease_gpus`, from its node's in `nodes`; a node not there counts
+    0 GPUs and is named in `unknown_nodes`). A lease not yet returned stays in its last
+    state until `end`. `rules`: a MIG slice's share of a GPU (default: compute, 1g of 7
+    is 1/7)."""
+    rules = rules or SliceRules()
     start, end = utc(start), utc(end)
     out: dict[str, PoolPhases] = {}
     if end <= start:
@@ -162,15 +190,16 @@ def phase_gpu_ms(
         pool.unknown_nodes.update(n for n in lease.nodes if n not in nodes)
         # (a gang's nodes together: the GPUs of each, the type of its first known)
         node = NodeGpus(sum(k.gpus for k in known), known[0].gpu_type if known else "")
+        gpus = lease_gpus(lease, node, rules)
         started = False
         stops = [at for at, _ in lease.changes[1:]] + [end]
         for (at, state), until in zip(lease.changes, stops, strict=True):
             started = started or state in _STARTED
             phase = _phase(state, started)
-            if phase is None or node.gpus == 0:
+            if phase is None or gpus == 0:
                 continue
             for bucket, ms in split_ms(max(at, start), min(until, end)):
-                gpu_ms = ms * node.gpus
+                gpu_ms = int(ms * gpus)
                 if phase == "wait":
                     pool.wait_ms += gpu_ms
                     continue
@@ -252,15 +281,17 @@ def lending_section(
     cluster: str = "",
     *,
     now: datetime | None = None,
+    rules: SliceRules | None = None,
 ) -> Section:
     """The lending view over `window`: one row per lending pool and a total row.
     `cluster` narrows the ledger rows and the node inventory (leases have no cluster).
-    Leases not yet returned are counted up to `now` (default: the current time)."""
+    Leases not yet returned are counted up to `now` (default: the current time). `rules`:
+    what a MIG slice books (`[accounting.slices]`; default: its compute share)."""
     now = utc(now) if now is not None else datetime.now(UTC)
     until = max(window.start, min(window.end, now))
     timelines = read_timelines(leases, window.start, until)
     nodes = _node_gpus(ledger, sorted({n for t in timelines for n in t.nodes}), window, cluster)
-    phases = phase_gpu_ms(timelines, nodes, window.start, until)
+    phases = phase_gpu_ms(timelines, nodes, window.start, until, rules)
     lent, teams = _lent(ledger, window, cluster)
     columns = (
         "pool", "leases", "lent_gpu_hours", "borrowers", "wait_gpu_hours", "startup_gpu_hours",

@@ -23,8 +23,10 @@ from accounting.section import Section
 from bridge.config import BridgeConfig
 from bridge.db import make_engine
 from bridge.ledger import lending
+from bridge.ledger.feed import slice_rules
 from bridge.ledger.lending import lending_section
 from bridge.ledger.replica_plan import plan_section, typical_gpus
+from bridge.slurm.slices import SliceRules
 from bridge.triton.catalog import site_models
 
 VIEWS = ("economics", "lending", "plan", "budgets")
@@ -50,7 +52,12 @@ def parse_views(text: str | None, fmt: str, by: Sequence[str]) -> tuple[str, ...
 
 
 def _lending(
-    url: str, ledger: Engine, window: Window, rates: RateBook | None, now: datetime
+    url: str,
+    ledger: Engine,
+    window: Window,
+    rates: RateBook | None,
+    now: datetime,
+    rules: SliceRules | None = None,
 ) -> Section:
     """The lending view, reading the lease history without creating it: a report never
     writes the bridge's database (where there is none, the section says so)."""
@@ -61,7 +68,7 @@ def _lending(
     try:
         if not inspect(leases).has_table("lease"):
             return _no_leases("the bridge's database has no lease history")
-        return lending_section(ledger, leases, window, rates, now=now)
+        return lending_section(ledger, leases, window, rates, now=now, rules=rules)
     finally:
         leases.dispose()
 
@@ -88,7 +95,7 @@ def build_sections(
         kept = {k: v for k, v in filters.items() if k in FILTER_KEYS}
         out.append(unit_economics(ledger, window, rates, filters=kept))
     if "lending" in views:
-        out.append(_lending(config.database_url, ledger, window, rates, now))
+        out.append(_lending(config.database_url, ledger, window, rates, now, slice_rules(config)))
     if "plan" in views:
         gpus = typical_gpus(ledger)
         hourly = step == "hour"

@@ -29,6 +29,7 @@ from bridge.ledger.lending import (
     phase_gpu_ms,
 )
 from bridge.lifecycle import LeaseState
+from bridge.slurm.slices import SliceRules
 from tests.unit.helpers import insert_entries
 
 S = LeaseState
@@ -110,6 +111,26 @@ def test_core_clips_at_both_edges() -> None:
     assert (out.leases, out.wait_ms) == (1, 0)
     assert out.startup_ms == 5 * 60 * 2_000  # 00:00 - 00:05, not the 10 min before
     assert out.drain_ms == 2 * 60 * 2_000  # 23:58 - 24:00, not the 2 min after
+
+
+def test_core_books_a_partial_lease_its_gpus_and_a_slice_its_share() -> None:
+    """Issue 32: on a node of 8 GPUs a lease of 2 books 2 GPUs' phases, not the node's 8;
+    a lease of two 1g.10gb slices books 2/7 of a GPU by compute (2/8 by memory, 10 GB of
+    80); a lease that says more GPUs than its node has books the node's."""
+    moves = ((t(2, 1), S.REQUESTED), (t(2, 1, 0, 7), S.STARTING), (t(2, 1, 0, 21), S.SERVING))
+    node = {"n3": NodeGpus(8, "h100")}
+
+    def startup_ms(lease: LeaseTimeline, **kw: Any) -> int:
+        return phase_gpu_ms([lease], node, t(2, 0), t(3, 0), **kw)["elastic"].startup_ms
+
+    whole = LeaseTimeline(1, "n3", "elastic", moves)
+    assert startup_ms(whole) == 14_000 * 8
+    assert startup_ms(LeaseTimeline(2, "n3", "elastic", moves, gpus=2)) == 14_000 * 2
+    assert startup_ms(LeaseTimeline(3, "n3", "elastic", moves, gpus=12)) == 14_000 * 8
+    sliced = LeaseTimeline(4, "n3", "elastic", moves, gpus=2, gpu_type="h100_1g.10gb")
+    assert startup_ms(sliced) == 14_000 * 2 // 7
+    by_memory = SliceRules(share="memory", gpu_memory_gb={"h100": 80})
+    assert startup_ms(sliced, rules=by_memory) == 14_000 * 2 // 8
 
 
 # ---- the section from the two databases ------------------------------------------------
