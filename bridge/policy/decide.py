@@ -226,9 +226,9 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             returns.append(Return(lease.lease_id, reason))
 
     groups = reading.groups(count)
-    # (nodes, not leases: a gang holds several)
-    open_leases = sum(
-        len(lease.nodes) for lease in snapshot.leases if lease.lease_id not in leaving
+    # (nodes, not leases: a gang holds several, leases of some GPUs may share one)
+    open_leases = len(
+        {n for lease in snapshot.leases if lease.lease_id not in leaving for n in lease.nodes}
     )
     slots = max(0, policy.max_lent_nodes - open_leases)
     late = capacity.over(groups, demand, policy.service_cv2) if slots or placeable else []

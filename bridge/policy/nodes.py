@@ -65,11 +65,9 @@ def share_room(
         return None
     size = Counter(node.pool for node in snapshot.nodes)
     pool_of = {node.name: node.pool for node in snapshot.nodes}
-    lent: Counter[str] = Counter()
-    for lease in snapshot.leases:
-        if lease.id not in freed:
-            lent[lease.pool] += len(lease.nodes)
-    lent.update(pool_of[name] for name in taken if name in pool_of)
+    # (nodes, not leases: a node two leases of some of its GPUs share counts once)
+    held = {n for lease in snapshot.leases if lease.id not in freed for n in lease.nodes}
+    lent = Counter(pool_of[n] for n in held | set(taken) if n in pool_of)
     # (1e-9: 0.29 x 100 is 28.999999999999996 in binary; the cap is 29)
     return {p: max(0, math.floor(f * size[p] + 1e-9) - lent[p]) for p, f in capped.items()}
 

@@ -213,3 +213,16 @@ def test_a_share_capped_run_is_the_same_with_and_without_the_quiet_proof() -> No
     assert proven.within_share == plain.within_share and proven.lends == plain.lends
     assert proven.lends > 0
     assert max(proven.series["lent_nodes"]) <= elastic // 2
+
+
+def test_leases_that_share_a_node_count_it_once() -> None:
+    """Two leases of some GPUs of e1 (an operator's, sharing it on two port slots) hold
+    one node of the pool's share and one of `max_lent_nodes`, not two."""
+    shared = (
+        replace(lease(1, "e1"), lent_gpus=1),
+        replace(lease(2, "e1"), lent_gpus=2, slot=1),
+    )
+    cfg = config(share=0.5)  # 4 elastic nodes: 2 may be lent
+    assert share_room(snap(shared), cfg) == {"elastic": 1, "training": 1}
+    # max_lent_nodes 2: e1 is one node, so one more lend is made
+    assert len(lends(snap(shared), config(max_lent=2))) == 1
