@@ -4,7 +4,8 @@ Called by the reconciler (each tick's passive sync and active steps) and by the 
 CLI (`stb lend`, `stb return`, `stb status`). Every write is one transaction:
 
 - `create` is idempotent by `request_key` (a retry after a crash returns the lease the
-  first attempt made) and keeps at most one open lease per node.
+  first attempt made) and keeps at most one open lease per node, save leases of some of
+  a node's GPUs by preemption, which share it, each on a port slot of its own.
 - `set_status` re-reads the row under a lock (`SELECT ... FOR UPDATE` on PostgreSQL,
   `BEGIN IMMEDIATE` on SQLite), checks the move against `bridge.lifecycle.TRANSITIONS`,
   updates the row and appends a `LeaseEvent`. Asking for the state the lease is already in

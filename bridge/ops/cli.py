@@ -132,6 +132,8 @@ def collect(cfg: BridgeConfig, now: datetime) -> dict[str, Any]:
             # a lease of some of its node's GPUs (of a type: MIG slices); absent: whole
             **({"gpus": lease.gpus} if lease.gpus is not None else {}),
             **({"gpu_type": lease.gpu_type} if lease.gpu_type else {}),
+            # a node several leases share: this one's port slot (`bridge.triton.ports`)
+            **({"slot": lease.slot} if lease.slot else {}),
             "pool": lease.pool,
             "mode": lease.lend_mode.value,
             "state": lease.state.value,
@@ -289,6 +291,8 @@ def status(
         held = ""  # a lease of some of its node's GPUs says how many, of which type
         if "gpus" in lease:
             held = f" ({lease['gpus']} x {lease.get('gpu_type', 'GPU')})"
+        if lease.get("slot"):
+            held += f" slot {lease['slot']}"
         leases.add_row(
             str(lease["id"]),
             escape(",".join((lease["node"], *lease.get("members", ()))) + held),

@@ -61,6 +61,12 @@ def test_status_shows_failed_and_stuck_leases(tmp_path: Path) -> None:
     )
     shown = {x["node"]: x for x in collect(cfg, T0)["leases"]}["n6"]
     assert (shown["id"], shown["gpus"], shown["gpu_type"]) == (slice_.id, 1, "h100_1g.10gb")
+    assert "slot" not in shown  # the node's first lease: slot 0, not said
+    beside = store.create(
+        "n6", "mig", "preempt", ["busy"], "d", T0, gpus=1, gpu_type="h100_1g.10gb"
+    )
+    shared = [x for x in collect(cfg, T0)["leases"] if x["node"] == "n6"]
+    assert [(x["id"], x.get("slot")) for x in shared] == [(slice_.id, None), (beside.id, 1)]
     assert doc["daemon_reachable"] is False
     # a day later the failure has aged out of the list, and 30 s in the lease was not stuck
     assert collect(cfg, T0 + timedelta(days=1, seconds=1))["failed"] == []
