@@ -2,21 +2,30 @@
 8-GPU node) in the lease store on SQLite and PostgreSQL: leases of some GPUs by
 preemption share a node, each on the lowest port slot free; any other lease of a held
 node is refused, as is a lease of some GPUs of a node a whole-node, drain or gang lease
-holds; a returned lease's slot is taken again; and concurrent creates get distinct slots."""
+holds; a returned lease's slot is taken again; concurrent creates get distinct slots; and
+an adopted job's lease takes the slot its server listens on."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine
 
-from bridge.daemon.actuator import record_of
+from bridge.config import BridgeConfig, ModelConfig, PoolConfig
+from bridge.daemon.actuator import Actuator, record_of
+from bridge.daemon.observation import Observation
+from bridge.daemon.planner import plan_orphans
+from bridge.daemon.report import TickReport
 from bridge.leases.errors import NodeAlreadyLeased
 from bridge.leases.store import LeaseStore, create_schema, make_engine
 from bridge.lifecycle import LeaseState
+from bridge.modelfacts import merge_models
+from bridge.slurm.model import Node
+from tests.unit.planner_literals import job
 
 S = LeaseState
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -120,3 +129,33 @@ def test_an_adopted_jobs_lease_takes_the_slot_its_server_is_on(store: LeaseStore
     with pytest.raises(ValueError, match="slot=-1"):
         store.create("n4", "elastic", "preempt", [], "adopt:79", at(2), gpus=1, slot=-1)
     assert sorted(lease.slot for lease in store.open_leases()) == [0, 2]
+
+
+def test_the_actuator_adopts_two_orphans_of_a_shared_node_on_their_slots(
+    store: LeaseStore,
+) -> None:
+    """Two Triton jobs of lost lease records share n3 (4 GPUs), one GPU each, on ports
+    8000 and 8020: the orphan pass adopts each as a lease of one GPU on the slot its
+    server listens on (not both as the whole node, which the second would be refused)."""
+    config = BridgeConfig(
+        pools={
+            "inference": PoolConfig(partition="infer", lend_mode="reserved", cost_rank=0),
+            "elastic": PoolConfig(partition="elastic", lend_mode="preempt", cost_rank=1),
+        },
+        models={"busy": ModelConfig(slo_p99_ms=100)},
+    )
+    n3 = Node("n3", "10.0.0.3", ("elastic",), "mixed", frozenset(), "", "a100", 4, 0)
+    first = replace(job("100", on="n3", comment="stb:triton,stb:lease=5.100"), gpus=1)
+    other = replace(job("200", on="n3", comment="stb:triton,stb:lease=6.100,stb:port=8020"), gpus=1)
+    now = at(0)
+    obs = Observation(
+        now.timestamp(), {"n3": n3}, (first, other), frozenset(), (), {},
+        models=merge_models(None, config.models),
+    )  # fmt: skip
+    actuator = Actuator(config, None, store, lambda _: None, None)  # type: ignore[arg-type]
+    actuator.begin(obs, [])
+    report = TickReport(now)
+    for step in plan_orphans(obs, [], {}, config):
+        assert actuator.run(step, now, report), report.lines()
+    adopted = sorted(store.open_leases(), key=lambda x: x.slot)
+    assert [(x.slurm_job_id, x.gpus, x.slot) for x in adopted] == [("100", 1, 0), ("200", 1, 2)]
