@@ -6,7 +6,9 @@ schema is wiped before each test. PostgreSQL is the local server (127.0.0.1:5432
 postgres, trust auth) or `$STB_TEST_POSTGRES_URL` (a URL to a maintenance database the user
 may create databases from); if none answers and a Docker engine is reachable, a
 testcontainers PostgreSQL is started for the session; otherwise the postgresql parameter is
-skipped with the reason. The lease store's and the ledger's tests use it.
+skipped with the reason. The lease store's and the ledger's tests use it; `engine` and
+`store` are the bridge's tables made on it and the lease store over them (a module with
+tables of its own defines its own `engine`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from sqlalchemy import Engine
 from sqlalchemy.engine import URL, make_url
 
+from bridge.leases.store import LeaseStore, create_schema, make_engine
 from tests.db.helpers import libpq
 
 ADMIN_URL = make_url(
@@ -77,3 +81,18 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         conn.execute("DROP SCHEMA public CASCADE")
         conn.execute("CREATE SCHEMA public")
     return url
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    """The bridge's tables (`create_schema`) on `database_url`."""
+    eng = make_engine(database_url)
+    create_schema(eng)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def store(engine: Engine) -> LeaseStore:
+    """The lease store over `engine`."""
+    return LeaseStore(engine)

@@ -6,15 +6,13 @@ nothing written."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import Engine
 
 from bridge.daemon.actuator import record_of
 from bridge.leases.errors import NodeAlreadyLeased
-from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 
 S = LeaseState
@@ -23,19 +21,6 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    eng = make_engine(database_url)
-    create_schema(eng)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-def store(engine: Engine) -> LeaseStore:
-    return LeaseStore(engine)
 
 
 def test_a_gang_holds_its_members_and_no_node_is_lent_twice(store: LeaseStore) -> None:

@@ -8,12 +8,10 @@ an adopted job's lease takes the slot its server listens on."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import Engine
 
 from bridge.config import BridgeConfig, ModelConfig, PoolConfig
 from bridge.daemon.actuator import Actuator, record_of
@@ -21,7 +19,7 @@ from bridge.daemon.observation import Observation
 from bridge.daemon.planner import plan_orphans
 from bridge.daemon.report import TickReport
 from bridge.leases.errors import NodeAlreadyLeased
-from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 from bridge.modelfacts import merge_models
 from bridge.slurm.model import Node
@@ -33,19 +31,6 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    eng = make_engine(database_url)
-    create_schema(eng)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-def store(engine: Engine) -> LeaseStore:
-    return LeaseStore(engine)
 
 
 def _close(store: LeaseStore, lease_id: int, t: float) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -23,7 +23,7 @@ from bridge.leases.errors import (
     UnexpectedState,
 )
 from bridge.leases.models import Lease, LendMode
-from bridge.leases.store import LeaseStore, create_schema, make_engine
+from bridge.leases.store import LeaseStore
 from bridge.lifecycle import LeaseState
 
 S = LeaseState
@@ -32,19 +32,6 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    eng = make_engine(database_url)
-    create_schema(eng)
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-def store(engine: Engine) -> LeaseStore:
-    return LeaseStore(engine)
 
 
 def lend(store: LeaseStore, node: str = "n3", key: str = "lend-1", t: float = 0) -> Lease:
