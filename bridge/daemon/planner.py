@@ -122,7 +122,15 @@ def victims_of(lease: LeaseView, obs: Observation, settings: Settings) -> tuple[
         for j in jobs
         if guarded(j, now, settings.preempt_guard_s, settings.max_requeues_per_job)
     ]
-    held = triton_gpus(obs)[1].get(lease.node, 0)
+    # the GPUs the node's other Triton jobs hold, or will: started ones', and those of a
+    # lease sharing the node whose job pends for it (its victims still being requeued)
+    held = triton_gpus(obs)[1].get(lease.node, 0) + sum(
+        j.gpus
+        for j in obs.triton_jobs().values()
+        if j.state == "PENDING"
+        and j.requested_nodes == (lease.node,)
+        and lease_of(j.tags) != lease.ref
+    )
     if lease.gpu_type is not None:  # GPUs of a type (MIG slices): the jobs holding it
         view = typed_view(replace(view, free_types=free_types(node)), lease.gpu_type)
         held = 0

@@ -44,6 +44,7 @@ from bridge.daemon.planner import (
     replayed_return,
     return_reasons,
     shared_node_refusal,
+    victims_of,
 )
 from bridge.lifecycle import LeaseState, allowed
 from bridge.modelfacts import merge_models
@@ -943,6 +944,24 @@ def test_an_operator_lend_shares_a_node_only_as_a_lease_of_gpus_beside_leases_of
     assert check_operator_lend("n3", ["calm"], obs, [whole], CONFIG) == (
         "refused: n3 is already lent"
     )
+
+
+def test_a_second_lease_of_a_shared_node_counts_the_gpus_a_pending_lease_job_waits_for() -> None:
+    """n3 (4 GPUs) runs a 2-GPU elastic job; lease 1's Triton job pends there for 1 GPU
+    (its victims still being requeued). Lease 2 of 2 GPUs must requeue the elastic job:
+    the 2 GPUs free now are not free for it once lease 1's job starts on one."""
+    first = replace(lease(S.SUBMITTED, lease_id=1, job_id="100"), lent_gpus=1)
+    pending = replace(job("100", of=first, on="n3", state="PENDING"), gpus=1)
+    started = datetime.fromtimestamp(NOW - 3600, UTC)
+    elastic = Job(
+        "50", "train", "elastic", "team", "u", "RUNNING", "None", ("n3",), "", 2, 0,
+        started, started,
+    )  # fmt: skip
+    second = replace(lease(S.REQUESTED, lease_id=2, job_id=None), lent_gpus=2, slot=1)
+    obs = observe(jobs=[pending, elastic])
+    assert victims_of(second, obs, Settings()) == ("50",)
+    # lease 1's own job is not counted against lease 1 (a retried submit of its own)
+    assert victims_of(replace(first, state=S.REQUESTED), obs, Settings()) == ()
 
 
 # ---- operator requests taken again after a failover -----------------------------------
