@@ -347,8 +347,8 @@ class Actuator:
                 self.route(report, exclude=lease_id)
             case steps.Adopt(job_id, node, pool, mode, members, gpus):
                 audit = None if self.adopted is None else self.adopted(node, job_id)
-                jobs = self._obs.jobs if self._obs is not None else ()
-                tags = next((j.tags for j in jobs if j.job_id == job_id), ())
+                orphan = self._obs.triton_jobs().get(job_id) if self._obs is not None else None
+                tags = orphan.tags if orphan is not None else ()
                 lease = self.create(
                     node,
                     pool,

@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from bridge.triton.errors import TritonRejected, TritonUnreachable
-from bridge.triton.ports import HTTP_PORT, METRICS_PORT
+from bridge.triton.ports import METRICS_PORT, metrics_port
 from bridge.triton.protocol import Array, ModelStatistics, RepositoryModel, ServerMetadata
 
 DEFAULT_API_KEY_HEADER = "X-Stb-Key"
@@ -71,7 +71,7 @@ class TritonHttpClient:
         self._key_headers = {api_key_header: api_key} if api_key is not None else {}
         host, _, port = address.rpartition(":")
         # a server on another slot's ports (`bridge.triton.ports`) has its metrics beside
-        metrics = int(port) + METRICS_PORT - HTTP_PORT if host and port.isdigit() else METRICS_PORT
+        metrics = metrics_port(int(port)) if host and port.isdigit() else METRICS_PORT
         self.metrics_url = metrics_url or f"http://{host or address}:{metrics}/metrics"
         self._timeouts = {"connection_timeout": connect_timeout_s, "network_timeout": timeout_s}
         self._client = httpclient.InferenceServerClient(address, **self._timeouts)

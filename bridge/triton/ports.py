@@ -66,6 +66,11 @@ def server_address(host: str, tags: Iterable[str]) -> str:
     return f"{host}:{port_of(tags)}"
 
 
+def metrics_port(http: int) -> int:
+    """The metrics port of the server whose HTTP port is `http` (two above it)."""
+    return http + METRICS_PORT - HTTP_PORT
+
+
 def metrics_address(host: str, tags: Iterable[str]) -> str:
     """`host:port` of the metrics endpoint of the Triton job with `tags` on `host`."""
-    return f"{host}:{port_of(tags) + METRICS_PORT - HTTP_PORT}"
+    return f"{host}:{metrics_port(port_of(tags))}"

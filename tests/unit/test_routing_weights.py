@@ -50,6 +50,24 @@ def lease(
     )  # fmt: skip
 
 
+def route(servers: tuple[TritonServer, ...], leases: list[LeaseRecord]) -> RoutingTable:
+    """The table the actuator's `route` publishes for `servers` on n1 and n3 (8 GPUs each)
+    with `leases` open; `replica_gpus` checked beside it."""
+    obs = Observation(
+        NOW, {"n1": node("n1", "10.0.0.1"), "n3": node("n3", "10.0.0.3")},
+        tuple(s.job for s in servers), frozenset(), servers, {},
+        models=merge_models(None, CONFIG.models),
+    )  # fmt: skip
+    router = FakeRouter()
+    actuator = Actuator(CONFIG, None, None, lambda _: None, router)  # type: ignore[arg-type]
+    actuator.begin(obs, leases)
+    actuator.route(TickReport(datetime.fromtimestamp(NOW)))
+    (table,) = router.tables
+    held = {lease.slurm_job_id: lease.lent_gpus or 8 for lease in leases}
+    assert replica_gpus(obs, leases) == {"100": 8, **held}
+    return table
+
+
 def published(lent_gpus: int | None) -> RoutingTable:
     """The table `route` publishes for the baseline on n1 (8 GPUs) and lease 7's replica
     on n3 (its node's 8 GPUs, or `lent_gpus` of them), both holding both models."""
@@ -58,18 +76,7 @@ def published(lent_gpus: int | None) -> RoutingTable:
         TritonServer(job("100", on="n1"), "n1", "10.0.0.1:8000", True, ("shared", "own")),
         TritonServer(job("200", of=held, on="n3"), "n3", "10.0.0.3:8000", True, ("shared", "own")),
     )  # fmt: skip
-    obs = Observation(
-        NOW, {"n1": node("n1", "10.0.0.1"), "n3": node("n3", "10.0.0.3")},
-        tuple(s.job for s in servers), frozenset(), servers, {},
-        models=merge_models(None, CONFIG.models),
-    )  # fmt: skip
-    router = FakeRouter()
-    actuator = Actuator(CONFIG, None, None, lambda _: None, router)  # type: ignore[arg-type]
-    actuator.begin(obs, [held])
-    actuator.route(TickReport(datetime.fromtimestamp(NOW)))
-    (table,) = router.tables
-    assert replica_gpus(obs, [held]) == {"100": 8, "200": lent_gpus or 8}
-    return table
+    return route(servers, [held])
 
 
 def test_a_partial_leases_replica_is_weighed_by_its_gpus_beside_a_whole_node() -> None:
@@ -96,17 +103,7 @@ def test_two_leases_on_one_node_are_two_replicas_each_weighed_by_its_gpus() -> N
         TritonServer(job("200", of=two, on="n3"), "n3", "10.0.0.3:8000", True, ("shared",)),
         TritonServer(tagged, "n3", server_address("10.0.0.3", tagged.tags), True, ("shared",)),
     )  # fmt: skip
-    obs = Observation(
-        NOW, {"n1": node("n1", "10.0.0.1"), "n3": node("n3", "10.0.0.3")},
-        tuple(s.job for s in servers), frozenset(), servers, {},
-        models=merge_models(None, CONFIG.models),
-    )  # fmt: skip
-    assert replica_gpus(obs, [two, four]) == {"100": 8, "200": 2, "300": 4}
-    router = FakeRouter()
-    actuator = Actuator(CONFIG, None, None, lambda _: None, router)  # type: ignore[arg-type]
-    actuator.begin(obs, [two, four])
-    actuator.route(TickReport(datetime.fromtimestamp(NOW)))
-    (table,) = router.tables
+    table = route(servers, [two, four])  # replica GPUs 8, 2 and 4
     assert table.endpoints("shared") == ("10.0.0.1:8000", "10.0.0.3:8000", "10.0.0.3:8010")
     assert [table.weight("shared", a) for a in table.endpoints("shared")] == [4, 1, 2]
     assert sorted(t.endpoint for t in table.targets) == [
