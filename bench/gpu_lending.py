@@ -39,6 +39,10 @@ Usage:
     STB_TRACES_DIR=... .venv/bin/python bench/gpu_lending.py [--days 1] [--nodes 128]
         [--load 1.1] [--mean-rps 3000] [--workloads azure,ramps] [--lend-cap 100,200]
         [--replica-gpus 1,2,4,8,16] [--seed 0,1,2,3]
+        [--ranking largest|per_gpu [--lease-cost GPU_S] [--shared]]
+
+`--ranking`, `--lease-cost` and `--shared` set GPU mode's `[policy] lend_ranking`,
+`lease_cost_gpu_s` and `shared_lends` (node mode lends whole nodes either way).
 """
 
 from __future__ import annotations
@@ -92,7 +96,13 @@ def run_workload(
             policies=["bridge"],
             seed=seed,
             lend_cap=cap,
-            policy=PolicyConfig(placement=False),
+            policy=PolicyConfig(
+                placement=False,
+                sized_lends=True,
+                lend_ranking=args.ranking,
+                lease_cost_gpu_s=args.lease_cost,
+                shared_lends=args.shared,
+            ),
             models=models,
             granularity=mode,
             replica_gpus=sizes,
@@ -123,7 +133,26 @@ def main() -> None:
     parser.add_argument(
         "--seed", default="0", help="seeds, comma-separated: each a run of every workload and cap"
     )
+    parser.add_argument(
+        "--ranking",
+        choices=("largest", "per_gpu"),
+        default="largest",
+        help="GPU mode's [policy] lend_ranking",
+    )
+    parser.add_argument(
+        "--lease-cost",
+        type=float,
+        default=0.0,
+        help="GPU mode's [policy] lease_cost_gpu_s (with --ranking per_gpu)",
+    )
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="GPU mode's [policy] shared_lends (with --ranking per_gpu)",
+    )
     args = parser.parse_args()
+    if args.ranking != "per_gpu" and (args.shared or args.lease_cost):
+        parser.error("--shared and --lease-cost need --ranking per_gpu")
     try:
         seeds = [int(x) for x in args.seed.split(",") if x.strip()]
     except ValueError:
@@ -140,6 +169,9 @@ def main() -> None:
         f"{args.models} models (replica GPUs {args.replica_gpus}; SLOs "
         f"{', '.join(f'{s:g}' for s in MIX_SLO_MS)} ms, service {SERVICE_MS:g} ms), "
         f"lend caps {args.lend_cap}, placement off, seeds {','.join(map(str, seeds))}; "
+        f"GPU mode's ranking {args.ranking}"
+        f"{f', lease cost {args.lease_cost:g} GPU-s' if args.lease_cost else ''}"
+        f"{', shared lends' if args.shared else ''}; "
         f"jobs: {'Alibaba trace' if traces else 'generated'}"
     )
     print(

@@ -295,6 +295,30 @@ class PolicyConfig(_Strict):
         "instance_group without a device list); a tensor-parallel backend or one naming "
         "its devices would serve one. The simulator's GPU-granular runs turn it on.",
     )
+    lend_ranking: Literal["largest", "per_gpu"] = Field(
+        default="largest",
+        description="With sized_lends, how a sized lend's nodes are chosen. 'largest': "
+        "the nodes that give the planned GPUs first (cheapest first), then those that "
+        "give one replica fewer, and so on. 'per_gpu': every size from the planned one "
+        "down to one replica's together, by the work the victims lose per GPU lent "
+        "(plus lease_cost_gpu_s a lease), so free GPUs of busy nodes go first. "
+        "per_gpu loses far fewer elastic GPU-hours in the simulator but holds more, "
+        "smaller leases: see bench/README.md before turning it on.",
+    )
+    lease_cost_gpu_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="With lend_ranking 'per_gpu': GPU-seconds of work a lease is charged "
+        "besides its victims' (each lease holds a node's lend and a place in its pool's "
+        "lend share), so larger leases rank before many small ones. 0: victims' work only.",
+    )
+    shared_lends: bool = Field(
+        default=False,
+        description="With lend_ranking 'per_gpu': when a sized lend finds too few nodes "
+        "and a model of it is in sustained breach (breach_evaluations), lend GPUs of a "
+        "preempt-mode node whose serving leases each hold some of its GPUs, beside them, "
+        "on a port slot of its own (bridge/triton/ports.py).",
+    )
     low_watermark: float = Field(
         default=0.5,
         gt=0,
@@ -460,6 +484,11 @@ class PolicyConfig(_Strict):
 
     @model_validator(mode="after")
     def _hysteresis(self) -> PolicyConfig:
+        # (an option another one switches off would do nothing, silently)
+        if self.lend_ranking == "per_gpu" and not (self.partial_lends and self.sized_lends):
+            raise ValueError("lend_ranking 'per_gpu' needs partial_lends and sized_lends")
+        if self.lend_ranking != "per_gpu" and (self.shared_lends or self.lease_cost_gpu_s):
+            raise ValueError("shared_lends and lease_cost_gpu_s need lend_ranking 'per_gpu'")
         if self.low_watermark >= self.high_watermark:
             raise ValueError(
                 f"low_watermark ({self.low_watermark}) must be below high_watermark "

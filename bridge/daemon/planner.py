@@ -47,7 +47,7 @@ from bridge.policy.leasesync import (
     sync_lease,
 )
 from bridge.policy.nodes import partial
-from bridge.policy.snapshot import LeaseView, NodeView, held_nodes
+from bridge.policy.snapshot import LeaseView, NodeView, held_nodes, shares_node
 from bridge.policy.steps import (
     Adopt,
     Cancel,
@@ -274,12 +274,7 @@ def _holders(node: str, leases: Sequence[LeaseView]) -> list[LeaseView]:
 def shares(lease: LeaseView, node: str) -> bool:
     """Whether `lease` leaves `node` to other leases of some of its GPUs by preemption:
     it is one itself, on `node` (the rule `LeaseStore.create` keeps)."""
-    return (
-        lease.node == node
-        and lease.lent_gpus is not None
-        and not lease.members
-        and lease.lend_mode == "preempt"
-    )
+    return lease.node == node and shares_node(lease)
 
 
 def shared_node_refusal(

@@ -79,6 +79,7 @@ from bridge.policy.hysteresis import (
 )
 from bridge.policy.nodes import (
     LENDABLE,
+    choose_beside,
     choose_nodes,
     choose_sized,
     load_on,
@@ -352,7 +353,9 @@ def _targets(
     the GPUs of those that give fewer: a lend sized to several replicas' worth
     (`Assessment.held`) that no node left gives whole takes what the cheapest node can
     give, in steps of one replica (`choose_sized`: the least common multiple of the
-    group's replica GPUs), rather than waiting for a node that has them all."""
+    group's replica GPUs), rather than waiting for a node that has them all. With
+    `[policy] shared_lends`, lends still short while a model of them is in sustained
+    breach take GPUs beside a node's partial leases (`choose_beside`)."""
     one = [size(m) for m in group]
     step = math.lcm(*(k for k in one if k is not None)) if None not in one else None
     if gpus is None or step is None or gpus <= step:
@@ -380,7 +383,33 @@ def _targets(
         taken=frozenset(taken),
         spent=spent,
     )
+    policy = config.policy
+    if len(found) < len(group) and policy.shared_lends and _sustained(snapshot, config, models):
+        # (the nodes found, and their victims, are this pass's already)
+        for node, g in found:
+            spent += victims_count(node, g, config.pools[node.pool].lend_mode, now, policy)
+        found += choose_beside(
+            snapshot,
+            config,
+            now,
+            len(group) - len(found),
+            gpus=gpus,
+            step=step,
+            taken=frozenset(taken | {node.name for node, _ in found}),
+            spent=spent,
+        )
     return [node for node, _ in found], {node.name: g for node, g in found if g != gpus}
+
+
+def _sustained(snapshot: Snapshot, config: BridgeConfig, models: Sequence[str]) -> bool:
+    """Whether a model of `models` is in sustained breach (`evaluate_model`: the
+    `breach_evaluations` newest samples over the high watermark): what a lend beside a
+    node's leases (`[policy] shared_lends`) waits for, as a burst does not last."""
+    return any(
+        evaluate_model(snapshot.history[m], snapshot.models[m], config) == ModelStatus.BREACH
+        for m in models
+        if snapshot.history.get(m) and m in snapshot.models
+    )
 
 
 def _from_zero(snapshot: Snapshot) -> list[tuple[str, int]]:

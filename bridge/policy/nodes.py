@@ -24,8 +24,16 @@ killing nothing (else it is lent whole): one with k GPUs free ranks
 with the idle ones; a busy one (the backstop's, as any busy drain node) waits for the
 jobs that end first until k are free (`bridge.policy.victims.drain_wait`), and the
 shortest wait goes first: the soonest known end, then, where a job waited for has no
-end known, the fewest GPUs busy. Pure; `decide`, the advisory pass and the weight-cache
-plan's lend order call it."""
+end known, the fewest GPUs busy.
+
+A lend sized to several replicas' worth (`choose_sized`) takes, by default, the nodes
+that give the planned GPUs, then those that give one replica fewer, and so on. With
+`[policy] lend_ranking = "per_gpu"` every size is ranked together by the work its
+victims lose per GPU lent (plus `lease_cost_gpu_s` a lease), so busy nodes' free GPUs go
+first; with `shared_lends` a lend that finds too few nodes on a sustained breach may take
+GPUs of a node whose serving leases each hold some of its GPUs, beside them
+(`choose_beside`). Pure; `decide`, the advisory pass and the weight-cache plan's lend
+order call it."""
 
 from __future__ import annotations
 
@@ -34,7 +42,8 @@ from collections import Counter
 from collections.abc import Collection, Mapping
 
 from bridge.config import BridgeConfig, PolicyConfig
-from bridge.policy.snapshot import NodeView, Snapshot, held_nodes
+from bridge.lifecycle import LeaseState
+from bridge.policy.snapshot import LeaseView, NodeView, Snapshot, held_nodes, shares_node
 from bridge.policy.victims import Victims, choose_victims, drain_wait, guarded, work_lost
 
 #: the lend modes of the pools a lend may take nodes from
@@ -99,17 +108,25 @@ def requeued_recently(node: NodeView, now: float, guard_s: float) -> bool:
 
 
 def partial_victims(
-    node: NodeView, gpus: int, now: float, policy: PolicyConfig, budget: int
+    node: NodeView,
+    gpus: int,
+    now: float,
+    policy: PolicyConfig,
+    budget: int,
+    triton_gpus: int | None = None,
 ) -> Victims | None:
     """The jobs a lend of `gpus` of `node`'s GPUs requeues (`choose_victims`): never a
     guarded job (`bridge.policy.victims.guarded`), never more than `budget` of them; None
-    when no such choice frees the GPUs."""
+    when no such choice frees the GPUs. `triton_gpus`: the GPUs its Triton jobs hold
+    (None: `node.triton_gpus`)."""
     keep = [
         j.job_id
         for j in node.jobs
         if guarded(j, now, policy.preempt_guard_s, policy.max_requeues_per_job)
     ]
-    return choose_victims(node, gpus, now, keep=keep, max_jobs=max(0, budget))
+    return choose_victims(
+        node, gpus, now, triton_gpus=triton_gpus, keep=keep, max_jobs=max(0, budget)
+    )
 
 
 def partial(node_gpus: int, gpus: int | None, mode: str, drain: bool = False) -> bool:
@@ -314,6 +331,19 @@ def choose_sized(
     at the largest of those sizes it gives."""
     if step < 1:
         raise ValueError(f"a replica takes at least one GPU, got step={step}")
+    if config.policy.lend_ranking == "per_gpu":
+        return _by_gpu_cost(
+            snapshot,
+            config,
+            now,
+            count,
+            gpus=gpus,
+            step=step,
+            taken=taken,
+            freed=freed,
+            models=models,
+            spent=spent,
+        )
     out: list[tuple[NodeView, int]] = []
     held = set(taken)
     policy = config.policy
@@ -335,3 +365,127 @@ def choose_sized(
             spent += victims_count(node, size, config.pools[node.pool].lend_mode, now, policy)
         size -= step
     return out
+
+
+def _by_gpu_cost(
+    snapshot: Snapshot,
+    config: BridgeConfig,
+    now: float,
+    count: int,
+    *,
+    gpus: int,
+    step: int,
+    taken: frozenset[str],
+    freed: frozenset[int],
+    models: Collection[str],
+    spent: int,
+) -> list[tuple[NodeView, int]]:
+    """`choose_sized` with `[policy] lend_ranking = "per_gpu"`: the nodes `choose_nodes`
+    offers at every size from `gpus` down to `step`, ranked together by cost rank, the
+    lend's models' load there, then the work its victims lose per GPU it takes (plus
+    `lease_cost_gpu_s` a lease), the larger size first on a tie. An idle node's GPUs and
+    a busy node's free ones cost nothing and go before any victim. Each node once, at the
+    size it ranks best, within the hour's budget and the pools' lend shares."""
+    policy = config.policy
+    budget = policy.max_preemptions_per_hour - snapshot.preemptions_last_hour - spent
+    # (cost rank, load, GPU-seconds lost per GPU lent, -size, name, node, size, victims)
+    ranked: list[tuple[int, float, float, int, str, NodeView, int, int]] = []
+    for size in range(gpus, step - 1, -step):
+        offered = choose_nodes(
+            snapshot,
+            config,
+            now,
+            len(snapshot.nodes),
+            freed=freed,
+            models=models,
+            gpus=size,
+            taken=taken,
+            spent=spent,
+        )
+        for node in offered:
+            mode = config.pools[node.pool].lend_mode
+            lost, jobs = 0.0, 0
+            if node.jobs and partial(node.gpus, size, mode):
+                victims = partial_victims(node, size, now, policy, len(node.jobs))
+                if victims is not None:
+                    lost, jobs = victims.lost, len(victims.jobs)
+            elif node.jobs and mode == "preempt":
+                lost, jobs = work_lost(node, now), len(node.jobs)
+            load = load_on(node, models, snapshot.load_s, snapshot.local_load_s)
+            per_gpu = (lost + policy.lease_cost_gpu_s) / size
+            rank = config.pools[node.pool].cost_rank
+            ranked.append((rank, load, per_gpu, -size, node.name, node, size, jobs))
+    ranked.sort(key=lambda t: t[:5])
+    room = share_room(snapshot, config, freed=freed, taken=taken)
+    return _take([t[5:] for t in ranked], count, budget, room)
+
+
+def _take(
+    ranked: list[tuple[NodeView, int, int]], count: int, budget: int, room: dict[str, int] | None
+) -> list[tuple[NodeView, int]]:
+    """Up to `count` of the (node, GPUs, victims) `ranked`, in their order: each node once,
+    its victims within the `budget` left, and a node of a pool in `room` only while the
+    pool has room (None: no pool capped)."""
+    out: list[tuple[NodeView, int]] = []
+    held: set[str] = set()
+    for node, size, jobs in ranked:
+        if len(out) == count:
+            break
+        if node.name in held or jobs > budget:
+            continue
+        if room is not None and node.pool in room:
+            if room[node.pool] <= 0:
+                continue
+            room[node.pool] -= 1
+        budget -= jobs
+        held.add(node.name)
+        out.append((node, size))
+    return out
+
+
+def choose_beside(
+    snapshot: Snapshot,
+    config: BridgeConfig,
+    now: float,
+    count: int,
+    *,
+    gpus: int,
+    step: int,
+    taken: frozenset[str] = frozenset(),
+    spent: int = 0,
+) -> list[tuple[NodeView, int]]:
+    """Up to `count` lends of GPUs of nodes already lent, beside their leases (`[policy]
+    shared_lends`, when a sized lend finds too few other nodes): a usable, unreserved
+    preempt-mode node not in `taken` whose open leases each hold some of its GPUs by
+    preemption (`shares_node`) and serve gives the planned `gpus` or, with fewer not
+    lent, the most of those in steps of `step`, at the cost of the jobs
+    `partial_victims` picks beside the leases' GPUs. The least work lost per GPU first
+    (cost rank first, the larger on a tie), within the hour's budget. The node is lent
+    already: it takes no more of its pool's lend share (`share_room`)."""
+    policy = config.policy
+    budget = policy.max_preemptions_per_hour - snapshot.preemptions_last_hour - spent
+    on: dict[str, list[LeaseView]] = {}
+    for lease in snapshot.leases:
+        for name in lease.nodes:
+            on.setdefault(name, []).append(lease)
+    ranked: list[tuple[int, float, int, str, NodeView, int, int]] = []
+    for node in snapshot.nodes:
+        leases = on.get(node.name)
+        pool = config.pools.get(node.pool)
+        if not leases or pool is None or pool.lend_mode != "preempt" or node.name in taken:
+            continue
+        if not node.usable or node.reserved:
+            continue
+        if not all(shares_node(lease) and lease.state == LeaseState.SERVING for lease in leases):
+            continue
+        lent = sum(lease.lent_gpus or 0 for lease in leases)
+        size = min(gpus, (node.gpus - lent) // step * step)
+        if size < step:
+            continue
+        victims = partial_victims(node, size, now, policy, budget, triton_gpus=lent)
+        if victims is None:
+            continue
+        per_gpu = (victims.lost + policy.lease_cost_gpu_s) / size
+        ranked.append((pool.cost_rank, per_gpu, -size, node.name, node, size, len(victims.jobs)))
+    ranked.sort(key=lambda t: t[:4])
+    return _take([t[4:] for t in ranked], count, budget, None)

@@ -219,6 +219,14 @@ def held_nodes(leases: Iterable[LeaseView]) -> set[str]:
     return {n for lease in leases for n in lease.nodes}
 
 
+def shares_node(lease: LeaseView) -> bool:
+    """Whether other leases may share `lease`'s node: it holds some of its GPUs by
+    preemption and is no gang, as every lease already there must (the rule the lease
+    store keeps, `bridge.leases.store`; the operator's lend and `[policy] shared_lends`
+    read it here)."""
+    return lease.lent_gpus is not None and not lease.members and lease.lend_mode == "preempt"
+
+
 @dataclass(frozen=True)
 class Snapshot:
     nodes: tuple[NodeView, ...]

@@ -80,6 +80,7 @@ from bridge.policy.leasesync import (
 )
 from bridge.policy.returns import PeakLog, ReturnLog
 from bridge.policy.seasonal import SeasonLog
+from bridge.policy.snapshot import shares_node
 from bridge.policy.steps import Cancel, RouteIn, RouteOut, Step
 from bridge.policy.timing import pool_slowest
 from bridge.sim.cluster import Claim, Cluster, SimLease
@@ -435,8 +436,8 @@ class Engine(Cluster):
         n = 1 if k is None else nodes_per_replica(k, node.gpus)
         leased = {held.name for lease in self.leases.values() for held in lease.nodes}
         if n == 1:
-            if node.name in leased:  # a gang placed earlier in this pass took it
-                return None
+            if node.name in leased and not self._beside(node, lend):
+                return None  # a gang placed earlier in this pass took it
             return ((node,), ()) if lend.gpus is None else ((node,), (Claim(node, lend.gpus),))
         candidates = [
             self.victim_view(m)
@@ -452,6 +453,18 @@ class Engine(Cluster):
         if self.granularity == "node":
             return nodes, ()
         return nodes, tuple(Claim(m, m.gpus) for m in nodes)
+
+    def _beside(self, node: SimNode, lend: Lend) -> bool:
+        """Whether `lend` (of some GPUs) may stand beside `node`'s leases, as the lease
+        store lets it (`bridge.policy.snapshot.shares_node`, `[policy] shared_lends`):
+        each of them holds some of its GPUs by preemption and serves on them, and the
+        node has the lend's GPUs besides."""
+        on = [lease for lease in self.leases.values() if node in lease.nodes]
+        return (
+            lend.gpus is not None
+            and all(shares_node(lease.view) and lease.claims[0].served for lease in on)
+            and lend.gpus <= node.gpus - sum(lease.gpus() for lease in on)
+        )
 
     # ---- weight caches -----------------------------------------------------------------
 

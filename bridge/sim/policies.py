@@ -329,12 +329,18 @@ def setup_for(policy: str, scenario: Scenario, sizing: Sizing) -> Setup:
         for m, (slo, _) in scenario.models.items()
     }
     # GPU-granular lending is the policy's partial lends, sized to the demand
-    # (`[policy] partial_lends`, `sized_lends`)
+    # (`[policy] partial_lends`, `sized_lends`); node-granular lends whole nodes, which the
+    # sized lends' ranking (`lend_ranking` and its options) does not apply to
+    gpu = scenario.granularity == "gpu"
+    whole: dict[str, object] = (
+        {} if gpu else {"lend_ranking": "largest", "shared_lends": False, "lease_cost_gpu_s": 0.0}
+    )
     policy_config = scenario.policy.model_copy(
         update={
             **cap,
-            "partial_lends": scenario.granularity == "gpu",
-            "sized_lends": scenario.granularity == "gpu",
+            **whole,
+            "partial_lends": gpu,
+            "sized_lends": gpu,
         }
     )
     config = BridgeConfig(tick_s=scenario.tick_s, pools=pools, policy=policy_config)

@@ -228,3 +228,35 @@ def test_a_partial_leases_replica_serves_on_its_own_gpus(granularity: str, serve
         t += TICK
         _at(engine, t)
     assert all(g.models != ("small",) for g in engine.serving.groups.values())
+
+
+def _serve(engine: Engine, lease_id: int, t: float) -> float:
+    """Ticks until lease `lease_id` serves; the time then."""
+    while engine.leases[lease_id].view.state != LeaseState.SERVING:
+        t += TICK
+        _at(engine, t)
+    return t
+
+
+def test_a_lend_beside_a_serving_partial_lease_shares_its_node() -> None:
+    # the store's rule (`[policy] shared_lends` makes such lends): a second 2-GPU lease of
+    # el0 beside the first, once it serves, requeues b (2 GPUs) and leaves a running
+    engine = Engine(_setup("gpu"))
+    _at(engine, 10.0)
+    _lend(engine, "el0", "small")  # the free GPU and c's
+    (first,) = engine.leases
+    _lend(engine, "el0", "small")  # refused while the first is not serving
+    assert list(engine.leases) == [first]
+    assert engine.tally.decisions[-1].kind == "refused"
+    t = _serve(engine, first, 10.0)
+    _lend(engine, "el0", "small")
+    second = max(engine.leases)
+    assert second != first
+    _serve(engine, second, t)
+    runs, node = engine.fleet.runs, engine.by_name["el0"]
+    assert [runs[j].restarts for j in "abc"] == [0, 1, 1]
+    assert sorted(node.jobs) == ["a"] and node.held == 4
+    # a whole-node lend is never beside them, nor one of more GPUs than are left
+    _lend(engine, "el0", "whole")
+    engine._act(Lend("el0", "elastic", "preempt", ("small",), "test", 6))
+    assert sorted(engine.leases) == [first, second]
