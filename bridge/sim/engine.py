@@ -430,14 +430,15 @@ class Engine(Cluster):
         replica that spans nodes, which the bridge does not lend yet: a gang of whole
         nodes placed here (`bridge.sim.lending.place_gang`), or None when none is free
         (all or nothing); None too for the policy's node when a gang placed earlier in
-        the pass took it (the policy did not choose the gang's nodes)."""
+        the pass took it (the policy did not choose the gang's nodes), or when it holds
+        leases a lend of some GPUs may not stand beside (`_beside`)."""
         node = self.by_name[lend.node]
         k = lend_gpus(self.specs, lend.models)
         n = 1 if k is None else nodes_per_replica(k, node.gpus)
         leased = {held.name for lease in self.leases.values() for held in lease.nodes}
         if n == 1:
             if node.name in leased and not self._beside(node, lend):
-                return None  # a gang placed earlier in this pass took it
+                return None
             return ((node,), ()) if lend.gpus is None else ((node,), (Claim(node, lend.gpus),))
         candidates = [
             self.victim_view(m)
