@@ -39,10 +39,11 @@ Usage:
     STB_TRACES_DIR=... .venv/bin/python bench/gpu_lending.py [--days 1] [--nodes 128]
         [--load 1.1] [--mean-rps 3000] [--workloads azure,ramps] [--lend-cap 100,200]
         [--replica-gpus 1,2,4,8,16] [--seed 0,1,2,3]
-        [--ranking largest|per_gpu [--lease-cost GPU_S] [--shared]]
+        [--ranking largest|per_gpu [--lease-cost GPU_S] [--shared]] [--timeline]
 
 `--ranking`, `--lease-cost` and `--shared` set GPU mode's `[policy] lend_ranking`,
 `lease_cost_gpu_s` and `shared_lends` (node mode lends whole nodes either way).
+`--timeline` prints each run's capacity over the day beside node mode's (`timeline`).
 """
 
 from __future__ import annotations
@@ -120,6 +121,30 @@ def row(workload: str, mode: str, r: PolicyResult) -> str:
     )
 
 
+def timeline(label: str, got: dict[str, PolicyResult]) -> list[str]:
+    """Both modes' capacity over the run (`--timeline`), one row an hour and one at every
+    sample where a mode's worst p99 is over its SLO: requests/s, then per mode the worst
+    p99 over SLO, the GPUs serving and the nodes held lent. Where GPU mode misses and
+    node mode does not, it shows whether GPU mode lacked GPUs then, and since when."""
+    node, gpu = got["node"].series, got["gpu"].series
+    step = got["gpu"].series_step_s
+    per_hour = max(1, round(3600.0 / step))
+    out = [
+        f"{label:<10} {'hour':>6} {'req/s':>8}   node: p99/SLO GPUs lent   gpu: p99/SLO GPUs lent"
+    ]
+    for i, worst in enumerate(gpu["worst_p99_over_slo"]):
+        late = max(worst, node["worst_p99_over_slo"][i]) > 1.0
+        if not late and i % per_hour:
+            continue
+        out.append(
+            f"{label:<10} {i * step / 3600.0:>6.2f} {gpu['requests_per_s'][i]:>8.0f}   "
+            f"{node['worst_p99_over_slo'][i]:>13.2f} {node['gpus_inference'][i]:>4.0f} "
+            f"{node['lent_nodes'][i]:>4.0f}   {worst:>12.2f} {gpu['gpus_inference'][i]:>4.0f} "
+            f"{gpu['lent_nodes'][i]:>4.0f}{'  late' if late else ''}"
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=float, default=1.0)
@@ -149,6 +174,11 @@ def main() -> None:
         "--shared",
         action="store_true",
         help="GPU mode's [policy] shared_lends (with --ranking per_gpu)",
+    )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print each run's capacity over the day, both modes (hourly and when late)",
     )
     args = parser.parse_args()
     if args.ranking != "per_gpu" and (args.shared or args.lease_cost):
@@ -197,6 +227,8 @@ def main() -> None:
             per = got[mode].models
             shares = " ".join(f"{m} {100 * o.within_share:.3f}" for m, o in per.items())
             print(f"{label:<10} {mode:<5} models: {shares}")
+        if args.timeline:
+            print("\n".join(timeline(label, got)))
         ratio = gpu.gpu_hours_lost / node.gpu_hours_lost if node.gpu_hours_lost > 0 else None
         lost_ok = gpu.gpu_hours_lost <= 0.5 * node.gpu_hours_lost
         wait_ok = wait_mean_s(gpu) <= wait_mean_s(node) and wait_p95_s(gpu) <= wait_p95_s(node)

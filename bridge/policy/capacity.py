@@ -295,6 +295,7 @@ def plan_lends(
     room: Callable[[str, int], bool],
     cv2: float = 0.0,
     replica_gpus: Callable[[tuple[str, ...]], int | None] | None = None,
+    small_apart: bool = False,
 ) -> list[tuple[tuple[str, ...], int]]:
     """`plan_nodes` with each lend sized: the models of each lend to add and the GPUs its
     replica holds. A lend whose models' replica takes `k` GPUs (`replica_gpus(models)`;
@@ -304,7 +305,11 @@ def plan_lends(
     late after it. One lease is one Triton server on one node, so a deficit of many
     replicas' worth met one replica per lend would spread over as many nodes, each a
     replica of k GPUs and a lend slot; sized here it takes the fewest nodes and each
-    replica its share's GPUs. Without `replica_gpus` every lend is a whole node
+    replica its share's GPUs. A lend's models are those late; with `small_apart`, where
+    one replica of them all would take a whole node or more while some of theirs take
+    less, those go in a lend of their own first and the rest in the next (on a pool
+    whose nodes are partly lent no whole node may be left, and the small models would
+    wait on the large). Without `replica_gpus` every lend is a whole node
     (`plan_nodes`' answer, each with its node's GPUs)."""
     current = list(groups)
     added: list[tuple[tuple[str, ...], int]] = []
@@ -315,6 +320,10 @@ def plan_lends(
             break
         models = tuple(sorted(late))
         k = replica_gpus(models) if replica_gpus is not None else None
+        if small_apart and k is not None and k >= node_gpus and replica_gpus is not None:
+            small = tuple(m for m in models if (replica_gpus((m,)) or node_gpus) < node_gpus)
+            if small:
+                models, k = small, replica_gpus(small)
         held = node_gpus
         if k is not None and k < node_gpus:
             most = node_gpus // k

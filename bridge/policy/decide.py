@@ -281,6 +281,8 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             room,
             policy.service_cv2,
             _replica_size(snapshot, config),
+            # the per-GPU ranking leaves few whole nodes: a gang's models lent apart
+            small_apart=policy.lend_ranking == "per_gpu",
         )
         sized.update((len(wanted) + i, g) for i, (_, g) in enumerate(planned))
         wanted += [models for models, _ in planned]

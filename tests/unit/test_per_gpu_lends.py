@@ -199,3 +199,28 @@ def test_decide_lends_beside_the_leases_only_on_a_sustained_breach(
     assert lend.node == "e1" and lend.gpus is not None and 1 <= lend.gpus <= 7
     # without shared_lends the breach is the backstop's, which finds no node either
     assert [a for a in policy_decide(snap, config(), NOW) if isinstance(a, Lend)] == []
+
+
+def test_decide_lends_a_gangs_small_models_apart_with_the_per_gpu_ranking() -> None:
+    # a (1 GPU) and g (a 16-GPU gang) both late, one elastic node: a lend of both would
+    # be g's gang of two whole nodes, which the pool cannot give. With the per-GPU ranking
+    # a is lent GPUs of its own on e1; with the default ranking the pair waits for a gang
+    models = {**MODELS, "g": ModelConfig(slo_p99_ms=100, max_replicas=8, tensor_parallel=16)}
+
+    def lends(cfg: BridgeConfig) -> list[Lend]:
+        snap = replace(
+            snapshot(BUSY),
+            replicas=(ReplicaView("r1", ("a", "g"), gpus=8),),
+            history={"a": samples(150.0), "g": samples(150.0)},
+            models=toml_models(cfg),
+        )
+        return [a for a in policy_decide(snap, cfg, NOW) if isinstance(a, Lend)]
+
+    per_gpu = BridgeConfig(pools=POOLS, models=models, policy=PER_GPU)
+    (lend,) = lends(per_gpu)
+    assert lend.node == "e1" and lend.models == ("a",)
+    assert lend.gpus is not None and 1 <= lend.gpus < 8
+    largest = per_gpu.model_copy(
+        update={"policy": PER_GPU.model_copy(update={"lend_ranking": "largest"})}
+    )
+    assert all(lend.models != ("a",) for lend in lends(largest))

@@ -73,6 +73,32 @@ def test_without_replica_sizes_every_lend_is_a_whole_node_as_plan_nodes() -> Non
     assert sized == [(m, 4) for m in whole]
 
 
+def test_small_replicas_are_not_lent_in_a_gang_of_the_largest() -> None:
+    # a (1 GPU) and b (a 16-GPU gang) both late: one replica of both would be b's gang of
+    # two whole nodes; with small_apart (the per-GPU ranking's) a is lent its own GPUs
+    # first, b a lend of its own after
+    sizes = {"a": 1, "b": 16}
+
+    def size(models: tuple[str, ...]) -> int:
+        return max(sizes[m] for m in models)
+
+    demand = {"a": A, "b": Demand(100.0, 0.02, 0.1)}
+    plan = capacity.plan_lends([], demand, [8] * 4, yes, replica_gpus=size, small_apart=True)
+    assert plan[0][0] == ("a",) and 3 < plan[0][1] < 8
+    assert [models for models, _ in plan[1:]] == [("b",)]
+    # each model alone, or all alike in size, is lent as before
+    alone = capacity.plan_lends(
+        [], {"b": demand["b"]}, [8] * 4, yes, replica_gpus=size, small_apart=True
+    )
+    assert alone == [(("b",), 8)]
+    together = capacity.plan_lends(
+        [], demand, [8] * 4, yes, replica_gpus=lambda m: 16, small_apart=True
+    )
+    assert together[0][0] == ("a", "b")
+    # without small_apart (the default ranking: whole nodes stay), one lend of both
+    assert capacity.plan_lends([], demand, [8] * 4, yes, replica_gpus=size)[0][0] == ("a", "b")
+
+
 def test_a_model_without_room_is_not_planned() -> None:
     assert (
         capacity.plan_lends([], {"a": A}, [8], lambda m, n: False, replica_gpus=lambda m: 1) == []
