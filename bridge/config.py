@@ -302,8 +302,10 @@ class PolicyConfig(_Strict):
         "give one replica fewer, and so on. 'per_gpu': every size from the planned one "
         "down to one replica's together, by the work the victims lose per GPU lent "
         "(plus lease_cost_gpu_s a lease), so free GPUs of busy nodes go first. "
-        "per_gpu loses far fewer elastic GPU-hours in the simulator but holds more, "
-        "smaller leases: see bench/README.md before turning it on.",
+        "per_gpu also plans a gang's small models in lends of their own "
+        "(capacity.plan_lends small_apart). In the simulator per_gpu with "
+        "lease_cost_gpu_s 900 and shared_lends loses far fewer elastic GPU-hours and "
+        "keeps SLO, but some days' jobs wait longer: see bench/README.md first.",
     )
     lease_cost_gpu_s: float = Field(
         default=0.0,
