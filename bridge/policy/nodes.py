@@ -417,10 +417,10 @@ def _by_gpu_cost(
             ranked.append((rank, load, per_gpu, -size, node.name, node, size, jobs))
     ranked.sort(key=lambda t: t[:5])
     room = share_room(snapshot, config, freed=freed, taken=taken)
-    return _take([t[5:] for t in ranked], count, budget, room)
+    return take([t[5:] for t in ranked], count, budget, room)
 
 
-def _take(
+def take(
     ranked: list[tuple[NodeView, int, int]], count: int, budget: int, room: dict[str, int] | None
 ) -> list[tuple[NodeView, int]]:
     """Up to `count` of the (node, GPUs, victims) `ranked`, in their order: each node once,
@@ -488,4 +488,4 @@ def choose_beside(
         per_gpu = (victims.lost + policy.lease_cost_gpu_s) / size
         ranked.append((pool.cost_rank, per_gpu, -size, node.name, node, size, len(victims.jobs)))
     ranked.sort(key=lambda t: t[:4])
-    return _take([t[4:] for t in ranked], count, budget, None)
+    return take([t[4:] for t in ranked], count, budget, None)

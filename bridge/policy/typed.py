@@ -21,7 +21,7 @@ from dataclasses import replace
 from bridge.config import BridgeConfig, ModelConfig, PolicyConfig
 from bridge.policy.actions import Lend
 from bridge.policy.gang import lend_gpus
-from bridge.policy.nodes import LENDABLE, partial_victims, share_room
+from bridge.policy.nodes import LENDABLE, partial_victims, share_room, take
 from bridge.policy.snapshot import NodeView, Snapshot, held_nodes
 
 
@@ -97,20 +97,8 @@ def choose_typed(
                 busy.append((*cost, node, len(chosen_jobs.jobs)))
     free.sort(key=lambda t: t[:3])
     busy.sort(key=lambda t: t[:3])
-    ranked = [(node, 0) for *_, node in free] + [(t[3], t[4]) for t in busy]
-    chosen: list[NodeView] = []
-    for node, requeues in ranked:
-        if len(chosen) == count:
-            break
-        if requeues > budget:
-            continue
-        if room is not None and node.pool in room:
-            if room[node.pool] <= 0:
-                continue
-            room[node.pool] -= 1
-        budget -= requeues
-        chosen.append(node)
-    return chosen
+    ranked = [(node, gpus, 0) for *_, node in free] + [(t[3], gpus, t[4]) for t in busy]
+    return [node for node, _ in take(ranked, count, budget, room)]
 
 
 def typed_victims(
