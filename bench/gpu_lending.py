@@ -43,7 +43,8 @@ Usage:
 
 `--ranking`, `--lease-cost` and `--shared` set GPU mode's `[policy] lend_ranking`,
 `lease_cost_gpu_s` and `shared_lends` (node mode lends whole nodes either way).
-`--timeline` prints each run's capacity over the day beside node mode's (`timeline`).
+`--timeline` prints each run's capacity and pending jobs over the day beside node mode's
+(`timeline`).
 """
 
 from __future__ import annotations
@@ -124,23 +125,29 @@ def row(workload: str, mode: str, r: PolicyResult) -> str:
 def timeline(label: str, got: dict[str, PolicyResult]) -> list[str]:
     """Both modes' capacity over the run (`--timeline`), one row an hour and one at every
     sample where a mode's worst p99 is over its SLO: requests/s, then per mode the worst
-    p99 over SLO, the GPUs serving and the nodes held lent. Where GPU mode misses and
-    node mode does not, it shows whether GPU mode lacked GPUs then, and since when."""
+    p99 over SLO, the GPUs serving, the nodes held lent and the jobs pending (training /
+    elastic). Where GPU mode misses and node mode does not, it shows whether GPU mode
+    lacked GPUs then, and since when; where its jobs wait longer, which queue grew."""
     node, gpu = got["node"].series, got["gpu"].series
     step = got["gpu"].series_step_s
     per_hour = max(1, round(3600.0 / step))
-    out = [
-        f"{label:<10} {'hour':>6} {'req/s':>8}   node: p99/SLO GPUs lent   gpu: p99/SLO GPUs lent"
-    ]
+    mode_head = "p99/SLO GPUs lent pend t/e"
+    out = [f"{label:<10} {'hour':>6} {'req/s':>8}   node: {mode_head}   gpu: {mode_head}"]
+
+    def cells(s: dict[str, list[float]], i: int) -> str:
+        return (
+            f"{s['worst_p99_over_slo'][i]:>7.2f} {s['gpus_inference'][i]:>4.0f} "
+            f"{s['lent_nodes'][i]:>4.0f} {s['pending_training'][i]:>4.0f}/"
+            f"{s['pending_elastic'][i]:<4.0f}"
+        )
+
     for i, worst in enumerate(gpu["worst_p99_over_slo"]):
         late = max(worst, node["worst_p99_over_slo"][i]) > 1.0
         if not late and i % per_hour:
             continue
         out.append(
             f"{label:<10} {i * step / 3600.0:>6.2f} {gpu['requests_per_s'][i]:>8.0f}   "
-            f"{node['worst_p99_over_slo'][i]:>13.2f} {node['gpus_inference'][i]:>4.0f} "
-            f"{node['lent_nodes'][i]:>4.0f}   {worst:>12.2f} {gpu['gpus_inference'][i]:>4.0f} "
-            f"{gpu['lent_nodes'][i]:>4.0f}{'  late' if late else ''}"
+            f"      {cells(node, i)}        {cells(gpu, i)}{'  late' if late else ''}"
         )
     return out
 
@@ -178,7 +185,8 @@ def main() -> None:
     parser.add_argument(
         "--timeline",
         action="store_true",
-        help="print each run's capacity over the day, both modes (hourly and when late)",
+        help="print each run's capacity and pending jobs over the day, both modes (hourly "
+        "and when late)",
     )
     args = parser.parse_args()
     if args.ranking != "per_gpu" and (args.shared or args.lease_cost):
