@@ -39,10 +39,13 @@ Usage:
     STB_TRACES_DIR=... .venv/bin/python bench/gpu_lending.py [--days 1] [--nodes 128]
         [--load 1.1] [--mean-rps 3000] [--workloads azure,ramps] [--lend-cap 100,200]
         [--replica-gpus 1,2,4,8,16] [--seed 0,1,2,3]
-        [--ranking largest|per_gpu [--lease-cost GPU_S] [--shared]] [--timeline]
+        [--ranking largest|per_gpu [--lease-cost GPU_S] [--shared]] [--return-slack F]
+        [--timeline]
 
 `--ranking`, `--lease-cost` and `--shared` set GPU mode's `[policy] lend_ranking`,
 `lease_cost_gpu_s` and `shared_lends` (node mode lends whole nodes either way).
+`--return-slack` sets GPU mode's `[policy] return_slack` (node mode keeps the default,
+0: bench/README says what node mode does with it).
 `--timeline` prints each run's capacity and pending jobs over the day beside node mode's
 (`timeline`).
 """
@@ -104,6 +107,7 @@ def run_workload(
                 lend_ranking=args.ranking,
                 lease_cost_gpu_s=args.lease_cost,
                 shared_lends=args.shared,
+                return_slack=args.return_slack if mode == "gpu" else 0.0,
             ),
             models=models,
             granularity=mode,
@@ -183,6 +187,12 @@ def main() -> None:
         help="GPU mode's [policy] shared_lends (with --ranking per_gpu)",
     )
     parser.add_argument(
+        "--return-slack",
+        type=float,
+        default=0.0,
+        help="GPU mode's [policy] return_slack (0 to 1)",
+    )
+    parser.add_argument(
         "--timeline",
         action="store_true",
         help="print each run's capacity and pending jobs over the day, both modes (hourly "
@@ -191,6 +201,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.ranking != "per_gpu" and (args.shared or args.lease_cost):
         parser.error("--shared and --lease-cost need --ranking per_gpu")
+    if not 0.0 <= args.return_slack <= 1.0:
+        parser.error(f"--return-slack {args.return_slack:g}: from 0 to 1")
     try:
         seeds = [int(x) for x in args.seed.split(",") if x.strip()]
     except ValueError:
@@ -209,7 +221,8 @@ def main() -> None:
         f"lend caps {args.lend_cap}, placement off, seeds {','.join(map(str, seeds))}; "
         f"GPU mode's ranking {args.ranking}"
         f"{f', lease cost {args.lease_cost:g} GPU-s' if args.lease_cost else ''}"
-        f"{', shared lends' if args.shared else ''}; "
+        f"{', shared lends' if args.shared else ''}"
+        f"{f', return slack {args.return_slack:g}' if args.return_slack else ''}; "
         f"jobs: {'Alibaba trace' if traces else 'generated'}"
     )
     print(

@@ -392,6 +392,19 @@ class PolicyConfig(_Strict):
         "highest rate of the last return_dwell_s and of the forecast within the "
         "SLO; above capacity_headroom, so a return never sets off the next lend.",
     )
+    return_slack: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="A return's test for a model the capacity model finds over its SLO at "
+        "the return's rate with every replica held (the replicas cannot carry that rate "
+        "anyway): the return may leave its predicted p99 up to this fraction higher "
+        "than it is with them, if its measured latency is calm, where 0 (the default) "
+        "lets no return make it worse. Without it, one model short of capacity at its "
+        "dwell's highest rate holds every lease that shares a replica with it (through "
+        "the reserved baseline, all of them). In the simulator 0.1 with the per-GPU "
+        "options lets GPU-granular lending give nodes back (bench/README, issue 32).",
+    )
     return_dwell_s: float = Field(
         default=300,
         ge=0,

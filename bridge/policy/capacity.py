@@ -24,7 +24,8 @@ Triton's). The service time is what Triton measures: its compute time per reques
 `plan_nodes` adds nodes one at a time, each holding the models still predicted over their
 objective, until none is: the deficit of a whole tick in one answer; `plan_lends` the same
 with each lend sized in GPUs (a replica of k GPUs: the fewest m x k of its node that carry
-its models). `carries` asks whether the replicas meet every objective. All take the
+its models). `carries` asks whether the replicas meet every objective (a return with
+`[policy] return_slack`: or stay within `allowance` of a p99 already past it). All take the
 demand the caller wants covered (the policy: the current and forecast rate times a
 headroom).
 """
@@ -242,10 +243,15 @@ def predict(
     }
 
 
-def _late(demand: Mapping[str, Demand], worst: Mapping[str, float]) -> Iterator[tuple[str, float]]:
+def _late(
+    demand: Mapping[str, Demand],
+    worst: Mapping[str, float],
+    allowed: Mapping[str, float] | None = None,
+) -> Iterator[tuple[str, float]]:
     """(model, predicted p99) of each feasible model with requests predicted over its
-    objective, in `demand`'s order: `predict`'s p99 read for those models alone (one pass
-    over a site's thousands of models, no dict of them all)."""
+    objective (or over its `allowed` p99, where that is larger), in `demand`'s order:
+    `predict`'s p99 read for those models alone (one pass over a site's thousands of
+    models, no dict of them all)."""
     inf = math.inf
     for m, d in demand.items():
         svc, slo = d.service_s, d.slo_s
@@ -253,7 +259,7 @@ def _late(demand: Mapping[str, Demand], worst: Mapping[str, float]) -> Iterator[
         if d.rate > 0 and svc < slo:
             w = worst.get(m)
             p99 = inf if w is None else svc + w
-            if p99 > slo:
+            if p99 > slo and (allowed is None or not p99 <= allowed.get(m, slo)):
                 yield m, p99
 
 
@@ -338,9 +344,32 @@ def plan_lends(
     return added
 
 
-def carries(groups: Sequence[Group], demand: Mapping[str, Demand], cv2: float = 0.0) -> bool:
-    """Whether every feasible model is predicted within its objective (`over` is empty)."""
-    return next(_late(demand, _worst_waits(groups, demand, cv2)), None) is None
+def carries(
+    groups: Sequence[Group],
+    demand: Mapping[str, Demand],
+    cv2: float = 0.0,
+    allowed: Mapping[str, float] | None = None,
+) -> bool:
+    """Whether every feasible model is predicted within its objective (`over` is empty).
+    `allowed`: per model, a p99 (s) above its objective that still counts as carried (a
+    return's slack: `allowance`); never an infinite one."""
+    return next(_late(demand, _worst_waits(groups, demand, cv2), allowed), None) is None
+
+
+def allowance(
+    before: Mapping[str, float], demand: Mapping[str, Demand], slack: float
+) -> dict[str, float]:
+    """Per feasible model of `demand` predicted over its objective in `before` (its p99
+    with the replicas as they are, `predict`), at a finite p99: that p99 x (1 + slack),
+    the most a return may leave it at (`[policy] return_slack`). Each p99 in `before`
+    only grows with the rates, so the allowance made at the highest rates a span may see
+    is the largest it gives there (the simulator's quiet proof relies on it)."""
+    out: dict[str, float] = {}
+    for m, d in demand.items():
+        p99 = before.get(m)
+        if p99 is not None and d.rate > 0 and d.service_s < d.slo_s and d.slo_s < p99 < math.inf:
+            out[m] = p99 * (1.0 + slack)
+    return out
 
 
 def smallest(lo: int, hi: int, ok: Callable[[int], bool]) -> int:

@@ -11,12 +11,15 @@ Rules, in order, each tick:
    models were calm (p99 under low_watermark x SLO; an LLM with a profile by the part of
    its TTFT and TPOT p99s over their no-load floors) for `return_dwell_s` goes
    back when the replicas left would still carry `return_headroom` x the larger of the
-   highest rate of the model's return dwell and the forecast rate, by the capacity model.
-   The dwell is `return_dwell_s`, longer for a model whose past returns were lent again
-   sooner than their break-even (`bridge.policy.returns`: no flapping on bursts). Several in
-   one tick when load fell far; the lowest `cost_rank` first (elastic before training:
-   requeued elastic work waits to run again, a drained training node was idle when lent),
-   then the longest serving.
+   highest rate of the model's return dwell and the forecast rate, by the capacity model
+   (with `return_slack`, a calm model the replicas held now already leave over its SLO
+   at that rate may be left at most that fraction above its p99 with them, over the
+   tick's returns together: `_allowed`). The dwell is `return_dwell_s`, longer for a
+   model whose past returns were lent again sooner than their break-even
+   (`bridge.policy.returns`: no flapping on bursts). Several in one tick when load fell
+   far; the lowest `cost_rank` first (elastic before training: requeued elastic work
+   waits to run again, a drained training node was idle when lent), then the longest
+   serving.
 4. Capacity-aware lend: each model's demand is `capacity_headroom` x the larger of its
    current rate and its forecast at the lend's lead time (`bridge.policy.forecast`; the
    lead: Slurm, Triton's start, the slowest model's load, `bridge.policy.timing`), its
@@ -206,6 +209,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
         # a key whose removal did not carry, with `count` as it is now: another lease of the
         # same key asks the very same question (forgotten when a return changes `count`)
         kept: set[tuple[tuple[str, ...], int] | None] = set()
+        allowed = _allowed(count, keep, config, is_calm)
         for lease in serving:
             key = replica_of.get(lease.lease_id)  # None: it serves nothing now
             if key in kept:
@@ -213,7 +217,7 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             if key is not None:
                 count[key] -= 1
             llms = {m: token_keep[m] for m in lease.models if m in token_keep}
-            if not capacity.carries(reading.groups(count), keep, policy.service_cv2) or (
+            if not capacity.carries(reading.groups(count), keep, policy.service_cv2, allowed) or (
                 llms and not llm.carried(reading.groups(count), llms)
             ):
                 if key is not None:
@@ -224,6 +228,11 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             leaving.add(lease.lease_id)
             dwell = max((long_dwell.get(m, 0.0) for m in lease.models), default=0.0)
             reason = _return_reason(keep, lease.models, max(dwell, policy.return_dwell_s))
+            if allowed:  # the models it leaves short, as they were already
+                p99 = capacity.predict(reading.groups(count), keep, policy.service_cv2)
+                left = [m for m in allowed if p99[m] > keep[m].slo_s]
+                if left:
+                    reason += f" ({','.join(left)} short as before, within return_slack)"
             returns.append(Return(lease.lease_id, reason))
 
     groups = reading.groups(count)
@@ -316,6 +325,23 @@ def assess(snapshot: Snapshot, config: BridgeConfig, now: float) -> Assessment:
             ]
             backstop.sort(key=lambda m: -severity(snapshot.history.get(m, ()), snapshot.models[m]))
     return Assessment(returns, wanted, backstop, demand, unconfirmed, places, dict(zero), sized)
+
+
+def _allowed(
+    count: Counter[tuple[tuple[str, ...], int]],
+    keep: Mapping[str, capacity.Demand],
+    config: BridgeConfig,
+    is_calm: Callable[[str], bool],
+) -> dict[str, float] | None:
+    """The return's slack (`[policy] return_slack`; None without): per model the
+    replicas held now leave over its objective at `keep` (read before this tick's returns)
+    and calm by its latency, the p99 a return may leave it at (`capacity.allowance`)."""
+    slack = config.policy.return_slack
+    if not slack:
+        return None
+    before = capacity.predict(reading.groups(count), keep, config.policy.service_cv2)
+    allowed = capacity.allowance(before, keep, slack)
+    return {m: p99 for m, p99 in allowed.items() if is_calm(m)}
 
 
 def _replica_size(

@@ -11,7 +11,11 @@ fails costs nothing but the attempt. A tick is proven quiet when:
 - every serving lease that is a return candidate (past its cooldown, its models calm)
   is held by a certificate: a demand `L` that `capacity.carries` refused without that
   lease's replica. The capacity model is monotone in the rates, so any demand at least
-  `L` is refused too; the demand to keep is bounded from below, model by model;
+  `L` is refused too; the demand to keep is bounded from below, model by model. With
+  `[policy] return_slack` (a model already past its objective may be left a little
+  further past it) the refusal is also bounded from above: made with the largest
+  allowance of the span's highest demand `H` (`capacity.allowance`), it holds between
+  `L` and `H`, and not while a model's return dwell is longer than `return_dwell_s`;
 - with room to lend, or a serving lease past its cooldown that model placement could
   give other models (`bridge.policy.placement`, which acts only on models `capacity.over`
   finds late), a certificate `U` that `capacity.over` found carried: any demand at most
@@ -45,6 +49,7 @@ without these guards: each skips a tick the token rules act on.
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,7 +61,7 @@ from bridge.config import BridgeConfig, ModelConfig
 from bridge.lifecycle import LeaseState
 from bridge.modelfacts import toml_models
 from bridge.policy import ModelSample, Snapshot, capacity, llm
-from bridge.policy.demand import capacity_inputs, model_set_of
+from bridge.policy.demand import capacity_inputs, dwells, model_set_of
 from bridge.policy.demand import groups as capacity_groups
 from bridge.policy.forecast import FULL_SLOPE_SAMPLES, shrink
 from bridge.policy.hysteresis import calm_ratio, token_ratio
@@ -98,8 +103,10 @@ class _Certificates:
     structure: object = None
     #: the demand (rates, model order) a lend was found unneeded at, scaled up
     upper: list[float] | None = None
-    #: per key of a return candidate: the rates at which its return was refused, scaled down
-    lower: dict[Key, list[float]] = field(default_factory=dict)
+    #: per key of a return candidate: the rates at which its return was refused, scaled
+    #: down, and with `[policy] return_slack` the highest its refusal holds up to, scaled
+    #: up (None: no bound above)
+    lower: dict[Key, tuple[list[float], list[float] | None]] = field(default_factory=dict)
     #: models of serving leases -> (the earliest serving start, their replica key)
     serving: dict[tuple[str, ...], tuple[float, Key]] = field(default_factory=dict)
     #: creation of the oldest drain lend still waiting for its node (inf: none)
@@ -418,12 +425,22 @@ class QuietProof:
             block = self._blocks[key] = self._rows(lend, horizon, b0, b0 + BLOCK)
         return b0, block
 
-    def _held(self, lend: bool, horizon: float, k: int, cert: Sequence[float]) -> int:
+    def _held(
+        self,
+        lend: bool,
+        horizon: float,
+        k: int,
+        cert: Sequence[float],
+        upper: Sequence[float] | None = None,
+    ) -> int:
         """The first tick from k whose bound the certificate `cert` does not hold (looking
-        `SCAN` ticks ahead at most, within one block: then the tick after them)."""
+        `SCAN` ticks ahead at most, within one block: then the tick after them); a return
+        certificate with an `upper` bound holds only up to it too."""
         b0, block = self._block(lend, horizon, k)
         rows = block[k - b0 : k - b0 + SCAN]
         broken = (rows > cert) if lend else (rows < cert)
+        if upper is not None:
+            broken |= rows > upper
         failed = broken.any(axis=1)
         return k + int(failed.argmax()) if failed.any() else k + len(rows)
 
@@ -448,12 +465,12 @@ class QuietProof:
     ) -> bool:
         """The same for the return of a replica of `key` (see `_certify_return`)."""
         cert = self.cert
-        lower = cert.lower.get(key)
-        if lower is None or (until := self._held(False, horizon, k, lower)) <= k:
-            lower = self._certify_return(snapshot, now, k, horizon, key)
-            if lower is None:
+        bounds = cert.lower.get(key)
+        if bounds is None or (until := self._held(False, horizon, k, *bounds)) <= k:
+            bounds = self._certify_return(snapshot, now, k, horizon, key)
+            if bounds is None:
                 return False
-            until = self._held(False, horizon, k, lower)
+            until = self._held(False, horizon, k, *bounds)
             if until <= k:
                 return False
         cert.return_until[key] = (horizon, until)
@@ -521,10 +538,16 @@ class QuietProof:
 
     def _certify_return(
         self, snapshot: Callable[[], Snapshot], now: float, k: int, horizon: float, key: Key
-    ) -> list[float] | None:
+    ) -> tuple[list[float], list[float] | None] | None:
         """A demand that the replicas refuse without one replica of `key` (with the margin
         added): the lowest bound of each model over the next `AHEAD` ticks, or over fewer,
-        down to tick k's alone; None when that is carried (then `assess` decides)."""
+        down to tick k's alone; None when that is carried (then `assess` decides).
+
+        With `[policy] return_slack` the refusal is made with the largest allowance the
+        span may give (`capacity.allowance` at its highest bounds: a p99 grows with the
+        rates; a model saturated there may be allowed any finite p99), so it holds for
+        the rates between the two (and the calm the allowance also asks is not needed:
+        without it the allowance is smaller)."""
         inputs = self._inputs(snapshot, now)
         if inputs is None:
             return None
@@ -535,18 +558,49 @@ class QuietProof:
             reduced = Counter(count)
             reduced[key] -= 1
             groups = cert.return_groups[key] = capacity_groups(reduced)
-        cv2 = self.config.policy.service_cv2
+        policy = self.config.policy
+        cv2, slack = policy.service_cv2, policy.return_slack
+        if slack and dwells(snapshot(), self.config, now):
+            # a dwell past return_dwell_s reads peaks the rows do not bound from above
+            # (within a structure it only shortens: a certificate made without one holds)
+            return None
         b0, block = self._block(False, horizon, k)
         for ahead in AHEAD:
             rows = block[k - b0 : k - b0 + ahead]  # (not past the block's end)
             target = [float(x) * (1.0 - 2 * MARGIN) for x in rows.min(axis=0)]
+            upper: list[float] | None = None
+            allowed: dict[str, float] | None = None
+            if slack:
+                # the rows are the demand's lower bounds (the forecast taken down by the
+                # tolerance): the demand itself is at most a row plus twice that
+                highest = rows.max(axis=0)
+                pad = 2 * self.tol_at * (1.0 + abs(horizon)) * policy.return_headroom
+                top = [float(x) * (1.0 + 2 * MARGIN) for x in highest + pad]
+                allowed = self._allowance(count, demands, top, slack)
+                upper = [float(x) * (1.0 + MARGIN) for x in highest]
             if not capacity.carries(
-                groups, self._demand(demands, target), cv2
+                groups, self._demand(demands, target), cv2, allowed
             ) or not self._tokens_carried(groups, target, key[0], shorter=True):
                 lower = [t * (1.0 + MARGIN) for t in target]
-                cert.lower[key] = lower
-                return lower
+                cert.lower[key] = (lower, upper)
+                return lower, upper
         return None
+
+    def _allowance(
+        self, count: Count, demands: Sequence[capacity.Demand], top: Sequence[float], slack: float
+    ) -> dict[str, float]:
+        """The largest `capacity.allowance` of any rates up to `top`: at `top` with every
+        replica, and any finite p99 for a model saturated there."""
+        cert = self.cert
+        if cert.lend_groups is None:
+            cert.lend_groups = capacity_groups(count)
+        demand = self._demand(demands, top)
+        before = capacity.predict(cert.lend_groups, demand, self.config.policy.service_cv2)
+        allowed = capacity.allowance(before, demand, slack)
+        for m, d in demand.items():
+            if before[m] == math.inf and d.rate > 0 and d.service_s < d.slo_s:
+                allowed[m] = sys.float_info.max
+        return allowed
 
 
 def _count(runs: _Runs, high: float, low: float, s: ModelSample) -> None:

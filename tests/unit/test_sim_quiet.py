@@ -75,6 +75,45 @@ def test_the_proof_spares_assess_on_most_ticks_and_changes_nothing() -> None:
     assert a == b
 
 
+@pytest.mark.parametrize("arrivals", ["ramps", "bursty"])
+def test_the_proof_with_a_return_slack_changes_nothing(arrivals: str) -> None:
+    """`[policy] return_slack` lets a return leave a model already past its objective a
+    little further past it, so a refusal no longer holds for every higher demand: the
+    proof's return certificates are bounded above as well. Five models of different
+    objectives on ramps and bursts (some returns go back only by the slack); every tick
+    the proof calls quiet is checked by `assess`, and the run is the one with `assess` on
+    every tick."""
+    rates = sim_build.model_rates(5, 1500.0)
+    slos = (100.0, 150.0, 200.0, 250.0, 300.0)
+    scenario = sim_build.build_scenario(
+        days=0.25,
+        nodes=64,
+        gpus_per_node=8,
+        rates=rates,
+        slo_ms=100.0,
+        service_ms=20.0,
+        arrivals=arrivals,
+        arrivals_trace=None,
+        jobs="synthetic",
+        jobs_trace=None,
+        load=1.1,
+        policies=["bridge"],
+        seed=4,
+        policy=PolicyConfig(return_slack=0.1, placement=False),
+        models={m: (slos[i], 20.0) for i, m in enumerate(rates)},
+        lend_cap="50",
+    )
+    setup = setup_for("bridge", scenario, size(scenario))
+    engine = Engine(replace(setup, check_quiet=True))
+    fast = engine.run()
+    slow = Engine(replace(setup, prove_quiet=False)).run()
+    assert any("within return_slack" in d.reason for d in fast.decisions if d.kind == "return")
+    assert engine.proven >= 0.1 * fast.ticks
+    a, b = fast.as_dict(), slow.as_dict()
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b
+
+
 def test_a_tick_that_is_not_whole_seconds_turns_the_proof_off() -> None:
     config = BridgeConfig(
         tick_s=2.5, models={"a": ModelConfig(slo_p99_ms=100.0)}, policy=PolicyConfig()
