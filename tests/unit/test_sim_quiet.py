@@ -16,6 +16,8 @@ from bridge.sim import build as sim_build
 from bridge.sim.engine import Engine
 from bridge.sim.policies import setup_for, size
 from bridge.sim.quiet import QuietProof
+from bridge.sim.result import PolicyResult
+from bridge.sim.setup import Setup
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -48,6 +50,18 @@ def test_the_forecast_bound_holds_the_policys_forecast(
             assert max(0.0, got - tol) <= want <= max(0.0, got + tol)
 
 
+def checked_run(setup: Setup) -> tuple[Engine, PolicyResult]:
+    """The run with the proof, every tick it proves quiet checked by `assess`
+    (`check_quiet`), after asserting it is the run with `assess` on every tick."""
+    engine = Engine(replace(setup, check_quiet=True))
+    fast = engine.run()
+    slow = Engine(replace(setup, prove_quiet=False)).run()
+    a, b = fast.as_dict(), slow.as_dict()
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b
+    return engine, fast
+
+
 def test_the_proof_spares_assess_on_most_ticks_and_changes_nothing() -> None:
     scenario = sim_build.build_scenario(
         days=0.25,
@@ -64,15 +78,9 @@ def test_the_proof_spares_assess_on_most_ticks_and_changes_nothing() -> None:
         policies=["bridge"],
         seed=2,
     )
-    setup = setup_for("bridge", scenario, size(scenario))
-    engine = Engine(replace(setup, check_quiet=True))
-    fast = engine.run()
-    slow = Engine(replace(setup, prove_quiet=False)).run()
+    engine, fast = checked_run(setup_for("bridge", scenario, size(scenario)))
     assert fast.lends > 0 and fast.returns > 0
     assert engine.proven >= 0.9 * fast.ticks
-    a, b = fast.as_dict(), slow.as_dict()
-    a.pop("wall_s"), b.pop("wall_s")
-    assert a == b
 
 
 @pytest.mark.parametrize("arrivals", ["ramps", "bursty"])
@@ -103,15 +111,9 @@ def test_the_proof_with_a_return_slack_changes_nothing(arrivals: str) -> None:
         models={m: (slos[i], 20.0) for i, m in enumerate(rates)},
         lend_cap="50",
     )
-    setup = setup_for("bridge", scenario, size(scenario))
-    engine = Engine(replace(setup, check_quiet=True))
-    fast = engine.run()
-    slow = Engine(replace(setup, prove_quiet=False)).run()
+    engine, fast = checked_run(setup_for("bridge", scenario, size(scenario)))
     assert any("within return_slack" in d.reason for d in fast.decisions if d.kind == "return")
     assert engine.proven >= 0.1 * fast.ticks
-    a, b = fast.as_dict(), slow.as_dict()
-    a.pop("wall_s"), b.pop("wall_s")
-    assert a == b
 
 
 def test_a_tick_that_is_not_whole_seconds_turns_the_proof_off() -> None:
@@ -143,12 +145,6 @@ def test_ticks_on_which_a_place_is_possible_are_not_proven_quiet(seed: int) -> N
         horizon_s=horizon,
         policy=PolicyConfig(return_dwell_s=30.0, scale_in_cooldown_s=120, drain_wait_s=300),
     )
-    setup = setup_for("bridge", scenario, size(scenario))
-    engine = Engine(replace(setup, check_quiet=True))
-    fast = engine.run()
+    engine, fast = checked_run(setup_for("bridge", scenario, size(scenario)))
     assert any(d.kind == "place" for d in fast.decisions)
     assert engine.proven > 0
-    slow = Engine(replace(setup, prove_quiet=False)).run()
-    a, b = fast.as_dict(), slow.as_dict()
-    a.pop("wall_s"), b.pop("wall_s")
-    assert a == b
